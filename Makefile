@@ -1,0 +1,35 @@
+# packer — two commands for a newcomer: `make demo` and `make test`.
+# Both create .venv on first use; setup is stamped so a second run installs nothing.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.packer-setup-stamp
+
+.PHONY: setup demo test bench sample-data clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/packer build
+	$(BIN)/packer inspect out/sample
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	@for f in bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+
+# Regenerates sample_data/ (images, audio, JSONL, tokenizer) from its committed script.
+sample-data: setup
+	$(BIN)/python sample_data/make_sample_data.py
+
+clean:
+	rm -rf out .pytest_cache

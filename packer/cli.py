@@ -1,0 +1,103 @@
+"""The ``packer`` command line. Parses flags, builds a config, calls one library function.
+
+Build flags are generated from :class:`packer.config.BuildConfig`, so every pipeline
+key has a flag of the same name and none can be forgotten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import click
+
+from packer import __version__
+from packer.config import DEFAULT_PIPELINE, FIELDS
+from packer.errors import NotAvailableError, PackerError
+
+FLAG_NAMES = {"input": "--input", "output": "--output"}
+
+
+def _build_options(fn):
+    for f in reversed(list(FIELDS.values())):
+        flag = FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-"))
+        names = [flag] + ([f.metadata["short"]] if f.metadata.get("short") else [])
+        help_text = f.metadata["help"]
+        if isinstance(f.default, bool):
+            flag = f"{flag}/--no-{f.name.replace('_', '-')}"
+            names = [flag]
+            fn = click.option(*names, f.name, default=None, help=help_text)(fn)
+        elif isinstance(f.default, tuple):
+            fn = click.option(*names, f.name, multiple=True, default=None, help=help_text)(fn)
+        else:
+            kind = click.Choice(f.metadata["choices"]) if f.metadata.get("choices") else (int if isinstance(f.default, int) else str)
+            fn = click.option(*names, f.name, type=kind, default=None, help=help_text)(fn)
+    return fn
+
+
+def _run(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except PackerError as e:
+        click.echo(f"packer: error: {e}", err=True)
+        sys.exit(e.exit_code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="packer")
+def main():
+    """packer: tokenize, count media positions and bin-pack training data into Arrow shards."""
+
+
+@main.command()
+@click.argument("pipeline", required=False, type=click.Path(dir_okay=False))
+@_build_options
+def build(pipeline, **options):
+    """Build packed shards. PIPELINE defaults to pipelines/sample.toml; flags override its keys."""
+    from packer.build import build as run_build
+    from packer.config import resolve
+    from packer.inspect import summarize, summary_text
+
+    options = {k: (v or None) if isinstance(v, tuple) else v for k, v in options.items()}
+    if pipeline is None and DEFAULT_PIPELINE.is_file():
+        pipeline = DEFAULT_PIPELINE
+    config = _run(resolve, pipeline, **options)
+    manifest = _run(run_build, config)
+    click.echo(summary_text(summarize(manifest["config"]["output"])))
+
+
+@main.command()
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def inspect(out, as_json):
+    """Summarise a build: rows, tokens, fill, lower bound, quarantine by reason."""
+    import json
+
+    from packer.inspect import summarize, summary_text
+
+    s = _run(summarize, out)
+    click.echo(json.dumps(s, indent=2, sort_keys=True) if as_json else summary_text(s))
+
+
+def _not_yet(name: str, what: str):
+    def command(**_):
+        _run(_raise, NotAvailableError(f"`packer {name}` is not available yet in this version ({what})"))
+
+    command.__doc__ = f"{what.capitalize()} (not available yet)."
+    return command
+
+
+def _raise(e: Exception):
+    raise e
+
+
+for _name, _what, _params in (
+    ("repack", "re-plan an existing build for another max length", [click.Argument(["out"]), click.Option(["--max-length"], type=int), click.Option(["-o", "--output"])]),
+    ("report", "recompute report.json and report.html", [click.Argument(["out"]), click.Option(["--html"])]),
+    ("verify", "check every shard against the manifest and every row's invariants", [click.Argument(["out"])]),
+):
+    main.add_command(click.Command(_name, callback=_not_yet(_name, _what), params=_params, help=f"{_what.capitalize()} (not available yet)."))
+
+
+if __name__ == "__main__":
+    main()

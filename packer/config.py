@@ -1,0 +1,142 @@
+"""The build configuration: one frozen dataclass, resolved in three layers.
+
+    packer defaults (this file)  <  pipeline TOML (pipelines/*.toml)  <  command-line flags
+
+Pipeline files use the field names below as flat top-level keys; every key has a
+command-line flag of the same name (``max_length`` -> ``--max-length``). Unknown keys
+and out-of-range values are rejected up front with :class:`~packer.errors.ConfigError`.
+Relative paths are relative to the directory ``packer`` runs in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packer.errors import ConfigError
+
+DEFAULT_PIPELINE = Path("pipelines/sample.toml")
+
+
+def _opt(default: Any, help: str, *, choices: tuple[str, ...] | None = None, short: str | None = None):
+    meta = {"help": help, "choices": choices, "short": short}
+    if isinstance(default, (list, tuple)):
+        return field(default=tuple(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    name: str = _opt("", "Name of the job (free text, recorded in the manifest).")
+    input: tuple[str, ...] = _opt((), "Input JSONL files or glob patterns (sorted after expansion).", short="-i")
+    output: str = _opt("out/packed", "Output folder.", short="-o")
+    format: str = _opt("auto", "Record shape, or auto-detect per line.", choices=("auto", "llava", "messages", "text"))
+    media_root: str | None = _opt(None, "Folder that relative media paths are resolved against (default: each JSONL file's folder).")
+    tokenizer: str = _opt("", "HF tokenizer: a local folder or a hub name.")
+    train_on: str = _opt("assistant", "Which tokens get labels in conversations.", choices=("assistant", "all"))
+    append_eos: bool = _opt(True, "End every text document with the tokenizer's EOS token.")
+    image_token: str = _opt("<image>", "Placeholder token for images (added as a special token if absent).")
+    audio_token: str = _opt("<audio>", "Placeholder token for audio clips (added as a special token if absent).")
+    max_length: int = _opt(4096, "Capacity of a packed row, in tokens.")
+    algorithm: str = _opt("bfd", "Bin-packing algorithm (see packer.pack.ALGORITHMS).")
+    oversize: str = _opt("truncate", "What to do with a sample longer than max_length.", choices=("truncate", "drop", "split"))
+    shuffle_rows: bool = _opt(True, "Shuffle the order of packed rows with the seed (else planner order).")
+    seed: int = _opt(0, "Seed for every random choice of the build.")
+    engine: str = _opt("local", "Where stages 1 and 3 run.", choices=("local", "ray"))
+    workers: int = _opt(0, "Worker processes for stages 1 and 3 (0: one per CPU core; in-process for inputs under 16 MiB).")
+    chunk_records: int = _opt(10_000, "Input records per stage-1 task; also the rows of one samples/ shard.")
+    shard_rows: int = _opt(8192, "Most packed rows in one packed/ shard.")
+    shard_bytes: int = _opt(256 * 2**20, "Approximate most bytes in one packed/ shard.")
+    strict: bool = _opt(False, "Stop at the first bad record instead of quarantining it.")
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices and value not in choices:
+                raise ConfigError(f"{f.name} = {value!r} is not one of {', '.join(choices)}")
+        for key in ("max_length", "chunk_records", "shard_rows", "shard_bytes"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key} must be at least 1, got {getattr(self, key)}")
+        if self.workers < 0:
+            raise ConfigError(f"workers must be 0 (auto) or positive, got {self.workers}")
+        if not self.image_token or not self.audio_token or self.image_token == self.audio_token:
+            raise ConfigError("image_token and audio_token must be two different non-empty strings")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+    def input_files(self) -> list[Path]:
+        """The input patterns expanded: sorted, de-duplicated, each pattern must match."""
+        files: list[Path] = []
+        for pattern in self.input:
+            p = Path(pattern)
+            if any(c in pattern for c in "*?["):
+                anchor = Path(p.anchor) if p.is_absolute() else Path(".")
+                rel = str(p.relative_to(p.anchor)) if p.is_absolute() else pattern
+                matched = sorted(q for q in anchor.glob(rel) if q.is_file())
+                if not matched:
+                    raise ConfigError(f"input pattern {pattern!r} matches no file")
+                files.extend(matched)
+            elif p.is_file():
+                files.append(p)
+            else:
+                raise ConfigError(f"input file {pattern!r} does not exist")
+        unique = list(dict.fromkeys(files))
+        if not unique:
+            raise ConfigError("no input given: set `input` in the pipeline or pass -i FILE.jsonl")
+        return unique
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(BuildConfig)}
+
+
+def load_pipeline(path: str | Path) -> dict[str, Any]:
+    """Read a pipeline TOML into a dict of known keys (types checked by :func:`resolve`)."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"pipeline file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    unknown = sorted(set(data) - set(FIELDS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(FIELDS)}")
+    return data
+
+
+def resolve(pipeline: str | Path | None = None, **overrides: Any) -> BuildConfig:
+    """Defaults < pipeline file < overrides (``None`` values in overrides are ignored)."""
+    values: dict[str, Any] = {}
+    if pipeline is not None:
+        values.update(load_pipeline(pipeline))
+    unknown = sorted(set(overrides) - set(FIELDS))
+    if unknown:
+        raise ConfigError(f"unknown option(s) {', '.join(unknown)}")
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return BuildConfig(**{k: _coerce(k, v) for k, v in values.items()})
+
+
+def _coerce(key: str, value: Any) -> Any:
+    default = FIELDS[key].default
+    if isinstance(default, tuple):
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{key} must be a list of strings, got {value!r}")
+        return tuple(value)
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        return value
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"{key} must be a string, got {value!r}")
+    return value

@@ -1,0 +1,120 @@
+"""Encode one raw JSONL line into a :class:`~packer.schema.Sample`, or raise BadRecord.
+
+The :class:`Encoder` is built once per worker process from a small picklable
+:class:`EncoderSpec`, so the local and the Ray engine construct it the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from packer.encode.chat import tokenize_conversation
+from packer.encode.media import placeholder_count
+from packer.encode.tokenizer import fingerprint, load_tokenizer
+from packer.errors import BadRecord
+from packer.ingest.formats import decode_json, parse_record, record_id
+from packer.ingest.reader import RawLine
+from packer.ingest.records import Conversation, Document
+from packer.schema import MediaSpan, Sample
+
+IGNORE = -100
+MEDIA_ORDER = ("image", "audio")
+
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    tokenizer: str
+    format: str = "auto"
+    train_on: str = "assistant"
+    append_eos: bool = True
+    image_token: str = "<image>"
+    audio_token: str = "<audio>"
+    media_root: str | None = None
+
+    @classmethod
+    def from_config(cls, config) -> EncoderSpec:
+        return cls(**{f: getattr(config, f) for f in cls.__dataclass_fields__})
+
+    @property
+    def tags(self) -> dict[str, str]:
+        return {"image": self.image_token, "audio": self.audio_token}
+
+
+class Encoder:
+    def __init__(self, spec: EncoderSpec):
+        self.spec = spec
+        self.tags = spec.tags
+        self.tok = load_tokenizer(spec.tokenizer, list(self.tags.values()))
+        self.placeholder_ids = {k: self.tok.convert_tokens_to_ids(t) for k, t in self.tags.items()}
+
+    def fingerprint(self) -> dict:
+        return fingerprint(self.tok, self.spec.tokenizer, list(self.tags.values()))
+
+    def encode_line(self, raw: RawLine, file: str, file_dir: Path) -> Sample:
+        """Encode one line of ``file``; ``file`` (as displayed) and ``raw.line`` name it."""
+        obj = decode_json(raw.data)
+        base_dir = Path(self.spec.media_root) if self.spec.media_root else file_dir
+        record = parse_record(obj, self.spec.format, base_dir, self.tags)
+        if isinstance(record, Document):
+            ids, trained, media = self._encode_document(record)
+        else:
+            ids, trained, media = self._encode_conversation(record)
+        labels = np.where(trained, ids, IGNORE).astype(np.int32)
+        if len(labels):
+            labels[0] = IGNORE  # a segment's first token is never the target of the previous one
+        n_trained = int((labels != IGNORE).sum())
+        if n_trained == 0:
+            raise BadRecord("no_trainable_tokens", "the record has no token to train on (no assistant turn?)")
+        kinds = [k for k in MEDIA_ORDER if any(m.kind == k for m in media)]
+        rid = record_id(obj)
+        return Sample(
+            key=rid if rid is not None else f"{file}:{raw.line}",
+            source_file=file,
+            source_line=raw.line,
+            modality="+".join(kinds) or "text",
+            input_ids=ids,
+            labels=labels,
+            length=len(ids),
+            n_trained=n_trained,
+            media=tuple(media),
+        )
+
+    def _encode_document(self, doc: Document) -> tuple[np.ndarray, np.ndarray, list[MediaSpan]]:
+        # Literal "<image>" in a document is text, not a placeholder: split special tokens.
+        ids = self.tok(doc.text, add_special_tokens=True, split_special_tokens=True)["input_ids"]
+        eos = self.tok.eos_token_id
+        if self.spec.append_eos and eos is not None and (not ids or ids[-1] != eos):
+            ids = [*ids, eos]
+        ids = np.asarray(ids, dtype=np.int32)
+        return ids, np.ones(len(ids), dtype=bool), []
+
+    def _encode_conversation(self, conv: Conversation) -> tuple[np.ndarray, np.ndarray, list[MediaSpan]]:
+        ids, trained = tokenize_conversation(self.tok, conv, self.tags, self.spec.train_on)
+        items = conv.media
+        positions = np.flatnonzero(np.isin(ids, list(self.placeholder_ids.values())))
+        found = [k for i in positions for k, pid in self.placeholder_ids.items() if ids[i] == pid]
+        if found != [p.kind for p in items]:
+            raise BadRecord(
+                "media_placeholder_mismatch",
+                f"the rendered conversation holds placeholders {found} where the record has media {[p.kind for p in items]}"
+                " (a placeholder string typed in the text, or a template that drops a turn)",
+            )
+        if not items:
+            return ids, trained, []
+        # Expand each placeholder into its count of copies; placeholders are never trained.
+        pieces_ids, pieces_mask, media = [], [], []
+        cursor, out_pos = 0, 0
+        for pos, part in zip(positions, items):
+            n, grid = placeholder_count(part)
+            pieces_ids += [ids[cursor:pos], np.full(n, self.placeholder_ids[part.kind], dtype=np.int32)]
+            pieces_mask += [trained[cursor:pos], np.zeros(n, dtype=bool)]
+            out_pos += pos - cursor
+            media.append(MediaSpan(segment=0, kind=part.kind, start=int(out_pos), length=n, ref=part.ref, grid=grid))
+            out_pos += n
+            cursor = pos + 1
+        pieces_ids.append(ids[cursor:])
+        pieces_mask.append(trained[cursor:])
+        return np.concatenate(pieces_ids), np.concatenate(pieces_mask), media

@@ -1,0 +1,50 @@
+"""Named errors and the process exit codes the CLI maps them to.
+
+Exit codes (documented in README.md):
+    0  success
+    1  the build or command failed (I/O, bad tokenizer, internal error)
+    2  usage or configuration error (bad flag, unknown pipeline key, bad value)
+    3  a bad record under ``--strict``
+    4  the command exists but is not available in this version
+"""
+
+
+class PackerError(Exception):
+    """Base class: every error packer raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(PackerError):
+    """A pipeline key or command-line value is unknown or out of range."""
+
+    exit_code = 2
+
+
+class StrictModeError(PackerError):
+    """``--strict`` met a record that would have been quarantined."""
+
+    exit_code = 3
+
+
+class NotAvailableError(PackerError):
+    """A registered command or option whose implementation has not landed yet."""
+
+    exit_code = 4
+
+
+class SchemaVersionError(PackerError):
+    """A shard or manifest written with a schema version this packer does not read."""
+
+
+class BadRecord(Exception):
+    """One input record cannot be used. Caught per record and quarantined.
+
+    ``reason`` is a short stable code (``malformed_json``, ``unknown_role``, ...) that
+    reports group by; ``detail`` says what exactly was wrong, for a human.
+    """
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail

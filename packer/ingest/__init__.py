@@ -1,0 +1,7 @@
+"""Stage 1a: read JSONL records with their file and line, and normalise their shape."""
+
+from packer.ingest.formats import detect_format, parse_record
+from packer.ingest.reader import RawLine, read_lines
+from packer.ingest.records import Conversation, Document, Part, Turn
+
+__all__ = ["Conversation", "Document", "Part", "RawLine", "Turn", "detect_format", "parse_record", "read_lines"]

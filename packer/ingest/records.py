@@ -1,0 +1,44 @@
+"""Normalised in-memory records: every input shape is parsed into one of these.
+
+LLaVA ``conversations``, HF/OpenAI ``messages`` and ``text`` documents all become a
+:class:`Conversation` (turns of text and media parts) or a :class:`Document`, so the
+encoder has one code path per kind, not one per input format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Part:
+    """A piece of a turn: text, or a media item (``ref`` as written, ``path`` resolved)."""
+
+    kind: str  # "text" | "image" | "audio"
+    text: str = ""
+    ref: str = ""
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class Turn:
+    role: str  # one of ROLES
+    parts: tuple[Part, ...]
+
+
+@dataclass(frozen=True)
+class Conversation:
+    turns: tuple[Turn, ...]
+    id: str | None = None
+
+    @property
+    def media(self) -> tuple[Part, ...]:
+        return tuple(p for t in self.turns for p in t.parts if p.kind != "text")
+
+
+@dataclass(frozen=True)
+class Document:
+    text: str
+    id: str | None = None

@@ -1,0 +1,1 @@
+"""Files: atomic writes, Arrow IPC stream shards, hashes."""

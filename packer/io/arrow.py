@@ -1,0 +1,44 @@
+"""Arrow IPC stream shards: written atomically, read memory-mapped, version-checked.
+
+The stream format is what ``datasets.Dataset.from_file`` and ``load_dataset("arrow")``
+read, and pyarrow and polars read it too, so shards need no packer to be opened.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+from packer.io.files import atomic_open, sha256_file
+from packer.schema import ShardEntry, check_schema
+
+BATCH_ROWS = 1024  # record batch size inside a shard: small enough for streaming readers
+
+
+def write_shard(path: str | Path, table: pa.Table, root: str | Path) -> ShardEntry:
+    """Write ``table`` to ``path`` atomically; the entry names it relative to ``root``."""
+    path = Path(path)
+    with atomic_open(path, "wb") as f:
+        with pa.ipc.new_stream(f, table.schema) as writer:
+            writer.write_table(table, max_chunksize=BATCH_ROWS)
+    return ShardEntry(
+        file=path.relative_to(root).as_posix(),
+        rows=table.num_rows,
+        bytes=path.stat().st_size,
+        sha256=sha256_file(path),
+    )
+
+
+def read_shard(path: str | Path) -> pa.Table:
+    """Memory-map a shard (zero-copy) after checking its schema version."""
+    source = pa.memory_map(str(path), "r")
+    reader = pa.ipc.open_stream(source)
+    check_schema(reader.schema, str(path))
+    return reader.read_all()
+
+
+def read_shards(paths: list[Path], schema: pa.Schema) -> pa.Table:
+    """All shards of one kind as one (chunked, memory-mapped) table."""
+    tables = [read_shard(p) for p in paths]
+    return pa.concat_tables(tables) if tables else schema.empty_table()

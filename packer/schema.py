@@ -1,0 +1,183 @@
+"""Record kinds and the Arrow schemas derived from them (schema_version 1).
+
+One frozen dataclass per record kind. Each field carries its Arrow type in an
+``Annotated`` hint, and :func:`arrow_schema` derives the file schema from the hints, so
+a column is declared exactly once. Every file carries ``packer.schema_version`` and
+``packer.kind`` in its schema metadata; :func:`check_schema` refuses a version this
+packer does not know with :class:`~packer.errors.SchemaVersionError`.
+
+A packed row, worked example (two segments, capacity 8)::
+
+    segment   A: "Hi" -> [5, 9, 2]         B: <image> + "cat" -> [7, 4, 2]
+    input_ids  [ 5,   9,  2,   7,    4,  2]
+    labels     [-100, 9,  2, -100, -100, 2]   # first token of each segment untrained;
+                                              # placeholders (7) never trained
+    cu_seqlens [0, 3, 6]
+    segment_ids ["chat.jsonl:1", "img-42"]
+    segment_modality ["text", "image"]
+    media      [{segment: 1, kind: "image", start: 3, length: 1, ref: "cat.png", grid: []}]
+    n_tokens   6
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass
+from typing import Annotated
+
+import pyarrow as pa
+
+from packer.errors import SchemaVersionError
+
+SCHEMA_VERSION = 1
+VERSION_KEY = b"packer.schema_version"
+KIND_KEY = b"packer.kind"
+
+Int32 = Annotated[int, pa.int32()]
+Int64 = Annotated[int, pa.int64()]
+Str = Annotated[str, pa.string()]
+Int32List = Annotated[tuple[int, ...], pa.list_(pa.int32())]
+StrList = Annotated[tuple[str, ...], pa.list_(pa.string())]
+Category = Annotated[str, pa.dictionary(pa.int32(), pa.string())]
+CategoryList = Annotated[tuple[str, ...], pa.list_(pa.dictionary(pa.int32(), pa.string()))]
+
+
+def arrow_fields(cls: type) -> list[pa.Field]:
+    """The Arrow fields of a record dataclass, read from its ``Annotated`` hints."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    out = []
+    for f in dataclasses.fields(cls):
+        meta = getattr(hints[f.name], "__metadata__", ())
+        if not meta or not isinstance(meta[0], pa.DataType):
+            raise TypeError(f"{cls.__name__}.{f.name} has no Arrow type annotation")
+        out.append(pa.field(f.name, meta[0], nullable=f.name in getattr(cls, "NULLABLE", ())))
+    return out
+
+
+def list_of(cls: type) -> pa.DataType:
+    return pa.list_(pa.struct(arrow_fields(cls)))
+
+
+@dataclass(frozen=True)
+class MediaSpan:
+    """Placeholder positions of one image or audio clip.
+
+    ``start`` is absolute within the row it is stored in (a sample row in
+    ``samples/``, a packed row in ``packed/``); ``segment`` indexes the row's segments.
+    ``grid`` is (t, h, w) after merging where the token-count policy knows it, else empty.
+    """
+
+    segment: Int32
+    kind: Str
+    start: Int32
+    length: Int32
+    ref: Str
+    grid: Int32List = ()
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One encoded record (stage 1 output, one row of ``samples/*.arrow``).
+
+    ``labels`` are unshifted (HF convention: the model shifts) and already -100 on the
+    first token, so no segment's first token is ever the target of the one before it.
+    The sample is stored whole even when longer than ``max_length``: the oversize
+    policy is applied when planning, so ``repack`` can use a longer context.
+    """
+
+    key: Str
+    source_file: Str
+    source_line: Int64
+    modality: Category
+    input_ids: Int32List
+    labels: Int32List
+    length: Int32
+    n_trained: Int32
+    media: Annotated[tuple[MediaSpan, ...], list_of(MediaSpan)] = ()
+
+
+@dataclass(frozen=True)
+class PackedRow:
+    """One packed training sequence (stage 3 output, one row of ``packed/*.arrow``)."""
+
+    input_ids: Int32List
+    labels: Int32List
+    cu_seqlens: Int32List
+    segment_ids: StrList
+    segment_modality: CategoryList
+    media: Annotated[tuple[MediaSpan, ...], list_of(MediaSpan)]
+    n_tokens: Int32
+
+
+@dataclass(frozen=True)
+class QuarantineEntry:
+    """One rejected record, a line of ``quarantine.jsonl``."""
+
+    file: str
+    line: int
+    id: str | None
+    reason: str
+    detail: str
+    raw: str
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), ensure_ascii=False, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """A file listed in ``manifest.json``."""
+
+    file: str
+    rows: int
+    bytes: int
+    sha256: str
+
+
+def arrow_schema(cls: type, kind: str) -> pa.Schema:
+    """The file schema for a record kind, with the version metadata attached."""
+    return pa.schema(
+        arrow_fields(cls),
+        metadata={VERSION_KEY: str(SCHEMA_VERSION).encode(), KIND_KEY: kind.encode()},
+    )
+
+
+def check_schema(schema: pa.Schema, where: str) -> None:
+    """Refuse a file whose schema version this packer cannot read."""
+    meta = schema.metadata or {}
+    version = meta.get(VERSION_KEY)
+    if version is None:
+        raise SchemaVersionError(f"{where}: no packer.schema_version in the Arrow schema metadata")
+    if version.decode() != str(SCHEMA_VERSION):
+        raise SchemaVersionError(
+            f"{where}: schema_version {version.decode()} is not supported by this packer "
+            f"(reads {SCHEMA_VERSION}); rebuild, or install the packer that wrote it"
+        )
+
+
+SAMPLE_SCHEMA = arrow_schema(Sample, "samples")
+PACKED_SCHEMA = arrow_schema(PackedRow, "packed")
+
+
+def to_table(records: typing.Sequence, schema: pa.Schema) -> pa.Table:
+    """Column-wise conversion of record dataclasses into a table of ``schema``."""
+    columns = {}
+    for field in schema:
+        values = [getattr(r, field.name) for r in records]
+        if pa.types.is_list(field.type) and pa.types.is_struct(field.type.value_type):
+            values = [[dataclasses.asdict(v) for v in vs] for vs in values]
+        columns[field.name] = pa.array(values, type=field.type)
+    return pa.table(columns, schema=schema)
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One bin of the plan (``plan.arrow``): global sample numbers and the tokens taken from each."""
+
+    samples: Annotated[tuple[int, ...], pa.list_(pa.int64())]
+    lengths: Int32List
+
+
+PLAN_SCHEMA = arrow_schema(PlanRow, "plan")
