@@ -19,7 +19,7 @@ $(STAMP): requirements.lock pyproject.toml
 
 demo: setup
 	$(BIN)/packer build
-	$(BIN)/packer inspect out/sample
+	
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -62,7 +62,8 @@ def build(config: BuildConfig, *, progress: bool = True) -> dict[str, Any]:
             if res.shard is not None:
                 sample_shards.append(res.shard)
             bar.update(res.records)
-    quarantine = ShardEntry("quarantine.jsonl", n_bad, (out / "quarantine.jsonl").stat().st_size, sha256_file(out / "quarantine.jsonl"))
+    qpath = out / "quarantine.jsonl"
+    quarantine = ShardEntry(qpath.name, n_bad, qpath.stat().st_size, sha256_file(qpath))
     all_lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
     file_of_sample = np.concatenate(sample_file) if sample_file else np.zeros(0, np.int32)
 

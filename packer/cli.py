@@ -6,7 +6,6 @@ key has a flag of the same name and none can be forgotten.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 import click
@@ -30,7 +29,10 @@ def _build_options(fn):
         elif isinstance(f.default, tuple):
             fn = click.option(*names, f.name, multiple=True, default=None, help=help_text)(fn)
         else:
-            kind = click.Choice(f.metadata["choices"]) if f.metadata.get("choices") else (int if isinstance(f.default, int) else str)
+            if f.metadata.get("choices"):
+                kind = click.Choice(f.metadata["choices"])
+            else:
+                kind = int if isinstance(f.default, int) else str
             fn = click.option(*names, f.name, type=kind, default=None, help=help_text)(fn)
     return fn
 
@@ -79,24 +81,36 @@ def inspect(out, as_json):
     click.echo(json.dumps(s, indent=2, sort_keys=True) if as_json else summary_text(s))
 
 
-def _not_yet(name: str, what: str):
-    def command(**_):
-        _run(_raise, NotAvailableError(f"`packer {name}` is not available yet in this version ({what})"))
-
-    command.__doc__ = f"{what.capitalize()} (not available yet)."
-    return command
+def _not_available(command: str) -> None:
+    _run(_raise, NotAvailableError(f"`packer {command}` is not available yet in this version"))
 
 
 def _raise(e: Exception):
     raise e
 
 
-for _name, _what, _params in (
-    ("repack", "re-plan an existing build for another max length", [click.Argument(["out"]), click.Option(["--max-length"], type=int), click.Option(["-o", "--output"])]),
-    ("report", "recompute report.json and report.html", [click.Argument(["out"]), click.Option(["--html"])]),
-    ("verify", "check every shard against the manifest and every row's invariants", [click.Argument(["out"])]),
-):
-    main.add_command(click.Command(_name, callback=_not_yet(_name, _what), params=_params, help=f"{_what.capitalize()} (not available yet)."))
+@main.command()
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--max-length", type=int, help="New capacity of a packed row.")
+@click.option("-o", "--output", help="Folder for the re-planned build.")
+def repack(out, max_length, output):
+    """Re-plan an existing build for another max length, without re-encoding (not available yet)."""
+    _not_available("repack")
+
+
+@main.command()
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--html", help="Where to write the HTML report.")
+def report(out, html):
+    """Recompute report.json and report.html for a build (not available yet)."""
+    _not_available("report")
+
+
+@main.command()
+@click.argument("out", type=click.Path(file_okay=False))
+def verify(out):
+    """Check every shard against the manifest and every row's invariants (not available yet)."""
+    _not_available("verify")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ class BuildConfig:
     input: tuple[str, ...] = _opt((), "Input JSONL files or glob patterns (sorted after expansion).", short="-i")
     output: str = _opt("out/packed", "Output folder.", short="-o")
     format: str = _opt("auto", "Record shape, or auto-detect per line.", choices=("auto", "llava", "messages", "text"))
-    media_root: str | None = _opt(None, "Folder that relative media paths are resolved against (default: each JSONL file's folder).")
+    media_root: str | None = _opt(None, "Folder that relative media paths are resolved against (default: the JSONL file's).")
     tokenizer: str = _opt("", "HF tokenizer: a local folder or a hub name.")
     train_on: str = _opt("assistant", "Which tokens get labels in conversations.", choices=("assistant", "all"))
     append_eos: bool = _opt(True, "End every text document with the tokenizer's EOS token.")

@@ -124,7 +124,7 @@ def describe(img: dict) -> str:
 
 def llava_records(images: list[dict]) -> list[str]:
     lines = []
-    for i in range(24):
+    for i in range(96):
         img = images[i % len(images)]
         rid = f"llava-{i:03d}"
         if i % 4 == 3:  # text-only LLaVA record
@@ -154,12 +154,13 @@ def llava_records(images: list[dict]) -> list[str]:
 
 def chat_records(images: list[dict], clips: list[dict]) -> list[str]:
     lines = []
-    for i, (q, a) in enumerate(QA):
+    for i in range(60):
+        q, a = QA[i % len(QA)]
         messages = [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
         if i % 3 == 0:
             messages.insert(0, {"role": "system", "content": "You are a concise, friendly assistant."})
         if i % 4 == 1:
-            q2, a2 = QA[(i + 3) % len(QA)]
+            q2, a2 = QA[(i + 3 + i // len(QA)) % len(QA)]
             messages += [{"role": "user", "content": q2}, {"role": "assistant", "content": a2}]
         lines.append(json.dumps({"id": f"chat-{i:03d}", "messages": messages}))
     for i, clip in enumerate(clips):
@@ -169,7 +170,7 @@ def chat_records(images: list[dict], clips: list[dict]) -> list[str]:
         lines.append(json.dumps({"id": f"audio-{i:03d}", "messages": [
             {"role": "user", "content": [part, {"type": "text", "text": "What do you hear, and for how long?"}]},
             {"role": "assistant", "content": f"A {kind} of {pitch}, lasting {clip['seconds']:g} seconds."}]}))
-    for i, img in enumerate(images[:4]):
+    for i, img in enumerate(images + images[:4]):
         lines.append(json.dumps({"id": f"vision-chat-{i:03d}", "messages": [
             {"role": "system", "content": "Answer questions about images briefly."},
             {"role": "user", "content": [{"type": "image", "image": img["ref"]}, {"type": "text", "text": "What colours do you see?"}]},
@@ -187,7 +188,8 @@ def chat_records(images: list[dict], clips: list[dict]) -> list[str]:
 
 def doc_records() -> list[str]:
     lines = []
-    for i, n_sentences in enumerate([3, 8, 15, 40, 5, 90, 12, 25, 60, 2, 200, 30, 10, 350, 7, 18]):
+    sizes = [3, 8, 15, 40, 5, 90, 12, 25, 60, 2, 200, 30, 10, 350, 7, 18]
+    for i, n_sentences in enumerate(sizes + [RNG.randint(2, 120) for _ in range(32)]):
         text = " ".join(RNG.choice(SENTENCES) for _ in range(n_sentences))
         if i % 5 == 2:
             text = text.replace(". ", ".\n\n", 3)  # a few paragraphs

@@ -47,7 +47,13 @@ def _common_prefix(a: str, b: str) -> int:
 
 
 def assistant_char_spans(tok: Any, messages: list[dict[str, str]], full: str) -> list[tuple[int, int]]:
-    """Character spans of ``full`` that belong to assistant turns (prefix-diff method)."""
+    """Character spans of ``full`` that belong to assistant turns.
+
+    Prefix diff first. Some templates are not prefix-stable (Qwen3 renders the last
+    assistant turn with a ``<think>`` block that earlier turns do not get), so when the
+    diffed span does not hold the turn's content, the span is rebuilt from the content's
+    position in ``full`` plus the closing text the template puts after it.
+    """
     spans = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
@@ -57,7 +63,16 @@ def assistant_char_spans(tok: Any, messages: list[dict[str, str]], full: str) ->
         except BadRecord:  # some templates cannot render a prefix; the header is then trained too
             before = ""
         start = _common_prefix(full, before)
-        end = _common_prefix(full, render(tok, messages[: i + 1]))
+        prefix = render(tok, messages[: i + 1])
+        end = _common_prefix(full, prefix)
+        content = m["content"]
+        if end <= start or content not in full[start:end]:
+            at = full.find(content, start)
+            if at < 0:
+                raise BadRecord("template_error", f"cannot locate assistant turn {i} in the rendered conversation")
+            closing = prefix[prefix.rfind(content) + len(content) :]
+            end = at + len(content)
+            end += _common_prefix(full[end:], closing)
         if end > start:
             spans.append((start, end))
     return spans

@@ -107,7 +107,7 @@ class Encoder:
         # Expand each placeholder into its count of copies; placeholders are never trained.
         pieces_ids, pieces_mask, media = [], [], []
         cursor, out_pos = 0, 0
-        for pos, part in zip(positions, items):
+        for pos, part in zip(positions, items, strict=True):
             n, grid = placeholder_count(part)
             pieces_ids += [ids[cursor:pos], np.full(n, self.placeholder_ids[part.kind], dtype=np.int32)]
             pieces_mask += [trained[cursor:pos], np.zeros(n, dtype=bool)]

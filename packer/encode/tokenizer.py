@@ -16,8 +16,8 @@ def load_tokenizer(name_or_path: str, placeholders: list[str]) -> Any:
     """
     if not name_or_path:
         raise PackerError("no tokenizer given: set `tokenizer` in the pipeline or pass --tokenizer NAME_OR_PATH")
-    from transformers import AutoTokenizer
     from tokenizers import AddedToken
+    from transformers import AutoTokenizer
 
     try:
         tok = AutoTokenizer.from_pretrained(name_or_path, use_fast=True)

@@ -23,7 +23,7 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int, *, seed: int = 0) ->
     stacks: dict[int, list[int]] = {}  # free space -> bins with exactly that free space
     free_values: list[int] = []  # sorted free-space values with a non-empty stack
     members: list[list[int]] = []
-    for i, length in zip(order.tolist(), lengths[order].tolist()):
+    for i, length in zip(order.tolist(), lengths[order].tolist(), strict=True):
         k = bisect.bisect_left(free_values, length)
         if k == len(free_values):
             b, free = len(members), capacity

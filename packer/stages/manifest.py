@@ -58,7 +58,7 @@ def write_manifest(out: Path, *, config: dict[str, Any], tokenizer: dict[str, An
         "packer_version": __version__,
         "status": "complete",
         # The only field that differs between two identical builds; keep it out of any hash.
-        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "config": config,
         "tokenizer": tokenizer,
         "files": {

@@ -78,7 +78,8 @@ def pack_rows(samples: pa.Table, bins: pa.Table) -> pa.Table:
         lists = sub.column(column).combine_chunks()
         offsets = lists.offsets.to_numpy().astype(np.int64)
         values = lists.values.to_numpy()
-        return pa.ListArray.from_arrays(pa.array(row_tok, pa.int32()), pa.array(values[concat_ranges(offsets[:-1], seg_len)], pa.int32()))
+        picked = values[concat_ranges(offsets[:-1], seg_len)]  # the first seg_len[j] tokens of sample j
+        return pa.ListArray.from_arrays(pa.array(row_tok, pa.int32()), pa.array(picked, pa.int32()))
 
     n_cu = np.diff(row_seg) + 1
     cu_values = tok_off[concat_ranges(row_seg[:-1], n_cu)] - np.repeat(row_tok[:-1], n_cu)

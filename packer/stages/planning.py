@@ -61,7 +61,7 @@ def plan_samples(lengths: np.ndarray, samples: pa.Table, *, capacity: int, overs
         reasons["oversize"] = len(dropped)
     elif over.size:
         rows = samples.take(pa.array(over)).select(["labels", "media"]).to_pylist()
-        for i, row in zip(over.tolist(), rows):
+        for i, row in zip(over.tolist(), rows, strict=True):
             cut = truncation_point(np.asarray(row["labels"]), row["media"], capacity)
             if cut == 0:
                 dropped.append(i)

@@ -1,0 +1,59 @@
+"""Shared fixtures: the sample tokenizer, JSONL writers, and one build of sample_data."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "sample_data"
+TOKENIZER = str(SAMPLE / "tokenizer")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tok():
+    from packer.encode.tokenizer import load_tokenizer
+
+    return load_tokenizer(TOKENIZER, ["<image>", "<audio>"])
+
+
+@pytest.fixture
+def write_jsonl(tmp_path):
+    """write_jsonl(name, records) -> path; a record is a dict (dumped) or a raw str/bytes line."""
+
+    def write(name: str, records: list, *, newline: bytes = b"\n") -> Path:
+        path = tmp_path / name
+        lines = []
+        for r in records:
+            if isinstance(r, bytes):
+                lines.append(r)
+            elif isinstance(r, str):
+                lines.append(r.encode())
+            else:
+                lines.append(json.dumps(r).encode())
+        path.write_bytes(newline.join(lines) + newline)
+        return path
+
+    return write
+
+
+@pytest.fixture(scope="session")
+def sample_build(tmp_path_factory):
+    """sample_data built once with the default pipeline into a temporary folder."""
+    from packer.build import build
+    from packer.config import resolve
+
+    out = tmp_path_factory.mktemp("sample") / "out"
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        config = resolve(ROOT / "pipelines" / "sample.toml", output=str(out))
+        manifest = build(config, progress=False)
+    finally:
+        os.chdir(cwd)
+    return out, manifest

