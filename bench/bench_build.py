@@ -35,7 +35,8 @@ def generate(path: Path, n: int, seed: int = 0) -> None:
             else:
                 q = " ".join(rng.choices(WORDS, k=rng.randint(5, 40)))
                 a = " ".join(rng.choices(WORDS, k=rng.randint(10, 200)))
-                f.write(json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}) + "\n")
+                messages = [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+                f.write(json.dumps({"id": f"c{i}", "messages": messages}) + "\n")
 
 
 def main() -> None:
