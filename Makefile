@@ -24,7 +24,9 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# trl is a side-by-side baseline for the planner benchmark only, never a runtime dependency.
 bench: setup
+	$(BIN)/python -c "import trl" 2>/dev/null || $(BIN)/python -m pip install --quiet trl==1.16.0
 	@for f in bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
 
 # Regenerates sample_data/ (images, audio, JSONL, tokenizer) from its committed script.

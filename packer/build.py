@@ -1,118 +1,187 @@
-"""``packer build``: run the stages in order over one output folder.
+"""``packer build`` and ``packer repack``: run the stages in order over one output folder.
 
     1. encode       engine.map over input chunks  -> samples/*.arrow, quarantine.jsonl
     2. plan         in this process, lengths only -> plan.arrow
     3. materialize  engine.map over plan chunks   -> packed/*.arrow
     4. manifest     accounting checked            -> manifest.json (last: the build is done)
+
+``repack`` starts at stage 2 from another build's ``samples/``: a new context length or
+plan without re-tokenizing a record or re-reading a media file.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import shutil
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow.compute as pc
 
-from packer.config import BuildConfig
+from packer.config import PLAN_KEYS, BuildConfig
 from packer.encode import EncoderSpec
 from packer.engine import get_engine
-from packer.errors import ConfigError, NotAvailableError
+from packer.errors import ConfigError
 from packer.io.arrow import read_shards, write_shard
 from packer.io.files import atomic_open, sha256_file
+from packer.pack import ALGORITHMS, Plan
 from packer.schema import SAMPLE_SCHEMA, ShardEntry
 from packer.stages import encode, materialize
-from packer.stages.manifest import FileAccount, accounting, write_manifest
+from packer.stages.manifest import FileAccount, accounting, read_manifest, write_manifest
 from packer.stages.planning import plan_samples, plan_table
 
 SMALL_INPUT_BYTES = 16 * 2**20
 OWNED = ("samples", "packed", "plan.arrow", "quarantine.jsonl", "manifest.json", "report.json", "report.html")
 
 
+@dataclass
+class Encoded:
+    """What stage 1 leaves for the later stages (also rebuilt from a manifest by repack)."""
+
+    sample_shards: list[ShardEntry]
+    by_file: dict[str, FileAccount]  # records and quarantined filled in
+    quarantined: dict[str, int]
+    quarantine: ShardEntry
+    blank_lines: int
+
+
 def build(config: BuildConfig, *, progress: bool = True) -> dict[str, Any]:
     """Build ``config.output`` from ``config.input``; returns the manifest."""
-    if config.oversize == "split":
-        raise NotAvailableError("--oversize split is not available yet in this version; use truncate or drop")
+    check_plan_options(config)
     files = config.input_files()
     engine = get_engine(config.engine, auto_workers(config.workers, files))
     out = prepare_output(Path(config.output))
     spec = EncoderSpec.from_config(config)
     driver = encode.setup(spec, str(out), config.strict)  # also checks the tokenizer before any work
+    encoded = encode_inputs(out, files, config, spec, driver, engine, progress)
+    return plan_and_pack(out, config, encoded, driver.encoder.fingerprint(), engine, progress)
 
-    # Stage 1: encode.
+
+def repack(source: str | Path, *, progress: bool = True, **overrides: Any) -> dict[str, Any]:
+    """Re-plan the build in ``source`` into ``overrides['output']`` with other plan options."""
+    source = Path(source)
+    manifest = read_manifest(source)
+    bad = sorted(set(overrides) - set(PLAN_KEYS) - {"output"})
+    if bad:
+        raise ConfigError(f"repack cannot change {', '.join(bad)} (that needs re-encoding: run packer build)")
+    if not overrides.get("output"):
+        raise ConfigError("repack needs an output folder: -o OUT2")
+    values = {**manifest["config"], **{k: v for k, v in overrides.items() if v is not None}}
+    config = BuildConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    if Path(config.output).resolve() == source.resolve():
+        raise ConfigError("repack writes a new build: -o must differ from the source folder")
+    check_plan_options(config)
+    out = prepare_output(Path(config.output))
+    shards = [ShardEntry(**e) for e in manifest["files"]["samples"]]
+    for entry in shards:
+        _link_or_copy(source / entry.file, out / entry.file, entry.sha256)
+    quarantine = ShardEntry(**manifest["files"]["quarantine"])
+    _link_or_copy(source / quarantine.file, out / quarantine.file, quarantine.sha256)
+    acc = manifest["accounting"]
+    by_file = {name: FileAccount(records=f["records"], quarantined=f["quarantined"]) for name, f in acc["by_file"].items()}
+    encoded = Encoded(shards, by_file, acc["quarantined_by_reason"], quarantine, acc["blank_lines"])
+    engine = get_engine(config.engine, config.workers or 1)
+    extra = {"repacked_from": {"path": str(source), "manifest_created_at": manifest["created_at"]}}
+    return plan_and_pack(out, config, encoded, manifest["tokenizer"], engine, progress, extra=extra)
+
+
+def check_plan_options(config: BuildConfig) -> None:
+    """Fail before any work on plan options the chosen algorithm cannot honour."""
+    if config.algorithm not in ALGORITHMS:
+        raise ConfigError(f"unknown algorithm {config.algorithm!r}; known: {', '.join(sorted(ALGORITHMS))}")
+    used = {"max_segments"} if config.max_segments else set()
+    used |= {"max_media"} if config.media_caps() else set()
+    missing = used - ALGORITHMS[config.algorithm].supports
+    if missing:
+        able = sorted(n for n, s in ALGORITHMS.items() if missing <= s.supports)
+        raise ConfigError(
+            f"algorithm {config.algorithm!r} does not support {', '.join(sorted(missing))}; use {' or '.join(able)}"
+        )
+
+
+def encode_inputs(out: Path, files: list[Path], config: BuildConfig, spec: EncoderSpec, driver, engine, progress) -> Encoded:
+    """Stage 1: every input line becomes a sample or a quarantine entry."""
     counts: dict[str, int] = {}
     by_file = {str(f): FileAccount() for f in files}
     quarantined: Counter[str] = Counter()
-    lengths, sample_file, sample_shards = [], [], []
-    n_bad = 0
+    shards = []
     tasks = encode.make_tasks(files, config.chunk_records, counts)
-    with atomic_open(out / "quarantine.jsonl", "w") as qf, _bar(progress, "encode", "rec") as bar:
+    qpath = out / "quarantine.jsonl"
+    with atomic_open(qpath, "w") as qf, _bar(progress, "encode", "rec") as bar:
         for res in engine.map(encode.encode_task, tasks, encode.setup, (spec, str(out), config.strict), in_process_state=driver):
             for entry in res.quarantine:
                 qf.write(entry.to_json() + "\n")
                 quarantined[entry.reason] += 1
-            acc = by_file[res.file]
-            acc.records += res.records
-            acc.quarantined += len(res.quarantine)
-            n_bad += len(res.quarantine)
-            lengths.append(res.lengths)
-            sample_file.append(np.full(len(res.lengths), list(by_file).index(res.file), dtype=np.int32))
+            by_file[res.file].records += res.records
+            by_file[res.file].quarantined += len(res.quarantine)
             if res.shard is not None:
-                sample_shards.append(res.shard)
+                shards.append(res.shard)
             bar.update(res.records)
-    qpath = out / "quarantine.jsonl"
-    quarantine = ShardEntry(qpath.name, n_bad, qpath.stat().st_size, sha256_file(qpath))
-    all_lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
-    file_of_sample = np.concatenate(sample_file) if sample_file else np.zeros(0, np.int32)
+    quarantine = ShardEntry(qpath.name, sum(quarantined.values()), qpath.stat().st_size, sha256_file(qpath))
+    return Encoded(shards, by_file, dict(quarantined), quarantine, counts.get("blank_lines", 0))
 
-    # Stage 2: plan.
-    samples = read_shards([out / e.file for e in sample_shards], SAMPLE_SCHEMA)
-    outcome = plan_samples(
-        all_lengths, samples, capacity=config.max_length, oversize=config.oversize,
-        algorithm=config.algorithm, seed=config.seed, shuffle_rows=config.shuffle_rows,
-    )
-    p = outcome.plan
+
+def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any], engine, progress,
+                  extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Stages 2-4 over the samples in ``out/samples``."""
+    samples = read_shards([out / e.file for e in encoded.sample_shards], SAMPLE_SCHEMA)
+    p = plan_samples(samples, config)
     plan_entry = write_shard(out / "plan.arrow", plan_table(p), out)
 
-    # Stage 3: materialize.
     bin_tokens = p.bin_tokens()
-    tasks3 = materialize.shard_tasks(bin_tokens, np.diff(p.offsets), config.shard_rows, config.shard_bytes)
+    tasks = materialize.shard_tasks(bin_tokens, np.diff(p.offsets), config.shard_rows, config.shard_bytes)
     packed = []
     with _bar(progress, "pack", "row", total=p.n_bins) as bar:
-        state = (str(out), [e.file for e in sample_shards])
-        for entry in engine.map(materialize.materialize_task, tasks3, materialize.setup, state):
+        state = (str(out), [e.file for e in encoded.sample_shards])
+        for entry in engine.map(materialize.materialize_task, tasks, materialize.setup, state):
             packed.append(entry)
             bar.update(entry.rows)
 
-    # Stage 4: accounting and manifest.
+    by_file = {k: dataclasses.replace(v) for k, v in encoded.by_file.items()}
+    _count_outcomes(by_file, samples, encoded.sample_shards, p)
+    return write_manifest(
+        out, config=config.to_dict(), tokenizer=tokenizer, samples=encoded.sample_shards, packed=packed,
+        plan=plan_entry, quarantine=encoded.quarantine,
+        accounts=accounting(by_file, encoded.quarantined, {r: len(v) for r, v in p.dropped.items()}, encoded.blank_lines),
+        stats=_stats(config, samples, p), extra=extra,
+    )
+
+
+def _count_outcomes(by_file: dict[str, FileAccount], samples, shards: list[ShardEntry], p: Plan) -> None:
+    """Packed and dropped per input file. Each samples shard comes from one input file."""
     names = list(by_file)
-    dropped_per_file = np.bincount(file_of_sample[outcome.dropped_samples], minlength=len(names))
-    samples_per_file = np.bincount(file_of_sample, minlength=len(names))
+    shard_file = [names.index(samples.column("source_file")[sum(e.rows for e in shards[:k])].as_py()) for k in range(len(shards))]
+    file_of_sample = np.repeat(np.asarray(shard_file, np.int64), [e.rows for e in shards]) if shards else np.zeros(0, np.int64)
+    dropped = np.concatenate(list(p.dropped.values())) if p.dropped else np.zeros(0, np.int64)
+    n_dropped = np.bincount(file_of_sample[dropped], minlength=len(names))
+    n_samples = np.bincount(file_of_sample, minlength=len(names))
     for k, name in enumerate(names):
-        by_file[name].dropped = int(dropped_per_file[k])
-        by_file[name].packed = int(samples_per_file[k] - dropped_per_file[k])
-    tokens = int(bin_tokens.sum())
-    modality = pc.value_counts(samples.column("modality").cast("string").take(p.indices)).to_pylist() if len(p.indices) else []
-    stats = {
+        by_file[name].dropped = int(n_dropped[k])
+        by_file[name].packed = int(n_samples[k] - n_dropped[k])
+
+
+def _stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:
+    placed = np.unique(p.indices)
+    modality = pc.value_counts(samples.column("modality").cast("string").take(placed)).to_pylist() if len(placed) else []
+    return {
         "max_length": config.max_length,
         "rows": p.n_bins,
         "segments": int(len(p.indices)),
-        "tokens": tokens,
-        "fill": tokens / max(1, p.n_bins * config.max_length),
+        "tokens": p.tokens,
+        "fill": p.efficiency,
         "lower_bound": p.lower_bound,
         "gap_to_lower_bound": p.n_bins - p.lower_bound,
-        "truncated_samples": outcome.truncated_samples,
-        "truncated_tokens": outcome.truncated_tokens,
+        "truncated_samples": int(len(p.truncated)),
+        "truncated_tokens": int(p.truncated_tokens),
+        "split_samples": int(len(p.split)),
+        "split_pieces": int(np.isin(p.indices, p.split).sum()) if len(p.split) else 0,
+        "split_pieces_dropped": int(p.pieces_dropped),
         "samples_by_modality": {m["values"]: m["counts"] for m in sorted(modality, key=lambda m: m["values"])},
     }
-    return write_manifest(
-        out, config=config.to_dict(), tokenizer=driver.encoder.fingerprint(), samples=sample_shards,
-        packed=packed, plan=plan_entry, quarantine=quarantine,
-        accounts=accounting(by_file, dict(quarantined), outcome.dropped, counts.get("blank_lines", 0)),
-        stats=stats,
-    )
 
 
 def auto_workers(workers: int, files: list[Path]) -> int:
@@ -137,6 +206,17 @@ def prepare_output(out: Path) -> Path:
                 shutil.rmtree(e) if e.is_dir() else e.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def _link_or_copy(src: Path, dst: Path, sha256: str) -> None:
+    """Hard-link (or copy) a finished file of another build, after checking its hash."""
+    if sha256_file(src) != sha256:
+        raise ConfigError(f"{src} does not match its manifest (sha256 differs); the source build is damaged")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
 
 
 def _bar(enabled: bool, desc: str, unit: str, total: int | None = None):

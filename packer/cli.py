@@ -11,14 +11,18 @@ import sys
 import click
 
 from packer import __version__
-from packer.config import DEFAULT_PIPELINE, FIELDS
+from packer.config import DEFAULT_PIPELINE, FIELDS, PLAN_KEYS
 from packer.errors import NotAvailableError, PackerError
 
 FLAG_NAMES = {"input": "--input", "output": "--output"}
 
 
-def _build_options(fn):
-    for f in reversed(list(FIELDS.values())):
+def _config_options(names):
+    return lambda fn: _add_options(fn, [FIELDS[n] for n in names])
+
+
+def _add_options(fn, fields):
+    for f in reversed(fields):
         flag = FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-"))
         names = [flag] + ([f.metadata["short"]] if f.metadata.get("short") else [])
         help_text = f.metadata["help"]
@@ -53,7 +57,7 @@ def main():
 
 @main.command()
 @click.argument("pipeline", required=False, type=click.Path(dir_okay=False))
-@_build_options
+@_config_options(FIELDS)
 def build(pipeline, **options):
     """Build packed shards. PIPELINE defaults to pipelines/sample.toml; flags override its keys."""
     from packer.build import build as run_build
@@ -90,12 +94,16 @@ def _raise(e: Exception):
 
 
 @main.command()
-@click.argument("out", type=click.Path(file_okay=False))
-@click.option("--max-length", type=int, help="New capacity of a packed row.")
-@click.option("-o", "--output", help="Folder for the re-planned build.")
-def repack(out, max_length, output):
-    """Re-plan an existing build for another max length, without re-encoding (not available yet)."""
-    _not_available("repack")
+@click.argument("source", type=click.Path(file_okay=False, exists=True))
+@_config_options(("output", *PLAN_KEYS))
+def repack(source, **options):
+    """Re-plan the build in SOURCE (another max length, algorithm, caps, seed, ...) into -o
+    OUT2, reusing its encoded samples: nothing is re-tokenized or re-read."""
+    from packer.build import repack as run_repack
+    from packer.inspect import summarize, summary_text
+
+    manifest = _run(run_repack, source, **options)
+    click.echo(summary_text(summarize(manifest["config"]["output"])))
 
 
 @main.command()

@@ -43,7 +43,14 @@ class BuildConfig:
     max_length: int = _opt(4096, "Capacity of a packed row, in tokens.")
     algorithm: str = _opt("bfd", "Bin-packing algorithm (see packer.pack.ALGORITHMS).")
     oversize: str = _opt("truncate", "What to do with a sample longer than max_length.", choices=("truncate", "drop", "split"))
+    max_segments: int = _opt(0, "Most samples in one packed row (0: no limit).")
+    max_media: int = _opt(0, "Most media items (images + audio clips) in one packed row (0: no limit).")
+    max_images: int = _opt(0, "Most images in one packed row (0: no limit).")
+    max_audio: int = _opt(0, "Most audio clips in one packed row (0: no limit).")
+    group_by: str = _opt("none", "Rows hold samples of one group only (modality: text, image, audio, ...).",
+                         choices=("none", "modality"))
     shuffle_rows: bool = _opt(True, "Shuffle the order of packed rows with the seed (else planner order).")
+    longest_first: bool = _opt(False, "Put the most expensive row first, so an out-of-memory error shows at step one.")
     seed: int = _opt(0, "Seed for every random choice of the build.")
     engine: str = _opt("local", "Where stages 1 and 3 run.", choices=("local", "ray"))
     workers: int = _opt(0, "Worker processes for stages 1 and 3 (0: one per CPU core; in-process for inputs under 16 MiB).")
@@ -61,6 +68,9 @@ class BuildConfig:
         for key in ("max_length", "chunk_records", "shard_rows", "shard_bytes"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be at least 1, got {getattr(self, key)}")
+        for key in ("max_segments", "max_media", "max_images", "max_audio"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{key} must be 0 (no limit) or positive, got {getattr(self, key)}")
         if self.workers < 0:
             raise ConfigError(f"workers must be 0 (auto) or positive, got {self.workers}")
         if not self.image_token or not self.audio_token or self.image_token == self.audio_token:
@@ -91,7 +101,20 @@ class BuildConfig:
         return unique
 
 
+    def media_caps(self) -> dict[str, int]:
+        """The per-row media caps in force, as :func:`packer.pack.plan` takes them."""
+        caps = {"total": self.max_media, "image": self.max_images, "audio": self.max_audio}
+        return {k: v for k, v in caps.items() if v > 0}
+
+    @property
+    def row_order(self) -> str:
+        return "longest-first" if self.longest_first else ("shuffle" if self.shuffle_rows else "planner")
+
+
 FIELDS = {f.name: f for f in dataclasses.fields(BuildConfig)}
+# What `packer repack` may change: everything from the plan on, nothing that needs re-encoding.
+PLAN_KEYS = ("max_length", "algorithm", "oversize", "max_segments", "max_media", "max_images", "max_audio",
+             "group_by", "shuffle_rows", "longest_first", "seed", "engine", "workers", "shard_rows", "shard_bytes")
 
 
 def load_pipeline(path: str | Path) -> dict[str, Any]:

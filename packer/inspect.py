@@ -44,6 +44,8 @@ def summarize(out: str | Path) -> dict[str, Any]:
         "dropped_by_reason": acc["dropped_by_reason"],
         "truncated_samples": manifest["stats"]["truncated_samples"],
         "truncated_tokens": manifest["stats"]["truncated_tokens"],
+        "split_samples": manifest["stats"].get("split_samples", 0),
+        "split_pieces": manifest["stats"].get("split_pieces", 0),
         "shards": len(manifest["files"]["packed"]),
     }
 
@@ -60,6 +62,8 @@ def summary_text(s: dict[str, Any]) -> str:
     ]
     if s["truncated_samples"]:
         lines.append(f"  truncated    {s['truncated_samples']:,} samples ({s['truncated_tokens']:,} tokens cut)")
+    if s["split_samples"]:
+        lines.append(f"  split        {s['split_samples']:,} samples into {s['split_pieces']:,} pieces")
     for title, reasons in (("quarantined", s["quarantined_by_reason"]), ("dropped", s["dropped_by_reason"])):
         if reasons:
             lines.append(f"  {title:<12} " + ", ".join(f"{r} {n:,}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])))

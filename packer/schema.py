@@ -32,6 +32,7 @@ import pyarrow as pa
 from packer.errors import SchemaVersionError
 
 SCHEMA_VERSION = 1
+IGNORE = -100  # label of a position that is not trained (the HF / PyTorch ignore_index)
 VERSION_KEY = b"packer.schema_version"
 KIND_KEY = b"packer.kind"
 
@@ -174,9 +175,11 @@ def to_table(records: typing.Sequence, schema: pa.Schema) -> pa.Table:
 
 @dataclass(frozen=True)
 class PlanRow:
-    """One bin of the plan (``plan.arrow``): global sample numbers and the tokens taken from each."""
+    """One bin of the plan (``plan.arrow``): segment ``j`` is tokens
+    ``starts[j] : starts[j] + lengths[j]`` of global sample ``samples[j]``."""
 
     samples: Annotated[tuple[int, ...], pa.list_(pa.int64())]
+    starts: Int32List
     lengths: Int32List
 
 

@@ -13,7 +13,6 @@ from conftest import ROOT, SAMPLE, TOKENIZER
 from packer.build import build
 from packer.config import BuildConfig, resolve
 from packer.errors import ConfigError, StrictModeError
-from packer.stages.planning import truncation_point
 
 COLUMNS = ["input_ids", "labels", "cu_seqlens", "segment_ids", "segment_modality", "media", "n_tokens"]
 IGNORE = -100
@@ -157,14 +156,6 @@ def test_truncation_is_counted(sample_build):
     assert stats["fill"] == pytest.approx(stats["tokens"] / (stats["rows"] * stats["max_length"]))
 
 
-def test_truncation_point_never_cuts_a_media_span():
-    labels = np.array([IGNORE] * 4 + [1] * 20)
-    assert truncation_point(labels, [{"start": 6, "length": 10}], 12) == 6
-    assert truncation_point(labels, [{"start": 12, "length": 3}], 12) == 12
-    assert truncation_point(labels, [{"start": 2, "length": 30}], 12) == 0  # nothing trainable before it
-    assert truncation_point(np.array([IGNORE] * 30 + [5]), [], 12) == 0
-
-
 def small_config(tmp_path, records_file, **kw) -> BuildConfig:
     return BuildConfig(input=(str(records_file),), output=str(tmp_path / "out"), tokenizer=TOKENIZER, **kw)
 
@@ -176,7 +167,7 @@ def test_oversize_drop_and_truncated_to_nothing(tmp_path, write_jsonl):
     m = build(small_config(tmp_path, f, max_length=64, oversize="drop"), progress=False)
     assert m["accounting"]["dropped_by_reason"] == {"oversize": 2} and m["accounting"]["samples_packed"] == 1
     m = build(small_config(tmp_path, f, max_length=64, oversize="truncate"), progress=False)
-    assert m["accounting"]["dropped_by_reason"] == {"truncated_to_nothing": 1}
+    assert m["accounting"]["dropped_by_reason"] == {"nothing_trainable": 1}
     assert m["stats"]["truncated_samples"] == 1 and m["accounting"]["samples_packed"] == 2
     assert m["accounting"]["by_file"][str(f)] == {"records": 3, "packed": 2, "quarantined": 0, "dropped": 1}
 

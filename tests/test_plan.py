@@ -1,4 +1,8 @@
-"""The foundation planner: correct best-fit decreasing and the CSR plan contract."""
+"""The planner: every algorithm and constraint, against invariants and reference packers."""
+
+from __future__ import annotations
+
+import bisect
 
 import numpy as np
 import pytest
@@ -6,56 +10,208 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packer._ranges import concat_ranges
-from packer.pack import ALGORITHMS, plan
+from packer.pack import ALGORITHMS, plan, register
+from packer.pack.oversize import resolve
+
+ALL = sorted(ALGORITHMS)
 
 
-def check_plan(p, lengths, capacity):
-    assert p.offsets[0] == 0 and np.all(np.diff(p.offsets) >= 1)
-    assert sorted(p.indices.tolist()) == list(range(len(lengths)))  # every sample exactly once
+def reference_bfd(lengths, capacity):
+    """Plain-Python best-fit decreasing with the same tie rule (latest bin at a free value)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    stacks, values, bins = {}, [], []
+    for i in order:
+        k = bisect.bisect_left(values, lengths[i])
+        if k == len(values):
+            b, free = len(bins), capacity
+            bins.append([])
+        else:
+            free = values[k]
+            b = stacks[free].pop()
+            if not stacks[free]:
+                del stacks[free]
+                values.pop(k)
+        bins[b].append(i)
+        left = free - lengths[i]
+        if left > 0:
+            if left not in stacks:
+                stacks[left] = []
+                bisect.insort(values, left)
+            stacks[left].append(b)
+    return bins
+
+
+def reference_first_fit(order, lengths, capacity):
+    bins, free = [], []
+    for i in order:
+        for b, f in enumerate(free):
+            if f >= lengths[i]:
+                break
+        else:
+            b = len(bins)
+            bins.append([])
+            free.append(capacity)
+        bins[b].append(i)
+        free[b] -= lengths[i]
+    return bins
+
+
+def bins_of(p):
+    return [p.bin(b).tolist() for b in range(p.n_bins)]
+
+
+def check_invariants(p, lengths, capacity):
+    assert p.offsets[0] == 0 and np.all(np.diff(p.offsets) >= 1) and p.offsets[-1] == len(p.indices)
     assert np.all(p.bin_tokens() <= capacity)
     assert p.n_bins >= p.lower_bound
+    dropped = set(np.concatenate(list(p.dropped.values())).tolist()) if p.dropped else set()
+    placed = set(p.indices.tolist())
+    assert placed.isdisjoint(dropped)
+    assert placed | dropped == set(range(len(lengths))), "a sample was neither placed nor accounted for"
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.integers(1, 64).flatmap(lambda c: st.tuples(st.just(c), st.lists(st.integers(1, c), max_size=200))))
-def test_bfd_places_every_sample_once_within_capacity(case):
-    capacity, lengths = case
-    p = plan(np.array(lengths, dtype=np.int64), capacity)
-    check_plan(p, lengths, capacity)
+lengths_and_capacity = st.integers(1, 64).flatmap(
+    lambda c: st.tuples(st.lists(st.integers(1, c), max_size=150), st.just(c)))
 
 
-def test_bfd_golden():
-    p = plan([5, 3, 4, 4, 8, 1], capacity=8)
-    assert [p.bin(b).tolist() for b in range(p.n_bins)] == [[4], [0, 1], [2, 3], [5]]
+@settings(max_examples=150, deadline=None)
+@given(lengths_and_capacity, st.sampled_from(ALL), st.integers(0, 3))
+def test_every_algorithm_places_every_sample_once_within_capacity(case, algorithm, seed):
+    lengths, capacity = case
+    p = plan(np.array(lengths, np.int64), capacity, algorithm=algorithm, seed=seed)
+    check_invariants(p, lengths, capacity)
+    assert sorted(p.indices.tolist()) == list(range(len(lengths)))
+    assert np.all(p.starts == 0) and np.array_equal(p.lengths, np.asarray(lengths, np.int64)[p.indices])
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths_and_capacity)
+def test_bfd_equals_the_reference_best_fit_decreasing(case):
+    lengths, capacity = case
+    p = plan(np.array(lengths, np.int64), capacity, order="planner")
+    assert bins_of(p) == reference_bfd(lengths, capacity)
+
+
+@settings(max_examples=100, deadline=None)
+@given(lengths_and_capacity, st.integers(0, 5))
+def test_ffd_and_shuffle_equal_reference_first_fit(case, seed):
+    lengths, capacity = case
+    decreasing = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    assert bins_of(plan(np.array(lengths, np.int64), capacity, algorithm="ffd", order="planner")) == \
+        reference_first_fit(decreasing, lengths, capacity)
+    shuffled = np.random.default_rng(seed).permutation(len(lengths)).tolist()
+    assert bins_of(plan(np.array(lengths, np.int64), capacity, algorithm="shuffle", seed=seed, order="planner")) == \
+        reference_first_fit(shuffled, lengths, capacity)
+
+
+@settings(max_examples=100, deadline=None)
+@given(lengths_and_capacity, st.integers(1, 4), st.sampled_from(ALL))
+def test_max_segments(case, max_segments, algorithm):
+    lengths, capacity = case
+    p = plan(np.array(lengths, np.int64), capacity, algorithm=algorithm, max_segments=max_segments)
+    check_invariants(p, lengths, capacity)
+    assert np.all(np.diff(p.offsets) <= max_segments)
+
+
+media_case = st.integers(4, 64).flatmap(lambda c: st.tuples(
+    st.lists(st.tuples(st.integers(1, c), st.integers(0, 3), st.integers(0, 2)), max_size=120), st.just(c)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(media_case, st.integers(0, 4), st.integers(0, 3), st.sampled_from(["bfd", "next-fit"]))
+def test_media_caps_by_kind_and_total(case, image_cap, total_cap, algorithm):
+    rows, capacity = case
+    lengths = np.array([r[0] for r in rows], np.int64)
+    media = {"image": np.array([r[1] for r in rows], np.int64), "audio": np.array([r[2] for r in rows], np.int64)}
+    caps = {"image": image_cap, "total": total_cap + 2}
+    p = plan(lengths, capacity, algorithm=algorithm, media=media, max_media=caps)
+    check_invariants(p, lengths, capacity)
+    for b in range(p.n_bins):
+        members = p.bin(b)
+        assert media["image"][members].sum() <= image_cap
+        assert (media["image"] + media["audio"])[members].sum() <= total_cap + 2
+    over = (media["image"] > image_cap) | (media["image"] + media["audio"] > total_cap + 2)
+    assert set(p.dropped.get("over_media_cap", np.zeros(0)).tolist()) == set(np.flatnonzero(over).tolist())
+
+
+@settings(max_examples=80, deadline=None)
+@given(lengths_and_capacity, st.sampled_from(ALL))
+def test_group_by_keeps_rows_pure(case, algorithm):
+    lengths, capacity = case
+    groups = np.array(["text", "image", "audio"])[np.arange(len(lengths)) % 3]
+    p = plan(np.array(lengths, np.int64), capacity, algorithm=algorithm, group_by=groups)
+    check_invariants(p, lengths, capacity)
+    for b in range(p.n_bins):
+        assert len(set(groups[p.bin(b)])) == 1
+
+
+def test_unconstrained_algorithms_refuse_caps():
+    with pytest.raises(ValueError, match="algorithm 'ffd' does not support max_media; use bfd or next-fit"):
+        plan([3, 4], 8, algorithm="ffd", media={"image": np.array([1, 1])}, max_media={"image": 1})
+
+
+def test_same_seed_same_plan_other_seed_other_order():
+    lengths = np.random.default_rng(1).integers(1, 100, 5000)
+    a, b, c = plan(lengths, 128, seed=7), plan(lengths, 128, seed=7), plan(lengths, 128, seed=8)
+    assert np.array_equal(a.offsets, b.offsets) and np.array_equal(a.indices, b.indices)
+    assert not np.array_equal(a.indices, c.indices)
+    assert sorted(map(tuple, map(sorted, bins_of(a)))) == sorted(map(tuple, map(sorted, bins_of(c))))  # same bins
+
+
+def test_longest_first_puts_the_costliest_row_first():
+    p = plan([10, 3, 3, 9, 2, 2, 2], capacity=10, order="longest-first", seed=3)
+    tokens = p.bin_tokens()
+    assert tokens[0] == tokens.max() and p.lengths[: np.diff(p.offsets)[0]].tolist() == [10]
+
+
+def test_golden_bfd():
+    p = plan([5, 3, 4, 4, 8, 1], capacity=8, order="planner")
+    assert bins_of(p) == [[4], [0, 1], [2, 3], [5]]
     assert p.lower_bound == 4 and p.efficiency == pytest.approx(25 / 32)
 
 
+def test_golden_each_algorithm():
+    lengths = [6, 5, 4, 3, 2, 2]
+    expect = {
+        "bfd": [[0, 2], [1, 3, 4], [5]],  # 6+4, 5+3+2, 2
+        "ffd": [[0, 2], [1, 3, 4], [5]],
+        "next-fit": [[0], [1, 2], [3, 4, 5]],
+    }
+    for algorithm, bins in expect.items():
+        assert bins_of(plan(lengths, 10, algorithm=algorithm, order="planner")) == bins, algorithm
+
+
 def test_bfd_chooses_the_tightest_bin():
-    # After 6 and 5 open two bins (free 4 and 5), a 4 must go to the bin with 4 free.
-    p = plan([6, 5, 4], capacity=10)
-    assert [sorted(p.bin(b).tolist()) for b in range(p.n_bins)] == [[0, 2], [1]]
+    p = plan([6, 5, 4], capacity=10, order="planner")  # bins free 4 and 5: the 4 goes to the one with 4 free
+    assert [sorted(b) for b in bins_of(p)] == [[0, 2], [1]]
 
 
 def test_empty_plan():
-    p = plan(np.zeros(0, dtype=np.int64), 16)
-    assert p.n_bins == 0 and p.lower_bound == 0 and p.efficiency == 0.0
+    for algorithm in ALL:
+        p = plan(np.zeros(0, dtype=np.int64), 16, algorithm=algorithm)
+        assert p.n_bins == 0 and p.lower_bound == 0 and p.efficiency == 0.0
 
 
 def test_reorder_keeps_bins():
-    p = plan([5, 3, 4, 4, 8, 1], capacity=8)
+    p = plan([5, 3, 4, 4, 8, 1], capacity=8, order="planner")
     q = p.reorder(np.array([3, 1, 0, 2]))
-    assert [q.bin(b).tolist() for b in range(q.n_bins)] == [[5], [0, 1], [4], [2, 3]]
+    assert bins_of(q) == [[5], [0, 1], [4], [2, 3]]
 
 
 @pytest.mark.parametrize(
     "lengths, capacity, kwargs, match",
     [
-        ([5, 9], 8, {}, r"sample 1 is too long \(9 > 8\); apply an oversize policy"),
+        ([5, 9], 8, {}, r"sample 1 is too long \(9 > 8\); apply an oversize policy \(truncate, split, drop\)"),
         ([0, 3], 8, {}, "sample 0 has length 0"),
         ([[1, 2]], 8, {}, "1-D integer array"),
         ([1.5], 8, {}, "1-D integer array"),
         ([1], 0, {}, "capacity must be at least 1"),
-        ([1], 8, {"algorithm": "magic"}, "unknown packing algorithm 'magic'; known: bfd"),
+        ([1], 8, {"algorithm": "magic"}, "unknown packing algorithm 'magic'; known: bfd, ffd, next-fit, shuffle"),
+        ([1], 8, {"order": "sideways"}, "unknown row order 'sideways'"),
+        ([1], 8, {"oversize": "squash"}, "unknown oversize policy 'squash'"),
+        ([1], 8, {"max_segments": 0}, "max_segments must be at least 1"),
+        ([1], 8, {"max_media": {"video": 1}, "media": {"image": np.array([1])}}, "max_media caps 'video' but media has no 'video'"),
+        ([1, 2], 8, {"max_media": {"image": 1}, "media": {"image": np.array([1])}}, "one entry per sample"),
     ],
 )
 def test_plan_rejects_bad_arguments(lengths, capacity, kwargs, match):
@@ -63,8 +219,63 @@ def test_plan_rejects_bad_arguments(lengths, capacity, kwargs, match):
         plan(lengths, capacity, **kwargs)
 
 
-def test_registry_has_bfd():
-    assert "bfd" in ALGORITHMS
+def test_oversize_policies_golden():
+    # capacity 4; sample 0 has 10 tokens with an image at 3..5 (the docstring example).
+    lengths = np.array([10, 2])
+    protected = {0: np.array([[3, 3]])}
+    t = resolve(lengths, 4, "truncate", protected=protected)
+    assert list(zip(t.sample.tolist(), t.start.tolist(), t.length.tolist())) == [(1, 0, 2), (0, 0, 3)]
+    assert t.truncated.tolist() == [0] and t.truncated_tokens == 7
+    s = resolve(lengths, 4, "split", protected=protected)
+    assert list(zip(s.sample.tolist(), s.start.tolist(), s.length.tolist())) == [(1, 0, 2), (0, 0, 3), (0, 3, 4), (0, 7, 3)]
+    assert s.split.tolist() == [0]
+    d = resolve(lengths, 4, "drop")
+    assert d.sample.tolist() == [1] and d.dropped["oversize"].tolist() == [0]
+
+
+def test_oversize_nothing_trainable_and_media_over_capacity():
+    lengths = np.array([10, 10])
+    trained = {0: np.array([False] * 6 + [True] * 4), 1: np.ones(10, bool)}
+    t = resolve(lengths, 4, "truncate", trained=trained, protected={1: np.array([[2, 6]])})
+    assert {k: v.tolist() for k, v in t.dropped.items()} == {"media_over_capacity": [1], "nothing_trainable": [0]}
+    s = resolve(np.array([10]), 4, "split", trained={0: np.array([False] * 6 + [True] * 4)})
+    # pieces [0:4] (nothing trained after its first token) left out, [4:8] and [8:10] kept
+    assert list(zip(s.start.tolist(), s.length.tolist())) == [(4, 4), (8, 2)] and s.pieces_dropped == 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(4, 40).flatmap(lambda c: st.tuples(st.lists(st.integers(1, 3 * c), min_size=1, max_size=40), st.just(c))),
+       st.sampled_from(["truncate", "split", "drop"]), st.sampled_from(ALL))
+def test_oversize_accounts_for_every_sample(case, policy, algorithm):
+    lengths, capacity = case
+    p = plan(np.array(lengths, np.int64), capacity, oversize=policy, algorithm=algorithm)
+    check_invariants(p, lengths, capacity)
+    if policy == "split":  # every token placed once, except 1-token pieces (nothing to train after the first)
+        missing = 0
+        for i, n in enumerate(lengths):
+            if n <= capacity:
+                continue
+            mine = np.flatnonzero(p.indices == i)
+            covered = sorted(zip(p.starts[mine].tolist(), p.lengths[mine].tolist()))
+            assert covered[0][0] == 0 and all(1 < c[1] <= capacity for c in covered)
+            assert all(a[0] + a[1] == b[0] for a, b in zip(covered, covered[1:]))
+            missing += n - sum(c[1] for c in covered)
+        assert missing == p.pieces_dropped
+
+
+def test_register_a_custom_algorithm():
+    @register("one-per-bin-test", description="each sample alone")
+    def one_per_bin(lengths, capacity, *, seed=0, constraints=None):
+        return np.arange(len(lengths) + 1), np.arange(len(lengths))
+
+    try:
+        assert plan([3, 4], 8, algorithm="one-per-bin-test", order="planner").n_bins == 2
+        with pytest.raises(ValueError, match="does not support max_segments"):
+            plan([3, 4], 8, algorithm="one-per-bin-test", max_segments=1)
+        with pytest.raises(ValueError, match="registered twice"):
+            register("one-per-bin-test")(one_per_bin)
+    finally:
+        del ALGORITHMS["one-per-bin-test"]
 
 
 def test_concat_ranges():

@@ -18,9 +18,8 @@ from packer.errors import BadRecord
 from packer.ingest.formats import decode_json, parse_record, record_id
 from packer.ingest.reader import RawLine
 from packer.ingest.records import Conversation, Document
-from packer.schema import MediaSpan, Sample
+from packer.schema import IGNORE, MediaSpan, Sample
 
-IGNORE = -100
 MEDIA_ORDER = ("image", "audio")
 
 

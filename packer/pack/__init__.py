@@ -1,7 +1,12 @@
-"""Stage 2: the planner. ``plan(lengths, capacity, algorithm=...)`` -> :class:`Plan`."""
+"""Stage 2: the planner. ``plan(lengths, capacity, algorithm=...)`` -> :class:`Plan`.
 
-from packer.pack import bfd  # noqa: F401  (registers "bfd")
-from packer.pack.plan import Plan, plan
-from packer.pack.registry import ALGORITHMS, register
+Pure functions over integer arrays (no I/O, no torch). Algorithms live one per file
+(``bfd``, ``ffd``, ``shuffle``, ``next_fit``) behind the name registry; numba is
+imported when an algorithm first runs, not when this package is imported.
+"""
 
-__all__ = ["ALGORITHMS", "Plan", "plan", "register"]
+from packer.pack.oversize import POLICIES as OVERSIZE_POLICIES
+from packer.pack.plan import ORDERS, Plan, plan
+from packer.pack.registry import ALGORITHMS, Constraints, register
+
+__all__ = ["ALGORITHMS", "ORDERS", "OVERSIZE_POLICIES", "Constraints", "Plan", "plan", "register"]

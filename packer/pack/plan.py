@@ -1,78 +1,212 @@
 """The planner's entry point: lengths in, a CSR plan of bins out. Pure: no I/O, no torch.
 
-    >>> p = plan([5, 3, 4, 4], capacity=8)
+    >>> p = plan([5, 3, 4, 4], capacity=8, order="planner")
     >>> [p.bin(b).tolist() for b in range(p.n_bins)]
     [[0, 1], [2, 3]]
-    >>> p.lower_bound, round(p.efficiency, 3)
+    >>> p.lower_bound, p.efficiency
     (2, 1.0)
+
+The whole dataset is planned at once (no windows). Options, all keyword-only:
+
+- ``algorithm``: a name from :data:`ALGORITHMS` (``bfd``, ``ffd``, ``shuffle``, ``next-fit``).
+- ``oversize``: ``error`` | ``drop`` | ``truncate`` | ``split`` (see :mod:`packer.pack.oversize`),
+  with ``protected`` spans and ``trained`` masks for the samples over capacity.
+- ``max_segments``: most samples per row.
+- ``media`` + ``max_media``: per-sample item counts by kind (``{"image": counts}``) and
+  per-row caps by kind, or ``"total"`` for all kinds together.
+- ``group_by``: a label per sample (e.g. its modality); every row holds one label only.
+  (To mix groups with a limit instead, leave ``group_by`` out and cap the media kinds.)
+- ``order``: ``shuffle`` (seeded, the default) | ``planner`` (algorithm order) |
+  ``longest-first`` (the costliest row, by tokens then attention work, first; then shuffled).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from packer._ranges import concat_ranges, csr_offsets
-from packer.pack.registry import ALGORITHMS
+from packer.pack.oversize import resolve
+from packer.pack.registry import ALGORITHMS, Constraints
+
+ORDERS = ("shuffle", "planner", "longest-first")
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Bins in CSR layout: bin ``b`` holds samples ``indices[offsets[b]:offsets[b+1]]``."""
+    """Bins in CSR layout: bin ``b`` holds segments ``offsets[b]:offsets[b+1]``.
+
+    Segment ``k`` is tokens ``starts[k] : starts[k] + lengths[k]`` of sample
+    ``indices[k]`` (a whole sample unless it was truncated or split).
+    """
 
     offsets: np.ndarray  # int64 [n_bins + 1]
-    indices: np.ndarray  # int64 [n_placed]
-    lengths: np.ndarray  # int64 [n], the lengths that were planned
+    indices: np.ndarray  # int64 [n_placed], sample numbers
+    starts: np.ndarray  # int64 [n_placed]
+    lengths: np.ndarray  # int64 [n_placed]
     capacity: int
+    dropped: dict[str, np.ndarray] = field(default_factory=dict)  # sample numbers by reason
+    truncated: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    split: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    truncated_tokens: int = 0
+    pieces_dropped: int = 0
 
     @property
     def n_bins(self) -> int:
         return len(self.offsets) - 1
 
     @property
+    def tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    @property
     def lower_bound(self) -> int:
-        """L1 = ceil(sum of lengths / capacity): no packing can use fewer bins."""
-        return -(-int(self.lengths[self.indices].sum()) // self.capacity)
+        """L1 = ceil(placed tokens / capacity): no packing of these segments uses fewer bins."""
+        return -(-self.tokens // self.capacity)
 
     @property
     def efficiency(self) -> float:
         """Placed tokens / (bins x capacity)."""
-        return float(self.lengths[self.indices].sum()) / max(1, self.n_bins * self.capacity)
+        return self.tokens / max(1, self.n_bins * self.capacity)
 
     def bin(self, b: int) -> np.ndarray:
         return self.indices[self.offsets[b] : self.offsets[b + 1]]
 
     def bin_tokens(self) -> np.ndarray:
         """Tokens in each bin, int64 [n_bins]."""
-        placed = np.concatenate([[0], np.cumsum(self.lengths[self.indices])])
-        return placed[self.offsets[1:]] - placed[self.offsets[:-1]]
+        if not self.n_bins:
+            return np.zeros(0, np.int64)
+        return np.add.reduceat(self.lengths, self.offsets[:-1])
+
+    def bin_attention(self) -> np.ndarray:
+        """Sum of squared segment lengths per bin: block-diagonal attention work."""
+        if not self.n_bins:
+            return np.zeros(0)
+        return np.add.reduceat(self.lengths.astype(np.float64) ** 2, self.offsets[:-1])
 
     def reorder(self, order: np.ndarray) -> Plan:
         """The same bins in another order (``order`` is a permutation of bin numbers)."""
-        sizes = np.diff(self.offsets)[order]
-        indices = self.indices[concat_ranges(self.offsets[:-1][order], sizes)]
-        return Plan(csr_offsets(sizes), indices, self.lengths, self.capacity)
+        from packer.pack._bits import reorder_values
+
+        order = np.asarray(order, np.int64)
+        offsets = np.zeros(len(order) + 1, np.int64)
+        np.cumsum(np.diff(self.offsets)[order], out=offsets[1:])
+        moved = {k: reorder_values(self.offsets, offsets, order, getattr(self, k)) for k in ("indices", "lengths")}
+        # Whole samples start at 0: keep the (untouched, lazily allocated) zeros rather than copy them.
+        starts = reorder_values(self.offsets, offsets, order, self.starts) if self.starts.any() else self.starts
+        return dataclasses.replace(self, offsets=offsets, starts=starts, **moved)
 
 
-def plan(lengths, capacity: int, *, algorithm: str = "bfd", seed: int = 0) -> Plan:
+def plan(lengths, capacity: int, *, algorithm: str = "bfd", seed: int = 0, order: str = "shuffle",
+         oversize: str = "error", protected: dict[int, np.ndarray] | None = None,
+         trained: dict[int, np.ndarray] | None = None, max_segments: int | None = None,
+         media: dict[str, np.ndarray] | None = None, max_media: dict[str, int] | None = None,
+         group_by: np.ndarray | None = None) -> Plan:
     """Pack samples of the given ``lengths`` into bins of ``capacity`` tokens."""
-    lengths = np.asarray(lengths)
-    if lengths.ndim != 1 or (lengths.size and not np.issubdtype(lengths.dtype, np.integer)):
-        raise ValueError(f"lengths must be a 1-D integer array, got shape {lengths.shape} dtype {lengths.dtype}")
-    lengths = lengths.astype(np.int64, copy=False)
+    lengths = _check_lengths(lengths)
     if capacity < 1:
         raise ValueError(f"capacity must be at least 1, got {capacity}")
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown packing algorithm {algorithm!r}; known: {', '.join(sorted(ALGORITHMS))}")
-    if lengths.size:
-        too_long = int(np.argmax(lengths))
-        if lengths[too_long] > capacity:
-            raise ValueError(
-                f"sample {too_long} is too long ({lengths[too_long]} > {capacity}); "
-                f"apply an oversize policy (truncate, split, drop) before planning or raise the capacity"
-            )
-        if lengths.min() < 1:
-            raise ValueError(f"sample {int(np.argmin(lengths))} has length {lengths.min()}; lengths must be >= 1")
-    offsets, indices = ALGORITHMS[algorithm](lengths, capacity, seed=seed)
-    return Plan(np.asarray(offsets, np.int64), np.asarray(indices, np.int64), lengths, capacity)
+    if order not in ORDERS:
+        raise ValueError(f"unknown row order {order!r}; known: {', '.join(ORDERS)}")
+    spec = ALGORITHMS[algorithm]
+    need, caps, names = _media_needs(len(lengths), media, max_media)
+    constraints = Constraints(int(max_segments or 0), need, caps, names)
+    missing = constraints.used() - spec.supports
+    if missing:
+        able = sorted(n for n, s in ALGORITHMS.items() if missing <= s.supports)
+        raise ValueError(f"algorithm {algorithm!r} does not support {', '.join(sorted(missing))}; use {' or '.join(able)}")
+    if max_segments is not None and max_segments < 1:
+        raise ValueError(f"max_segments must be at least 1, got {max_segments}")
+
+    segs = resolve(lengths, capacity, oversize, protected=protected, trained=trained)
+    dropped = dict(segs.dropped)
+    if len(caps):
+        over_cap = np.any(need[segs.sample] > caps, axis=1)
+        if over_cap.any():
+            dropped["over_media_cap"] = np.unique(segs.sample[over_cap])
+            keep = ~np.isin(segs.sample, dropped["over_media_cap"])
+            segs.sample, segs.start, segs.length = segs.sample[keep], segs.start[keep], segs.length[keep]
+            segs.identity = False
+    seg_constraints = constraints.subset(segs.sample)
+
+    fn = spec.load()
+    if group_by is None:
+        offsets, take = fn(segs.length, capacity, seed=seed, constraints=seg_constraints)
+        offsets, take = np.asarray(offsets, np.int64), np.asarray(take, np.int64)
+    else:  # one independent packing per group, bins concatenated
+        groups = np.unique(np.asarray(group_by)[segs.sample], return_inverse=True)[1]
+        offsets_parts, members = [np.zeros(1, np.int64)], []
+        for g in range(int(groups.max()) + 1 if len(groups) else 0):
+            idx = np.flatnonzero(groups == g)
+            offs, indices = fn(segs.length[idx], capacity, seed=seed + g, constraints=seg_constraints.subset(idx))
+            offsets_parts.append(np.asarray(offs[1:], np.int64) + sum(len(m) for m in members))
+            members.append(idx[np.asarray(indices, np.int64)])
+        offsets = np.concatenate(offsets_parts)
+        take = np.concatenate(members) if members else np.zeros(0, np.int64)
+    if segs.identity:  # no sample was cut: segment k is sample k, whole
+        indices, starts = take, np.zeros(len(take), np.int64)
+    else:
+        indices, starts = segs.sample[take], segs.start[take]
+    result = Plan(offsets, indices, starts, segs.length[take], capacity,
+                  dropped, segs.truncated, segs.split, segs.truncated_tokens, segs.pieces_dropped)
+    _check_plan(result)
+    return _ordered(result, order, seed)
+
+
+def _check_lengths(lengths) -> np.ndarray:
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 1 or (lengths.size and not np.issubdtype(lengths.dtype, np.integer)):
+        raise ValueError(f"lengths must be a 1-D integer array, got shape {lengths.shape} dtype {lengths.dtype}")
+    lengths = lengths.astype(np.int64, copy=False)
+    if lengths.size and lengths.min() < 1:
+        raise ValueError(f"sample {int(np.argmin(lengths))} has length {lengths.min()}; lengths must be >= 1")
+    return lengths
+
+
+def _media_needs(n: int, media: dict[str, np.ndarray] | None, max_media: dict[str, int] | None):
+    if not max_media:
+        return np.zeros((n, 0), np.int64), np.zeros(0, np.int64), ()
+    media = media or {}
+    columns, caps, names = [], [], []
+    for kind, cap in sorted(max_media.items()):
+        if cap is None:
+            continue
+        if cap < 0:
+            raise ValueError(f"max_media[{kind!r}] must be >= 0, got {cap}")
+        if kind == "total":
+            col = sum((np.asarray(v, np.int64) for v in media.values()), np.zeros(n, np.int64))
+        elif kind in media:
+            col = np.asarray(media[kind], np.int64)
+        else:
+            raise ValueError(f"max_media caps {kind!r} but media has no {kind!r} counts (has: {', '.join(media) or 'none'})")
+        if col.shape != (n,):
+            raise ValueError(f"media counts for {kind!r} must have one entry per sample ({n}), got shape {col.shape}")
+        columns.append(col)
+        caps.append(int(cap))
+        names.append(kind)
+    if not columns:
+        return np.zeros((n, 0), np.int64), np.zeros(0, np.int64), ()
+    return np.stack(columns, axis=1), np.asarray(caps, np.int64), tuple(names)
+
+
+def _check_plan(p: Plan) -> None:
+    """Cheap guards every plan must pass, whatever algorithm made it."""
+    sizes = np.diff(p.offsets)
+    if p.offsets[0] != 0 or np.any(sizes < 1) or p.offsets[-1] != len(p.indices):
+        raise AssertionError("planner produced a malformed CSR layout")
+    if p.n_bins and p.bin_tokens().max() > p.capacity:
+        raise AssertionError("planner overfilled a bin")
+
+
+def _ordered(p: Plan, order: str, seed: int) -> Plan:
+    if order == "planner" or p.n_bins < 2:
+        return p
+    perm = np.random.default_rng(seed).permutation(p.n_bins)
+    if order == "longest-first":
+        tokens, attention = p.bin_tokens(), p.bin_attention()
+        first = int(np.lexsort((attention, tokens))[-1])  # most tokens, then most attention work
+        perm = np.concatenate([[first], perm[perm != first]])
+    return p.reorder(perm)

@@ -52,7 +52,7 @@ def accounting(by_file: dict[str, FileAccount], quarantined: dict[str, int], dro
 
 def write_manifest(out: Path, *, config: dict[str, Any], tokenizer: dict[str, Any], samples: list[ShardEntry],
                    packed: list[ShardEntry], plan: ShardEntry, quarantine: ShardEntry,
-                   accounts: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
+                   accounts: dict[str, Any], stats: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "packer_version": __version__,
@@ -69,6 +69,7 @@ def write_manifest(out: Path, *, config: dict[str, Any], tokenizer: dict[str, An
         },
         "accounting": accounts,
         "stats": stats,
+        **(extra or {}),
     }
     write_text_atomic(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from packer._ranges import concat_ranges, csr_offsets
 from packer.io.arrow import read_shard, read_shards, write_shard
-from packer.schema import PACKED_SCHEMA, SAMPLE_SCHEMA, ShardEntry
+from packer.schema import IGNORE, PACKED_SCHEMA, SAMPLE_SCHEMA, ShardEntry
 
 BYTES_PER_TOKEN = 8  # input_ids + labels, int32 each
 BYTES_PER_SEGMENT = 64  # cu_seqlens entry, key, modality, list offsets (an estimate)
@@ -62,10 +62,16 @@ def materialize_task(state: MaterializeState, task: MaterializeTask) -> ShardEnt
 
 
 def pack_rows(samples: pa.Table, bins: pa.Table) -> pa.Table:
-    """Build packed rows: bin ``r`` concatenates the first ``lengths[r][j]`` tokens of
-    sample ``samples[r][j]`` for each ``j``, in order."""
+    """Build packed rows: segment ``j`` of row ``r`` is tokens ``starts[r][j] :
+    starts[r][j] + lengths[r][j]`` of sample ``samples[r][j]``, in order.
+
+    A segment's first label is set to -100 whatever the sample said (a split piece
+    starts mid-sample), media spans move with their segment, and a piece of a sample
+    is named ``key@start`` so every segment id stays unique.
+    """
     members = bins.column("samples").combine_chunks()
     seg_idx = members.flatten().to_numpy()
+    seg_from = bins.column("starts").combine_chunks().flatten().to_numpy().astype(np.int64)
     seg_len = bins.column("lengths").combine_chunks().flatten().to_numpy().astype(np.int64)
     row_seg = members.offsets.to_numpy().astype(np.int64)
     row_seg -= row_seg[0]
@@ -74,32 +80,36 @@ def pack_rows(samples: pa.Table, bins: pa.Table) -> pa.Table:
     row_tok = tok_off[row_seg]
     seg_start_in_row = tok_off[:-1] - np.repeat(row_tok[:-1], np.diff(row_seg))
 
-    def gather(column: str) -> pa.Array:
+    def gather(column: str) -> np.ndarray:
         lists = sub.column(column).combine_chunks()
         offsets = lists.offsets.to_numpy().astype(np.int64)
-        values = lists.values.to_numpy()
-        picked = values[concat_ranges(offsets[:-1], seg_len)]  # the first seg_len[j] tokens of sample j
-        return pa.ListArray.from_arrays(pa.array(row_tok, pa.int32()), pa.array(picked, pa.int32()))
+        return lists.values.to_numpy()[concat_ranges(offsets[:-1] + seg_from, seg_len)]
 
+    labels = gather("labels")
+    labels[tok_off[:-1]] = IGNORE
     n_cu = np.diff(row_seg) + 1
     cu_values = tok_off[concat_ranges(row_seg[:-1], n_cu)] - np.repeat(row_tok[:-1], n_cu)
     row_seg32 = pa.array(row_seg, pa.int32())
+    row_tok32 = pa.array(row_tok, pa.int32())
     modality = pc.dictionary_encode(sub.column("modality").cast(pa.string()).combine_chunks())
+    keys = sub.column("key").to_pylist()
+    keys = [k if s == 0 else f"{k}@{s}" for k, s in zip(keys, seg_from.tolist(), strict=True)]
     seg_media = sub.column("media").to_pylist()
     media = []
     for r in range(len(row_seg) - 1):
         spans = []
         for j in range(row_seg[r], row_seg[r + 1]):
+            lo, hi = seg_from[j], seg_from[j] + seg_len[j]
             for m in seg_media[j]:
-                if m["start"] + m["length"] <= seg_len[j]:  # truncation never cuts a span, it drops it
-                    spans.append({**m, "segment": int(j - row_seg[r]), "start": int(m["start"] + seg_start_in_row[j])})
+                if lo <= m["start"] and m["start"] + m["length"] <= hi:  # cuts never go through a span
+                    spans.append({**m, "segment": int(j - row_seg[r]), "start": int(m["start"] - lo + seg_start_in_row[j])})
         media.append(spans)
     return pa.table(
         {
-            "input_ids": gather("input_ids"),
-            "labels": gather("labels"),
+            "input_ids": pa.ListArray.from_arrays(row_tok32, pa.array(gather("input_ids"), pa.int32())),
+            "labels": pa.ListArray.from_arrays(row_tok32, pa.array(labels, pa.int32())),
             "cu_seqlens": pa.ListArray.from_arrays(pa.array(csr_offsets(n_cu), pa.int32()), pa.array(cu_values, pa.int32())),
-            "segment_ids": pa.ListArray.from_arrays(row_seg32, sub.column("key").combine_chunks()),
+            "segment_ids": pa.ListArray.from_arrays(row_seg32, pa.array(keys, pa.string())),
             "segment_modality": pa.ListArray.from_arrays(row_seg32, modality),
             "media": pa.array(media, PACKED_SCHEMA.field("media").type),
             "n_tokens": pa.array(np.diff(row_tok), pa.int32()),

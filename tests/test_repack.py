@@ -1,0 +1,83 @@
+"""`packer repack`: a new plan from an existing build's samples, nothing re-encoded."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+
+from packer.build import repack
+from packer.cli import main
+from packer.errors import ConfigError
+
+
+def rows(out, manifest):
+    tables = [pa.ipc.open_stream(pa.memory_map(str(out / e["file"]))).read_all() for e in manifest["files"]["packed"]]
+    return [r for t in tables for r in t.to_pylist()]
+
+
+def test_repack_to_a_longer_context_keeps_every_sample(sample_build, tmp_path, monkeypatch):
+    src, m = sample_build
+    # Make a re-encode impossible: repack must not need the tokenizer or the media.
+    for where in ("packer.encode.tokenizer.load_tokenizer", "packer.encode.encoder.load_tokenizer"):
+        monkeypatch.setattr(where, lambda *a, **k: pytest.fail("repack loaded a tokenizer"))
+    m2 = repack(src, output=str(tmp_path / "r8k"), max_length=8192, progress=False)
+    out = tmp_path / "r8k"
+    assert m2["config"]["max_length"] == 8192 and m2["repacked_from"]["path"] == str(src)
+    assert m2["tokenizer"] == m["tokenizer"] and m2["files"]["samples"] == m["files"]["samples"]
+    for e in m2["files"]["samples"]:
+        assert (out / e["file"]).read_bytes() == (src / e["file"]).read_bytes()
+    assert m2["accounting"]["records_read"] == m["accounting"]["records_read"]
+    assert m2["accounting"]["quarantined_by_reason"] == m["accounting"]["quarantined_by_reason"]
+    # The document truncated at 4096 is whole at 8192.
+    assert m["stats"]["truncated_samples"] == 1 and m2["stats"]["truncated_samples"] == 0
+    assert m2["stats"]["tokens"] == m["stats"]["tokens"] + m["stats"]["truncated_tokens"]
+    assert m2["stats"]["rows"] < m["stats"]["rows"]
+    keys = sorted(k for r in rows(out, m2) for k in r["segment_ids"])
+    assert keys == sorted(k for r in rows(src, m) for k in r["segment_ids"])
+
+
+def test_repack_split_names_pieces_and_masks_their_first_label(sample_build, tmp_path):
+    src, _ = sample_build
+    m = repack(src, output=str(tmp_path / "s"), max_length=1024, oversize="split", progress=False)
+    assert m["stats"]["split_samples"] > 0 and m["accounting"]["dropped"] == 0
+    pieces = {}
+    for r in rows(tmp_path / "s", m):
+        for k, key in enumerate(r["segment_ids"]):
+            assert r["labels"][r["cu_seqlens"][k]] == -100
+            base, _, at = key.partition("@")
+            pieces.setdefault(base, []).append(int(at or 0))
+    split = {k: v for k, v in pieces.items() if len(v) > 1}
+    assert len(split) == m["stats"]["split_samples"]
+    assert all(sorted(v)[0] == 0 for v in split.values())
+
+
+def test_repack_refuses_what_needs_reencoding_and_damaged_sources(sample_build, tmp_path):
+    src, m = sample_build
+    with pytest.raises(ConfigError, match="repack cannot change tokenizer"):
+        repack(src, output=str(tmp_path / "x"), tokenizer="other")
+    with pytest.raises(ConfigError, match="-o must differ from the source"):
+        repack(src, output=str(src))
+    with pytest.raises(ConfigError, match="needs an output folder"):
+        repack(src)
+    broken = tmp_path / "broken"
+    repack(src, output=str(broken), progress=False)
+    shard = broken / m["files"]["samples"][0]["file"]
+    data = bytearray(shard.read_bytes())
+    shard.unlink()  # a hard link: write a new file, do not damage the source
+    data[-10] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match="does not match its manifest"):
+        repack(broken, output=str(tmp_path / "y"))
+
+
+def test_repack_cli(sample_build, tmp_path):
+    src, _ = sample_build
+    r = CliRunner().invoke(main, ["repack", str(src), "-o", str(tmp_path / "c"), "--max-length", "2048",
+                                  "--algorithm", "ffd", "--seed", "3"])
+    assert r.exit_code == 0, r.output
+    assert "of 2,048 tokens per row" in r.output
+    config = json.loads((tmp_path / "c" / "manifest.json").read_text())["config"]
+    assert config["algorithm"] == "ffd" and config["seed"] == 3 and config["max_length"] == 2048
