@@ -38,8 +38,20 @@ class BuildConfig:
     tokenizer: str = _opt("", "HF tokenizer: a local folder or a hub name.")
     train_on: str = _opt("assistant", "Which tokens get labels in conversations.", choices=("assistant", "all"))
     append_eos: bool = _opt(True, "End every text document with the tokenizer's EOS token.")
-    image_token: str = _opt("<image>", "Placeholder token for images (added as a special token if absent).")
-    audio_token: str = _opt("<audio>", "Placeholder token for audio clips (added as a special token if absent).")
+    image_tag: str = _opt("<image>", "Marker of an image's place in the input text (LLaVA's <image>).")
+    audio_tag: str = _opt("<audio>", "Marker of an audio clip's place in the input text.")
+    image_token: str = _opt("<image>", "Placeholder token images expand to (added as a special token if absent).")
+    audio_token: str = _opt("<audio>", "Placeholder token audio clips expand to (added as a special token if absent).")
+    image_tokens: str = _opt("fixed:image_size=336,patch_size=14",
+                             "Image token-count policy: fixed[:model=ViT-L-14-336], dynamic[:max_pixels=..], anyres.")
+    audio_tokens: str = _opt("qwen2-audio",
+                             "Audio token-count policy: whisper[:windows=one], qwen2-audio[:long=split], rate[:per_second=25].")
+    image_begin: str = _opt("", "Token before each image's placeholders (e.g. <|vision_start|>); empty: none.")
+    image_end: str = _opt("", "Token after each image's placeholders (e.g. <|vision_end|>); empty: none.")
+    audio_begin: str = _opt("", "Token before each audio clip's placeholders (e.g. <|audio_bos|>); empty: none.")
+    audio_end: str = _opt("", "Token after each audio clip's placeholders (e.g. <|audio_eos|>); empty: none.")
+    image_check: str = _opt("verify", "How hard to check images: header, verify (structure, no pixel decode), decode.",
+                            choices=("header", "verify", "decode"))
     max_length: int = _opt(4096, "Capacity of a packed row, in tokens.")
     algorithm: str = _opt("bfd", "Bin-packing algorithm (see packer.pack.ALGORITHMS).")
     oversize: str = _opt("truncate", "What to do with a sample longer than max_length.", choices=("truncate", "drop", "split"))
@@ -73,8 +85,13 @@ class BuildConfig:
                 raise ConfigError(f"{key} must be 0 (no limit) or positive, got {getattr(self, key)}")
         if self.workers < 0:
             raise ConfigError(f"workers must be 0 (auto) or positive, got {self.workers}")
-        if not self.image_token or not self.audio_token or self.image_token == self.audio_token:
-            raise ConfigError("image_token and audio_token must be two different non-empty strings")
+        for a, b in (("image_token", "audio_token"), ("image_tag", "audio_tag")):
+            if not getattr(self, a) or not getattr(self, b) or getattr(self, a) == getattr(self, b):
+                raise ConfigError(f"{a} and {b} must be two different non-empty strings")
+        from packer.media.policies import parse_policy
+
+        parse_policy(self.image_tokens, "image")  # unknown policies and parameters fail here, before any work
+        parse_policy(self.audio_tokens, "audio")
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}

@@ -66,8 +66,13 @@ def test_readable_with_hf_datasets(sample_build):
 
 
 def test_row_invariants(sample_build, tok):
+    from packer.media.policies import parse_policy
+    from packer.media.probe import probe_audio, probe_image
+
     out, manifest = sample_build
     cap = manifest["config"]["max_length"]
+    image_policy = parse_policy(manifest["config"]["image_tokens"], "image")
+    audio_policy = parse_policy(manifest["config"]["audio_tokens"], "audio")
     placeholder = set(manifest["tokenizer"]["placeholders"].values())
     for row in (r for t in packed_tables(out, manifest) for r in t.to_pylist()):
         cu, ids, labels = row["cu_seqlens"], np.array(row["input_ids"]), np.array(row["labels"])
@@ -84,6 +89,13 @@ def test_row_invariants(sample_build, tok):
             span = ids[m["start"] : m["start"] + m["length"]]
             assert np.all(span == manifest["tokenizer"]["placeholders"]["<" + m["kind"] + ">"])
             covered[m["start"] : m["start"] + m["length"]] = True
+            if m["kind"] == "image":
+                info = probe_image(str(SAMPLE / m["ref"]))
+                expected = image_policy.count(info.height, info.width)
+            else:
+                info = probe_audio(str(SAMPLE / m["ref"]))
+                expected = audio_policy.count(info.frames, info.sample_rate)
+            assert (m["length"], tuple(m["grid"])) == (expected.length, expected.grid)
         assert np.array_equal(covered, np.isin(ids, list(placeholder))), "placeholder ids outside media spans"
         for k, modality in enumerate(row["segment_modality"]):
             kinds = {m["kind"] for m in row["media"] if m["segment"] == k}
@@ -97,8 +109,12 @@ def test_segments_decode_to_their_source(sample_build, tok):
     seen = 0
     for row in (r for t in packed_tables(out, manifest) for r in t.to_pylist()):
         cu = row["cu_seqlens"]
+        ids = list(row["input_ids"])
+        for m in sorted(row["media"], key=lambda m: -m["start"]):  # each span back to its one tag
+            del ids[m["start"] + 1 : m["start"] + m["length"]]
+        shrink = [sum(m["length"] - 1 for m in row["media"] if m["start"] < c) for c in cu]
         for k, key in enumerate(row["segment_ids"]):
-            text = tok.decode(row["input_ids"][cu[k] : cu[k + 1]])
+            text = tok.decode(ids[cu[k] - shrink[k] : cu[k + 1] - shrink[k + 1]])
             rec = records[key]
             if "text" in rec:
                 expected = rec["text"] + tok.eos_token
@@ -217,3 +233,18 @@ def test_all_bad_input_still_writes_a_complete_empty_build(tmp_path, write_jsonl
     f = write_jsonl("in.jsonl", ["not json", '{"text": 1}'])
     m = build(small_config(tmp_path, f), progress=False)
     assert m["stats"]["rows"] == 0 and m["files"]["packed"] == [] and m["accounting"]["quarantined"] == 2
+
+
+def test_row_constraints_end_to_end(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    config = resolve(ROOT / "pipelines" / "sample.toml", output=str(tmp_path / "c"), max_images=2, max_segments=6,
+                     group_by="modality", longest_first=True)
+    m = build(config, progress=False)
+    tables = packed_tables(tmp_path / "c", m)
+    all_rows = [r for t in tables for r in t.to_pylist()]
+    for r in all_rows:
+        assert len(r["segment_ids"]) <= 6
+        assert sum(1 for x in r["media"] if x["kind"] == "image") <= 2
+        assert len(set(r["segment_modality"])) == 1
+    assert all_rows[0]["n_tokens"] == max(r["n_tokens"] for r in all_rows)
+    assert m["accounting"]["samples_packed"] == 223 and m["config"]["max_images"] == 2

@@ -102,10 +102,11 @@ def test_placeholders_are_never_trained_even_with_train_on_all():
     s = encode(enc, {"image": "images/square_336.png", "conversations": [
         {"from": "human", "value": "<image>\nWhat is it?"}, {"from": "gpt", "value": "A square."}]})
     image_id = enc.placeholder_ids["image"]
-    assert (s.input_ids == image_id).sum() == 1
+    assert (s.input_ids == image_id).sum() == 576  # LLaVA-1.5 geometry, the default policy
     assert np.all(s.labels[s.input_ids == image_id] == IGNORE)
     (span,) = s.media
-    assert s.input_ids[span.start] == image_id and span.length == 1 and span.ref == "images/square_336.png"
+    assert np.all(s.input_ids[span.start : span.start + span.length] == image_id)
+    assert span.length == 576 and span.grid == (1, 24, 24) and span.ref == "images/square_336.png"
     assert s.modality == "image"
 
 

@@ -27,10 +27,10 @@ from packer.errors import BadRecord, PackerError
 from packer.ingest.records import Conversation
 
 
-def template_messages(conv: Conversation, tags: dict[str, str]) -> list[dict[str, str]]:
-    """Messages for the template: text parts verbatim, each media item as its tag string."""
+def template_messages(conv: Conversation, placeholders: dict[str, str]) -> list[dict[str, str]]:
+    """Messages for the template: text parts verbatim, each media item as its placeholder token."""
     return [
-        {"role": t.role, "content": "".join(p.text if p.kind == "text" else tags[p.kind] for p in t.parts)}
+        {"role": t.role, "content": "".join(p.text if p.kind == "text" else placeholders[p.kind] for p in t.parts)}
         for t in conv.turns
     ]
 
@@ -85,14 +85,15 @@ def has_generation_markers(tok: Any) -> bool:
     return bool(GENERATION_TAG.search(str(tok.chat_template)))
 
 
-def tokenize_conversation(tok: Any, conv: Conversation, tags: dict[str, str], train_on: str) -> tuple[np.ndarray, np.ndarray]:
+def tokenize_conversation(tok: Any, conv: Conversation, placeholders: dict[str, str],
+                          train_on: str) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of the rendered conversation and a bool mask of the tokens to train on."""
     if not tok.chat_template:
         raise PackerError(
             "the tokenizer has no chat template, so conversations cannot be rendered; "
             "use a chat tokenizer or set one in its tokenizer_config.json"
         )
-    messages = template_messages(conv, tags)
+    messages = template_messages(conv, placeholders)
     full = render(tok, messages)
     enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
     ids = np.asarray(enc["input_ids"], dtype=np.int32)

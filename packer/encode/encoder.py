@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 
 from packer.encode.chat import tokenize_conversation
-from packer.encode.media import placeholder_count
 from packer.encode.tokenizer import fingerprint, load_tokenizer
 from packer.errors import BadRecord
 from packer.ingest.formats import decode_json, parse_record, record_id
 from packer.ingest.reader import RawLine
 from packer.ingest.records import Conversation, Document
+from packer.media.counter import MediaCounter
 from packer.schema import IGNORE, MediaSpan, Sample
 
 MEDIA_ORDER = ("image", "audio")
@@ -29,9 +29,18 @@ class EncoderSpec:
     format: str = "auto"
     train_on: str = "assistant"
     append_eos: bool = True
+    image_tag: str = "<image>"
+    audio_tag: str = "<audio>"
     image_token: str = "<image>"
     audio_token: str = "<audio>"
     media_root: str | None = None
+    image_tokens: str = "fixed:image_size=336,patch_size=14"
+    audio_tokens: str = "qwen2-audio"
+    image_begin: str = ""
+    image_end: str = ""
+    audio_begin: str = ""
+    audio_end: str = ""
+    image_check: str = "verify"
 
     @classmethod
     def from_config(cls, config) -> EncoderSpec:
@@ -39,18 +48,36 @@ class EncoderSpec:
 
     @property
     def tags(self) -> dict[str, str]:
+        """Media markers in the input text (LLaVA's ``<image>``)."""
+        return {"image": self.image_tag, "audio": self.audio_tag}
+
+    @property
+    def placeholders(self) -> dict[str, str]:
+        """The placeholder token each media item expands to in ``input_ids``."""
         return {"image": self.image_token, "audio": self.audio_token}
+
+    @property
+    def wrappers(self) -> dict[str, tuple[str, str]]:
+        return {"image": (self.image_begin, self.image_end), "audio": (self.audio_begin, self.audio_end)}
+
+    def special_tokens(self) -> list[str]:
+        """Every token string packer itself inserts (added to the tokenizer if absent)."""
+        return [*self.placeholders.values(), *(t for pair in self.wrappers.values() for t in pair if t)]
 
 
 class Encoder:
     def __init__(self, spec: EncoderSpec):
         self.spec = spec
         self.tags = spec.tags
-        self.tok = load_tokenizer(spec.tokenizer, list(self.tags.values()))
-        self.placeholder_ids = {k: self.tok.convert_tokens_to_ids(t) for k, t in self.tags.items()}
+        self.tok = load_tokenizer(spec.tokenizer, spec.special_tokens())
+        self.placeholder_ids = {k: self.tok.convert_tokens_to_ids(t) for k, t in spec.placeholders.items()}
+        ids = lambda t: [self.tok.convert_tokens_to_ids(t)] if t else []  # noqa: E731
+        self.begin_ids = {k: ids(begin) for k, (begin, _) in spec.wrappers.items()}
+        self.end_ids = {k: ids(end) for k, (_, end) in spec.wrappers.items()}
+        self.counter = MediaCounter(spec.image_tokens, spec.audio_tokens, spec.image_check)
 
     def fingerprint(self) -> dict:
-        return fingerprint(self.tok, self.spec.tokenizer, list(self.tags.values()))
+        return fingerprint(self.tok, self.spec.tokenizer, self.spec.special_tokens())
 
     def encode_line(self, raw: RawLine, file: str, file_dir: Path) -> Sample:
         """Encode one line of ``file``; ``file`` (as displayed) and ``raw.line`` name it."""
@@ -91,7 +118,7 @@ class Encoder:
         return ids, np.ones(len(ids), dtype=bool), []
 
     def _encode_conversation(self, conv: Conversation) -> tuple[np.ndarray, np.ndarray, list[MediaSpan]]:
-        ids, trained = tokenize_conversation(self.tok, conv, self.tags, self.spec.train_on)
+        ids, trained = tokenize_conversation(self.tok, conv, self.spec.placeholders, self.spec.train_on)
         items = conv.media
         positions = np.flatnonzero(np.isin(ids, list(self.placeholder_ids.values())))
         found = [k for i in positions for k, pid in self.placeholder_ids.items() if ids[i] == pid]
@@ -103,16 +130,19 @@ class Encoder:
             )
         if not items:
             return ids, trained, []
-        # Expand each placeholder into its count of copies; placeholders are never trained.
+        # Expand each placeholder into [begin] + count copies + [end]; none of it is trained.
         pieces_ids, pieces_mask, media = [], [], []
         cursor, out_pos = 0, 0
         for pos, part in zip(positions, items, strict=True):
-            n, grid = placeholder_count(part)
-            pieces_ids += [ids[cursor:pos], np.full(n, self.placeholder_ids[part.kind], dtype=np.int32)]
-            pieces_mask += [trained[cursor:pos], np.zeros(n, dtype=bool)]
-            out_pos += pos - cursor
-            media.append(MediaSpan(segment=0, kind=part.kind, start=int(out_pos), length=n, ref=part.ref, grid=grid))
-            out_pos += n
+            count = self.counter.count(part)
+            begin, end = self.begin_ids[part.kind], self.end_ids[part.kind]
+            expanded = np.asarray([*begin, *[self.placeholder_ids[part.kind]] * count.length, *end], dtype=np.int32)
+            pieces_ids += [ids[cursor:pos], expanded]
+            pieces_mask += [trained[cursor:pos], np.zeros(len(expanded), dtype=bool)]
+            out_pos += pos - cursor + len(begin)
+            media.append(MediaSpan(segment=0, kind=part.kind, start=int(out_pos), length=count.length, ref=part.ref,
+                                   grid=count.grid))
+            out_pos += count.length + len(end)
             cursor = pos + 1
         pieces_ids.append(ids[cursor:])
         pieces_mask.append(trained[cursor:])

@@ -1,0 +1,51 @@
+"""Per-worker media counting: probe the file, apply the policy, remember the answer.
+
+The same image is often referenced by many records (several questions about one
+picture); the counter keeps the last ``cache_size`` answers, keyed by path, size and
+modification time, so such an image is read once per worker.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+
+from packer.errors import BadRecord
+from packer.ingest.records import Part
+from packer.media.policies import Count, parse_policy
+from packer.media.probe import probe_audio, probe_image
+
+
+class MediaCounter:
+    def __init__(self, image_tokens: str, audio_tokens: str, image_check: str = "verify", cache_size: int = 65536):
+        self.image_policy = parse_policy(image_tokens, "image")
+        self.audio_policy = parse_policy(audio_tokens, "audio")
+        self.image_check = image_check
+        self.cache: OrderedDict[tuple, Count] = OrderedDict()
+        self.cache_size = cache_size
+
+    def count(self, part: Part) -> Count:
+        try:
+            st = os.stat(part.path)
+        except FileNotFoundError:
+            raise BadRecord(f"missing_{part.kind}", f"{part.kind} file {part.ref!r} not found") from None
+        key = (part.kind, part.path, st.st_size, st.st_mtime_ns)
+        hit = self.cache.get(key)
+        if hit is not None:
+            self.cache.move_to_end(key)
+            return hit
+        result = self._count(part)
+        self.cache[key] = result
+        if len(self.cache) > self.cache_size:
+            self.cache.popitem(last=False)
+        return result
+
+    def _count(self, part: Part) -> Count:
+        if part.kind == "image":
+            info = probe_image(part.path, self.image_check)
+            try:
+                return self.image_policy.count(info.height, info.width)
+            except ValueError as e:
+                raise BadRecord("unsupported_image", f"{part.ref!r} ({info.width}x{info.height}): {e}") from None
+        info = probe_audio(part.path)
+        return self.audio_policy.count(info.frames, info.sample_rate)

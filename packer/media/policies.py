@@ -1,0 +1,269 @@
+"""Token-count policies: the number of placeholder positions a vision or audio encoder
+produces for one item, and the grid ``(t, h, w)`` after merging where it is known.
+
+Each policy is a frozen dataclass built from a spec string ``name[:key=value,...]``
+(``"dynamic:max_pixels=1003520"``, ``"fixed:model=ViT-L-14-336"``); unknown names and
+keys are refused. Sizes follow the HF convention: ``count(height, width)``.
+
+Worked numbers (tests check them, and HF's own processors, over many sizes):
+
+    fixed   ViT-L-14-336 (336 / 14)^2                     -> 576
+    dynamic 448x448 -> 256, 1080x1920 -> 1222              (Qwen2-VL defaults)
+    anyres  672x672 -> 2928, 480x640 -> 2340, 336x336 -> 1176  (LLaVA-NeXT)
+    qwen2-audio 10 s -> 250, 30 s -> 750;  whisper 1500 per 30 s window
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from packer.errors import ConfigError
+
+IMAGE_POLICIES: dict[str, type] = {}
+AUDIO_POLICIES: dict[str, type] = {}
+
+
+@dataclass(frozen=True)
+class Count:
+    length: int
+    grid: tuple[int, ...] = ()
+
+
+def _register(table: dict[str, type]):
+    def deco(cls):
+        table[cls.name] = cls
+        return cls
+
+    return deco
+
+
+# ---------------------------------------------------------------- image policies
+
+
+@_register(IMAGE_POLICIES)
+@dataclass(frozen=True)
+class Fixed:
+    """Every image is resized to the tower's input: (image_size / patch_size)^2 patches,
+    plus one if the class token is kept. ``model`` reads the geometry from open_clip's
+    config (``open_clip.get_model_config``); or give ``image_size`` and ``patch_size``."""
+
+    name: ClassVar[str] = "fixed"
+    model: str = ""
+    image_size: int = 336
+    patch_size: int = 14
+    cls_token: bool = False
+
+    def __post_init__(self):
+        if self.model:
+            size, patch = open_clip_geometry(self.model)
+            object.__setattr__(self, "image_size", size)
+            object.__setattr__(self, "patch_size", patch)
+        if self.image_size % self.patch_size:
+            raise ConfigError(f"fixed: image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+
+    def count(self, height: int, width: int) -> Count:
+        side = self.image_size // self.patch_size
+        return Count(side * side + int(self.cls_token), (1, side, side))
+
+
+def open_clip_geometry(model: str) -> tuple[int, int]:
+    try:
+        import open_clip
+    except ImportError:
+        raise ConfigError("fixed:model=... reads open_clip's model configs: pip install open_clip_torch") from None
+    cfg = open_clip.get_model_config(model)
+    if cfg is None:
+        raise ConfigError(f"fixed: open_clip has no model config {model!r}")
+    vision = cfg["vision_cfg"]
+    size = vision["image_size"]
+    size = size[0] if isinstance(size, (list, tuple)) else size
+    if "patch_size" not in vision:
+        raise ConfigError(f"fixed: open_clip model {model!r} is not a ViT (no patch_size); give image_size and patch_size")
+    return int(size), int(vision["patch_size"])
+
+
+@_register(IMAGE_POLICIES)
+@dataclass(frozen=True)
+class Dynamic:
+    """Qwen2-VL / Qwen2.5-VL smart resize: each side rounded to a multiple of
+    patch_size x merge_size, scaled down when the area exceeds ``max_pixels`` and up
+    when below ``min_pixels``; one token per merged patch."""
+
+    name: ClassVar[str] = "dynamic"
+    patch_size: int = 14
+    merge_size: int = 2
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+
+    def resize(self, height: int, width: int) -> tuple[int, int]:
+        factor = self.patch_size * self.merge_size
+        if max(height, width) / min(height, width) > 200:
+            raise ValueError(f"aspect ratio {max(height, width) / min(height, width):.0f} is over 200")
+        h = max(factor, round(height / factor) * factor)
+        w = max(factor, round(width / factor) * factor)
+        if h * w > self.max_pixels:
+            beta = math.sqrt((height * width) / self.max_pixels)
+            h = max(factor, math.floor(height / beta / factor) * factor)
+            w = max(factor, math.floor(width / beta / factor) * factor)
+        elif h * w < self.min_pixels:
+            beta = math.sqrt(self.min_pixels / (height * width))
+            h = math.ceil(height * beta / factor) * factor
+            w = math.ceil(width * beta / factor) * factor
+        return h, w
+
+    def count(self, height: int, width: int) -> Count:
+        h, w = self.resize(height, width)
+        factor = self.patch_size * self.merge_size
+        return Count((h // factor) * (w // factor), (1, h // factor, w // factor))
+
+
+@_register(IMAGE_POLICIES)
+@dataclass(frozen=True)
+class AnyRes:
+    """LLaVA-NeXT: the best-fit grid pinpoint is tiled into image_size tiles; the
+    unpadded feature map plus one newline token per row, plus the base image's
+    (image_size / patch_size)^2 tokens. ``pinpoints`` as ``336x672/672x336/...`` (h x w)."""
+
+    name: ClassVar[str] = "anyres"
+    image_size: int = 336
+    patch_size: int = 14
+    pinpoints: str = "336x672/672x336/672x672/1008x336/336x1008"
+
+    def grid_pinpoints(self) -> list[tuple[int, int]]:
+        try:
+            return [tuple(int(v) for v in p.split("x")) for p in self.pinpoints.split("/")]
+        except ValueError:
+            raise ConfigError(f"anyres: pinpoints {self.pinpoints!r} must look like 336x672/672x336") from None
+
+    def count(self, height: int, width: int) -> Count:
+        best_h, best_w = best_resolution(height, width, self.grid_pinpoints())
+        side = self.image_size // self.patch_size
+        cur_h, cur_w = side * (best_h // self.image_size), side * (best_w // self.image_size)
+        if width / height > cur_w / cur_h:
+            new_h = int(round(height * (cur_w / width), 7))
+            cur_h -= 2 * ((cur_h - new_h) // 2)
+        else:
+            new_w = int(round(width * (cur_h / height), 7))
+            cur_w -= 2 * ((cur_w - new_w) // 2)
+        return Count(cur_h * cur_w + cur_h + side * side)
+
+
+def best_resolution(height: int, width: int, candidates: list[tuple[int, int]]) -> tuple[int, int]:
+    """The candidate (h, w) that keeps the most of the image, then wastes the least."""
+    best, best_effective, best_waste = candidates[0], -1, math.inf
+    for h, w in candidates:
+        scale = min(w / width, h / height)
+        effective = min(int(width * scale) * int(height * scale), width * height)
+        waste = w * h - effective
+        if effective > best_effective or (effective == best_effective and waste < best_waste):
+            best, best_effective, best_waste = (h, w), effective, waste
+    return best
+
+
+# ---------------------------------------------------------------- audio policies
+
+
+@_register(AUDIO_POLICIES)
+@dataclass(frozen=True)
+class Whisper:
+    """Whisper encoder: 1500 positions per 30 s window (3000 mel frames, stride 2).
+    ``windows=ceil`` uses ceil(duration / 30) windows; ``windows=one`` always one padded
+    window (clips over 30 s are cut at 30 s, as Whisper's feature extractor does)."""
+
+    name: ClassVar[str] = "whisper"
+    window_seconds: float = 30.0
+    positions: int = 1500
+    windows: str = "ceil"
+
+    def __post_init__(self):
+        if self.windows not in ("ceil", "one"):
+            raise ConfigError(f"whisper: windows must be ceil or one, got {self.windows!r}")
+
+    def count(self, frames: int, sample_rate: int) -> Count:
+        seconds = frames / sample_rate
+        n = 1 if self.windows == "one" else max(1, math.ceil(seconds / self.window_seconds - 1e-9))
+        return Count(n * self.positions, (n,))
+
+
+@_register(AUDIO_POLICIES)
+@dataclass(frozen=True)
+class Qwen2Audio:
+    """Qwen2-Audio: F mel frames (hop 160 at 16 kHz, so F = ceil(samples_16k / 160)),
+    a stride-2 conv and a 2x pool: n = ((F - 1) // 2 + 1 - 2) // 2 + 1. The feature
+    extractor keeps 30 s; ``long=truncate`` does the same, ``long=split`` counts every
+    30 s window."""
+
+    name: ClassVar[str] = "qwen2-audio"
+    sampling_rate: int = 16000
+    hop_length: int = 160
+    max_seconds: float = 30.0
+    long: str = "truncate"
+
+    def __post_init__(self):
+        if self.long not in ("truncate", "split"):
+            raise ConfigError(f"qwen2-audio: long must be truncate or split, got {self.long!r}")
+
+    @staticmethod
+    def tokens_for_frames(frames: int) -> int:
+        return ((frames - 1) // 2 + 1 - 2) // 2 + 1
+
+    def count(self, frames: int, sample_rate: int) -> Count:
+        samples = -(-frames * self.sampling_rate // sample_rate)  # length after resampling (ceil)
+        frames = -(-samples // self.hop_length)
+        window = int(self.max_seconds * self.sampling_rate) // self.hop_length
+        if self.long == "truncate" or frames <= window:
+            return Count(max(1, self.tokens_for_frames(max(1, min(frames, window)))))
+        full, rest = divmod(frames, window)
+        n = full * self.tokens_for_frames(window) + (self.tokens_for_frames(rest) if rest >= 3 else 0)
+        return Count(n, (full + (rest >= 3),))
+
+
+@_register(AUDIO_POLICIES)
+@dataclass(frozen=True)
+class Rate:
+    """A fixed number of tokens per second of audio (ceil), at least one."""
+
+    name: ClassVar[str] = "rate"
+    per_second: float = 25.0
+
+    def count(self, frames: int, sample_rate: int) -> Count:
+        return Count(max(1, math.ceil(frames * self.per_second / sample_rate - 1e-9)))
+
+
+# ---------------------------------------------------------------- specs
+
+
+def parse_policy(spec: str, kind: str) -> Any:
+    """Build a policy from ``name[:key=value,...]``; ``kind`` is ``image`` or ``audio``."""
+    table = IMAGE_POLICIES if kind == "image" else AUDIO_POLICIES
+    name, _, params = spec.partition(":")
+    if name not in table:
+        raise ConfigError(f"unknown {kind} token policy {name!r}; known: {', '.join(sorted(table))}")
+    cls = table[name]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for item in filter(None, params.split(",")):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or key not in fields:
+            raise ConfigError(f"{kind} policy {name}: unknown parameter {key!r}; known: {', '.join(fields) or 'none'}")
+        kwargs[key] = _convert(fields[key].default, value.strip(), f"{name}.{key}")
+    return cls(**kwargs)
+
+
+def _convert(default: Any, value: str, where: str) -> Any:
+    try:
+        if isinstance(default, bool):
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            return value.lower() in ("true", "1")
+        if isinstance(default, int):
+            return int(value)
+        if isinstance(default, float):
+            return float(value)
+    except ValueError:
+        raise ConfigError(f"{where} = {value!r} is not a valid {type(default).__name__}") from None
+    return value

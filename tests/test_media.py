@@ -1,0 +1,188 @@
+"""Token-count policies against the worked numbers and HF's own processors, media probing
+and the quarantine of bad media files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packer.encode import Encoder, EncoderSpec
+from packer.errors import BadRecord, ConfigError
+from packer.ingest.reader import RawLine
+from packer.media.policies import AnyRes, Dynamic, Fixed, Qwen2Audio, Rate, Whisper, parse_policy
+from packer.media.probe import probe_audio, probe_image
+
+from conftest import SAMPLE, TOKENIZER
+
+
+def test_worked_numbers():
+    assert Fixed(model="ViT-L-14-336").count(100, 900).length == 576
+    assert Fixed(model="ViT-L-14-336").count(1, 1).grid == (1, 24, 24)
+    assert Fixed(model="ViT-B-32").count(5, 5).length == 49
+    assert Fixed(image_size=224, patch_size=14, cls_token=True).count(5, 5).length == 257
+    d = Dynamic()
+    assert d.count(448, 448).length == 256 and d.count(448, 448).grid == (1, 16, 16)
+    assert d.count(1080, 1920).length == 1222 and d.count(1080, 1920).grid == (1, 26, 47)
+    a = AnyRes()
+    assert [a.count(h, w).length for h, w in [(672, 672), (480, 640), (336, 336)]] == [2928, 2340, 1176]
+    q = Qwen2Audio()
+    assert q.count(160_000, 16_000).length == 250 and q.count(480_000, 16_000).length == 750
+    assert q.count(441_000, 44_100).length == 250  # 10 s at 44.1 kHz
+    assert q.count(1_600_000, 16_000).length == 750  # 100 s truncated to 30 s
+    assert Qwen2Audio(long="split").count(1_600_000, 16_000).length == 3 * 750 + 250
+    assert Whisper().count(16_000 * 45, 16_000).length == 3000 and Whisper(windows="one").count(16_000 * 45, 16_000).length == 1500
+    assert Rate(per_second=25).count(16_000 * 3, 16_000).length == 75 and Rate().count(1, 16_000).length == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(28, 4000), st.integers(28, 4000))
+def test_dynamic_equals_hf_smart_resize(h, w):
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+    hr, wr = smart_resize(h, w, factor=28, min_pixels=56 * 56, max_pixels=28 * 28 * 1280)
+    assert Dynamic().resize(h, w) == (hr, wr)
+    assert Dynamic().count(h, w).length == (hr // 28) * (wr // 28)
+
+
+@pytest.fixture(scope="module")
+def llava_next_processor():
+    from transformers import AutoTokenizer, LlavaNextImageProcessor, LlavaNextProcessor
+
+    return LlavaNextProcessor(image_processor=LlavaNextImageProcessor(), tokenizer=AutoTokenizer.from_pretrained(TOKENIZER),
+                              patch_size=14, vision_feature_select_strategy="default")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(16, 3000), st.integers(16, 3000))
+def test_anyres_equals_hf_llava_next(llava_next_processor, h, w):
+    assert AnyRes().count(h, w).length == llava_next_processor._get_number_of_features(h, w, 336, 336)
+
+
+@pytest.mark.parametrize("seconds, rate", [(0.5, 16000), (1.0, 16000), (2.37, 22050), (10.0, 44100), (29.99, 8000), (31.0, 16000)])
+def test_qwen2_audio_equals_hf_feature_extractor(seconds, rate):
+    import torch
+    import torchaudio.functional as F
+    from transformers import WhisperFeatureExtractor
+
+    n = int(seconds * rate)
+    wave = torch.zeros(n)
+    resampled = F.resample(wave, rate, 16000) if rate != 16000 else wave
+    fe = WhisperFeatureExtractor(feature_size=128)
+    mask = fe(resampled.numpy(), sampling_rate=16000, return_attention_mask=True, padding="max_length")["attention_mask"]
+    frames = int(np.asarray(mask).sum())
+    expected = ((frames - 1) // 2 + 1 - 2) // 2 + 1  # Qwen2AudioProcessor's formula
+    assert Qwen2Audio().count(n, rate).length == expected
+
+
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ("square", "unknown image token policy 'square'; known: anyres, dynamic, fixed"),
+        ("dynamic:max_pix=5", "unknown parameter 'max_pix'"),
+        ("dynamic:max_pixels=lots", "dynamic.max_pixels = 'lots' is not a valid int"),
+        ("fixed:model=NoSuchNet", "open_clip has no model config 'NoSuchNet'"),
+        ("fixed:image_size=100,patch_size=14", "not a multiple of patch_size"),
+        ("anyres:pinpoints=big", "pinpoints 'big' must look like"),
+    ],
+)
+def test_bad_image_policy_specs(spec, match):
+    with pytest.raises(ConfigError, match=match):
+        p = parse_policy(spec, "image")
+        p.count(10, 10)
+
+
+def test_bad_audio_policy_spec():
+    with pytest.raises(ConfigError, match="unknown audio token policy 'mp3'"):
+        parse_policy("mp3", "audio")
+    with pytest.raises(ConfigError, match="whisper: windows must be ceil or one"):
+        parse_policy("whisper:windows=two", "audio")
+
+
+def test_probe_reads_headers():
+    info = probe_image(str(SAMPLE / "images" / "tall_300x900.png"))
+    assert (info.height, info.width, info.format) == (900, 300, "PNG")
+    audio = probe_audio(str(SAMPLE / "audio" / "chord_a_minor_4s.wav"))
+    assert (audio.frames, audio.sample_rate) == (4 * 22050, 22050)
+    assert probe_audio(str(SAMPLE / "audio" / "tone_g3_7s.flac")).seconds == pytest.approx(7.5)
+
+
+@pytest.fixture
+def bad_media(tmp_path):
+    png = (SAMPLE / "images" / "square_336.png").read_bytes()
+    jpg = (SAMPLE / "images" / "photo_1024x768.jpg").read_bytes()
+    flac = (SAMPLE / "audio" / "tone_c5_2s.flac").read_bytes()
+    (tmp_path / "truncated.png").write_bytes(png[: len(png) // 2])
+    (tmp_path / "truncated.jpg").write_bytes(jpg[: len(jpg) // 2])
+    (tmp_path / "text.png").write_text("not an image at all")
+    (tmp_path / "empty.png").write_bytes(b"")
+    (tmp_path / "truncated.flac").write_bytes(flac[: len(flac) // 2])
+    (tmp_path / "noise.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk" * 8)
+    (tmp_path / "photo.txt").write_text("hello")
+    shutil.copy(SAMPLE / "images" / "square_336.png", tmp_path / "ok.png")
+    return tmp_path
+
+
+def record(kind, ref):
+    if kind == "image":
+        return {"image": ref, "conversations": [{"from": "human", "value": "<image>"}, {"from": "gpt", "value": "ok"}]}
+    return {"messages": [{"role": "user", "content": [{"type": "audio", "audio": ref}]}, {"role": "assistant", "content": "ok"}]}
+
+
+@pytest.mark.parametrize(
+    "kind, ref, check, reason, match",
+    [
+        ("image", "truncated.png", "verify", "corrupt_image", "damaged or truncated"),
+        ("image", "truncated.jpg", "decode", "corrupt_image", "damaged or truncated"),
+        ("image", "text.png", "verify", "corrupt_image", "not an image PIL can read"),
+        ("image", "empty.png", "header", "corrupt_image", "not an image PIL can read"),
+        ("image", "photo.txt", "header", "corrupt_image", "not an image"),
+        ("image", "gone.png", "verify", "missing_image", "not found"),
+        ("audio", "truncated.flac", "verify", "corrupt_audio", "not audio soundfile can read"),
+        ("audio", "noise.wav", "verify", "corrupt_audio", "not audio soundfile can read"),
+        ("audio", "ok.png", "verify", "corrupt_audio", "not audio soundfile can read"),
+        ("audio", "gone.wav", "verify", "missing_audio", "not found"),
+    ],
+)
+def test_bad_media_is_a_bad_record(bad_media, kind, ref, check, reason, match):
+    enc = Encoder(EncoderSpec(tokenizer=TOKENIZER, image_check=check))
+    with pytest.raises(BadRecord, match=match) as e:
+        enc.encode_line(RawLine(1, json.dumps(record(kind, ref)).encode()), "x.jsonl", bad_media)
+    assert e.value.reason == reason
+
+
+def test_truncated_jpeg_passes_verify_but_not_decode(bad_media):
+    """What the cheap check does not catch (documented in packer/media/probe.py)."""
+    enc = Encoder(EncoderSpec(tokenizer=TOKENIZER, image_check="verify"))
+    s = enc.encode_line(RawLine(1, json.dumps(record("image", "truncated.jpg")).encode()), "x.jsonl", bad_media)
+    assert s.media[0].length == 576
+
+
+def test_begin_end_tokens_wrap_placeholders_outside_the_span():
+    spec = EncoderSpec(tokenizer=TOKENIZER, image_token="<|image_pad|>", image_begin="<|vision_start|>",
+                       image_end="<|vision_end|>", image_tokens="dynamic")
+    enc = Encoder(spec)
+    rec = {"messages": [{"role": "user", "content": [{"type": "image", "image": "images/landscape_640x480.jpg"},
+                                                     {"type": "text", "text": "What is it?"}]},
+                        {"role": "assistant", "content": "Shapes."}]}
+    s = enc.encode_line(RawLine(1, json.dumps(rec).encode()), "x.jsonl", SAMPLE)
+    (span,) = s.media
+    vocab = enc.tok.get_vocab()
+    assert span.length == Dynamic().count(480, 640).length and span.grid == (1, 17, 23)
+    assert s.input_ids[span.start - 1] == vocab["<|vision_start|>"]
+    assert s.input_ids[span.start + span.length] == vocab["<|vision_end|>"]
+    assert np.all(s.input_ids[span.start : span.start + span.length] == vocab["<|image_pad|>"])
+    assert np.all(s.labels[span.start - 1 : span.start + span.length + 1] == -100)
+
+
+def test_audio_spans_follow_the_policy():
+    enc = Encoder(EncoderSpec(tokenizer=TOKENIZER, audio_tokens="whisper"))
+    rec = {"messages": [{"role": "user", "content": [{"audio": "audio/tone_g3_7s.flac"}, {"type": "text", "text": "Pitch?"}]},
+                        {"role": "assistant", "content": "G3."}]}
+    s = enc.encode_line(RawLine(1, json.dumps(rec).encode()), "x.jsonl", SAMPLE)
+    assert [(m.kind, m.length, m.grid) for m in s.media] == [("audio", 1500, (1,))]
+    assert s.modality == "audio"
