@@ -35,7 +35,9 @@ from packer.stages.manifest import FileAccount, accounting, read_manifest, write
 from packer.stages.planning import plan_samples, plan_table
 
 SMALL_INPUT_BYTES = 16 * 2**20
-OWNED = ("samples", "packed", "plan.arrow", "quarantine.jsonl", "manifest.json", "report.json", "report.html")
+OWNED = ("samples", "packed", "plan.arrow", "quarantine.jsonl", "manifest.json", "report.json", "report.html",
+         "embeddings", "audio_features")
+MEDIA_PASSES = ("embeddings", "audio_features")
 
 
 @dataclass
@@ -54,11 +56,44 @@ def build(config: BuildConfig, *, progress: bool = True) -> dict[str, Any]:
     check_plan_options(config)
     files = config.input_files()
     engine = get_engine(config.engine, auto_workers(config.workers, files))
-    out = prepare_output(Path(config.output))
     spec = EncoderSpec.from_config(config)
-    driver = encode.setup(spec, str(out), config.strict)  # also checks the tokenizer before any work
+    driver = encode.setup(spec, config.output, config.strict)  # checks the tokenizer before any work,
+    embedder, extractor = media_models(config)  # and the embedding weights, before an old build is cleared
+    out = prepare_output(Path(config.output))
     encoded = encode_inputs(out, files, config, spec, driver, engine, progress)
-    return plan_and_pack(out, config, encoded, driver.encoder.fingerprint(), engine, progress)
+    extra = media_passes(out, config, encoded, embedder, extractor, progress)
+    return plan_and_pack(out, config, encoded, driver.encoder.fingerprint(), engine, progress, extra=extra)
+
+
+def media_models(config: BuildConfig):
+    """The optional embedding model and feature extractor, loaded before any record is read."""
+    embedder = extractor = None
+    if config.image_embeddings:
+        from packer.media.embed import EmbedSpec, ImageEmbedder
+
+        embedder = ImageEmbedder(EmbedSpec.parse(config.image_embeddings, output=config.embed_output,
+                                                 device=config.embed_device, batch_size=config.embed_batch_size))
+    if config.audio_features:
+        from packer.media.features import FeatureSpec, LogMel
+
+        extractor = LogMel(FeatureSpec.parse(config.audio_features))
+    return embedder, extractor
+
+
+def media_passes(out: Path, config: BuildConfig, encoded: Encoded, embedder, extractor, progress) -> dict[str, Any]:
+    if embedder is None and extractor is None:
+        return {}
+    from packer.stages import media_pass
+
+    samples = read_shards([out / e.file for e in encoded.sample_shards], SAMPLE_SCHEMA)
+    extra = {}
+    if embedder is not None:
+        with _bar(progress, "embed images", "img") as bar:
+            extra["embeddings"] = media_pass.image_embeddings(out, samples, embedder, config, bar)
+    if extractor is not None:
+        with _bar(progress, "audio features", "clip") as bar:
+            extra["audio_features"] = media_pass.audio_features(out, samples, extractor, config, bar)
+    return extra
 
 
 def repack(source: str | Path, *, progress: bool = True, **overrides: Any) -> dict[str, Any]:
@@ -81,11 +116,16 @@ def repack(source: str | Path, *, progress: bool = True, **overrides: Any) -> di
         _link_or_copy(source / entry.file, out / entry.file, entry.sha256)
     quarantine = ShardEntry(**manifest["files"]["quarantine"])
     _link_or_copy(source / quarantine.file, out / quarantine.file, quarantine.sha256)
+    extra = {"repacked_from": {"path": str(source), "manifest_created_at": manifest["created_at"]}}
+    for section in MEDIA_PASSES:  # embeddings and features do not depend on the plan: carried over
+        if section in manifest:
+            for e in manifest[section]["files"]:
+                _link_or_copy(source / e["file"], out / e["file"], e["sha256"])
+            extra[section] = manifest[section]
     acc = manifest["accounting"]
     by_file = {name: FileAccount(records=f["records"], quarantined=f["quarantined"]) for name, f in acc["by_file"].items()}
     encoded = Encoded(shards, by_file, acc["quarantined_by_reason"], quarantine, acc["blank_lines"])
     engine = get_engine(config.engine, config.workers or 1)
-    extra = {"repacked_from": {"path": str(source), "manifest_created_at": manifest["created_at"]}}
     return plan_and_pack(out, config, encoded, manifest["tokenizer"], engine, progress, extra=extra)
 
 

@@ -52,6 +52,13 @@ class BuildConfig:
     audio_end: str = _opt("", "Token after each audio clip's placeholders (e.g. <|audio_eos|>); empty: none.")
     image_check: str = _opt("verify", "How hard to check images: header, verify (structure, no pixel decode), decode.",
                             choices=("header", "verify", "decode"))
+    image_embeddings: str = _opt("", "Store open_clip image embeddings: MODEL[:PRETRAINED] (a checkpoint file, a tag, "
+                                     "or random); empty: off.")
+    embed_output: str = _opt("pooled", "What to store per image: the pooled embedding or the patch tokens.",
+                             choices=("pooled", "tokens"))
+    embed_device: str = _opt("auto", "Device for the embedding pass: auto (cuda if available), cpu, cuda, cuda:1, ...")
+    embed_batch_size: int = _opt(32, "Images per batch in the embedding pass.")
+    audio_features: str = _opt("", "Store audio features: log-mel[:n_mels=128]; empty: off.")
     max_length: int = _opt(4096, "Capacity of a packed row, in tokens.")
     algorithm: str = _opt("bfd", "Bin-packing algorithm (see packer.pack.ALGORITHMS).")
     oversize: str = _opt("truncate", "What to do with a sample longer than max_length.", choices=("truncate", "drop", "split"))
@@ -77,7 +84,7 @@ class BuildConfig:
             value = getattr(self, f.name)
             if choices and value not in choices:
                 raise ConfigError(f"{f.name} = {value!r} is not one of {', '.join(choices)}")
-        for key in ("max_length", "chunk_records", "shard_rows", "shard_bytes"):
+        for key in ("max_length", "chunk_records", "shard_rows", "shard_bytes", "embed_batch_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be at least 1, got {getattr(self, key)}")
         for key in ("max_segments", "max_media", "max_images", "max_audio"):

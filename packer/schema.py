@@ -184,3 +184,16 @@ class PlanRow:
 
 
 PLAN_SCHEMA = arrow_schema(PlanRow, "plan")
+
+
+@dataclass(frozen=True)
+class MediaFeature:
+    """One image embedding or audio feature array (``embeddings/``, ``audio_features/``),
+    keyed by the media ref as written in the records; ``values`` is ``shape`` flattened."""
+
+    ref: Str
+    shape: Int32List
+    values: Annotated[tuple[float, ...], pa.list_(pa.float16())]
+
+
+FEATURE_SCHEMA = arrow_schema(MediaFeature, "media_features")

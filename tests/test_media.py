@@ -11,13 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import SAMPLE, TOKENIZER
 from packer.encode import Encoder, EncoderSpec
 from packer.errors import BadRecord, ConfigError
 from packer.ingest.reader import RawLine
 from packer.media.policies import AnyRes, Dynamic, Fixed, Qwen2Audio, Rate, Whisper, parse_policy
 from packer.media.probe import probe_audio, probe_image
-
-from conftest import SAMPLE, TOKENIZER
 
 
 def test_worked_numbers():
@@ -186,3 +185,63 @@ def test_audio_spans_follow_the_policy():
     s = enc.encode_line(RawLine(1, json.dumps(rec).encode()), "x.jsonl", SAMPLE)
     assert [(m.kind, m.length, m.grid) for m in s.media] == [("audio", 1500, (1,))]
     assert s.modality == "audio"
+
+
+@pytest.fixture(scope="module")
+def tiny_vit(tmp_path_factory):
+    import open_clip
+
+    d = tmp_path_factory.mktemp("oc")
+    (d / "packer-tiny-vit.json").write_text(json.dumps({
+        "embed_dim": 32,
+        "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "patch_size": 16, "head_width": 32},
+        "text_cfg": {"context_length": 16, "vocab_size": 1000, "width": 32, "heads": 2, "layers": 1},
+    }))
+    open_clip.add_model_config(d / "packer-tiny-vit.json")
+    return "packer-tiny-vit"
+
+
+@pytest.mark.parametrize("output, shape", [("pooled", [32]), ("tokens", [16, 64])])
+def test_image_embeddings_and_audio_features(tiny_vit, tmp_path, monkeypatch, output, shape):
+    import pyarrow as pa
+
+    from packer.build import build, repack
+    from packer.config import resolve
+
+    from conftest import ROOT
+
+    monkeypatch.chdir(ROOT)
+    config = resolve(ROOT / "pipelines" / "sample.toml", output=str(tmp_path / "e"), image_embeddings=f"{tiny_vit}:random",
+                     embed_output=output, embed_device="cpu", audio_features="log-mel:n_mels=64")
+    m = build(config, progress=False)
+    emb = m["embeddings"]
+    assert emb["model"] == tiny_vit and emb["pretrained"] == "random" and emb["dtype"] == "float16"
+    assert emb["preprocessing"]["image_size"] == [64, 64] and emb["images"] == 8
+    table = pa.concat_tables([pa.ipc.open_stream(pa.memory_map(str(tmp_path / "e" / f["file"]))).read_all() for f in emb["files"]])
+    packed_refs = {s["ref"] for f in m["files"]["packed"]
+                   for r in pa.ipc.open_stream(pa.memory_map(str(tmp_path / "e" / f["file"]))).read_all().column("media").to_pylist()
+                   for s in r if s["kind"] == "image"}
+    assert set(table.column("ref").to_pylist()) == packed_refs
+    for row in table.to_pylist():
+        assert row["shape"] == shape and len(row["values"]) == int(np.prod(shape)) and np.isfinite(row["values"]).all()
+    feats = m["audio_features"]
+    assert feats["clips"] == 5 and feats["n_mels"] == 64
+    ft = pa.ipc.open_stream(pa.memory_map(str(tmp_path / "e" / feats["files"][0]["file"]))).read_all().to_pylist()
+    by_ref = {r["ref"]: r for r in ft}
+    assert by_ref["audio/tone_a4_1s.wav"]["shape"] == [64, 100]  # 1 s at 10 ms hops
+    assert by_ref["audio/tone_g3_7s.flac"]["shape"] == [64, 750]
+    m2 = repack(tmp_path / "e", output=str(tmp_path / "r"), max_length=8192, progress=False)
+    assert m2["embeddings"] == emb and (tmp_path / "r" / emb["files"][0]["file"]).exists()
+
+
+def test_embedding_weights_are_checked_before_any_work(tmp_path, write_jsonl):
+    from packer.build import build
+    from packer.config import BuildConfig
+    from packer.errors import PackerError
+
+    f = write_jsonl("in.jsonl", [{"text": "x y z"}])
+    config = BuildConfig(input=(str(f),), output=str(tmp_path / "o"), tokenizer=TOKENIZER,
+                         image_embeddings="ViT-B-32:not-a-tag")
+    with pytest.raises(PackerError, match="neither a checkpoint file nor a pretrained tag of ViT-B-32"):
+        build(config, progress=False)
+    assert not (tmp_path / "o" / "samples").exists()

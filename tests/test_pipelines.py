@@ -6,12 +6,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from conftest import ROOT, SAMPLE
 from packer.build import build
 from packer.config import resolve
 from packer.media.policies import parse_policy
 from packer.media.probe import probe_image
-
-from conftest import ROOT, SAMPLE
 
 PIPELINES = sorted(p.name for p in (ROOT / "pipelines").glob("*.toml"))
 
