@@ -107,7 +107,8 @@ def main() -> None:
                 r = rate(MediaCounter(policy, "qwen2-audio", check), parts, repeat=1 if check == "decode" else 3)
                 print(f"  check={check:<7} {policy.split(':')[0]:<8} {r:9,.0f} images/s")
         audio = [Part("audio", ref=p.name, path=str(p)) for p in clips]
-        print(f"audio: {len(clips)} clips (WAV and FLAC, 1-20 s): {rate(MediaCounter('fixed', 'qwen2-audio'), audio):,.0f} clips/s")
+        clips_per_s = rate(MediaCounter('fixed', 'qwen2-audio'), audio)
+        print(f"audio: {len(clips)} clips (WAV and FLAC, 1-20 s): {clips_per_s:,.0f} clips/s")
         for model, n in (("ViT-B-32", 64), ("ViT-L-14-336", 8)):
             cost = embedding_cost(images[:n], model, 8)
             print(f"embedding pass, {model} (random weights), CPU, one thread: {1000 * cost:,.0f} ms per image")

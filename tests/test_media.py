@@ -205,10 +205,9 @@ def tiny_vit(tmp_path_factory):
 def test_image_embeddings_and_audio_features(tiny_vit, tmp_path, monkeypatch, output, shape):
     import pyarrow as pa
 
+    from conftest import ROOT
     from packer.build import build, repack
     from packer.config import resolve
-
-    from conftest import ROOT
 
     monkeypatch.chdir(ROOT)
     config = resolve(ROOT / "pipelines" / "sample.toml", output=str(tmp_path / "e"), image_embeddings=f"{tiny_vit}:random",
