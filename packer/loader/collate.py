@@ -1,0 +1,123 @@
+"""Batches for every attention implementation, from packed rows.
+
+``PackedCollator(attention=...)`` turns a list of rows (from :class:`PackedDataset`)
+into tensors. Always: ``input_ids``, ``labels`` (-100 on padding and on every
+segment's first token; unshifted, the HF convention), ``position_ids`` (reset to 0 at
+every segment; ``[3, B, L]`` with ``rope="mrope"``), ``seq_idx`` (segment number per
+token, int32, for Mamba-style layers), ``loss_weights`` and ``media``. Then the mask:
+
+=============== ===================================================================
+``sdpa``        ``attention_mask`` bool ``[B, 1, L, L]``: causal within segments
+``eager``       ``attention_mask`` additive ``[B, 1, L, L]``: 0 / dtype.min
+``flex``        ``attention_mask`` a FlexAttention ``BlockMask`` on ``device``
+``varlen``      rows flattened to ``[1, T]``; ``cu_seqlens`` (int32), ``max_seqlen``
+                and transformers' ``cu_seq_lens_q/k``, ``max_length_q/k``
+``position_ids`` flattened ``[1, T]`` with positions only (like HF's
+                ``DataCollatorWithFlattening``): isolates segments under
+                flash-attention kernels only, never under SDPA or eager
+=============== ===================================================================
+
+Padding (``pad_to``, ``pad_to_multiple_of``) forms one more segment per row that
+nothing attends to or from and that attends only to itself, so no softmax row is
+empty and no NaN appears. See :mod:`packer.loader.masks` for a worked example.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+from packer.loader import masks
+from packer.loader.loss import loss_weights
+from packer.loader.mrope import mrope_positions
+from packer.schema import IGNORE
+
+ATTENTION = ("sdpa", "eager", "flex", "varlen", "position_ids")
+FLATTENED = ("varlen", "position_ids")
+
+
+class PackedCollator:
+    def __init__(self, *, attention: str = "sdpa", pad_to: int | None = None, pad_to_multiple_of: int | None = None,
+                 pad_token_id: int = 0, rope: str = "default", loss: str = "token", mask_dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu"):
+        if attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
+        if rope not in ("default", "mrope"):
+            raise ValueError(f"rope must be default or mrope, got {rope!r}")
+        if loss not in ("token", "sample", "sqrt"):
+            raise ValueError(f"loss must be token, sample or sqrt, got {loss!r}")
+        for name, value in (("pad_to", pad_to), ("pad_to_multiple_of", pad_to_multiple_of)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if attention == "position_ids":
+            warnings.warn(
+                "attention='position_ids' isolates packed segments only under flash-attention kernels "
+                "(flash_attention_2/3); under sdpa or eager the segments attend to each other. "
+                "Use attention='sdpa', 'eager' or 'flex' there.", stacklevel=2)
+        self.attention, self.pad_to, self.multiple = attention, pad_to, pad_to_multiple_of
+        self.pad_token_id, self.rope, self.loss = pad_token_id, rope, loss
+        self.mask_dtype, self.device = mask_dtype, device
+
+    def _length(self, n: int) -> int:
+        if self.pad_to is not None:
+            if n > self.pad_to:
+                raise ValueError(f"a batch needs {n} positions but pad_to is {self.pad_to}; raise pad_to")
+            n = self.pad_to
+        if self.multiple:
+            n = -(-n // self.multiple) * self.multiple
+        return n
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.attention in FLATTENED:
+            rows = [_concatenate(rows)]
+        length = self._length(max(int(r["n_tokens"]) for r in rows))
+        cu = [np.asarray(r["cu_seqlens"], dtype=np.int64) for r in rows]
+        batch = len(rows)
+        input_ids = torch.full((batch, length), self.pad_token_id, dtype=torch.long)
+        labels = torch.full((batch, length), IGNORE, dtype=torch.long)
+        for b, r in enumerate(rows):
+            n = int(r["n_tokens"])
+            input_ids[b, :n] = torch.as_tensor(np.asarray(r["input_ids"], dtype=np.int64))
+            labels[b, :n] = torch.as_tensor(np.asarray(r["labels"], dtype=np.int64))
+            labels[b, torch.as_tensor(cu[b][:-1])] = IGNORE  # no segment's first token is a target
+        segment, position = masks.segments_and_positions(cu, length)
+        out: dict[str, Any] = {"input_ids": input_ids, "labels": labels, "seq_idx": segment.to(torch.int32)}
+        out["loss_weights"] = loss_weights(labels, segment, self.loss)
+        out["media"] = [{**m, "batch": b} for b, r in enumerate(rows) for m in r["media"]]
+        if self.rope == "mrope":
+            out["position_ids"] = torch.stack([
+                mrope_positions(length, list(zip(c[:-1].tolist(), c[1:].tolist(), strict=True)), r["media"])
+                for c, r in zip(cu, rows, strict=True)], dim=1)
+            pad = segment == torch.as_tensor([len(c) - 1 for c in cu])[:, None]
+            out["position_ids"][:, pad] = position[pad]
+        else:
+            out["position_ids"] = position
+        if self.attention in ("sdpa", "eager"):
+            allowed = masks.allowed(segment)
+            out["attention_mask"] = allowed if self.attention == "sdpa" else masks.additive(allowed, self.mask_dtype)
+        elif self.attention == "flex":
+            out["attention_mask"] = masks.block_mask(segment, self.device)
+        elif self.attention == "varlen":
+            bounds = cu[0] if length == cu[0][-1] else np.append(cu[0], length)
+            cu_t = torch.as_tensor(bounds, dtype=torch.int32)
+            max_len = int(np.diff(bounds).max()) if len(bounds) > 1 else 0
+            out.update(cu_seqlens=cu_t, max_seqlen=max_len, cu_seq_lens_q=cu_t, cu_seq_lens_k=cu_t,
+                       max_length_q=max_len, max_length_k=max_len)
+        return out
+
+
+def _concatenate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """All rows of a batch as one long row (the flattened forms)."""
+    offsets = np.cumsum([0] + [int(r["n_tokens"]) for r in rows])
+    segments = np.cumsum([0] + [len(r["cu_seqlens"]) - 1 for r in rows])
+    return {
+        "input_ids": np.concatenate([np.asarray(r["input_ids"]) for r in rows]),
+        "labels": np.concatenate([np.asarray(r["labels"]) for r in rows]),
+        "cu_seqlens": np.concatenate([[0]] + [np.asarray(r["cu_seqlens"][1:]) + o for r, o in zip(rows, offsets, strict=False)]),
+        "n_tokens": int(offsets[-1]),
+        "media": [{**m, "start": int(m["start"] + o), "segment": int(m["segment"] + s), "row": k}
+                  for k, (r, o, s) in enumerate(zip(rows, offsets, segments, strict=False)) for m in r["media"]],
+    }

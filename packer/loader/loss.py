@@ -1,0 +1,57 @@
+"""Per-token loss weights that make a packed batch's loss equal the unpacked one.
+
+With ``w`` from :func:`loss_weights` and per-token cross-entropy ``l`` (targets shifted
+as the model shifts them), ``sum(w * l) / sum(w)`` is:
+
+- ``token``:  the mean over all trained tokens (what unpacked training with a global
+  token mean computes);
+- ``sample``: the mean over samples of each sample's mean token loss (w = 1 / n_i for
+  the n_i trained tokens of sample i, so sum(w) is the number of samples);
+- ``sqrt``:   InternVL's square-root averaging (w = 1 / sqrt(n_i)).
+
+Exact across gradient accumulation and data-parallel ranks: accumulate ``sum(w * l)``
+over the micro-batches of a step and divide by the step's *global* ``sum(w)`` -- all-
+reduce it (one scalar) before the backward passes, or compute it from the sampler's
+batch ahead of time -- never by each micro-batch's own sum.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from packer.schema import IGNORE
+
+
+def loss_weights(labels: torch.Tensor, segment: torch.Tensor, kind: str) -> torch.Tensor:
+    """``[B, L]`` float32 weights aligned with ``labels`` (unshifted: the weight of
+    target ``labels[b, t]``); 0 wherever the label is -100."""
+    trained = labels != IGNORE
+    w = trained.to(torch.float32)
+    if kind == "token":
+        return w
+    n_segments = int(segment.max()) + 1 if segment.numel() else 1
+    flat = segment + torch.arange(segment.shape[0])[:, None] * n_segments  # distinct per row
+    counts = torch.bincount(flat[trained], minlength=segment.shape[0] * n_segments).to(torch.float32)
+    per_token = counts[flat].clamp(min=1)
+    return w / (per_token if kind == "sample" else per_token.sqrt())
+
+
+def packed_loss(logits: torch.Tensor, batch: dict, *, reduce: bool = True):
+    """Weighted next-token cross-entropy of a packed batch.
+
+    ``reduce=True`` returns ``sum(w * l) / sum(w)``; ``False`` returns the pair
+    ``(sum(w * l), sum(w))`` for an exact reduction over micro-batches or ranks. Uses
+    ``shift_labels`` / ``shift_loss_weights`` when the batch has them (sequence
+    parallel slices), else shifts ``labels`` / ``loss_weights`` itself.
+    """
+    if "shift_labels" in batch:
+        targets, weights = batch["shift_labels"], batch["shift_loss_weights"]
+    else:
+        targets = torch.nn.functional.pad(batch["labels"][..., 1:], (0, 1), value=IGNORE)
+        weights = torch.nn.functional.pad(batch["loss_weights"][..., 1:], (0, 1), value=0.0)
+    per_token = torch.nn.functional.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1).to(logits.device),
+        ignore_index=IGNORE, reduction="none")
+    total = (per_token * weights.reshape(-1).to(per_token.device)).sum()
+    norm = weights.sum().to(total.device)
+    return total / norm.clamp(min=torch.finfo(norm.dtype).tiny) if reduce else (total, norm)

@@ -1,0 +1,66 @@
+"""Shared bits of the samplers: world defaults, equal-count balancing, resumable state."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    if num_replicas is None or rank is None:
+        import torch.distributed as dist
+
+        ready = dist.is_available() and dist.is_initialized()
+        num_replicas = num_replicas if num_replicas is not None else (dist.get_world_size() if ready else 1)
+        rank = rank if rank is not None else (dist.get_rank() if ready else 0)
+    if not 0 <= rank < num_replicas:
+        raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
+    return num_replicas, rank
+
+
+def balance(items: np.ndarray, costs: np.ndarray, ranks: int, per_rank: int) -> np.ndarray:
+    """Split ``items`` (len = ranks * per_rank) into ``[ranks, per_rank]``, each rank
+    the same count, greedily by cost (longest processing time first: the costliest
+    item goes to the rank with the lowest load that still has room)."""
+    order = items[np.argsort(-costs, kind="stable")]
+    cost_sorted = np.sort(costs, kind="stable")[::-1]
+    load = np.zeros(ranks)
+    filled = np.zeros(ranks, dtype=np.int64)
+    out = np.empty((ranks, per_rank), dtype=items.dtype)
+    for item, c in zip(order.tolist(), cost_sorted.tolist(), strict=True):
+        open_ranks = np.flatnonzero(filled < per_rank)
+        r = open_ranks[np.argmin(load[open_ranks])]
+        out[r, filled[r]] = item
+        filled[r] += 1
+        load[r] += c
+    return out
+
+
+class ResumableMixin:
+    """``set_epoch``, ``state_dict``, ``load_state_dict``: resume mid-epoch exactly.
+
+    ``state_dict()['consumed']`` counts the indices this sampler has handed out in the
+    current epoch. A DataLoader with workers prefetches, so save the count of samples the
+    trainer actually consumed instead when they differ (``state_dict(consumed=n)``).
+    """
+
+    epoch: int = 0
+    _consumed: int = 0
+    _skip: int = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self._skip = self._consumed = 0
+
+    def state_dict(self, consumed: int | None = None) -> dict:
+        return {"epoch": self.epoch, "consumed": self._consumed if consumed is None else consumed, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("seed", self.seed) != self.seed:
+            raise ValueError(f"state was saved with seed {state['seed']}, this sampler has seed {self.seed}")
+        self.epoch, self._skip, self._consumed = int(state["epoch"]), int(state["consumed"]), int(state["consumed"])
+
+    def _yield(self, indices: np.ndarray):
+        for i in indices[self._skip :].tolist():
+            self._consumed += 1
+            yield i
+        self._skip = self._consumed = 0  # a finished epoch leaves nothing to skip
