@@ -1,0 +1,37 @@
+"""The loader in real trainers: HF Trainer, and FSDP over two processes (gloo, CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "docs" / "examples"))
+
+
+def test_hf_trainer_steps_on_the_sample_build(sample_build, tmp_path):
+    from hf_trainer import train
+
+    out, _ = sample_build
+    losses = train(str(out), steps=8, output_dir=str(tmp_path / "trainer"))
+    assert len(losses) == 8 and all(x == x for x in losses)  # finite, no NaN
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3, losses
+
+
+def test_fsdp_two_ranks_same_steps_no_hang_loss_falls(sample_build, tmp_path):
+    out, _ = sample_build
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([*torchrun, str(ROOT / "docs" / "examples" / "fsdp_train.py"), str(out), "--steps", "6",
+                          "--report-dir", str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert sorted(r["rank"] for r in reports) == [0, 1]
+    assert reports[0]["steps"] == reports[1]["steps"] == 6
+    assert reports[0]["batches_per_epoch"] == reports[1]["batches_per_epoch"]
+    losses = reports[0]["losses"]
+    assert losses == reports[1]["losses"]  # the reported loss is the global one
+    assert all(x == x for x in losses) and losses[-1] < losses[0]
