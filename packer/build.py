@@ -25,13 +25,14 @@ import pyarrow.compute as pc
 from packer.config import PLAN_KEYS, BuildConfig
 from packer.encode import EncoderSpec
 from packer.engine import get_engine
-from packer.errors import ConfigError
+from packer.errors import BuildFailedError, ConfigError
 from packer.io.arrow import read_shards, write_shard
 from packer.io.files import atomic_open, sha256_file
 from packer.pack import ALGORITHMS, Plan
 from packer.schema import SAMPLE_SCHEMA, ShardEntry
 from packer.stages import encode, materialize
 from packer.stages.manifest import FileAccount, accounting, read_manifest, write_manifest
+from packer.stages.state import BuildLock, fingerprint, open_state
 from packer.stages.planning import plan_samples, plan_table
 
 SMALL_INPUT_BYTES = 16 * 2**20
@@ -52,17 +53,42 @@ class Encoded:
 
 
 def build(config: BuildConfig, *, progress: bool = True) -> dict[str, Any]:
-    """Build ``config.output`` from ``config.input``; returns the manifest."""
+    """Build ``config.output`` from ``config.input``; returns the manifest.
+
+    Rerunning after a crash (same inputs and settings) resumes: finished stage-1 and
+    stage-3 shards are reused and the result is byte-identical to an uninterrupted build.
+    """
     check_plan_options(config)
     files = config.input_files()
     engine = get_engine(config.engine, auto_workers(config.workers, files))
     spec = EncoderSpec.from_config(config)
     driver = encode.setup(spec, config.output, config.strict)  # checks the tokenizer before any work,
-    embedder, extractor = media_models(config)  # and the embedding weights, before an old build is cleared
-    out = prepare_output(Path(config.output))
-    encoded = encode_inputs(out, files, config, spec, driver, engine, progress)
-    extra = media_passes(out, config, encoded, embedder, extractor, progress)
-    return plan_and_pack(out, config, encoded, driver.encoder.fingerprint(), engine, progress, extra=extra)
+    embedder, extractor = media_models(config)  # and the embedding weights, before an old build is touched
+    out = Path(config.output)
+    lock = BuildLock(out)
+    try:
+        fp = fingerprint(files, config.content_dict(), driver.encoder.fingerprint())
+        open_state(out, fp, overwrite=config.overwrite, owned=OWNED)
+        os.environ["PACKER_FSYNC"] = "1" if config.durable else "0"  # read by every writer, workers too
+        encoded = encode_inputs(out, files, config, spec, driver, engine, progress)
+        check_bad_fraction(out, config, encoded, driver.encoder.fingerprint())
+        extra = media_passes(out, config, encoded, embedder, extractor, progress)
+        return plan_and_pack(out, config, encoded, driver.encoder.fingerprint(), engine, progress, extra=extra)
+    finally:
+        lock.release()
+
+
+def check_bad_fraction(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any]) -> None:
+    records = sum(a.records for a in encoded.by_file.values())
+    bad = sum(encoded.quarantined.values())
+    if records and bad / records > config.max_bad_fraction:
+        message = (f"{bad:,} of {records:,} records ({100 * bad / records:.1f}%) were quarantined, over "
+                   f"--max-bad-fraction {config.max_bad_fraction}; see {out / 'quarantine.jsonl'}")
+        write_manifest(out, config=config.content_dict(), tokenizer=tokenizer, samples=encoded.sample_shards,
+                       packed=[], plan=None, quarantine=encoded.quarantine, accounts=accounting(
+                           encoded.by_file, encoded.quarantined, {}, encoded.blank_lines, check=False),
+                       stats={}, status="failed", extra={"failure": message, "execution": config.execution_dict()})
+        raise BuildFailedError(message)
 
 
 def media_models(config: BuildConfig):
@@ -110,7 +136,18 @@ def repack(source: str | Path, *, progress: bool = True, **overrides: Any) -> di
     if Path(config.output).resolve() == source.resolve():
         raise ConfigError("repack writes a new build: -o must differ from the source folder")
     check_plan_options(config)
-    out = prepare_output(Path(config.output))
+    out = Path(config.output)
+    lock = BuildLock(out)
+    try:
+        fp = {"repack_of": {"path": str(source.resolve()), "created_at": manifest["created_at"]},
+              "config": config.content_dict(), "tokenizer": manifest["tokenizer"]}
+        open_state(out, fp, overwrite=config.overwrite, owned=OWNED)
+        return _repack_into(out, source, manifest, config, progress)
+    finally:
+        lock.release()
+
+
+def _repack_into(out: Path, source: Path, manifest: dict[str, Any], config: BuildConfig, progress: bool) -> dict[str, Any]:
     shards = [ShardEntry(**e) for e in manifest["files"]["samples"]]
     for entry in shards:
         _link_or_copy(source / entry.file, out / entry.file, entry.sha256)
@@ -170,13 +207,13 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     """Stages 2-4 over the samples in ``out/samples``."""
     samples = read_shards([out / e.file for e in encoded.sample_shards], SAMPLE_SCHEMA)
     p = plan_samples(samples, config)
-    plan_entry = write_shard(out / "plan.arrow", plan_table(p), out)
+    plan_entry = write_shard(out / "plan.arrow", plan_table(p), out)  # deterministic: same bytes on a resume
 
     bin_tokens = p.bin_tokens()
     tasks = materialize.shard_tasks(bin_tokens, np.diff(p.offsets), config.shard_rows, config.shard_bytes)
     packed = []
     with _bar(progress, "pack", "row", total=p.n_bins) as bar:
-        state = (str(out), [e.file for e in encoded.sample_shards])
+        state = (str(out), [e.file for e in encoded.sample_shards], plan_entry.sha256)
         for entry in engine.map(materialize.materialize_task, tasks, materialize.setup, state):
             packed.append(entry)
             bar.update(entry.rows)
@@ -184,10 +221,10 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     by_file = {k: dataclasses.replace(v) for k, v in encoded.by_file.items()}
     _count_outcomes(by_file, samples, encoded.sample_shards, p)
     return write_manifest(
-        out, config=config.to_dict(), tokenizer=tokenizer, samples=encoded.sample_shards, packed=packed,
+        out, config=config.content_dict(), tokenizer=tokenizer, samples=encoded.sample_shards, packed=packed,
         plan=plan_entry, quarantine=encoded.quarantine,
         accounts=accounting(by_file, encoded.quarantined, {r: len(v) for r, v in p.dropped.items()}, encoded.blank_lines),
-        stats=_stats(config, samples, p), extra=extra,
+        stats=_stats(config, samples, p), extra={**(extra or {}), "execution": config.execution_dict()},
     )
 
 
@@ -230,22 +267,6 @@ def auto_workers(workers: int, files: list[Path]) -> int:
     if workers == 0 and sum(f.stat().st_size for f in files) < SMALL_INPUT_BYTES:
         return 1
     return workers
-
-
-def prepare_output(out: Path) -> Path:
-    """Clear what an earlier build left in ``out``; refuse a folder packer does not own."""
-    if out.exists():
-        if not out.is_dir():
-            raise ConfigError(f"output {out} exists and is not a folder")
-        entries = list(out.iterdir())
-        if entries and not any(e.name in OWNED for e in entries):
-            raise ConfigError(f"output {out} is not empty and holds no packer build; choose another -o or empty it")
-        (out / "manifest.json").unlink(missing_ok=True)  # first, so a half-done rebuild never looks finished
-        for e in entries:
-            if e.name in OWNED or ".tmp-" in e.name:
-                shutil.rmtree(e) if e.is_dir() else e.unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
 
 
 def _link_or_copy(src: Path, dst: Path, sha256: str) -> None:

@@ -35,6 +35,8 @@ def _add_options(fn, fields):
         else:
             if f.metadata.get("choices"):
                 kind = click.Choice(f.metadata["choices"])
+            elif isinstance(f.default, float):
+                kind = float
             else:
                 kind = int if isinstance(f.default, int) else str
             fn = click.option(*names, f.name, type=kind, default=None, help=help_text)(fn)
@@ -69,7 +71,7 @@ def build(pipeline, **options):
         pipeline = DEFAULT_PIPELINE
     config = _run(resolve, pipeline, **options)
     manifest = _run(run_build, config)
-    click.echo(summary_text(summarize(manifest["config"]["output"])))
+    click.echo(summary_text(summarize(manifest["execution"]["output"])))
 
 
 @main.command()
@@ -103,7 +105,7 @@ def repack(source, **options):
     from packer.inspect import summarize, summary_text
 
     manifest = _run(run_repack, source, **options)
-    click.echo(summary_text(summarize(manifest["config"]["output"])))
+    click.echo(summary_text(summarize(manifest["execution"]["output"])))
 
 
 @main.command()

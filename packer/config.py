@@ -35,6 +35,7 @@ class BuildConfig:
     output: str = _opt("out/packed", "Output folder.", short="-o")
     format: str = _opt("auto", "Record shape, or auto-detect per line.", choices=("auto", "llava", "messages", "text"))
     media_root: str | None = _opt(None, "Folder that relative media paths are resolved against (default: the JSONL file's).")
+    allow_outside_media_root: bool = _opt(False, "Accept media paths that resolve outside the dataset root.")
     tokenizer: str = _opt("", "HF tokenizer: a local folder or a hub name.")
     train_on: str = _opt("assistant", "Which tokens get labels in conversations.", choices=("assistant", "all"))
     append_eos: bool = _opt(True, "End every text document with the tokenizer's EOS token.")
@@ -77,6 +78,9 @@ class BuildConfig:
     shard_rows: int = _opt(8192, "Most packed rows in one packed/ shard.")
     shard_bytes: int = _opt(256 * 2**20, "Approximate most bytes in one packed/ shard.")
     strict: bool = _opt(False, "Stop at the first bad record instead of quarantining it.")
+    max_bad_fraction: float = _opt(1.0, "Fail the build when more than this fraction of the records is quarantined.")
+    overwrite: bool = _opt(False, "Replace a build of other inputs or settings in the output folder (else refuse).")
+    durable: bool = _opt(True, "fsync every file before renaming it into place (crash safety on power loss).")
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -90,6 +94,8 @@ class BuildConfig:
         for key in ("max_segments", "max_media", "max_images", "max_audio"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key} must be 0 (no limit) or positive, got {getattr(self, key)}")
+        if not 0.0 <= self.max_bad_fraction <= 1.0:
+            raise ConfigError(f"max_bad_fraction must be between 0 and 1, got {self.max_bad_fraction}")
         if self.workers < 0:
             raise ConfigError(f"workers must be 0 (auto) or positive, got {self.workers}")
         for a, b in (("image_token", "audio_token"), ("image_tag", "audio_tag")):
@@ -102,6 +108,13 @@ class BuildConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+    def content_dict(self) -> dict[str, Any]:
+        """The settings that decide the output bytes (execution settings left out)."""
+        return {k: v for k, v in self.to_dict().items() if k not in EXECUTION_KEYS}
+
+    def execution_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in EXECUTION_KEYS}
 
     def input_files(self) -> list[Path]:
         """The input patterns expanded: sorted, de-duplicated, each pattern must match."""
@@ -137,6 +150,8 @@ class BuildConfig:
 
 FIELDS = {f.name: f for f in dataclasses.fields(BuildConfig)}
 # What `packer repack` may change: everything from the plan on, nothing that needs re-encoding.
+# How a build ran, not what it built: kept out of the manifest's config and fingerprint.
+EXECUTION_KEYS = ("output", "engine", "workers", "overwrite", "durable")
 PLAN_KEYS = ("max_length", "algorithm", "oversize", "max_segments", "max_media", "max_images", "max_audio",
              "group_by", "shuffle_rows", "longest_first", "seed", "engine", "workers", "shard_rows", "shard_bytes")
 
@@ -180,6 +195,10 @@ def _coerce(key: str, value: Any) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{key} must be true or false, got {value!r}")
         return value
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        return float(value)
     if isinstance(default, int):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{key} must be an integer, got {value!r}")

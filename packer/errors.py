@@ -6,6 +6,8 @@ Exit codes (documented in README.md):
     2  usage or configuration error (bad flag, unknown pipeline key, bad value)
     3  a bad record under ``--strict``
     4  the command exists but is not available in this version
+    5  the build failed its quality bar (``--max-bad-fraction``); the manifest says "failed"
+    6  ``packer verify`` found a problem
 """
 
 
@@ -31,6 +33,18 @@ class NotAvailableError(PackerError):
     """A registered command or option whose implementation has not landed yet."""
 
     exit_code = 4
+
+
+class BuildFailedError(PackerError):
+    """Too many bad records: the build stopped and marked its manifest failed."""
+
+    exit_code = 5
+
+
+class VerifyError(PackerError):
+    """``packer verify`` found a damaged or inconsistent build."""
+
+    exit_code = 6
 
 
 class SchemaVersionError(PackerError):

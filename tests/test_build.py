@@ -182,7 +182,7 @@ def test_oversize_drop_and_truncated_to_nothing(tmp_path, write_jsonl):
     f = write_jsonl("in.jsonl", [long_doc, long_prompt, {"id": "short", "text": "A short one."}])
     m = build(small_config(tmp_path, f, max_length=64, oversize="drop"), progress=False)
     assert m["accounting"]["dropped_by_reason"] == {"oversize": 2} and m["accounting"]["samples_packed"] == 1
-    m = build(small_config(tmp_path, f, max_length=64, oversize="truncate"), progress=False)
+    m = build(small_config(tmp_path, f, max_length=64, oversize="truncate", overwrite=True), progress=False)
     assert m["accounting"]["dropped_by_reason"] == {"nothing_trainable": 1}
     assert m["stats"]["truncated_samples"] == 1 and m["accounting"]["samples_packed"] == 2
     assert m["accounting"]["by_file"][str(f)] == {"records": 3, "packed": 2, "quarantined": 0, "dropped": 1}
@@ -204,6 +204,8 @@ def test_same_bytes_for_any_worker_count_and_chunking_is_data_defined(tmp_path):
 
     (a, ma), (b, mb) = run(1), run(2)
     assert len(ma["files"]["packed"]) > 1 and len(ma["files"]["samples"]) > 3
+    assert {k: v for k, v in ma.items() if k not in ("created_at", "execution")} == \
+        {k: v for k, v in mb.items() if k not in ("created_at", "execution")}
     for kind in ("samples", "packed"):
         assert ma["files"][kind] == mb["files"][kind]
         for e in ma["files"][kind]:
@@ -221,11 +223,13 @@ def test_refuses_a_folder_it_does_not_own(tmp_path, write_jsonl):
     assert (tmp_path / "out" / "thesis.tex").exists()
 
 
-def test_rebuild_replaces_the_previous_build(tmp_path, write_jsonl):
+def test_rebuild_with_other_settings_needs_overwrite(tmp_path, write_jsonl):
     f = write_jsonl("in.jsonl", [{"text": "hello world"}] * 3)
     build(small_config(tmp_path, f, chunk_records=1), progress=False)
     assert len(list((tmp_path / "out" / "samples").iterdir())) == 3
-    build(small_config(tmp_path, f), progress=False)
+    with pytest.raises(ConfigError, match=r"holds a build of other inputs or settings \(changed: config.chunk_records\); pass --overwrite"):
+        build(small_config(tmp_path, f), progress=False)
+    build(small_config(tmp_path, f, overwrite=True), progress=False)
     assert len(list((tmp_path / "out" / "samples").iterdir())) == 1
 
 

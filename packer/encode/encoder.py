@@ -15,7 +15,7 @@ from packer.encode.chat import tokenize_conversation
 from packer.encode.tokenizer import fingerprint, load_tokenizer
 from packer.errors import BadRecord
 from packer.ingest.formats import decode_json, parse_record, record_id
-from packer.ingest.reader import RawLine
+from packer.ingest.reader import MAX_LINE_BYTES, RawLine
 from packer.ingest.records import Conversation, Document
 from packer.media.counter import MediaCounter
 from packer.schema import IGNORE, MediaSpan, Sample
@@ -41,6 +41,7 @@ class EncoderSpec:
     audio_begin: str = ""
     audio_end: str = ""
     image_check: str = "verify"
+    allow_outside_media_root: bool = False
 
     @classmethod
     def from_config(cls, config) -> EncoderSpec:
@@ -81,9 +82,12 @@ class Encoder:
 
     def encode_line(self, raw: RawLine, file: str, file_dir: Path) -> Sample:
         """Encode one line of ``file``; ``file`` (as displayed) and ``raw.line`` name it."""
+        if raw.too_long:
+            raise BadRecord("line_too_long", f"the line has {raw.too_long:,} bytes, over the {MAX_LINE_BYTES:,}-byte limit")
         obj = decode_json(raw.data)
         base_dir = Path(self.spec.media_root) if self.spec.media_root else file_dir
-        record = parse_record(obj, self.spec.format, base_dir, self.tags)
+        record = parse_record(obj, self.spec.format, base_dir, self.tags,
+                              allow_outside_root=self.spec.allow_outside_media_root)
         if isinstance(record, Document):
             ids, trained, media = self._encode_document(record)
         else:

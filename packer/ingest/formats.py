@@ -63,11 +63,14 @@ def detect_format(obj: dict[str, Any]) -> str:
     raise BadRecord("unknown_format", f"no 'conversations', 'messages' or 'text' field (keys: {keys})")
 
 
-def parse_record(obj: dict[str, Any], fmt: str, base_dir: Path, tags: dict[str, str]) -> Conversation | Document:
+def parse_record(obj: dict[str, Any], fmt: str, base_dir: Path, tags: dict[str, str], *,
+                 allow_outside_root: bool = False) -> Conversation | Document:
     """Parse a decoded JSON object of shape ``fmt`` (``auto`` detects it).
 
     ``base_dir`` resolves relative media paths; ``tags`` maps media kind to its tag
-    string in text (``{"image": "<image>", "audio": "<audio>"}``).
+    string in text (``{"image": "<image>", "audio": "<audio>"}``). A media path that
+    resolves outside ``base_dir`` (``../``, an absolute path, a symlink out) is refused
+    unless ``allow_outside_root``.
     """
     if fmt == "auto":
         fmt = detect_format(obj)
@@ -81,7 +84,7 @@ def parse_record(obj: dict[str, Any], fmt: str, base_dir: Path, tags: dict[str, 
         if not text.strip():
             raise BadRecord("empty_text", "'text' is empty")
         return Document(text=text, id=rid)
-    media = _MediaQueue(obj, base_dir, tags)
+    media = _MediaQueue(obj, base_dir, tags, allow_outside_root)
     turns = _llava_turns(obj, media) if fmt == "llava" else _messages_turns(obj, media)
     media.check_all_used()
     return Conversation(turns=tuple(turns), id=rid)
@@ -156,8 +159,9 @@ def _content_part(item: Any, where: str, media: _MediaQueue) -> list[Part]:
 class _MediaQueue:
     """Hands out a record's listed media paths to tags and path-less parts, in order."""
 
-    def __init__(self, obj: dict[str, Any], base_dir: Path, tags: dict[str, str]):
+    def __init__(self, obj: dict[str, Any], base_dir: Path, tags: dict[str, str], allow_outside_root: bool):
         self.base_dir = base_dir
+        self.allow_outside_root = allow_outside_root
         self.tags = tags
         self.pending = {kind: self._listed(obj, kind) for kind in MEDIA_KINDS}
         self.split = re.compile("(" + "|".join(re.escape(tags[k]) for k in MEDIA_KINDS) + ")")
@@ -190,7 +194,7 @@ class _MediaQueue:
             ref = self.pending[kind].pop(0)
         if not isinstance(ref, str) or not ref:
             raise BadRecord("wrong_type", f"{where}: {kind} path must be a non-empty string")
-        return Part(kind, ref=ref, path=str(resolve_media(ref, self.base_dir, kind)))
+        return Part(kind, ref=ref, path=str(resolve_media(ref, self.base_dir, kind, self.allow_outside_root)))
 
     def check_all_used(self) -> None:
         for kind, left in self.pending.items():
@@ -201,11 +205,14 @@ class _MediaQueue:
                 )
 
 
-def resolve_media(ref: str, base_dir: Path, kind: str) -> Path:
+def resolve_media(ref: str, base_dir: Path, kind: str, allow_outside_root: bool = False) -> Path:
     if "://" in ref and not ref.startswith("file://"):
         raise BadRecord("unsupported_media_ref", f"{kind} {ref!r} is a remote URL; packer reads local files only")
     path = Path(ref.removeprefix("file://"))
     path = path if path.is_absolute() else base_dir / path
+    if not allow_outside_root and not path.resolve().is_relative_to(base_dir.resolve()):
+        raise BadRecord("media_outside_root", f"{kind} {ref!r} resolves outside the dataset root {base_dir} "
+                                              f"(pass --allow-outside-media-root to accept it)")
     if not path.is_file():
         raise BadRecord(f"missing_{kind}", f"{kind} file {ref!r} not found (looked at {path})")
     return path

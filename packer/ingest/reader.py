@@ -2,7 +2,9 @@
 
 Lines are read as bytes and decoded one by one, so a non-UTF-8 line is one bad record,
 not a crashed build. A UTF-8 byte-order mark on the first line, CRLF endings and blank
-lines are accepted; blank lines are skipped (and counted) rather than reported.
+lines are accepted; blank lines are skipped (and counted) rather than reported. A line
+longer than ``max_line_bytes`` is never held whole: its first bytes are kept (for the
+quarantine) and the rest is skipped in chunks, so one huge line cannot exhaust memory.
 """
 
 from __future__ import annotations
@@ -14,18 +16,39 @@ from pathlib import Path
 BOM = b"\xef\xbb\xbf"
 
 
+MAX_LINE_BYTES = 64 * 2**20
+KEEP_OF_LONG_LINE = 4096
+SKIP_CHUNK = 1 << 20
+
+
 @dataclass(frozen=True)
 class RawLine:
     line: int  # 1-based line number in the file
-    data: bytes  # the line without its line ending
+    data: bytes  # the line without its line ending (only its start if too_long)
+    too_long: int = 0  # the line's length in bytes when it exceeded the limit
 
 
-def read_lines(path: str | Path, counts: dict[str, int] | None = None) -> Iterator[RawLine]:
+def read_lines(path: str | Path, counts: dict[str, int] | None = None,
+               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[RawLine]:
     """Yield the non-blank lines of ``path``; ``counts['blank_lines']`` counts the rest."""
     with open(path, "rb") as f:
-        for number, data in enumerate(f, start=1):
+        number = 0
+        while True:
+            data = f.readline(max_line_bytes + 1)
+            if not data:
+                return
+            number += 1
             if number == 1 and data.startswith(BOM):
                 data = data[len(BOM) :]
+            if len(data) > max_line_bytes and not data.endswith(b"\n"):
+                size = len(data)
+                while not data.endswith(b"\n"):  # skip the rest of the line without keeping it
+                    data = f.readline(SKIP_CHUNK)
+                    if not data:
+                        break
+                    size += len(data)
+                yield RawLine(number, b"", too_long=size)
+                continue
             data = data.rstrip(b"\r\n")
             if not data.strip():
                 if counts is not None:

@@ -1,7 +1,9 @@
 """Atomic file writes: write to a temporary name beside the target, then rename.
 
 A reader (or a resumed build) therefore never sees a half-written file under its
-final name; a crash leaves only ``*.tmp-*`` files, which the next build removes.
+final name; a crash leaves only ``*.tmp-*`` files, which the next build removes. Files
+are fsynced before the rename unless ``PACKER_FSYNC=0`` (``--no-durable``): the rename
+then still protects against a killed process, no longer against a power loss.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO]:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if os.environ.get("PACKER_FSYNC", "1") != "0":
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import numpy as np
 
 from packer.encode import Encoder, EncoderSpec
 from packer.errors import BadRecord, StrictModeError
 from packer.ingest.reader import RawLine, read_lines
 from packer.io.arrow import write_shard
 from packer.schema import SAMPLE_SCHEMA, QuarantineEntry, ShardEntry, to_table
+from packer.stages.state import Journal, shard_payload
 
 RAW_PREVIEW = 2000  # characters of a bad line kept in the quarantine
 
@@ -36,9 +35,9 @@ class EncodeResult:
     index: int
     file: str
     records: int
-    lengths: np.ndarray  # int32, one per sample, in input order
     quarantine: list[QuarantineEntry]
     shard: ShardEntry | None
+    reused: bool = False  # found finished in the journal (a resumed build)
 
 
 def make_tasks(files: list[Path], chunk_records: int, counts: dict[str, int]) -> Iterator[EncodeTask]:
@@ -60,13 +59,20 @@ class EncodeState:
     encoder: Encoder
     out: Path
     strict: bool
+    journal: Journal
 
 
 def setup(spec: EncoderSpec, out: str, strict: bool) -> EncodeState:
-    return EncodeState(Encoder(spec), Path(out), strict)
+    return EncodeState(Encoder(spec), Path(out), strict, Journal(Path(out)))
 
 
 def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
+    identity = {"file": task.file, "first_line": task.lines[0].line, "records": len(task.lines)}
+    done = state.journal.load("encode", task.index, check=identity)
+    if done is not None:
+        shard = ShardEntry(**done["shard"]) if done["shard"] else None
+        return EncodeResult(task.index, task.file, len(task.lines), [QuarantineEntry(**q) for q in done["quarantine"]],
+                            shard, reused=True)
     samples, bad = [], []
     file_dir = Path(task.file).parent
     for raw in task.lines:
@@ -80,8 +86,8 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
     if samples:
         table = to_table(samples, SAMPLE_SCHEMA)
         shard = write_shard(state.out / "samples" / f"part-{task.index:05d}.arrow", table, state.out)
-    lengths = np.fromiter((s.length for s in samples), dtype=np.int32, count=len(samples))
-    return EncodeResult(task.index, task.file, len(task.lines), lengths, bad, shard)
+    state.journal.record("encode", task.index, shard_payload(shard, quarantine=[asdict(q) for q in bad], **identity))
+    return EncodeResult(task.index, task.file, len(task.lines), bad, shard)
 
 
 def quarantine_entry(file: str, raw: RawLine, error: BadRecord) -> QuarantineEntry:

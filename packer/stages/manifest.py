@@ -36,8 +36,9 @@ def check_accounting(by_file: dict[str, FileAccount]) -> None:
 
 
 def accounting(by_file: dict[str, FileAccount], quarantined: dict[str, int], dropped: dict[str, int],
-               blank_lines: int) -> dict[str, Any]:
-    check_accounting(by_file)
+               blank_lines: int, *, check: bool = True) -> dict[str, Any]:
+    if check:
+        check_accounting(by_file)
     return {
         "records_read": sum(a.records for a in by_file.values()),
         "samples_packed": sum(a.packed for a in by_file.values()),
@@ -51,12 +52,13 @@ def accounting(by_file: dict[str, FileAccount], quarantined: dict[str, int], dro
 
 
 def write_manifest(out: Path, *, config: dict[str, Any], tokenizer: dict[str, Any], samples: list[ShardEntry],
-                   packed: list[ShardEntry], plan: ShardEntry, quarantine: ShardEntry,
-                   accounts: dict[str, Any], stats: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                   packed: list[ShardEntry], plan: ShardEntry | None, quarantine: ShardEntry,
+                   accounts: dict[str, Any], stats: dict[str, Any], extra: dict[str, Any] | None = None,
+                   status: str = "complete") -> dict[str, Any]:
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "packer_version": __version__,
-        "status": "complete",
+        "status": status,
         # The only field that differs between two identical builds; keep it out of any hash.
         "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "config": config,
@@ -64,7 +66,7 @@ def write_manifest(out: Path, *, config: dict[str, Any], tokenizer: dict[str, An
         "files": {
             "samples": [dataclasses.asdict(e) for e in samples],
             "packed": [dataclasses.asdict(e) for e in packed],
-            "plan": dataclasses.asdict(plan),
+            "plan": dataclasses.asdict(plan) if plan is not None else None,
             "quarantine": dataclasses.asdict(quarantine),
         },
         "accounting": accounts,
@@ -75,7 +77,8 @@ def write_manifest(out: Path, *, config: dict[str, Any], tokenizer: dict[str, An
     return manifest
 
 
-def read_manifest(out: str | Path) -> dict[str, Any]:
+def read_manifest(out: str | Path, *, allow_failed: bool = False) -> dict[str, Any]:
+    """The manifest of a finished build (a failed one raises unless ``allow_failed``)."""
     path = Path(out) / "manifest.json"
     if not path.is_file():
         raise PackerError(f"{out} is not a finished packer build: {path} is missing")
@@ -84,4 +87,6 @@ def read_manifest(out: str | Path) -> dict[str, Any]:
         raise SchemaVersionError(
             f"{path}: schema_version {manifest.get('schema_version')!r} is not supported (reads {SCHEMA_VERSION})"
         )
+    if manifest.get("status") != "complete" and not allow_failed:
+        raise PackerError(f"the build in {out} failed: {manifest.get('failure', 'status ' + str(manifest.get('status')))}")
     return manifest

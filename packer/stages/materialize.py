@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from packer._ranges import concat_ranges, csr_offsets
 from packer.io.arrow import read_shard, read_shards, write_shard
 from packer.schema import IGNORE, PACKED_SCHEMA, SAMPLE_SCHEMA, ShardEntry
+from packer.stages.state import Journal, shard_payload
 
 BYTES_PER_TOKEN = 8  # input_ids + labels, int32 each
 BYTES_PER_SEGMENT = 64  # cu_seqlens entry, key, modality, list offsets (an estimate)
@@ -47,18 +48,26 @@ class MaterializeState:
     samples: pa.Table
     plan: pa.Table
     out: Path
+    plan_sha256: str
+    journal: Journal
 
 
-def setup(out: str, sample_files: list[str]) -> MaterializeState:
+def setup(out: str, sample_files: list[str], plan_sha256: str) -> MaterializeState:
     out_path = Path(out)
     samples = read_shards([out_path / f for f in sample_files], SAMPLE_SCHEMA)
-    return MaterializeState(samples, read_shard(out_path / "plan.arrow"), out_path)
+    return MaterializeState(samples, read_shard(out_path / "plan.arrow"), out_path, plan_sha256, Journal(out_path))
 
 
 def materialize_task(state: MaterializeState, task: MaterializeTask) -> ShardEntry:
+    identity = {"plan_sha256": state.plan_sha256, "rows": [task.row_start, task.row_stop]}
+    done = state.journal.load("pack", task.index, check=identity)
+    if done is not None:
+        return ShardEntry(**done["shard"])
     bins = state.plan.slice(task.row_start, task.row_stop - task.row_start)
     table = pack_rows(state.samples, bins)
-    return write_shard(state.out / "packed" / f"part-{task.index:05d}.arrow", table, state.out)
+    entry = write_shard(state.out / "packed" / f"part-{task.index:05d}.arrow", table, state.out)
+    state.journal.record("pack", task.index, shard_payload(entry, **identity))
+    return entry
 
 
 def pack_rows(samples: pa.Table, bins: pa.Table) -> pa.Table:
