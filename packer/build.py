@@ -32,8 +32,8 @@ from packer.pack import ALGORITHMS, Plan
 from packer.schema import SAMPLE_SCHEMA, ShardEntry
 from packer.stages import encode, materialize
 from packer.stages.manifest import FileAccount, accounting, read_manifest, write_manifest
-from packer.stages.state import BuildLock, fingerprint, open_state
 from packer.stages.planning import plan_samples, plan_table
+from packer.stages.state import BuildLock, fingerprint, open_state
 
 SMALL_INPUT_BYTES = 16 * 2**20
 OWNED = ("samples", "packed", "plan.arrow", "quarantine.jsonl", "manifest.json", "report.json", "report.html",
@@ -186,7 +186,7 @@ def encode_inputs(out: Path, files: list[Path], config: BuildConfig, spec: Encod
     by_file = {str(f): FileAccount() for f in files}
     quarantined: Counter[str] = Counter()
     shards = []
-    tasks = encode.make_tasks(files, config.chunk_records, counts)
+    tasks = encode.make_tasks(files, config.chunk_records, counts, config.max_line_bytes)
     qpath = out / "quarantine.jsonl"
     with atomic_open(qpath, "w") as qf, _bar(progress, "encode", "rec") as bar:
         for res in engine.map(encode.encode_task, tasks, encode.setup, (spec, str(out), config.strict), in_process_state=driver):

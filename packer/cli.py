@@ -119,8 +119,10 @@ def report(out, html):
 @main.command()
 @click.argument("out", type=click.Path(file_okay=False))
 def verify(out):
-    """Check every shard against the manifest and every row's invariants (not available yet)."""
-    _not_available("verify")
+    """Check every file against the manifest, every row's invariants and the accounting."""
+    from packer.verify import verify_or_raise
+
+    click.echo(_run(verify_or_raise, out))
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ class BuildConfig:
     engine: str = _opt("local", "Where stages 1 and 3 run.", choices=("local", "ray"))
     workers: int = _opt(0, "Worker processes for stages 1 and 3 (0: one per CPU core; in-process for inputs under 16 MiB).")
     chunk_records: int = _opt(10_000, "Input records per stage-1 task; also the rows of one samples/ shard.")
+    max_line_bytes: int = _opt(64 * 2**20, "A longer input line is quarantined (line_too_long) without being held in memory.")
     shard_rows: int = _opt(8192, "Most packed rows in one packed/ shard.")
     shard_bytes: int = _opt(256 * 2**20, "Approximate most bytes in one packed/ shard.")
     strict: bool = _opt(False, "Stop at the first bad record instead of quarantining it.")
@@ -88,7 +89,7 @@ class BuildConfig:
             value = getattr(self, f.name)
             if choices and value not in choices:
                 raise ConfigError(f"{f.name} = {value!r} is not one of {', '.join(choices)}")
-        for key in ("max_length", "chunk_records", "shard_rows", "shard_bytes", "embed_batch_size"):
+        for key in ("max_length", "chunk_records", "shard_rows", "shard_bytes", "embed_batch_size", "max_line_bytes"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be at least 1, got {getattr(self, key)}")
         for key in ("max_segments", "max_media", "max_images", "max_audio"):

@@ -15,7 +15,7 @@ from packer.encode.chat import tokenize_conversation
 from packer.encode.tokenizer import fingerprint, load_tokenizer
 from packer.errors import BadRecord
 from packer.ingest.formats import decode_json, parse_record, record_id
-from packer.ingest.reader import MAX_LINE_BYTES, RawLine
+from packer.ingest.reader import RawLine
 from packer.ingest.records import Conversation, Document
 from packer.media.counter import MediaCounter
 from packer.schema import IGNORE, MediaSpan, Sample
@@ -83,7 +83,7 @@ class Encoder:
     def encode_line(self, raw: RawLine, file: str, file_dir: Path) -> Sample:
         """Encode one line of ``file``; ``file`` (as displayed) and ``raw.line`` name it."""
         if raw.too_long:
-            raise BadRecord("line_too_long", f"the line has {raw.too_long:,} bytes, over the {MAX_LINE_BYTES:,}-byte limit")
+            raise BadRecord("line_too_long", f"the line has {raw.too_long:,} bytes, over the max_line_bytes limit")
         obj = decode_json(raw.data)
         base_dir = Path(self.spec.media_root) if self.spec.media_root else file_dir
         record = parse_record(obj, self.spec.format, base_dir, self.tags,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from packer.encode import Encoder, EncoderSpec
 from packer.errors import BadRecord, StrictModeError
-from packer.ingest.reader import RawLine, read_lines
+from packer.ingest.reader import MAX_LINE_BYTES, RawLine, read_lines
 from packer.io.arrow import write_shard
 from packer.schema import SAMPLE_SCHEMA, QuarantineEntry, ShardEntry, to_table
 from packer.stages.state import Journal, shard_payload
@@ -40,11 +40,12 @@ class EncodeResult:
     reused: bool = False  # found finished in the journal (a resumed build)
 
 
-def make_tasks(files: list[Path], chunk_records: int, counts: dict[str, int]) -> Iterator[EncodeTask]:
+def make_tasks(files: list[Path], chunk_records: int, counts: dict[str, int],
+               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[EncodeTask]:
     index = 0
     for path in files:
         chunk: list[RawLine] = []
-        for raw in read_lines(path, counts):
+        for raw in read_lines(path, counts, max_line_bytes):
             chunk.append(raw)
             if len(chunk) == chunk_records:
                 yield EncodeTask(index, str(path), tuple(chunk))

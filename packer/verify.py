@@ -1,0 +1,172 @@
+"""``packer verify OUT``: is this build intact and internally consistent?
+
+Checks, naming the file (and row) of every problem found:
+
+- the manifest: a finished build of a known schema version;
+- every file it lists (samples, plan, packed, quarantine, embeddings, features): present,
+  same size and sha256, the Arrow schema version, the row count;
+- every packed row: ``cu_seqlens`` starts at 0, increases, ends at ``n_tokens`` = the
+  number of ids and labels; ``n_tokens <= max_length``; one id and modality per segment;
+  labels -100 at every segment start and on every placeholder / begin / end token; media
+  spans inside their segment, covering only their kind's placeholder id, and no
+  placeholder id outside a span;
+- the accounting: records read = packed + quarantined + dropped, per file and in total;
+  the quarantine has one line per quarantined record; the packed rows hold every packed
+  sample (pieces of a split sample counted once) and the manifest's rows and tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from packer.io.arrow import read_shard
+from packer.io.files import sha256_file
+from packer.schema import IGNORE
+from packer.stages.manifest import read_manifest
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    row: int | None
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}{'' if self.row is None else f' row {self.row}'}: {self.message}"
+
+
+def verify(out: str | Path) -> tuple[list[Problem], dict[str, int]]:
+    """Problems found (empty: the build is sound) and what was checked."""
+    out = Path(out)
+    manifest = read_manifest(out)
+    problems: list[Problem] = []
+    files = manifest["files"]
+    listed = [*files["samples"], *files["packed"], files["plan"], files["quarantine"]]
+    for section in ("embeddings", "audio_features"):
+        listed += manifest.get(section, {}).get("files", [])
+    for entry in listed:
+        problems += _check_file(out, entry)
+    placeholders = set(manifest["tokenizer"]["placeholders"].values())
+    kind_ids = {k: manifest["tokenizer"]["placeholders"].get(manifest["config"][f"{k}_token"]) for k in ("image", "audio")}
+    rows = tokens = 0
+    keys: set[str] = set()
+    for entry in files["packed"]:
+        path = out / entry["file"]
+        if not path.is_file():
+            continue
+        try:
+            table = read_shard(path)
+        except Exception as e:  # damaged beyond reading: already reported by the file check
+            problems.append(Problem(entry["file"], None, f"cannot be read: {e}"))
+            continue
+        for k, row in enumerate(table.to_pylist()):
+            problems += [Problem(entry["file"], k, m) for m in _check_row(row, manifest["config"]["max_length"],
+                                                                            placeholders, kind_ids)]
+            keys.update(s.partition("@")[0] for s in row["segment_ids"])
+            tokens += row["n_tokens"]
+        rows += table.num_rows
+    problems += _check_accounting(out, manifest, rows, tokens, len(keys))
+    return problems, {"files": len(listed), "rows": rows, "tokens": tokens}
+
+
+def _check_file(out: Path, entry: dict) -> list[Problem]:
+    path = out / entry["file"]
+    if not path.is_file():
+        return [Problem(entry["file"], None, "missing")]
+    if path.stat().st_size != entry["bytes"]:
+        return [Problem(entry["file"], None, f"size {path.stat().st_size} differs from the manifest's {entry['bytes']}")]
+    if sha256_file(path) != entry["sha256"]:
+        return [Problem(entry["file"], None, "sha256 differs from the manifest (the file changed or is damaged)")]
+    if path.suffix == ".arrow":
+        try:
+            n = read_shard(path).num_rows
+        except Exception as e:
+            return [Problem(entry["file"], None, f"cannot be read as a packer shard: {e}")]
+        if n != entry["rows"]:
+            return [Problem(entry["file"], None, f"{n} rows, the manifest says {entry['rows']}")]
+    return []
+
+
+def _check_row(row: dict, max_length: int, placeholders: set[int], kind_ids: dict[str, int | None]) -> list[str]:
+    out = []
+    cu = np.asarray(row["cu_seqlens"], dtype=np.int64)
+    ids = np.asarray(row["input_ids"], dtype=np.int64)
+    labels = np.asarray(row["labels"], dtype=np.int64)
+    n = row["n_tokens"]
+    if len(cu) < 2 or cu[0] != 0 or np.any(np.diff(cu) <= 0) or cu[-1] != n:
+        return [f"cu_seqlens {cu.tolist()[:8]}... must start at 0, increase and end at n_tokens {n}"]
+    if len(ids) != n or len(labels) != n:
+        out.append(f"{len(ids)} ids and {len(labels)} labels for n_tokens {n}")
+        return out
+    if n > max_length:
+        out.append(f"n_tokens {n} > max_length {max_length}")
+    if not len(row["segment_ids"]) == len(row["segment_modality"]) == len(cu) - 1:
+        out.append("segment_ids / segment_modality do not have one entry per segment")
+    if np.any(labels[cu[:-1]] != IGNORE):
+        out.append("a segment's first token has a label (it would be trained on the previous segment)")
+    special = np.isin(ids, list(placeholders))
+    if np.any(labels[special] != IGNORE):
+        out.append("a placeholder / begin / end token is trained")
+    covered = np.zeros(n, dtype=bool)
+    for m in row["media"]:
+        seg = m["segment"]
+        if not 0 <= seg < len(cu) - 1 or m["start"] < cu[seg] or m["start"] + m["length"] > cu[seg + 1]:
+            out.append(f"media span {m['ref']} at {m['start']}+{m['length']} lies outside segment {seg}")
+            continue
+        span = ids[m["start"] : m["start"] + m["length"]]
+        if kind_ids.get(m["kind"]) is None or np.any(span != kind_ids[m["kind"]]):
+            out.append(f"media span {m['ref']} covers ids other than the {m['kind']} placeholder")
+        covered[m["start"] : m["start"] + m["length"]] = True
+    pads = np.isin(ids, [v for v in kind_ids.values() if v is not None])
+    if np.any(pads & ~covered):
+        out.append("a placeholder id lies outside every media span")
+    return out
+
+
+def _check_accounting(out: Path, manifest: dict, rows: int, tokens: int, n_keys: int) -> list[Problem]:
+    acc, stats = manifest["accounting"], manifest["stats"]
+    problems = []
+    if acc["records_read"] != acc["samples_packed"] + acc["quarantined"] + acc["dropped"]:
+        problems.append(Problem("manifest.json", None, "records_read != samples_packed + quarantined + dropped"))
+    for name, f in acc["by_file"].items():
+        if f["records"] != f["packed"] + f["quarantined"] + f["dropped"]:
+            problems.append(Problem("manifest.json", None, f"accounting of {name} does not add up"))
+    for key, total in (("records", "records_read"), ("packed", "samples_packed"), ("quarantined", "quarantined"),
+                       ("dropped", "dropped")):
+        if sum(f[key] for f in acc["by_file"].values()) != acc[total]:
+            problems.append(Problem("manifest.json", None, f"by_file {key} do not sum to {total}"))
+    quarantine = out / manifest["files"]["quarantine"]["file"]
+    if quarantine.is_file():
+        lines = [line for line in quarantine.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if len(lines) != acc["quarantined"]:
+            problems.append(Problem(quarantine.name, None, f"{len(lines)} entries, the accounting says {acc['quarantined']}"))
+        for k, line in enumerate(lines):
+            try:
+                entry = json.loads(line)
+                assert {"file", "line", "reason"} <= set(entry)
+            except (ValueError, AssertionError):
+                problems.append(Problem(quarantine.name, k, "not a quarantine entry"))
+                break
+    if n_keys != acc["samples_packed"]:
+        problems.append(Problem("manifest.json", None, f"packed rows hold {n_keys} samples, the accounting says "
+                                                       f"{acc['samples_packed']}"))
+    if rows != stats["rows"] or tokens != stats["tokens"]:
+        problems.append(Problem("manifest.json", None, f"shards hold {rows} rows / {tokens} tokens, the manifest says "
+                                                       f"{stats['rows']} / {stats['tokens']}"))
+    return problems
+
+
+def verify_or_raise(out: str | Path, limit: int = 50) -> str:
+    from packer.errors import VerifyError
+
+    problems, checked = verify(out)
+    if problems:
+        shown = "\n".join(f"  {p}" for p in problems[:limit])
+        more = f"\n  ... and {len(problems) - limit} more" if len(problems) > limit else ""
+        raise VerifyError(f"{out}: {len(problems)} problem(s)\n{shown}{more}")
+    return f"{out}: ok ({checked['files']} files, {checked['rows']:,} rows, {checked['tokens']:,} tokens checked)"
+
