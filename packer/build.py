@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.compute as pc
 
 from packer.config import PLAN_KEYS, BuildConfig
 from packer.encode import EncoderSpec
@@ -31,8 +30,8 @@ from packer.io.files import atomic_open, sha256_file
 from packer.pack import ALGORITHMS, Plan
 from packer.schema import SAMPLE_SCHEMA, ShardEntry
 from packer.stages import encode, materialize
-from packer.stages.manifest import FileAccount, accounting, read_manifest, write_manifest
-from packer.stages.planning import plan_samples, plan_table
+from packer.stages.manifest import FileAccount, accounting, make_manifest, read_manifest, write_manifest
+from packer.stages.planning import modality_codes, plan_samples, plan_table
 from packer.stages.state import BuildLock, fingerprint, open_state
 
 SMALL_INPUT_BYTES = 16 * 2**20
@@ -84,10 +83,11 @@ def check_bad_fraction(out: Path, config: BuildConfig, encoded: Encoded, tokeniz
     if records and bad / records > config.max_bad_fraction:
         message = (f"{bad:,} of {records:,} records ({100 * bad / records:.1f}%) were quarantined, over "
                    f"--max-bad-fraction {config.max_bad_fraction}; see {out / 'quarantine.jsonl'}")
-        write_manifest(out, config=config.content_dict(), tokenizer=tokenizer, samples=encoded.sample_shards,
-                       packed=[], plan=None, quarantine=encoded.quarantine, accounts=accounting(
-                           encoded.by_file, encoded.quarantined, {}, encoded.blank_lines, check=False),
-                       stats={}, status="failed", extra={"failure": message, "execution": config.execution_dict()})
+        write_manifest(out, make_manifest(
+            config=config.content_dict(), tokenizer=tokenizer, samples=encoded.sample_shards, packed=[], plan=None,
+            quarantine=encoded.quarantine, stats={}, status="failed",
+            accounts=accounting(encoded.by_file, encoded.quarantined, {}, encoded.blank_lines, check=False),
+            extra={"failure": message, "execution": config.execution_dict()}))
         raise BuildFailedError(message)
 
 
@@ -220,12 +220,16 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
 
     by_file = {k: dataclasses.replace(v) for k, v in encoded.by_file.items()}
     _count_outcomes(by_file, samples, encoded.sample_shards, p)
-    return write_manifest(
-        out, config=config.content_dict(), tokenizer=tokenizer, samples=encoded.sample_shards, packed=packed,
+    manifest = make_manifest(
+        config=config.content_dict(), tokenizer=tokenizer, samples=encoded.sample_shards, packed=packed,
         plan=plan_entry, quarantine=encoded.quarantine,
         accounts=accounting(by_file, encoded.quarantined, {r: len(v) for r, v in p.dropped.items()}, encoded.blank_lines),
         stats=_stats(config, samples, p), extra={**(extra or {}), "execution": config.execution_dict()},
     )
+    from packer.report import write_report
+
+    write_report(out, manifest)  # report.json and report.html, from the shards just written
+    return write_manifest(out, manifest)  # last: the build is done
 
 
 def _count_outcomes(by_file: dict[str, FileAccount], samples, shards: list[ShardEntry], p: Plan) -> None:
@@ -242,8 +246,8 @@ def _count_outcomes(by_file: dict[str, FileAccount], samples, shards: list[Shard
 
 
 def _stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:
-    placed = np.unique(p.indices)
-    modality = pc.value_counts(samples.column("modality").cast("string").take(placed)).to_pylist() if len(placed) else []
+    codes, names = modality_codes(samples)
+    counts = np.bincount(codes[np.unique(p.indices)], minlength=len(names)) if len(p.indices) else np.zeros(len(names))
     return {
         "max_length": config.max_length,
         "rows": p.n_bins,
@@ -257,7 +261,7 @@ def _stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:
         "split_samples": int(len(p.split)),
         "split_pieces": int(np.isin(p.indices, p.split).sum()) if len(p.split) else 0,
         "split_pieces_dropped": int(p.pieces_dropped),
-        "samples_by_modality": {m["values"]: m["counts"] for m in sorted(modality, key=lambda m: m["values"])},
+        "samples_by_modality": {n: int(c) for n, c in sorted(zip(names, counts, strict=True)) if c},
     }
 
 

@@ -12,7 +12,7 @@ import click
 
 from packer import __version__
 from packer.config import DEFAULT_PIPELINE, FIELDS, PLAN_KEYS
-from packer.errors import NotAvailableError, PackerError
+from packer.errors import PackerError
 
 FLAG_NAMES = {"input": "--input", "output": "--output"}
 
@@ -76,23 +76,20 @@ def build(pipeline, **options):
 
 @main.command()
 @click.argument("out", type=click.Path(file_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def inspect(out, as_json):
-    """Summarise a build: rows, tokens, fill, lower bound, quarantine by reason."""
+@click.option("--row", "row", type=int, default=None, help="List this packed row's segments instead.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
+def inspect(out, row, as_json):
+    """Summarise a build (rows, tokens, fill, lower bound, quarantine by reason), or one row."""
     import json
 
-    from packer.inspect import summarize, summary_text
+    from packer.inspect import row_detail, row_text, summarize, summary_text
 
-    s = _run(summarize, out)
-    click.echo(json.dumps(s, indent=2, sort_keys=True) if as_json else summary_text(s))
-
-
-def _not_available(command: str) -> None:
-    _run(_raise, NotAvailableError(f"`packer {command}` is not available yet in this version"))
-
-
-def _raise(e: Exception):
-    raise e
+    if row is not None:
+        d = _run(row_detail, out, row)
+        click.echo(json.dumps(d, indent=2, sort_keys=True) if as_json else row_text(d))
+    else:
+        s = _run(summarize, out)
+        click.echo(json.dumps(s, indent=2, sort_keys=True) if as_json else summary_text(s))
 
 
 @main.command()
@@ -110,10 +107,15 @@ def repack(source, **options):
 
 @main.command()
 @click.argument("out", type=click.Path(file_okay=False))
-@click.option("--html", help="Where to write the HTML report.")
+@click.option("--html", help="Where to write the HTML report (default: OUT/report.html).")
 def report(out, html):
-    """Recompute report.json and report.html for a build (not available yet)."""
-    _not_available("report")
+    """Recompute OUT/report.json and the HTML report from the build's shards."""
+    from packer.report import write_report
+
+    r = _run(write_report, out, html_path=html)
+    b = r["batching"]
+    click.echo(f"{out}/report.json, {html or out + '/report.html'}: fill {100 * r['fill']:.2f}%, rows {r['rows']:,} "
+               f"(L1 {r['lower_bound']:,}), {b['speedup_vs_padded_random']:.2f}x fewer tokens computed than padding")
 
 
 @main.command()

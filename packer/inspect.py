@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
+from packer.errors import PackerError
 from packer.io.arrow import read_shard
 from packer.stages.manifest import read_manifest
 
@@ -67,4 +68,66 @@ def summary_text(s: dict[str, Any]) -> str:
     for title, reasons in (("quarantined", s["quarantined_by_reason"]), ("dropped", s["dropped_by_reason"])):
         if reasons:
             lines.append(f"  {title:<12} " + ", ".join(f"{r} {n:,}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])))
+    return "\n".join(lines)
+
+
+def row_detail(out: str | Path, index: int, *, preview_chars: int = 100) -> dict[str, Any]:
+    """Row ``index`` of a build, segment by segment, with a decoded preview of each
+    (when the build's tokenizer can be loaded here; media spans shown as ``<image x576>``)."""
+    from packer.loader.dataset import PackedDataset
+
+    ds = PackedDataset(out)
+    if not -len(ds) <= index < len(ds):
+        raise PackerError(f"row {index} out of range: the build has {len(ds)} rows")
+    row = ds[index]
+    tok, note = _tokenizer(ds.manifest)
+    cu = row["cu_seqlens"].tolist()
+    segments = []
+    for k, key in enumerate(row["segment_ids"]):
+        a, b = cu[k], cu[k + 1]
+        spans = [m for m in row["media"] if m["segment"] == k]
+        seg = {"segment": k, "id": key, "modality": row["segment_modality"][k], "tokens": b - a,
+               "trained_tokens": int((row["labels"][a:b] != -100).sum()),
+               "media": [{"kind": m["kind"], "start": m["start"] - a, "length": m["length"], "ref": m["ref"],
+                          "grid": m["grid"]} for m in spans]}
+        if tok is not None:
+            seg["preview"] = _preview(tok, row["input_ids"][a:b].tolist(), [(m["start"] - a, m["length"], m["kind"])
+                                                                              for m in spans], preview_chars)
+        segments.append(seg)
+    return {"row": index if index >= 0 else len(ds) + index, "n_tokens": int(row["n_tokens"]),
+            "max_length": ds.max_length, "segments": segments, **({"note": note} if note else {})}
+
+
+def _tokenizer(manifest: dict[str, Any]):
+    from packer.encode.tokenizer import load_tokenizer
+
+    fp = manifest["tokenizer"]
+    try:
+        tok = load_tokenizer(fp["name"], [t for t, _ in sorted(fp["placeholders"].items(), key=lambda kv: kv[1])])
+    except Exception as e:  # not here, no network: the rest of the summary still stands
+        return None, f"no preview: cannot load tokenizer {fp['name']!r} here ({str(e).splitlines()[0][:120]})"
+    return tok, None
+
+
+def _preview(tok, ids: list[int], spans: list[tuple[int, int, str]], chars: int) -> str:
+    pieces, cursor = [], 0
+    for start, length, kind in sorted(spans):
+        pieces += [tok.decode(ids[cursor:start]), f"<{kind} x{length}>"]
+        cursor = start + length
+    pieces.append(tok.decode(ids[cursor:]))
+    text = "".join(pieces).replace("\n", "\\n")
+    return text if len(text) <= chars else text[: chars - 1] + "…"
+
+
+def row_text(detail: dict[str, Any]) -> str:
+    lines = [f"row {detail['row']}: {detail['n_tokens']:,} of {detail['max_length']:,} tokens, "
+             f"{len(detail['segments'])} segments"]
+    for s in detail["segments"]:
+        media = ", ".join(f"{m['kind']} {m['ref']} @{m['start']}+{m['length']}" for m in s["media"])
+        lines.append(f"  [{s['segment']}] {s['id']}  {s['modality']}  {s['tokens']:,} tokens, "
+                     f"{s['trained_tokens']:,} trained{'  ' + media if media else ''}")
+        if "preview" in s:
+            lines.append(f"      {s['preview']}")
+    if "note" in detail:
+        lines.append(f"  ({detail['note']})")
     return "\n".join(lines)

@@ -63,7 +63,8 @@ def verify(out: str | Path) -> tuple[list[Problem], dict[str, int]]:
         except Exception as e:  # damaged beyond reading: already reported by the file check
             problems.append(Problem(entry["file"], None, f"cannot be read: {e}"))
             continue
-        for k, row in enumerate(table.to_pylist()):
+        for k, row in ((k, r) for s in range(0, table.num_rows, 64) for k, r in
+                       enumerate(table.slice(s, 64).to_pylist(), start=s)):
             problems += [Problem(entry["file"], k, m) for m in _check_row(row, manifest["config"]["max_length"],
                                                                             placeholders, kind_ids)]
             keys.update(s.partition("@")[0] for s in row["segment_ids"])

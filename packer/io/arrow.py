@@ -30,6 +30,19 @@ def write_shard(path: str | Path, table: pa.Table, root: str | Path) -> ShardEnt
     )
 
 
+def write_shard_batches(path: str | Path, schema: pa.Schema, tables, root: str | Path) -> ShardEntry:
+    """Like :func:`write_shard`, from an iterable of tables written one after another, so
+    a shard of any size is written holding one batch of rows in memory at a time."""
+    path = Path(path)
+    rows = 0
+    with atomic_open(path, "wb") as f:
+        with pa.ipc.new_stream(f, schema) as writer:
+            for table in tables:
+                writer.write_table(table, max_chunksize=BATCH_ROWS)
+                rows += table.num_rows
+    return ShardEntry(file=path.relative_to(root).as_posix(), rows=rows, bytes=path.stat().st_size, sha256=sha256_file(path))
+
+
 def read_shard(path: str | Path) -> pa.Table:
     """Memory-map a shard (zero-copy) after checking its schema version."""
     source = pa.memory_map(str(path), "r")

@@ -16,12 +16,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+FILE_MODE = 0o666 & ~_UMASK  # what open() would give; mkstemp's 0600 would hide shards from other users
+
 
 @contextmanager
 def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".tmp-", dir=path.parent)
+    os.fchmod(fd, FILE_MODE)
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f

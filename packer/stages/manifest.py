@@ -51,7 +51,7 @@ def accounting(by_file: dict[str, FileAccount], quarantined: dict[str, int], dro
     }
 
 
-def write_manifest(out: Path, *, config: dict[str, Any], tokenizer: dict[str, Any], samples: list[ShardEntry],
+def make_manifest(*, config: dict[str, Any], tokenizer: dict[str, Any], samples: list[ShardEntry],
                    packed: list[ShardEntry], plan: ShardEntry | None, quarantine: ShardEntry,
                    accounts: dict[str, Any], stats: dict[str, Any], extra: dict[str, Any] | None = None,
                    status: str = "complete") -> dict[str, Any]:
@@ -73,6 +73,10 @@ def write_manifest(out: Path, *, config: dict[str, Any], tokenizer: dict[str, An
         "stats": stats,
         **(extra or {}),
     }
+    return manifest
+
+
+def write_manifest(out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     write_text_atomic(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packer._ranges import concat_ranges, csr_offsets
-from packer.io.arrow import read_shard, read_shards, write_shard
+from packer.io.arrow import read_shard, write_shard_batches
 from packer.schema import IGNORE, PACKED_SCHEMA, SAMPLE_SCHEMA, ShardEntry
 from packer.stages.state import Journal, shard_payload
 
@@ -43,9 +43,38 @@ def shard_tasks(bin_tokens: np.ndarray, bin_segments: np.ndarray, shard_rows: in
     return tasks
 
 
+ROWS_PER_BATCH = 256  # rows gathered at a time: bounds a task's memory whatever the shard size
+
+
+class SampleStore:
+    """Rows of the memory-mapped samples shards by global sample number.
+
+    A take over one concatenated table would let Arrow combine the chunks (copying every
+    sample into memory); taking from each shard separately touches only the rows asked for.
+    """
+
+    def __init__(self, tables: list[pa.Table]):
+        self.tables = tables
+        self.starts = np.concatenate([[0], np.cumsum([t.num_rows for t in tables])]).astype(np.int64)
+
+    def take(self, indices: np.ndarray) -> pa.Table:
+        shard = np.searchsorted(self.starts, indices, side="right") - 1
+        order = np.argsort(shard, kind="stable")
+        parts = []
+        for k in np.unique(shard):
+            local = indices[shard == k] - self.starts[k]
+            parts.append(self.tables[k].take(pa.array(local)))
+        if not parts:
+            return SAMPLE_SCHEMA.empty_table()
+        grouped = pa.concat_tables(parts).combine_chunks()
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
+        return grouped.take(pa.array(inverse))
+
+
 @dataclass(frozen=True)
 class MaterializeState:
-    samples: pa.Table
+    samples: SampleStore
     plan: pa.Table
     out: Path
     plan_sha256: str
@@ -54,7 +83,7 @@ class MaterializeState:
 
 def setup(out: str, sample_files: list[str], plan_sha256: str) -> MaterializeState:
     out_path = Path(out)
-    samples = read_shards([out_path / f for f in sample_files], SAMPLE_SCHEMA)
+    samples = SampleStore([read_shard(out_path / f) for f in sample_files])
     return MaterializeState(samples, read_shard(out_path / "plan.arrow"), out_path, plan_sha256, Journal(out_path))
 
 
@@ -63,14 +92,14 @@ def materialize_task(state: MaterializeState, task: MaterializeTask) -> ShardEnt
     done = state.journal.load("pack", task.index, check=identity)
     if done is not None:
         return ShardEntry(**done["shard"])
-    bins = state.plan.slice(task.row_start, task.row_stop - task.row_start)
-    table = pack_rows(state.samples, bins)
-    entry = write_shard(state.out / "packed" / f"part-{task.index:05d}.arrow", table, state.out)
+    batches = (pack_rows(state.samples, state.plan.slice(start, min(ROWS_PER_BATCH, task.row_stop - start)))
+               for start in range(task.row_start, task.row_stop, ROWS_PER_BATCH))
+    entry = write_shard_batches(state.out / "packed" / f"part-{task.index:05d}.arrow", PACKED_SCHEMA, batches, state.out)
     state.journal.record("pack", task.index, shard_payload(entry, **identity))
     return entry
 
 
-def pack_rows(samples: pa.Table, bins: pa.Table) -> pa.Table:
+def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
     """Build packed rows: segment ``j`` of row ``r`` is tokens ``starts[r][j] :
     starts[r][j] + lengths[r][j]`` of sample ``samples[r][j]``, in order.
 
@@ -84,7 +113,7 @@ def pack_rows(samples: pa.Table, bins: pa.Table) -> pa.Table:
     seg_len = bins.column("lengths").combine_chunks().flatten().to_numpy().astype(np.int64)
     row_seg = members.offsets.to_numpy().astype(np.int64)
     row_seg -= row_seg[0]
-    sub = samples.take(pa.array(seg_idx))
+    sub = samples.take(seg_idx)
     tok_off = csr_offsets(seg_len)  # segment j occupies tok_off[j]:tok_off[j+1] of the shard's tokens
     row_tok = tok_off[row_seg]
     seg_start_in_row = tok_off[:-1] - np.repeat(row_tok[:-1], np.diff(row_seg))

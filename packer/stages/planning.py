@@ -32,11 +32,21 @@ def media_counts(samples: pa.Table) -> dict[str, np.ndarray]:
     return counts
 
 
+def modality_codes(samples: pa.Table) -> tuple[np.ndarray, list[str]]:
+    """Each sample's modality as a small integer, chunk by chunk (no string column built)."""
+    names: dict[str, int] = {}
+    codes = []
+    for chunk in samples.column("modality").chunks:
+        local = [names.setdefault(v, len(names)) for v in chunk.dictionary.to_pylist()]
+        codes.append(np.asarray(local, np.int32)[chunk.indices.to_numpy()] if len(chunk) else np.zeros(0, np.int32))
+    return (np.concatenate(codes) if codes else np.zeros(0, np.int32)), list(names)
+
+
 def oversize_inputs(samples: pa.Table, over: np.ndarray) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
-    """Media spans and trained-token masks of the samples over capacity."""
+    """Media spans and trained-token masks of the samples over capacity (only those rows are read)."""
     protected, trained = {}, {}
     if over.size:
-        rows = samples.take(pa.array(over)).select(["labels", "media"]).to_pylist()
+        rows = [samples.slice(int(i), 1).select(["labels", "media"]).to_pylist()[0] for i in over]
         for i, row in zip(over.tolist(), rows, strict=True):
             protected[i] = np.array([(m["start"], m["length"]) for m in row["media"]], np.int64).reshape(-1, 2)
             trained[i] = np.asarray(row["labels"]) != IGNORE
@@ -48,9 +58,7 @@ def plan_samples(samples: pa.Table, config: BuildConfig) -> Plan:
     over = np.flatnonzero(lengths > config.max_length) if config.oversize in ("truncate", "split") else np.zeros(0, np.int64)
     protected, trained = oversize_inputs(samples, over)
     caps = config.media_caps()
-    group_by = None
-    if config.group_by == "modality":
-        group_by = samples.column("modality").cast(pa.string()).to_numpy(zero_copy_only=False)
+    group_by = modality_codes(samples)[0] if config.group_by == "modality" else None
     return plan(
         lengths, config.max_length, algorithm=config.algorithm, seed=config.seed, order=config.row_order,
         oversize=config.oversize, protected=protected, trained=trained,

@@ -1,6 +1,6 @@
 """Distributed samplers (DistributedSampler-compatible): one per file."""
 
-from packer.loader.samplers.cost import CostModel
+from packer.cost import CostModel
 from packer.loader.samplers.split_modality import SplitModalitySampler
 from packer.loader.samplers.token_balanced import TokenBalancedSampler
 

@@ -1,4 +1,4 @@
-"""Shared bits of the samplers: world defaults, equal-count balancing, resumable state."""
+"""Shared bits of the samplers: world defaults and resumable state."""
 
 from __future__ import annotations
 
@@ -15,24 +15,6 @@ def world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
     if not 0 <= rank < num_replicas:
         raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
     return num_replicas, rank
-
-
-def balance(items: np.ndarray, costs: np.ndarray, ranks: int, per_rank: int) -> np.ndarray:
-    """Split ``items`` (len = ranks * per_rank) into ``[ranks, per_rank]``, each rank
-    the same count, greedily by cost (longest processing time first: the costliest
-    item goes to the rank with the lowest load that still has room)."""
-    order = items[np.argsort(-costs, kind="stable")]
-    cost_sorted = np.sort(costs, kind="stable")[::-1]
-    load = np.zeros(ranks)
-    filled = np.zeros(ranks, dtype=np.int64)
-    out = np.empty((ranks, per_rank), dtype=items.dtype)
-    for item, c in zip(order.tolist(), cost_sorted.tolist(), strict=True):
-        open_ranks = np.flatnonzero(filled < per_rank)
-        r = open_ranks[np.argmin(load[open_ranks])]
-        out[r, filled[r]] = item
-        filled[r] += 1
-        load[r] += c
-    return out
 
 
 class ResumableMixin:

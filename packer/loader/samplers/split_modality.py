@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from packer.loader.samplers._dist import ResumableMixin, balance, world
+from packer.balance import balance
+from packer.loader.samplers._dist import ResumableMixin, world
 
 
 class SplitModalitySampler(ResumableMixin, torch.utils.data.Sampler):

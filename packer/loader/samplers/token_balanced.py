@@ -2,7 +2,7 @@
 
 Each epoch the rows are shuffled (seed + epoch) and cut into global steps of
 ``num_replicas * batch_size`` rows; within a step, rows go to ranks greedily by cost
-(:class:`~packer.loader.samplers.cost.CostModel`: tokens, attention work Σ seg², media),
+(:class:`~packer.cost.CostModel`: tokens, attention work Σ seg², media),
 every rank getting exactly ``batch_size``. Every rank runs the same number of steps:
 with ``drop_last=False`` the last step is completed with rows from the start of the
 shuffled order (as ``DistributedSampler`` pads), with ``drop_last=True`` it is dropped.
@@ -14,8 +14,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from packer.loader.samplers._dist import ResumableMixin, balance, world
-from packer.loader.samplers.cost import CostModel
+from packer.balance import balance
+from packer.cost import CostModel
+from packer.loader.samplers._dist import ResumableMixin, world
 
 
 class TokenBalancedSampler(ResumableMixin, torch.utils.data.Sampler):

@@ -1,0 +1,10 @@
+"""Reports: what packing saved, computed from the shards.
+
+``accumulate`` turns one packed shard into a mergeable :class:`ShardStats`; ``compute``
+merges them and adds the comparisons (padding vs length grouping vs packing, rank
+imbalance); ``html`` renders one self-contained page with inline SVG charts.
+"""
+
+from packer.report.compute import report, write_report
+
+__all__ = ["report", "write_report"]

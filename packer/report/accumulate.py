@@ -1,0 +1,123 @@
+"""Per-shard report accumulators: computed in parallel, merged by addition.
+
+Everything a report needs from the rows is either a sum, a fixed-bin histogram, or a
+short per-segment array (length, modality code) that merges by concatenation -- so a
+shard's stats never need another shard, and stats of any split of the shards merge to
+the same totals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from packer.io.arrow import read_shard
+from packer.schema import IGNORE
+
+
+def length_edges(max_length: int) -> np.ndarray:
+    """Power-of-two bin edges 1, 2, 4, ... up to and including max_length."""
+    edges = [1]
+    while edges[-1] < max_length:
+        edges.append(min(edges[-1] * 2, max_length))
+    return np.asarray(edges + [max_length + 1], dtype=np.int64)
+
+
+@dataclass
+class ModalityStats:
+    samples: int = 0
+    tokens: int = 0
+    trained_tokens: int = 0
+    media_items: int = 0
+    media_tokens: int = 0
+
+    def merge(self, other: ModalityStats) -> ModalityStats:
+        return ModalityStats(*(a + b for a, b in zip(self.__dict__.values(), other.__dict__.values(), strict=True)))
+
+
+@dataclass
+class ShardStats:
+    rows: int = 0
+    tokens: int = 0
+    segments: int = 0
+    attention: float = 0.0  # sum over rows of sum(seg^2)
+    per_modality: dict[str, ModalityStats] = field(default_factory=dict)
+    segments_per_row: dict[int, int] = field(default_factory=dict)  # count -> rows
+    row_tokens: list[np.ndarray] = field(default_factory=list)  # per row
+    row_attention: list[np.ndarray] = field(default_factory=list)
+    row_media_items: list[np.ndarray] = field(default_factory=list)
+    row_media_tokens: list[np.ndarray] = field(default_factory=list)
+    seg_lengths: list[np.ndarray] = field(default_factory=list)  # per segment (one per placed sample piece)
+    seg_modality: list[np.ndarray] = field(default_factory=list)  # object arrays of names
+
+    def merge(self, other: ShardStats) -> ShardStats:
+        per_modality = dict(self.per_modality)
+        for k, v in other.per_modality.items():
+            per_modality[k] = per_modality[k].merge(v) if k in per_modality else v
+        spr = dict(self.segments_per_row)
+        for k, v in other.segments_per_row.items():
+            spr[k] = spr.get(k, 0) + v
+        return ShardStats(
+            self.rows + other.rows, self.tokens + other.tokens, self.segments + other.segments,
+            self.attention + other.attention, per_modality, spr,
+            self.row_tokens + other.row_tokens, self.row_attention + other.row_attention,
+            self.row_media_items + other.row_media_items, self.row_media_tokens + other.row_media_tokens,
+            self.seg_lengths + other.seg_lengths, self.seg_modality + other.seg_modality,
+        )
+
+    def array(self, name: str) -> np.ndarray:
+        parts = getattr(self, name)
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def shard_stats(path: str | Path) -> ShardStats:
+    """Stats of one packed shard, vectorised over its flattened columns (no per-token Python)."""
+    table = read_shard(path)
+    stats = ShardStats(rows=table.num_rows)
+    if table.num_rows == 0:
+        return stats
+    n_tokens = table.column("n_tokens").to_numpy().astype(np.int64)
+    stats.tokens = int(n_tokens.sum())
+    cu = table.column("cu_seqlens").combine_chunks()
+    cu_values = cu.values.to_numpy().astype(np.int64)
+    cu_offsets = cu.offsets.to_numpy().astype(np.int64)
+    n_seg = np.diff(cu_offsets) - 1  # segments per row
+    row_of_seg = np.repeat(np.arange(table.num_rows), n_seg)
+    first = np.delete(np.arange(len(cu_values)), cu_offsets[1:] - 1)  # each segment's start entry
+    seg_len = cu_values[first + 1] - cu_values[first]
+    token_base = np.concatenate([[0], np.cumsum(n_tokens)])[:-1]
+    seg_start = token_base[row_of_seg] + cu_values[first]  # in the shard's flattened tokens
+    labels = table.column("labels").combine_chunks().values.to_numpy()
+    trained = np.add.reduceat((labels != IGNORE).astype(np.int64), seg_start) if len(seg_start) else np.zeros(0, np.int64)
+    modality = pc.list_flatten(table.column("segment_modality")).cast(pa.string()).to_numpy(zero_copy_only=False)
+    media = table.column("media").combine_chunks()
+    spans = media.flatten()
+    span_row = pc.list_parent_indices(media).to_numpy()
+    seg_index = np.concatenate([[0], np.cumsum(n_seg)])[:-1]  # global segment number of each row's segment 0
+    media_items = np.zeros(len(seg_len), np.int64)
+    media_tokens = np.zeros(len(seg_len), np.int64)
+    if len(spans):
+        span_seg = seg_index[span_row] + pc.struct_field(spans, "segment").to_numpy()
+        np.add.at(media_items, span_seg, 1)
+        np.add.at(media_tokens, span_seg, pc.struct_field(spans, "length").to_numpy())
+    for mod in sorted(set(modality.tolist())):
+        m = modality == mod
+        stats.per_modality[mod] = ModalityStats(int(m.sum()), int(seg_len[m].sum()), int(trained[m].sum()),
+                                                int(media_items[m].sum()), int(media_tokens[m].sum()))
+    counts = np.bincount(n_seg)
+    stats.segments_per_row = {int(k): int(v) for k, v in enumerate(counts) if v}
+    stats.segments = int(len(seg_len))
+    square = seg_len.astype(np.float64) ** 2
+    row_att = np.bincount(row_of_seg, weights=square, minlength=table.num_rows)
+    stats.attention = float(row_att.sum())
+    stats.row_tokens = [n_tokens.astype(np.float64)]
+    stats.row_attention = [row_att]
+    stats.row_media_items = [np.bincount(row_of_seg, weights=media_items, minlength=table.num_rows)]
+    stats.row_media_tokens = [np.bincount(row_of_seg, weights=media_tokens, minlength=table.num_rows)]
+    stats.seg_lengths = [seg_len]
+    stats.seg_modality = [modality.astype(object)]
+    return stats
