@@ -28,8 +28,9 @@ from packer.config import BuildConfig
 t0 = time.perf_counter()
 m = build(BuildConfig(input=({data!r},), output={out!r}, tokenizer={tok!r}, workers=1, durable={durable}), progress=False)
 dt = time.perf_counter() - t0
-hwm = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM'))
-print(json.dumps({{"seconds": dt, "peak_kib": hwm, "rows": m["stats"]["rows"], "records": m["accounting"]["records_read"]}}))
+status = {{l.split(':')[0]: int(l.split()[1]) for l in open('/proc/self/status') if l.startswith(('VmHWM', 'RssAnon'))}}
+print(json.dumps({{"seconds": dt, "peak_kib": status["VmHWM"], "anon_kib": status["RssAnon"], "rows": m["stats"]["rows"],
+                  "records": m["accounting"]["records_read"]}}))
 """
 
 
@@ -57,7 +58,8 @@ def main() -> None:
             data = Path(tmp) / f"in{n}.jsonl"
             generate(data, n)
             r = run(data, Path(tmp) / f"out{n}", durable=True)
-            print(f"{n:>9,} records ({data.stat().st_size / 2**20:,.0f} MiB): peak RSS {r['peak_kib'] / 1024:,.0f} MiB, "
+            print(f"{n:>9,} records ({data.stat().st_size / 2**20:,.0f} MiB): peak RSS {r['peak_kib'] / 1024:,.0f} MiB "
+                  f"(anonymous at the end {r['anon_kib'] / 1024:,.0f} MiB; the rest is page cache of mapped shards), "
                   f"{r['seconds']:,.1f} s ({n / r['seconds']:,.0f} records/s), {r['rows']:,} rows")
         n = args.sizes[0]
         data = Path(tmp) / f"in{n}.jsonl"

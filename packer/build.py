@@ -56,10 +56,28 @@ def build(config: BuildConfig, *, progress: bool = True) -> dict[str, Any]:
 
     Rerunning after a crash (same inputs and settings) resumes: finished stage-1 and
     stage-3 shards are reused and the result is byte-identical to an uninterrupted build.
+    An fsspec URL output is built in a local staging folder and uploaded when done.
     """
+    from packer.io import fs
+
+    if fs.is_url(config.output):
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="packer-staging-") as tmp:
+            staging = config.staging_dir or tmp
+            manifest = _build(dataclasses.replace(config, output=staging), progress)
+            manifest["execution"]["output"] = config.output
+            write_manifest(Path(staging), manifest)
+            fs.upload(Path(staging), config.output)
+            return manifest
+    return _build(config, progress)
+
+
+def _build(config: BuildConfig, progress: bool) -> dict[str, Any]:
     check_plan_options(config)
     files = config.input_files()
-    engine = get_engine(config.engine, auto_workers(config.workers, files))
+    engine = get_engine(config.engine, auto_workers(config.workers, files), address=config.ray_address,
+                        cpus_per_task=config.cpus_per_task)
     spec = EncoderSpec.from_config(config)
     driver = encode.setup(spec, config.output, config.strict)  # checks the tokenizer before any work,
     embedder, extractor = media_models(config)  # and the embedding weights, before an old build is touched
@@ -162,7 +180,7 @@ def _repack_into(out: Path, source: Path, manifest: dict[str, Any], config: Buil
     acc = manifest["accounting"]
     by_file = {name: FileAccount(records=f["records"], quarantined=f["quarantined"]) for name, f in acc["by_file"].items()}
     encoded = Encoded(shards, by_file, acc["quarantined_by_reason"], quarantine, acc["blank_lines"])
-    engine = get_engine(config.engine, config.workers or 1)
+    engine = get_engine(config.engine, config.workers or 1, address=config.ray_address, cpus_per_task=config.cpus_per_task)
     return plan_and_pack(out, config, encoded, manifest["tokenizer"], engine, progress, extra=extra)
 
 
@@ -265,10 +283,12 @@ def _stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:
     }
 
 
-def auto_workers(workers: int, files: list[Path]) -> int:
+def auto_workers(workers: int, files: list) -> int:
     """``0`` means one per core, except for small inputs, where starting worker
     processes (each loads the tokenizer) costs more than it saves."""
-    if workers == 0 and sum(f.stat().st_size for f in files) < SMALL_INPUT_BYTES:
+    from packer.io.fs import stat
+
+    if workers == 0 and sum(stat(f)[0] for f in files) < SMALL_INPUT_BYTES:
         return 1
     return workers
 

@@ -82,6 +82,9 @@ class BuildConfig:
     max_bad_fraction: float = _opt(1.0, "Fail the build when more than this fraction of the records is quarantined.")
     overwrite: bool = _opt(False, "Replace a build of other inputs or settings in the output folder (else refuse).")
     durable: bool = _opt(True, "fsync every file before renaming it into place (crash safety on power loss).")
+    staging_dir: str | None = _opt(None, "Local folder to build in when output is an fsspec URL (default: a temporary one).")
+    ray_address: str | None = _opt(None, "With --engine ray: the cluster to join (auto in a cluster); empty: a local Ray.")
+    cpus_per_task: float = _opt(1.0, "With --engine ray: CPUs reserved by each stage-1 / stage-3 worker.")
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -117,10 +120,19 @@ class BuildConfig:
     def execution_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in EXECUTION_KEYS}
 
-    def input_files(self) -> list[Path]:
-        """The input patterns expanded: sorted, de-duplicated, each pattern must match."""
-        files: list[Path] = []
+    def input_files(self) -> list:
+        """The input patterns expanded: sorted, de-duplicated, each pattern must match.
+        Local files come back as ``Path``, fsspec URLs as ``str``."""
+        from packer.io import fs
+
+        files: list = []
         for pattern in self.input:
+            if fs.is_url(pattern):
+                matched = fs.glob(pattern) if any(c in pattern for c in "*?[") else [pattern] if fs.exists(pattern) else []
+                if not matched:
+                    raise ConfigError(f"input {pattern!r} matches no file")
+                files.extend(matched)
+                continue
             p = Path(pattern)
             if any(c in pattern for c in "*?["):
                 anchor = Path(p.anchor) if p.is_absolute() else Path(".")
@@ -152,7 +164,7 @@ class BuildConfig:
 FIELDS = {f.name: f for f in dataclasses.fields(BuildConfig)}
 # What `packer repack` may change: everything from the plan on, nothing that needs re-encoding.
 # How a build ran, not what it built: kept out of the manifest's config and fingerprint.
-EXECUTION_KEYS = ("output", "engine", "workers", "overwrite", "durable")
+EXECUTION_KEYS = ("output", "engine", "workers", "overwrite", "durable", "staging_dir", "ray_address", "cpus_per_task")
 PLAN_KEYS = ("max_length", "algorithm", "oversize", "max_segments", "max_media", "max_images", "max_audio",
              "group_by", "shuffle_rows", "longest_first", "seed", "engine", "workers", "shard_rows", "shard_bytes")
 

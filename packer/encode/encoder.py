@@ -80,7 +80,7 @@ class Encoder:
     def fingerprint(self) -> dict:
         return fingerprint(self.tok, self.spec.tokenizer, self.spec.special_tokens())
 
-    def encode_line(self, raw: RawLine, file: str, file_dir: Path) -> Sample:
+    def encode_line(self, raw: RawLine, file: str, file_dir: Path | str) -> Sample:
         """Encode one line of ``file``; ``file`` (as displayed) and ``raw.line`` name it."""
         if raw.too_long:
             raise BadRecord("line_too_long", f"the line has {raw.too_long:,} bytes, over the max_line_bytes limit")

@@ -1,15 +1,20 @@
-"""Engines decide where a stage function runs; the stage functions are the same everywhere."""
+"""Engines decide where a stage function runs; the stage functions are the same everywhere.
+
+An engine has one method, ``map(fn, tasks, setup, setup_args, in_process_state=None)``,
+yielding ``fn(state, task)`` for every task in task order, where ``state`` is built once
+per worker by ``setup(*setup_args)``.
+"""
 
 from __future__ import annotations
 
-from packer.errors import NotAvailableError
 
-
-def get_engine(name: str, workers: int):
+def get_engine(name: str, workers: int, *, address: str | None = None, cpus_per_task: float = 1.0):
     if name == "local":
         from packer.engine.local import LocalEngine
 
         return LocalEngine(workers)
     if name == "ray":
-        raise NotAvailableError("--engine ray is not available yet in this version; use --engine local")
+        from packer.engine.ray_engine import RayEngine
+
+        return RayEngine(workers, address=address, cpus_per_task=cpus_per_task)
     raise ValueError(f"unknown engine {name!r}")

@@ -18,12 +18,14 @@ count that does not match the list is a bad record, not a silent misalignment.
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from pathlib import Path
 from typing import Any
 
 from packer.errors import BadRecord
 from packer.ingest.records import ROLES, Conversation, Document, Part, Turn
+from packer.io import fs
 
 FORMATS = ("llava", "messages", "text")
 KEY_FIELD = {"llava": "conversations", "messages": "messages", "text": "text"}
@@ -205,12 +207,22 @@ class _MediaQueue:
                 )
 
 
-def resolve_media(ref: str, base_dir: Path, kind: str, allow_outside_root: bool = False) -> Path:
+def resolve_media(ref: str, base_dir: Path | str, kind: str, allow_outside_root: bool = False) -> Path | str:
+    if fs.is_url(base_dir):  # a dataset on an fsspec filesystem: its media live there too
+        if "://" in ref:
+            raise BadRecord("unsupported_media_ref", f"{kind} {ref!r}: give media relative to the dataset")
+        path = posixpath.normpath(posixpath.join(str(base_dir), ref)).replace(":/", "://", 1)
+        if not allow_outside_root and not path.startswith(str(base_dir).rstrip("/") + "/"):
+            raise BadRecord("media_outside_root", f"{kind} {ref!r} resolves outside the dataset root {base_dir} "
+                                                  f"(pass --allow-outside-media-root to accept it)")
+        if not fs.exists(path):
+            raise BadRecord(f"missing_{kind}", f"{kind} file {ref!r} not found (looked at {path})")
+        return path
     if "://" in ref and not ref.startswith("file://"):
         raise BadRecord("unsupported_media_ref", f"{kind} {ref!r} is a remote URL; packer reads local files only")
     path = Path(ref.removeprefix("file://"))
-    path = path if path.is_absolute() else base_dir / path
-    if not allow_outside_root and not path.resolve().is_relative_to(base_dir.resolve()):
+    path = path if path.is_absolute() else Path(base_dir) / path
+    if not allow_outside_root and not path.resolve().is_relative_to(Path(base_dir).resolve()):
         raise BadRecord("media_outside_root", f"{kind} {ref!r} resolves outside the dataset root {base_dir} "
                                               f"(pass --allow-outside-media-root to accept it)")
     if not path.is_file():

@@ -26,19 +26,30 @@ class RawLine:
     line: int  # 1-based line number in the file
     data: bytes  # the line without its line ending (only its start if too_long)
     too_long: int = 0  # the line's length in bytes when it exceeded the limit
+    offset: int = 0  # byte offset of the line's start in the file
+    end: int = 0  # byte offset just past the line (its newline included)
 
 
-def read_lines(path: str | Path, counts: dict[str, int] | None = None,
-               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[RawLine]:
-    """Yield the non-blank lines of ``path``; ``counts['blank_lines']`` counts the rest."""
-    with open(path, "rb") as f:
-        number = 0
-        while True:
+def read_lines(path: str | Path, counts: dict[str, int] | None = None, max_line_bytes: int = MAX_LINE_BYTES, *,
+               start: int = 0, end: int | None = None, first_line: int = 1) -> Iterator[RawLine]:
+    """Yield the non-blank lines of ``path``; ``counts['blank_lines']`` counts the rest.
+
+    ``start`` / ``end`` / ``first_line`` read one byte range of the file (a stage-1 task),
+    numbering lines as in the whole file.
+    """
+    from packer.io.fs import open_binary
+
+    with open_binary(path) as f:
+        if start:
+            f.seek(start)
+        number = first_line - 1
+        while end is None or f.tell() < end:
+            offset = f.tell()
             data = f.readline(max_line_bytes + 1)
             if not data:
                 return
             number += 1
-            if number == 1 and data.startswith(BOM):
+            if offset == 0 and data.startswith(BOM):
                 data = data[len(BOM) :]
             if len(data) > max_line_bytes and not data.endswith(b"\n"):
                 size = len(data)
@@ -47,11 +58,11 @@ def read_lines(path: str | Path, counts: dict[str, int] | None = None,
                     if not data:
                         break
                     size += len(data)
-                yield RawLine(number, b"", too_long=size)
+                yield RawLine(number, b"", too_long=size, offset=offset, end=f.tell())
                 continue
             data = data.rstrip(b"\r\n")
             if not data.strip():
                 if counts is not None:
                     counts["blank_lines"] = counts.get("blank_lines", 0) + 1
                 continue
-            yield RawLine(number, data)
+            yield RawLine(number, data, offset=offset, end=f.tell())

@@ -7,11 +7,11 @@ modification time, so such an image is read once per worker.
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 
 from packer.errors import BadRecord
 from packer.ingest.records import Part
+from packer.io import fs
 from packer.media.policies import Count, parse_policy
 from packer.media.probe import probe_audio, probe_image
 
@@ -26,10 +26,10 @@ class MediaCounter:
 
     def count(self, part: Part) -> Count:
         try:
-            st = os.stat(part.path)
+            size, mtime = fs.stat(part.path)
         except FileNotFoundError:
             raise BadRecord(f"missing_{part.kind}", f"{part.kind} file {part.ref!r} not found") from None
-        key = (part.kind, part.path, st.st_size, st.st_mtime_ns)
+        key = (part.kind, part.path, size, mtime)
         hit = self.cache.get(key)
         if hit is not None:
             self.cache.move_to_end(key)

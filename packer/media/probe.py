@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from packer.errors import BadRecord
+from packer.io.fs import open_binary
 
 IMAGE_CHECKS = ("header", "verify", "decode")
 
@@ -48,7 +49,7 @@ def probe_image(path: str, check: str = "verify") -> ImageInfo:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as img:
+        with open_binary(path) as f, Image.open(f) as img:
             width, height = img.size
             fmt = img.format or "unknown"
             if check == "verify":
@@ -70,7 +71,7 @@ def probe_audio(path: str) -> AudioInfo:
     import soundfile as sf
 
     try:
-        with sf.SoundFile(path) as f:
+        with open_binary(path) as raw, sf.SoundFile(raw) as f:
             frames, rate, channels, fmt = f.frames, f.samplerate, f.channels, f.format
             if frames > 0:
                 f.seek(frames - 1)

@@ -92,7 +92,8 @@ def shard_stats(path: str | Path) -> ShardStats:
     token_base = np.concatenate([[0], np.cumsum(n_tokens)])[:-1]
     seg_start = token_base[row_of_seg] + cu_values[first]  # in the shard's flattened tokens
     labels = table.column("labels").combine_chunks().values.to_numpy()
-    trained = np.add.reduceat((labels != IGNORE).astype(np.int64), seg_start) if len(seg_start) else np.zeros(0, np.int64)
+    mask = (labels != IGNORE).view(np.int8)
+    trained = np.add.reduceat(mask, seg_start, dtype=np.int64) if len(seg_start) else np.zeros(0, np.int64)
     modality = pc.list_flatten(table.column("segment_modality")).cast(pa.string()).to_numpy(zero_copy_only=False)
     media = table.column("media").combine_chunks()
     spans = media.flatten()

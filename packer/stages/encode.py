@@ -1,9 +1,12 @@
 """Stage 1: ingest + encode. Input lines in, ``samples/*.arrow`` and quarantine entries out.
 
-The driver cuts each input file into tasks of ``chunk_records`` consecutive non-blank
-lines (a task never spans two files); task ``k`` writes ``samples/part-k.arrow``. Task
-boundaries depend only on the input, and results are consumed in task order, so the
-samples' global order -- and every byte after it -- is the same for any worker count.
+The driver scans each input file once and cuts it into tasks of ``chunk_records``
+consecutive non-blank lines (a task never spans two files). A task is a byte range with
+the number of its first line, so a worker -- a local process or a Ray worker on another
+machine -- reads its own lines and record identity (file + line) stays exact. Task ``k``
+writes ``samples/part-k.arrow``. Boundaries depend only on the input and results are
+consumed in task order, so every byte of the output is the same for any worker count or
+engine.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from packer.encode import Encoder, EncoderSpec
-from packer.errors import BadRecord, StrictModeError
+from packer.errors import BadRecord, PackerError, StrictModeError
 from packer.ingest.reader import MAX_LINE_BYTES, RawLine, read_lines
 from packer.io.arrow import write_shard
+from packer.io.fs import parent
 from packer.schema import SAMPLE_SCHEMA, QuarantineEntry, ShardEntry, to_table
 from packer.stages.state import Journal, shard_payload
 
@@ -27,7 +31,15 @@ RAW_PREVIEW = 2000  # characters of a bad line kept in the quarantine
 class EncodeTask:
     index: int
     file: str  # as the user named it; used in keys and reports
-    lines: tuple[RawLine, ...]
+    start: int  # byte range of the task's lines
+    end: int
+    first_line: int  # line number at ``start``
+    records: int  # non-blank lines in the range
+    max_line_bytes: int = MAX_LINE_BYTES
+
+    def lines(self) -> list[RawLine]:
+        return list(read_lines(self.file, None, self.max_line_bytes, start=self.start, end=self.end,
+                               first_line=self.first_line))
 
 
 @dataclass
@@ -40,18 +52,21 @@ class EncodeResult:
     reused: bool = False  # found finished in the journal (a resumed build)
 
 
-def make_tasks(files: list[Path], chunk_records: int, counts: dict[str, int],
+def make_tasks(files: list, chunk_records: int, counts: dict[str, int],
                max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[EncodeTask]:
     index = 0
     for path in files:
-        chunk: list[RawLine] = []
+        first: RawLine | None = None
+        n = 0
         for raw in read_lines(path, counts, max_line_bytes):
-            chunk.append(raw)
-            if len(chunk) == chunk_records:
-                yield EncodeTask(index, str(path), tuple(chunk))
-                index, chunk = index + 1, []
-        if chunk:
-            yield EncodeTask(index, str(path), tuple(chunk))
+            if first is None:
+                first = raw
+            n += 1
+            if n == chunk_records:
+                yield EncodeTask(index, str(path), first.offset, raw.end, first.line, n, max_line_bytes)
+                index, first, n = index + 1, None, 0
+        if first is not None:
+            yield EncodeTask(index, str(path), first.offset, raw.end, first.line, n, max_line_bytes)
             index += 1
 
 
@@ -68,15 +83,18 @@ def setup(spec: EncoderSpec, out: str, strict: bool) -> EncodeState:
 
 
 def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
-    identity = {"file": task.file, "first_line": task.lines[0].line, "records": len(task.lines)}
+    identity = {"file": task.file, "first_line": task.first_line, "records": task.records}
     done = state.journal.load("encode", task.index, check=identity)
     if done is not None:
         shard = ShardEntry(**done["shard"]) if done["shard"] else None
-        return EncodeResult(task.index, task.file, len(task.lines), [QuarantineEntry(**q) for q in done["quarantine"]],
+        return EncodeResult(task.index, task.file, task.records, [QuarantineEntry(**q) for q in done["quarantine"]],
                             shard, reused=True)
     samples, bad = [], []
-    file_dir = Path(task.file).parent
-    for raw in task.lines:
+    file_dir = parent(task.file)
+    lines = task.lines()
+    if len(lines) != task.records:
+        raise PackerError(f"{task.file} changed while it was read (task {task.index} expected {task.records} records)")
+    for raw in lines:
         try:
             samples.append(state.encoder.encode_line(raw, task.file, file_dir))
         except BadRecord as e:
@@ -88,7 +106,7 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
         table = to_table(samples, SAMPLE_SCHEMA)
         shard = write_shard(state.out / "samples" / f"part-{task.index:05d}.arrow", table, state.out)
     state.journal.record("encode", task.index, shard_payload(shard, quarantine=[asdict(q) for q in bad], **identity))
-    return EncodeResult(task.index, task.file, len(task.lines), bad, shard)
+    return EncodeResult(task.index, task.file, task.records, bad, shard)
 
 
 def quarantine_entry(file: str, raw: RawLine, error: BadRecord) -> QuarantineEntry:

@@ -56,11 +56,13 @@ class BuildLock:
             self.file.close()
 
 
-def fingerprint(files: list[Path], content: dict[str, Any], tokenizer: dict[str, Any]) -> dict[str, Any]:
+def fingerprint(files: list, content: dict[str, Any], tokenizer: dict[str, Any]) -> dict[str, Any]:
+    from packer.io.fs import stat
+
     inputs = []
     for f in files:
-        st = f.stat()
-        inputs.append({"path": str(f), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+        size, mtime = stat(f)
+        inputs.append({"path": str(f), "size": size, "mtime_ns": mtime})
     return {"packer_version": __version__, "schema_version": SCHEMA_VERSION, "inputs": inputs,
             "config": content, "tokenizer": tokenizer}
 

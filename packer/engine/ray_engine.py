@@ -1,0 +1,84 @@
+"""The Ray engine: the same stage functions, run by Ray Data on a cluster.
+
+``engine.map`` turns the tasks (small: a byte range of an input file, or a range of
+plan rows) into a Ray Dataset of one row per task and runs ``map_batches`` with a
+callable class, so each Ray worker builds the stage's state (tokenizer, memory maps)
+once and then processes many tasks. ``preserve_order`` keeps results in task order, which
+keeps the output byte-identical to the local engine's. Workers write their shards
+straight to the output folder (shared storage on a cluster); the driver only collects
+the small results. A worker process that dies is restarted and its task retried by Ray;
+an error raised by the stage itself (``--strict``) comes back to the driver unchanged.
+
+Without ``address`` a local Ray is started (``ray.init(num_cpus=workers)``); with
+``address="auto"`` (inside a cluster) or ``ray://host:10001`` the driver joins it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from packer.errors import PackerError
+
+
+class RayEngine:
+    def __init__(self, workers: int = 0, *, address: str | None = None, cpus_per_task: float = 1.0):
+        try:
+            import ray
+        except ImportError:
+            raise PackerError("--engine ray needs Ray Data: pip install 'packer[ray]' (or 'ray[data]')") from None
+        self.ray = ray
+        self.cpus_per_task = cpus_per_task
+        if not ray.is_initialized():
+            env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PACKER_FSYNC": os.environ.get("PACKER_FSYNC", "1")}}
+            if address:
+                ray.init(address=address, runtime_env=env, log_to_driver=False)
+            else:
+                ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                         runtime_env=env, configure_logging=False)
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
+        total = int(ray.cluster_resources().get("CPU", 1))
+        self.workers = workers or max(1, int(total // max(cpus_per_task, 1e-9)))
+
+    def map(self, fn: Callable[[Any, Any], Any], tasks: Iterable[Any], setup: Callable[..., Any], setup_args: tuple = (),
+            *, in_process_state: Any = None) -> Iterator[Any]:
+        ray = self.ray
+        items = [{"task": pickle.dumps(t)} for t in tasks]
+        if not items:
+            return
+        ctx = ray.data.DataContext.get_current()
+        ctx.execution_options.preserve_order = True
+        ctx.enable_progress_bars = False
+        ds = ray.data.from_items(items, override_num_blocks=len(items))
+        # Ray Data restarts a dead actor and retries its task (actor max_restarts / max_task_retries
+        # default to unlimited for system failures), so a lost worker costs time, not records.
+        out = ds.map_batches(
+            _Stage, fn_constructor_args=(fn, setup, setup_args), batch_size=1, batch_format="numpy",
+            compute=ray.data.ActorPoolStrategy(min_size=1, max_size=min(self.workers, len(items))),
+            num_cpus=self.cpus_per_task,
+        )
+        for row in out.iter_rows():
+            status, value = pickle.loads(row["result"])
+            if status == "error":
+                raise value
+            yield value
+
+
+class _Stage:
+    """One per Ray worker: the stage's state, built once, then one task per batch."""
+
+    def __init__(self, fn, setup, setup_args):
+        self.fn = fn
+        self.state = setup(*setup_args)
+
+    def __call__(self, batch: dict) -> dict:
+        results = []
+        for blob in batch["task"]:
+            try:
+                results.append(pickle.dumps(("ok", self.fn(self.state, pickle.loads(blob)))))
+            except PackerError as e:  # a stage's own error (e.g. --strict) goes back to the driver as it is
+                results.append(pickle.dumps(("error", e)))
+        return {"result": results}

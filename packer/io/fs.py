@@ -1,0 +1,76 @@
+"""Local paths and fsspec URLs behind one small interface.
+
+Plain paths go to the OS (fast paths, memory maps). A path with ``://`` (``s3://``,
+``gs://``, ``memory://``, ``file://``...) goes through fsspec, which is imported only
+then: inputs and media are streamed from it, and an output URL is built in a local
+staging folder and uploaded when finished (:func:`upload`), manifest last.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path
+from typing import IO
+
+
+def is_url(path: str | Path) -> bool:
+    return "://" in str(path)
+
+
+def _fs(url: str):
+    import fsspec
+
+    return fsspec.core.url_to_fs(url)
+
+
+def open_binary(path: str | Path) -> IO[bytes]:
+    if is_url(path):
+        fs, p = _fs(str(path))
+        return fs.open(p, "rb")
+    return open(path, "rb")
+
+
+def exists(path: str | Path) -> bool:
+    if is_url(path):
+        fs, p = _fs(str(path))
+        return fs.isfile(p)
+    return Path(path).is_file()
+
+
+def stat(path: str | Path) -> tuple[int, int]:
+    """(size, modification time in ns or 0 where the filesystem has none)."""
+    if is_url(path):
+        fs, p = _fs(str(path))
+        info = fs.info(p)
+        mtime = info.get("mtime") or info.get("LastModified") or info.get("created") or 0
+        mtime = int(mtime.timestamp() * 1e9) if hasattr(mtime, "timestamp") else int(float(mtime) * 1e9)
+        return int(info["size"]), mtime
+    st = Path(path).stat()
+    return st.st_size, st.st_mtime_ns
+
+
+def parent(path: str) -> str | Path:
+    return posixpath.dirname(path) if is_url(path) else Path(path).parent
+
+
+def join(base: str | Path, ref: str) -> str | Path:
+    return posixpath.join(str(base), ref) if is_url(base) else Path(base) / ref
+
+
+def glob(pattern: str) -> list[str]:
+    fs, p = _fs(pattern)
+    protocol = pattern.split("://", 1)[0]
+    return sorted(f"{protocol}://{m.lstrip('/')}" if protocol != "file" else f"file://{m}" for m in fs.glob(p))
+
+
+def upload(local: Path, url: str, *, last: str = "manifest.json") -> None:
+    """Copy a finished local build to ``url``, ``last`` after everything else."""
+    fs, root = _fs(url)
+    files = sorted(p for p in local.rglob("*") if p.is_file() and not p.name.startswith(".packer"))
+    for p in sorted(files, key=lambda p: p.name == last):
+        rel = p.relative_to(local).as_posix()
+        if rel.startswith(".state/"):
+            continue
+        target = posixpath.join(root, rel)
+        fs.makedirs(posixpath.dirname(target), exist_ok=True)
+        fs.put_file(str(p), target)
