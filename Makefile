@@ -18,7 +18,7 @@ $(STAMP): requirements.lock pyproject.toml
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/packer build
+	$(BIN)/packer build --overwrite
 	
 
 test: setup
