@@ -89,7 +89,7 @@ def _build(config: BuildConfig, progress: bool) -> dict[str, Any]:
         os.environ["PACKER_FSYNC"] = "1" if config.durable else "0"  # read by every writer, workers too
         encoded = encode_inputs(out, files, config, spec, driver, engine, progress)
         check_bad_fraction(out, config, encoded, driver.encoder.fingerprint())
-        extra = media_passes(out, config, encoded, embedder, extractor, progress)
+        extra = media_passes(out, config, encoded, embedder, extractor, progress, engine)
         return plan_and_pack(out, config, encoded, driver.encoder.fingerprint(), engine, progress, extra=extra)
     finally:
         lock.release()
@@ -124,14 +124,17 @@ def media_models(config: BuildConfig):
     return embedder, extractor
 
 
-def media_passes(out: Path, config: BuildConfig, encoded: Encoded, embedder, extractor, progress) -> dict[str, Any]:
+def media_passes(out: Path, config: BuildConfig, encoded: Encoded, embedder, extractor, progress, engine) -> dict[str, Any]:
     if embedder is None and extractor is None:
         return {}
     from packer.stages import media_pass
 
     samples = read_shards([out / e.file for e in encoded.sample_shards], SAMPLE_SCHEMA)
     extra = {}
-    if embedder is not None:
+    if embedder is not None and config.engine == "ray":  # one task on a worker with embed_gpus GPUs
+        extra["embeddings"] = engine.run_once(media_pass.embeddings_task, str(out), [e.file for e in encoded.sample_shards],
+                                              config, num_gpus=config.embed_gpus)
+    elif embedder is not None:
         with _bar(progress, "embed images", "img") as bar:
             extra["embeddings"] = media_pass.image_embeddings(out, samples, embedder, config, bar)
     if extractor is not None:

@@ -59,6 +59,7 @@ class BuildConfig:
                              choices=("pooled", "tokens"))
     embed_device: str = _opt("auto", "Device for the embedding pass: auto (cuda if available), cpu, cuda, cuda:1, ...")
     embed_batch_size: int = _opt(32, "Images per batch in the embedding pass.")
+    embed_gpus: float = _opt(0.0, "With --engine ray: GPUs reserved by the embedding pass task.")
     audio_features: str = _opt("", "Store audio features: log-mel[:n_mels=128]; empty: off.")
     max_length: int = _opt(4096, "Capacity of a packed row, in tokens.")
     algorithm: str = _opt("bfd", "Bin-packing algorithm (see packer.pack.ALGORITHMS).")
@@ -164,7 +165,8 @@ class BuildConfig:
 FIELDS = {f.name: f for f in dataclasses.fields(BuildConfig)}
 # What `packer repack` may change: everything from the plan on, nothing that needs re-encoding.
 # How a build ran, not what it built: kept out of the manifest's config and fingerprint.
-EXECUTION_KEYS = ("output", "engine", "workers", "overwrite", "durable", "staging_dir", "ray_address", "cpus_per_task")
+EXECUTION_KEYS = ("output", "engine", "workers", "overwrite", "durable", "staging_dir", "ray_address", "cpus_per_task",
+                  "embed_gpus")
 PLAN_KEYS = ("max_length", "algorithm", "oversize", "max_segments", "max_media", "max_images", "max_audio",
              "group_by", "shuffle_rows", "longest_first", "seed", "engine", "workers", "shard_rows", "shard_bytes")
 

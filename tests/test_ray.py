@@ -66,3 +66,13 @@ def test_fsspec_input_and_output(tmp_path):
     m2 = build(BuildConfig(input=(str(SAMPLE / "docs.jsonl"),), output=f"file://{tmp_path}/url-out", tokenizer=TOKENIZER),
                progress=False)
     assert (tmp_path / "url-out" / "manifest.json").exists() and m2["stats"]["rows"] > 0
+
+
+def test_ray_embedding_pass_runs_as_a_task(ray_session, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    common = dict(input=(str(SAMPLE / "llava.jsonl"),), image_embeddings="ViT-S-32:random", embed_device="cpu")
+    remote = build(resolve(ROOT / "pipelines" / "sample.toml", output=str(tmp_path / "r"), engine="ray", workers=2, **common),
+                   progress=False)
+    assert remote["embeddings"]["images"] == 6  # the LLaVA records use 6 of the 8 images
+    assert remote["embeddings"]["files"][0]["rows"] == 6 and remote["embeddings"]["model"] == "ViT-S-32"
+    assert (tmp_path / "r" / remote["embeddings"]["files"][0]["file"]).exists()

@@ -20,6 +20,10 @@ class LocalEngine:
     def __init__(self, workers: int = 0):
         self.workers = workers or os.cpu_count() or 1
 
+    def run_once(self, fn: Callable[..., Any], *args: Any, num_gpus: float = 0) -> Any:
+        """One task, here (the local engine has no placement to choose)."""
+        return fn(*args)
+
     def map(
         self,
         fn: Callable[[Any, Any], Any],

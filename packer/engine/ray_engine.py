@@ -43,6 +43,10 @@ class RayEngine:
         total = int(ray.cluster_resources().get("CPU", 1))
         self.workers = workers or max(1, int(total // max(cpus_per_task, 1e-9)))
 
+    def run_once(self, fn: Callable[..., Any], *args: Any, num_gpus: float = 0) -> Any:
+        """One task on a worker with ``num_gpus`` GPUs (the embedding pass)."""
+        return self.ray.get(self.ray.remote(num_gpus=num_gpus, num_cpus=self.cpus_per_task)(fn).remote(*args))
+
     def map(self, fn: Callable[[Any, Any], Any], tasks: Iterable[Any], setup: Callable[..., Any], setup_args: tuple = (),
             *, in_process_state: Any = None) -> Iterator[Any]:
         ray = self.ray

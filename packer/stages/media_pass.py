@@ -81,3 +81,20 @@ def audio_features(out: Path, samples: pa.Table, extractor, config, bar) -> dict
     files = run_pass(out, "audio_features", refs, lambda paths: [extractor.features(p) for p in paths], 8,
                      config.shard_bytes, bar)
     return {**extractor.describe(), "clips": len(refs), "files": [dataclasses.asdict(e) for e in files]}
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+
+def embeddings_task(out: str, sample_files: list[str], config) -> dict[str, Any]:
+    """The embedding pass as one self-contained task (what the Ray engine ships to a GPU worker)."""
+    from packer.io.arrow import read_shards
+    from packer.media.embed import EmbedSpec, ImageEmbedder
+    from packer.schema import SAMPLE_SCHEMA
+
+    embedder = ImageEmbedder(EmbedSpec.parse(config.image_embeddings, output=config.embed_output,
+                                             device=config.embed_device, batch_size=config.embed_batch_size))
+    samples = read_shards([Path(out) / f for f in sample_files], SAMPLE_SCHEMA)
+    return image_embeddings(Path(out), samples, embedder, config, _NoBar())
