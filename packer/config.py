@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.errors import ConfigError
+from packer.media.probe import IMAGE_CHECKS
 
 DEFAULT_PIPELINE = Path("pipelines/sample.toml")
 
@@ -52,7 +53,7 @@ class BuildConfig:
     audio_begin: str = _opt("", "Token before each audio clip's placeholders (e.g. <|audio_bos|>); empty: none.")
     audio_end: str = _opt("", "Token after each audio clip's placeholders (e.g. <|audio_eos|>); empty: none.")
     image_check: str = _opt("verify", "How hard to check images: header, verify (structure, no pixel decode), decode.",
-                            choices=("header", "verify", "decode"))
+                            choices=IMAGE_CHECKS)
     image_embeddings: str = _opt("", "Store open_clip image embeddings: MODEL[:PRETRAINED] (a checkpoint file, a tag, "
                                      "or random); empty: off.")
     embed_output: str = _opt("pooled", "What to store per image: the pooled embedding or the patch tokens.",

@@ -5,7 +5,6 @@ Exit codes (documented in README.md):
     1  the build or command failed (I/O, bad tokenizer, internal error)
     2  usage or configuration error (bad flag, unknown pipeline key, bad value)
     3  a bad record under ``--strict``
-    4  the command exists but is not available in this version
     5  the build failed its quality bar (``--max-bad-fraction``); the manifest says "failed"
     6  ``packer verify`` found a problem
 """
@@ -27,12 +26,6 @@ class StrictModeError(PackerError):
     """``--strict`` met a record that would have been quarantined."""
 
     exit_code = 3
-
-
-class NotAvailableError(PackerError):
-    """A registered command or option whose implementation has not landed yet."""
-
-    exit_code = 4
 
 
 class BuildFailedError(PackerError):

@@ -17,7 +17,6 @@ BOM = b"\xef\xbb\xbf"
 
 
 MAX_LINE_BYTES = 64 * 2**20
-KEEP_OF_LONG_LINE = 4096
 SKIP_CHUNK = 1 << 20
 
 

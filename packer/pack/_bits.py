@@ -28,11 +28,6 @@ def ctz(x):
     return CTZ_TABLE[(low * DEBRUIJN) >> uint64(58)]
 
 
-def new_bitset(n_values: int, rows: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    words = (n_values >> 6) + 1
-    return np.zeros((rows, words), np.uint64), np.zeros((rows, (words >> 6) + 1), np.uint64)
-
-
 @njit(cache=True)
 def bits_set(low, high, f):
     w = f >> 6
