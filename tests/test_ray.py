@@ -4,6 +4,7 @@ fsspec URLs for inputs and outputs."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -76,3 +77,73 @@ def test_ray_embedding_pass_runs_as_a_task(ray_session, tmp_path, monkeypatch):
     assert remote["embeddings"]["images"] == 6  # the LLaVA records use 6 of the 8 images
     assert remote["embeddings"]["files"][0]["rows"] == 6 and remote["embeddings"]["model"] == "ViT-S-32"
     assert (tmp_path / "r" / remote["embeddings"]["files"][0]["file"]).exists()
+
+
+def _generated(tmp_path, n=2000):
+    path = tmp_path / "docs.jsonl"
+    with path.open("w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": f"d{i}", "text": " ".join(["packing", "rows", "ray", "tokens"] * (5 + i % 40))}) + "\n")
+    return path
+
+
+def test_a_killed_ray_worker_is_retried_and_nothing_is_lost(ray_session, tmp_path):
+    import threading
+
+    import psutil
+
+    data = _generated(tmp_path)
+    common = dict(input=(str(data),), tokenizer=TOKENIZER, chunk_records=100, shard_rows=10)
+    local = build(BuildConfig(output=str(tmp_path / "local"), **common), progress=False)
+    killed = []
+
+    def kill_one_worker():
+        state = tmp_path / "ray" / ".state"
+        deadline = time.time() + 120
+        while time.time() < deadline and len(list(state.glob("encode-*.json"))) < 3:
+            time.sleep(0.05)
+        for p in psutil.process_iter(["cmdline"]):
+            if any("MapWorker" in part for part in (p.info["cmdline"] or [])):
+                p.kill()
+                killed.append(p.pid)
+                return
+
+    t = threading.Thread(target=kill_one_worker)
+    t.start()
+    ray = build(BuildConfig(output=str(tmp_path / "ray"), engine="ray", workers=2, **common), progress=False)
+    t.join()
+    assert killed, "no Ray worker was found to kill"
+    assert strip(ray) == strip(local)
+    for e in local["files"]["packed"]:
+        assert (tmp_path / "ray" / e["file"]).read_bytes() == (tmp_path / "local" / e["file"]).read_bytes()
+
+
+def test_a_killed_ray_driver_resumes(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    data = _generated(tmp_path)
+    args = ["-i", str(data), "--tokenizer", TOKENIZER, "--chunk-records", "100", "--shard-rows", "10"]
+    def cli(*extra):
+        return subprocess.run([sys.executable, "-m", "packer", "build", *args, *extra], capture_output=True, text=True)
+
+    assert cli("-o", str(tmp_path / "ref")).returncode == 0
+    ref = json.loads((tmp_path / "ref" / "manifest.json").read_text())
+    victim = subprocess.Popen([sys.executable, "-m", "packer", "build", *args, "-o", str(tmp_path / "k"), "--engine", "ray",
+                               "--workers", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    state = tmp_path / "k" / ".state"
+    deadline = time.time() + 180
+    while len(list(state.glob("encode-*.json"))) < 3 and time.time() < deadline and victim.poll() is None:
+        time.sleep(0.05)
+    os.killpg(victim.pid, signal.SIGKILL)  # the driver and the local Ray it started
+    victim.wait()
+    assert not (tmp_path / "k" / "manifest.json").exists()
+    done = len(list(state.glob("encode-*.json")))
+    rerun = cli("-o", str(tmp_path / "k"), "--engine", "local")  # resumed, here with the local engine
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    m = json.loads((tmp_path / "k" / "manifest.json").read_text())
+    assert 0 < done < 20 and strip(m) == strip(ref)
+    for e in ref["files"]["packed"] + ref["files"]["samples"]:
+        assert (tmp_path / "k" / e["file"]).read_bytes() == (tmp_path / "ref" / e["file"]).read_bytes()
