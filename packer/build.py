@@ -84,13 +84,13 @@ def _build(config: BuildConfig, progress: bool) -> dict[str, Any]:
     out = Path(config.output)
     lock = BuildLock(out)
     try:
-        fp = fingerprint(files, config.content_dict(), driver.encoder.fingerprint())
-        open_state(out, fp, overwrite=config.overwrite, owned=OWNED)
+        tokenizer = driver.encoder.fingerprint()  # hashes the serialized tokenizer: once
+        open_state(out, fingerprint(files, config.content_dict(), tokenizer), overwrite=config.overwrite, owned=OWNED)
         os.environ["PACKER_FSYNC"] = "1" if config.durable else "0"  # read by every writer, workers too
         encoded = encode_inputs(out, files, config, spec, driver, engine, progress)
-        check_bad_fraction(out, config, encoded, driver.encoder.fingerprint())
+        check_bad_fraction(out, config, encoded, tokenizer)
         extra = media_passes(out, config, encoded, embedder, extractor, progress, engine)
-        return plan_and_pack(out, config, encoded, driver.encoder.fingerprint(), engine, progress, extra=extra)
+        return plan_and_pack(out, config, encoded, tokenizer, engine, progress, extra=extra)
     finally:
         lock.release()
 
