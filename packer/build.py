@@ -28,6 +28,7 @@ from packer.errors import BuildFailedError, ConfigError
 from packer.io.arrow import read_shards, write_shard
 from packer.io.files import atomic_open, sha256_file
 from packer.pack import ALGORITHMS, Plan
+from packer.pack.registry import check_supported
 from packer.schema import SAMPLE_SCHEMA, ShardEntry
 from packer.stages import encode, materialize
 from packer.stages.manifest import FileAccount, accounting, make_manifest, read_manifest, write_manifest
@@ -193,12 +194,10 @@ def check_plan_options(config: BuildConfig) -> None:
         raise ConfigError(f"unknown algorithm {config.algorithm!r}; known: {', '.join(sorted(ALGORITHMS))}")
     used = {"max_segments"} if config.max_segments else set()
     used |= {"max_media"} if config.media_caps() else set()
-    missing = used - ALGORITHMS[config.algorithm].supports
-    if missing:
-        able = sorted(n for n, s in ALGORITHMS.items() if missing <= s.supports)
-        raise ConfigError(
-            f"algorithm {config.algorithm!r} does not support {', '.join(sorted(missing))}; use {' or '.join(able)}"
-        )
+    try:
+        check_supported(config.algorithm, used)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def encode_inputs(out: Path, files: list[Path], config: BuildConfig, spec: EncoderSpec, driver, engine, progress) -> Encoded:

@@ -18,16 +18,7 @@ BATCH_ROWS = 1024  # record batch size inside a shard: small enough for streamin
 
 def write_shard(path: str | Path, table: pa.Table, root: str | Path) -> ShardEntry:
     """Write ``table`` to ``path`` atomically; the entry names it relative to ``root``."""
-    path = Path(path)
-    with atomic_open(path, "wb") as f:
-        with pa.ipc.new_stream(f, table.schema) as writer:
-            writer.write_table(table, max_chunksize=BATCH_ROWS)
-    return ShardEntry(
-        file=path.relative_to(root).as_posix(),
-        rows=table.num_rows,
-        bytes=path.stat().st_size,
-        sha256=sha256_file(path),
-    )
+    return write_shard_batches(path, table.schema, [table], root)
 
 
 def write_shard_batches(path: str | Path, schema: pa.Schema, tables, root: str | Path) -> ShardEntry:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from packer.pack.oversize import resolve
-from packer.pack.registry import ALGORITHMS, Constraints
+from packer.pack.registry import ALGORITHMS, Constraints, check_supported
 
 ORDERS = ("shuffle", "planner", "longest-first")
 
@@ -114,10 +114,7 @@ def plan(lengths, capacity: int, *, algorithm: str = "bfd", seed: int = 0, order
     spec = ALGORITHMS[algorithm]
     need, caps, names = _media_needs(len(lengths), media, max_media)
     constraints = Constraints(int(max_segments or 0), need, caps, names)
-    missing = constraints.used() - spec.supports
-    if missing:
-        able = sorted(n for n, s in ALGORITHMS.items() if missing <= s.supports)
-        raise ValueError(f"algorithm {algorithm!r} does not support {', '.join(sorted(missing))}; use {' or '.join(able)}")
+    check_supported(algorithm, constraints.used())
     if max_segments is not None and max_segments < 1:
         raise ValueError(f"max_segments must be at least 1, got {max_segments}")
 

@@ -75,6 +75,14 @@ def _add(spec: AlgorithmSpec) -> None:
     ALGORITHMS[spec.name] = spec
 
 
+def check_supported(algorithm: str, used: set[str]) -> None:
+    """Refuse constraints ``algorithm`` does not honour, naming the algorithms that do."""
+    missing = set(used) - ALGORITHMS[algorithm].supports
+    if missing:
+        able = sorted(n for n, s in ALGORITHMS.items() if missing <= s.supports)
+        raise ValueError(f"algorithm {algorithm!r} does not support {', '.join(sorted(missing))}; use {' or '.join(able)}")
+
+
 def register(name: str, *, supports: tuple[str, ...] = (), description: str = "") -> Callable[[Algorithm], Algorithm]:
     """Register a packing algorithm under ``name`` (decorator)."""
 
