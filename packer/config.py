@@ -52,19 +52,27 @@ class BuildConfig:
     image_end: str = _opt("", "Token after each image's placeholders (e.g. <|vision_end|>); empty: none.")
     audio_begin: str = _opt("", "Token before each audio clip's placeholders (e.g. <|audio_bos|>); empty: none.")
     audio_end: str = _opt("", "Token after each audio clip's placeholders (e.g. <|audio_eos|>); empty: none.")
+    modalities: tuple[str, ...] = _opt(("image", "audio"),
+                                       "Media kinds the model has an encoder for; a record holding another kind is "
+                                       "quarantined (no_encoder), or stops the build with --strict.")
     image_check: str = _opt("verify", "How hard to check images: header, verify (structure, no pixel decode), decode.",
                             choices=IMAGE_CHECKS)
     image_embeddings: str = _opt("", "Store open_clip image embeddings: MODEL[:PRETRAINED] (a checkpoint file, a tag, "
                                      "or random); empty: off.")
-    embed_output: str = _opt("pooled", "What to store per image: the pooled embedding or the patch tokens.",
-                             choices=("pooled", "tokens"))
+    embed_output: str = _opt("pooled", "What to store per image: the pooled embedding, or one hidden state "
+                                       "(class token + patch tokens, see --embed-layer).", choices=("pooled", "tokens"))
+    embed_layer: int = _opt(-2, "With --embed-output tokens: which hidden state, indexed as HF CLIP's hidden_states "
+                                "(0: embeddings, -1: last block, -2: penultimate, LLaVA's vision_feature_layer).")
     embed_device: str = _opt("auto", "Device for the embedding pass: auto (cuda if available), cpu, cuda, cuda:1, ...")
     embed_batch_size: int = _opt(32, "Images per batch in the embedding pass.")
     embed_gpus: float = _opt(0.0, "With --engine ray: GPUs reserved by the embedding pass task.")
-    audio_features: str = _opt("", "Store audio features: log-mel[:n_mels=128]; empty: off.")
+    audio_features: str = _opt("", "Store audio features: whisper[:feature_size=128] (WhisperFeatureExtractor's "
+                                   "input_features, 30 s padded, float32); empty: off.")
     max_length: int = _opt(4096, "Capacity of a packed row, in tokens.")
     algorithm: str = _opt("bfd", "Bin-packing algorithm (see packer.pack.ALGORITHMS).")
-    oversize: str = _opt("truncate", "What to do with a sample longer than max_length.", choices=("truncate", "drop", "split"))
+    oversize: str = _opt("truncate", "What to do with a sample longer than max_length. split: pieces of at most max_length, "
+                                     "cut before media; a piece that follows a media item it does not hold is left out "
+                                     "(counted as split_lost_media).", choices=("truncate", "drop", "split"))
     max_segments: int = _opt(0, "Most samples in one packed row (0: no limit).")
     max_media: int = _opt(0, "Most media items (images + audio clips) in one packed row (0: no limit).")
     max_images: int = _opt(0, "Most images in one packed row (0: no limit).")
@@ -104,6 +112,9 @@ class BuildConfig:
             raise ConfigError(f"max_bad_fraction must be between 0 and 1, got {self.max_bad_fraction}")
         if self.workers < 0:
             raise ConfigError(f"workers must be 0 (auto) or positive, got {self.workers}")
+        if any(m not in ("image", "audio") for m in self.modalities) or len(set(self.modalities)) != len(self.modalities):
+            raise ConfigError(f"modalities = {list(self.modalities)}: name each of image, audio at most once "
+                              "(an empty list packs text only)")
         for a, b in (("image_token", "audio_token"), ("image_tag", "audio_tag")):
             if not getattr(self, a) or not getattr(self, b) or getattr(self, a) == getattr(self, b):
                 raise ConfigError(f"{a} and {b} must be two different non-empty strings")
@@ -111,6 +122,10 @@ class BuildConfig:
 
         parse_policy(self.image_tokens, "image")  # unknown policies and parameters fail here, before any work
         parse_policy(self.audio_tokens, "audio")
+        if self.audio_features:
+            from packer.media.features import FeatureSpec
+
+            FeatureSpec.parse(self.audio_features)  # the removed log-mel spec fails here, naming its replacement
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}

@@ -188,8 +188,9 @@ PLAN_SCHEMA = arrow_schema(PlanRow, "plan")
 
 @dataclass(frozen=True)
 class MediaFeature:
-    """One image embedding or audio feature array (``embeddings/``, ``audio_features/``),
-    keyed by the media ref as written in the records; ``values`` is ``shape`` flattened."""
+    """One image embedding (``embeddings/``), keyed by the media ref as written in the
+    records; ``values`` is ``shape`` flattened, float16 (``[embed_dim]`` pooled, or
+    ``[1 + n_patches, width]`` for one hidden state)."""
 
     ref: Str
     shape: Int32List
@@ -197,3 +198,19 @@ class MediaFeature:
 
 
 FEATURE_SCHEMA = arrow_schema(MediaFeature, "media_features")
+
+
+@dataclass(frozen=True)
+class AudioFeature:
+    """One clip's Whisper log-mel features (``audio_features/``), keyed by the media ref:
+    ``values`` is ``shape`` = ``[feature_size, 3000]`` flattened, float32 (what
+    ``WhisperFeatureExtractor`` returns, padded to 30 s); ``valid_frames`` is what its
+    attention mask sums to (Qwen2-Audio's ``feature_attention_mask``)."""
+
+    ref: Str
+    shape: Int32List
+    values: Annotated[tuple[float, ...], pa.list_(pa.float32())]
+    valid_frames: Int32
+
+
+AUDIO_FEATURE_SCHEMA = arrow_schema(AudioFeature, "audio_features")

@@ -201,17 +201,18 @@ def tiny_vit(tmp_path_factory):
     return "packer-tiny-vit"
 
 
-@pytest.mark.parametrize("output, shape", [("pooled", [32]), ("tokens", [16, 64])])
+@pytest.mark.parametrize("output, shape", [("pooled", [32]), ("tokens", [17, 64])])  # tokens: CLS + 4 x 4 patches
 def test_image_embeddings_and_audio_features(tiny_vit, tmp_path, monkeypatch, output, shape):
     import pyarrow as pa
 
     from conftest import ROOT
     from packer.build import build, repack
     from packer.config import resolve
+    from packer.loader.stored import StoredFeatures
 
     monkeypatch.chdir(ROOT)
     config = resolve(ROOT / "pipelines" / "sample.toml", output=str(tmp_path / "e"), image_embeddings=f"{tiny_vit}:random",
-                     embed_output=output, embed_device="cpu", audio_features="log-mel:n_mels=64")
+                     embed_output=output, embed_device="cpu", audio_features="whisper:feature_size=80")
     m = build(config, progress=False)
     emb = m["embeddings"]
     assert emb["model"] == tiny_vit and emb["pretrained"] == "random" and emb["dtype"] == "float16"
@@ -223,12 +224,16 @@ def test_image_embeddings_and_audio_features(tiny_vit, tmp_path, monkeypatch, ou
     assert set(table.column("ref").to_pylist()) == packed_refs
     for row in table.to_pylist():
         assert row["shape"] == shape and len(row["values"]) == int(np.prod(shape)) and np.isfinite(row["values"]).all()
+    if output == "tokens":
+        assert emb["layer"] == -2 and "class token first" in emb["layout"]
+    stored = StoredFeatures(tmp_path / "e", "embeddings")
+    assert set(stored) == packed_refs and all(stored[r].shape == tuple(shape) for r in packed_refs)
     feats = m["audio_features"]
-    assert feats["clips"] == 5 and feats["n_mels"] == 64
-    ft = pa.ipc.open_stream(pa.memory_map(str(tmp_path / "e" / feats["files"][0]["file"]))).read_all().to_pylist()
-    by_ref = {r["ref"]: r for r in ft}
-    assert by_ref["audio/tone_a4_1s.wav"]["shape"] == [64, 100]  # 1 s at 10 ms hops
-    assert by_ref["audio/tone_g3_7s.flac"]["shape"] == [64, 750]
+    assert feats["clips"] == 5 and feats["feature_size"] == 80 and feats["dtype"] == "float32" and feats["frames"] == 3000
+    audio = StoredFeatures(tmp_path / "e", "audio_features")
+    assert audio["audio/tone_a4_1s.wav"].shape == (80, 3000) and audio["audio/tone_a4_1s.wav"].dtype == np.float32
+    assert audio.valid_frames("audio/tone_a4_1s.wav") == 100  # 1 s at 10 ms hops; the rest is padding
+    assert audio.valid_frames("audio/tone_g3_7s.flac") == 750
     m2 = repack(tmp_path / "e", output=str(tmp_path / "r"), max_length=8192, progress=False)
     assert m2["embeddings"] == emb and (tmp_path / "r" / emb["files"][0]["file"]).exists()
 

@@ -48,4 +48,8 @@ class MediaCounter:
             except ValueError as e:
                 raise BadRecord("unsupported_image", f"{part.ref!r} ({info.width}x{info.height}): {e}") from None
         info = probe_audio(part.path)
-        return self.audio_policy.count(info.frames, info.sample_rate)
+        result = self.audio_policy.count(info.frames, info.sample_rate)
+        if result.length < 1:
+            raise BadRecord("audio_too_short", f"{part.ref!r} is {1000 * info.seconds:.1f} ms: the encoder produces 0 positions "
+                                               f"under audio policy {self.audio_policy.name!r}; drop the clip or pad it")
+        return result

@@ -9,9 +9,24 @@
 
 The model is loaded before any record is read, so a missing checkpoint or an
 unreachable hub fails the build at once, not after hours of encoding.
-``--embed-output pooled`` stores the image embedding (``embed_dim`` floats per image);
-``tokens`` stores the tower's patch tokens (``n_patches x width``), what a LLaVA-style
-projector consumes. float16, flattened, with the shape beside it.
+
+``--embed-output pooled`` stores the image embedding (``embed_dim`` floats per image,
+open_clip's own output, unchanged). ``tokens`` stores one hidden state of the tower,
+chosen by ``--embed-layer N`` (default -2), which is what a LLaVA projector consumes
+(``vision_feature_layer=-2``). N indexes the hidden states as HF CLIP's
+``output_hidden_states`` does::
+
+    index   0        1          2        ...  L (= -1)      L - 1 (= -2, default)
+    state   ln_pre   block 1    block 2  ...  last block    penultimate block
+            output   output     output        output        output
+
+Each state is ``[1 + n_patches, width]``: the class token first, then the patches in
+row-major order (ViT-L-14-336: ``[577, 1024]``), taken *before* ``ln_post`` (the final
+norm is applied only to the last layer's pooled output, never to a hidden state).
+LLaVA's ``vision_feature_select_strategy="default"`` drops row 0 (the class token) at
+train time; ``full`` keeps it. Stored float16, flattened, with the shape beside it.
+Images are read with :func:`packer.media.load.load_image` (EXIF orientation applied,
+RGB), the convention the counts were made with.
 """
 
 from __future__ import annotations
@@ -32,15 +47,22 @@ class EmbedSpec:
     output: str = "pooled"
     device: str = "auto"
     batch_size: int = 32
+    layer: int = -2  # hidden-state index for output="tokens" (see the module docstring)
 
     @classmethod
-    def parse(cls, spec: str, *, output: str, device: str, batch_size: int) -> EmbedSpec:
+    def parse(cls, spec: str, *, output: str, device: str, batch_size: int, layer: int = -2) -> EmbedSpec:
         model, _, pretrained = spec.partition(":")
         if not model:
             raise ConfigError("--image-embeddings needs MODEL[:PRETRAINED], e.g. ViT-L-14-336:openai")
         if output not in ("pooled", "tokens"):
             raise ConfigError(f"embed output must be pooled or tokens, got {output!r}")
-        return cls(model, None if pretrained in ("", "random", "none") else pretrained, output, device, batch_size)
+        return cls(model, None if pretrained in ("", "random", "none") else pretrained, output, device, batch_size, layer)
+
+    @classmethod
+    def from_config(cls, config) -> EmbedSpec:
+        """The spec a :class:`~packer.config.BuildConfig` asks for."""
+        return cls.parse(config.image_embeddings, output=config.embed_output, device=config.embed_device,
+                         batch_size=config.embed_batch_size, layer=config.embed_layer)
 
 
 class ImageEmbedder:
@@ -66,29 +88,58 @@ class ImageEmbedder:
                               f"(MODEL:/path/to/open_clip_model.bin) where the hub is unreachable.") from None
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if spec.device == "auto" else spec.device
         self.visual = model.visual.eval().to(self.device)
-        self.visual.output_tokens = spec.output == "tokens"
+        self.visual.output_tokens = False  # forward() gives the pooled embedding; tokens come from _hidden_state
         self.torch = torch
+        self.block = self._resolve_layer() if spec.output == "tokens" else None
+
+    def _resolve_layer(self) -> int:
+        """The block whose output is hidden state ``layer`` (0: ``ln_pre``, i.e. block -1 here)."""
+        blocks = getattr(getattr(self.visual, "transformer", None), "resblocks", None)
+        if blocks is None or not hasattr(self.visual, "ln_pre"):
+            raise ConfigError(f"--embed-output tokens reads a ViT's hidden states; {self.spec.model} is not an open_clip "
+                              f"VisionTransformer (use --embed-output pooled)")
+        n = len(blocks)
+        if not -(n + 1) <= self.spec.layer <= n:
+            raise ConfigError(f"--embed-layer {self.spec.layer} is out of range for {self.spec.model}: it has {n} blocks, "
+                              f"so hidden states {-(n + 1)}..{n} (-2, the penultimate block, is LLaVA's choice)")
+        return (self.spec.layer % (n + 1)) - 1
 
     def describe(self) -> dict[str, Any]:
         norm = self.preprocess.transforms[-1]
         size = self.visual.image_size
-        return {
+        out = {
             "model": self.spec.model,
             "pretrained": self.spec.pretrained or "random",
             "output": self.spec.output,
             "dtype": "float16",
             "preprocessing": {"image_size": list(size) if isinstance(size, (tuple, list)) else [size, size],
-                              "mean": list(norm.mean), "std": list(norm.std), "resize": "bicubic + center crop"},
+                              "mean": list(norm.mean), "std": list(norm.std), "resize": "bicubic + center crop",
+                              "loading": "EXIF transpose + RGB (transformers.image_utils.load_image)"},
         }
+        if self.spec.output == "tokens":
+            out["layer"] = self.spec.layer
+            out["layout"] = "[1 + n_patches, width]: class token first, then patches row-major; before ln_post"
+        return out
 
     def embed(self, paths: list[str]) -> list[np.ndarray]:
-        from PIL import Image
+        from packer.media.load import load_image
 
-        images = []
-        for p in paths:
-            with Image.open(p) as img:
-                images.append(self.preprocess(img.convert("RGB")))
+        images = self.torch.stack([self.preprocess(load_image(p)) for p in paths]).to(self.device)
         with self.torch.inference_mode():
-            out = self.visual(self.torch.stack(images).to(self.device))
-            out = out[1] if self.spec.output == "tokens" else out
+            out = self.visual(images) if self.block is None else self._hidden_state(images)
         return list(out.float().cpu().numpy().astype(np.float16))
+
+    def _hidden_state(self, images):
+        """Hidden state ``layer`` as ``[batch, 1 + n_patches, width]``, caught with a forward
+        hook (open_clip exposes no per-layer output); the blocks after it still run."""
+        visual = self.visual
+        module = visual.ln_pre if self.block < 0 else visual.transformer.resblocks[self.block]
+        caught = []
+        handle = module.register_forward_hook(lambda _m, _i, output: caught.append(output))
+        try:
+            visual(images)
+        finally:
+            handle.remove()
+        state = caught[0]
+        batch_first = self.block < 0 or getattr(visual.transformer, "batch_first", True)
+        return state if batch_first else state.transpose(0, 1)

@@ -1,9 +1,21 @@
-"""Optional: log-mel features for every audio clip, computed once and stored.
+"""Optional: Whisper log-mel features for every audio clip, computed once and stored.
 
-``--audio-features log-mel[:n_mels=128]``: decoded with soundfile (mixed to mono),
-resampled to 16 kHz with torchaudio, then Whisper's recipe -- 25 ms windows every
-10 ms (n_fft 400, hop 160), power mel spectrogram, log10, floor at max - 8, (x + 4) / 4.
-Stored float16 as ``[n_mels, frames]``, flattened, with the shape beside it.
+``--audio-features whisper[:feature_size=128]`` stores exactly what the model's own
+feature extractor gives the audio tower::
+
+    WhisperFeatureExtractor(feature_size=N)(audio_16k, sampling_rate=16000,
+                                            padding="max_length", return_attention_mask=True)
+
+``input_features[0]`` as ``[N, 3000]`` float32 (30 s padded; longer clips cut at 30 s, as
+the extractor does) and ``valid_frames`` = ``attention_mask.sum()`` beside it, what
+Qwen2-Audio's ``feature_attention_mask`` holds and its token count derives from. N = 128
+for Qwen2-Audio and Whisper large-v3, 80 for the other Whisper sizes. The clip is read
+with :func:`packer.media.load.load_audio` (mono mean, resampled to 16 kHz), the
+convention the token counts were made with. The extractor itself computes the features,
+so they equal the HF ones by construction, whichever of its numpy / torch paths it takes.
+
+``log-mel`` (an HTK mel, no Slaney norm, 80 bins, unpadded) was not Whisper's feature and
+is gone; asking for it fails with a :class:`ConfigError` naming ``whisper``.
 """
 
 from __future__ import annotations
@@ -15,53 +27,67 @@ import numpy as np
 
 from packer.errors import ConfigError, PackerError
 
+SAMPLING_RATE = 16000
+HOP_LENGTH = 160
+N_FFT = 400
+CHUNK_SECONDS = 30
+
 
 @dataclass(frozen=True)
 class FeatureSpec:
-    kind: str = "log-mel"
-    n_mels: int = 80
-    sample_rate: int = 16000
-    n_fft: int = 400
-    hop_length: int = 160
+    kind: str = "whisper"
+    feature_size: int = 128
 
     @classmethod
     def parse(cls, spec: str) -> FeatureSpec:
+        """``whisper[:feature_size=N]``; anything else is a :class:`ConfigError` that names the fix."""
         kind, _, params = spec.partition(":")
-        if kind != "log-mel":
-            raise ConfigError(f"unknown audio features {kind!r}; known: log-mel")
+        if kind == "log-mel":
+            raise ConfigError(f"--audio-features {spec!r}: log-mel was removed (an HTK mel without Whisper's Slaney norm "
+                              f"or 30 s padding, which no model takes); use whisper:feature_size=128 (Qwen2-Audio, "
+                              f"Whisper large-v3) or whisper:feature_size=80 (other Whisper models)")
+        if kind != "whisper":
+            raise ConfigError(f"unknown audio features {kind!r}; known: whisper[:feature_size=128]")
         kwargs = {}
         for item in filter(None, params.split(",")):
             key, _, value = item.partition("=")
-            if key not in ("n_mels", "sample_rate", "n_fft", "hop_length"):
-                raise ConfigError(f"log-mel: unknown parameter {key!r}")
-            kwargs[key] = int(value)
+            if key.strip() != "feature_size":
+                raise ConfigError(f"--audio-features whisper: unknown parameter {key.strip()!r}; known: feature_size")
+            try:
+                kwargs["feature_size"] = int(value)
+            except ValueError:
+                raise ConfigError(f"--audio-features whisper: feature_size = {value!r} is not an integer") from None
+        if kwargs.get("feature_size", 128) < 1:
+            raise ConfigError(f"--audio-features whisper: feature_size must be positive, got {kwargs['feature_size']}")
         return cls(kind, **kwargs)
 
 
-class LogMel:
+class WhisperFeatures:
+    """``features(path) -> (input_features [N, 3000] float32, valid_frames)``."""
+
     def __init__(self, spec: FeatureSpec):
         try:
-            import torch
-            import torchaudio
+            from transformers import WhisperFeatureExtractor
         except ImportError:
-            raise PackerError("--audio-features needs torch and torchaudio") from None
-        self.spec, self.torch = spec, torch
-        self.resample = torchaudio.functional.resample
-        self.mel = torchaudio.transforms.MelSpectrogram(sample_rate=spec.sample_rate, n_fft=spec.n_fft,
-                                                        hop_length=spec.hop_length, n_mels=spec.n_mels, power=2.0)
+            raise PackerError("--audio-features whisper needs transformers: pip install transformers") from None
+        self.spec = spec
+        self.extractor = WhisperFeatureExtractor(feature_size=spec.feature_size, sampling_rate=SAMPLING_RATE,
+                                                 hop_length=HOP_LENGTH, n_fft=N_FFT, chunk_length=CHUNK_SECONDS)
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.spec.kind, "n_mels": self.spec.n_mels, "sample_rate": self.spec.sample_rate,
-                "n_fft": self.spec.n_fft, "hop_length": self.spec.hop_length, "dtype": "float16", "layout": "n_mels x frames"}
+        import transformers
 
-    def features(self, path: str) -> np.ndarray:
-        import soundfile as sf
+        return {"kind": self.spec.kind, "feature_size": self.spec.feature_size, "sampling_rate": SAMPLING_RATE,
+                "n_fft": N_FFT, "hop_length": HOP_LENGTH, "frames": self.extractor.nb_max_frames, "dtype": "float32",
+                "layout": "feature_size x frames (padded to 30 s); valid_frames = attention_mask.sum()",
+                "extractor": f"transformers {transformers.__version__} WhisperFeatureExtractor"}
 
-        wave, rate = sf.read(path, dtype="float32", always_2d=True)
-        x = self.torch.from_numpy(wave.mean(axis=1))
-        if rate != self.spec.sample_rate:
-            x = self.resample(x, rate, self.spec.sample_rate)
-        spec = self.mel(x)[:, :-1]  # Whisper drops the last frame
-        log = self.torch.clamp(spec, min=1e-10).log10()
-        log = self.torch.maximum(log, log.max() - 8.0)
-        return ((log + 4.0) / 4.0).numpy().astype(np.float16)
+    def features(self, path: str) -> tuple[np.ndarray, int]:
+        from packer.media.load import load_audio
+
+        wave = load_audio(path, SAMPLING_RATE)
+        out = self.extractor(wave, sampling_rate=SAMPLING_RATE, padding="max_length", return_attention_mask=True,
+                             return_tensors="np")
+        return np.asarray(out["input_features"][0], dtype=np.float32), int(np.asarray(out["attention_mask"][0]).sum())
+
+

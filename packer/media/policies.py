@@ -89,21 +89,39 @@ def open_clip_geometry(model: str) -> tuple[int, int]:
 @dataclass(frozen=True)
 class Dynamic:
     """Qwen2-VL / Qwen2.5-VL smart resize: each side rounded to a multiple of
-    patch_size x merge_size, scaled down when the area exceeds ``max_pixels`` and up
-    when below ``min_pixels``; one token per merged patch."""
+    factor = patch_size x merge_size, scaled down when the area exceeds ``max_pixels`` and
+    up when below ``min_pixels``; one token per merged patch.
+
+    ``rounding=transformers`` (default) is ``transformers.models.qwen2_vl.
+    image_processing_qwen2_vl.smart_resize`` operation for operation, so the count equals
+    what ``Qwen2VLImageProcessor`` produces for every size, tiny sides included: a side
+    under factor / 2 rounds to 0, the area falls under ``min_pixels`` and both sides are
+    scaled up (10x2000 -> 28x812 -> 29 tokens; 1x1 -> 56x56 -> 4).
+    ``rounding=qwen-vl-utils`` clamps the first rounding at ``factor`` as qwen-vl-utils'
+    ``smart_resize`` does (10x2000 -> 28x1988 -> 71 tokens): use it only when the
+    training code resizes with qwen-vl-utils itself before the HF processor.
+    An aspect ratio over 200 raises ``ValueError``, as transformers does (the counter
+    quarantines the record as ``unsupported_image``)."""
 
     name: ClassVar[str] = "dynamic"
     patch_size: int = 14
     merge_size: int = 2
     min_pixels: int = 56 * 56
     max_pixels: int = 28 * 28 * 1280
+    rounding: str = "transformers"
+
+    def __post_init__(self):
+        if self.rounding not in ("transformers", "qwen-vl-utils"):
+            raise ConfigError(f"dynamic: rounding must be transformers or qwen-vl-utils, got {self.rounding!r}")
 
     def resize(self, height: int, width: int) -> tuple[int, int]:
+        """The (height, width) the image is resized to; ``ValueError`` where the model refuses it."""
         factor = self.patch_size * self.merge_size
         if max(height, width) / min(height, width) > 200:
             raise ValueError(f"aspect ratio {max(height, width) / min(height, width):.0f} is over 200")
-        h = max(factor, round(height / factor) * factor)
-        w = max(factor, round(width / factor) * factor)
+        floor = factor if self.rounding == "qwen-vl-utils" else 0
+        h = max(floor, round(height / factor) * factor)
+        w = max(floor, round(width / factor) * factor)
         if h * w > self.max_pixels:
             beta = math.sqrt((height * width) / self.max_pixels)
             h = max(factor, math.floor(height / beta / factor) * factor)
@@ -191,10 +209,14 @@ class Whisper:
 @_register(AUDIO_POLICIES)
 @dataclass(frozen=True)
 class Qwen2Audio:
-    """Qwen2-Audio: F mel frames (hop 160 at 16 kHz, so F = ceil(samples_16k / 160)),
-    a stride-2 conv and a 2x pool: n = ((F - 1) // 2 + 1 - 2) // 2 + 1. The feature
+    """Qwen2-Audio: F mel frames (hop 160 at 16 kHz, so F = ceil(samples_16k / 160), what
+    ``WhisperFeatureExtractor``'s attention mask sums to), a stride-2 conv and a 2x pool:
+    n = ((F - 1) // 2 + 1 - 2) // 2 + 1 (``Qwen2AudioProcessor``'s formula). The feature
     extractor keeps 30 s; ``long=truncate`` does the same, ``long=split`` counts every
-    30 s window."""
+    30 s window (a last window of under 3 frames adds nothing, as the model would).
+
+    Clips of 20 ms or less (F <= 2) give 0, exactly what the encoder produces: the
+    counter quarantines them (``audio_too_short``) rather than invent a position."""
 
     name: ClassVar[str] = "qwen2-audio"
     sampling_rate: int = 16000
@@ -215,7 +237,7 @@ class Qwen2Audio:
         frames = -(-samples // self.hop_length)
         window = int(self.max_seconds * self.sampling_rate) // self.hop_length
         if self.long == "truncate" or frames <= window:
-            return Count(max(1, self.tokens_for_frames(max(1, min(frames, window)))))
+            return Count(max(0, self.tokens_for_frames(min(frames, window))))
         full, rest = divmod(frames, window)
         n = full * self.tokens_for_frames(window) + (self.tokens_for_frames(rest) if rest >= 3 else 0)
         return Count(n, (full + (rest >= 3),))
@@ -224,7 +246,8 @@ class Qwen2Audio:
 @_register(AUDIO_POLICIES)
 @dataclass(frozen=True)
 class Rate:
-    """A fixed number of tokens per second of audio (ceil), at least one."""
+    """A fixed number of tokens per second of audio (ceil); any clip of at least one
+    sample gets at least one (the ceiling of a positive duration)."""
 
     name: ClassVar[str] = "rate"
     per_second: float = 25.0

@@ -1,6 +1,11 @@
 """Read just enough of a media file to count its tokens, and catch bad files cheaply.
 
-Images (PIL opens lazily: the header gives the size without decoding pixels):
+Images (PIL opens lazily: the header gives the size without decoding pixels). The size
+reported is the size *after* EXIF orientation, as ``transformers.image_utils.load_image``
+(and :func:`packer.media.load.load_image`) produce it: orientations 5-8 (transpose,
+rotate 90 / 270, transverse) swap width and height. The orientation is read from the
+EXIF (or XMP) metadata in the header; a PNG whose eXIf chunk comes after its pixel data
+is only seen with ``decode`` (PIL finds such chunks by decoding).
 
 - ``header``: open and read the size. Catches: missing / unreadable file, not an
   image, unknown format, a damaged header.
@@ -45,26 +50,51 @@ class AudioInfo:
         return self.frames / self.sample_rate
 
 
+TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)  # EXIF values whose transform swaps width and height
+ORIENTATION_TAG = 0x0112
+
+
 def probe_image(path: str, check: str = "verify") -> ImageInfo:
+    """Size (after EXIF orientation) and format of the image at ``path``; any failure PIL
+    reports -- a missing file, not an image, a damaged header, a decompression bomb --
+    is a :class:`BadRecord`, so one bad file never stops a build."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with open_binary(path) as f, Image.open(f) as img:
             width, height = img.size
             fmt = img.format or "unknown"
+            if check == "decode":
+                img.load()
+            if _orientation(img, decoded=check == "decode") in TRANSPOSING_ORIENTATIONS:
+                width, height = height, width
             if check == "verify":
                 img.verify()
-            elif check == "decode":
-                img.load()
     except FileNotFoundError:
         raise BadRecord("missing_image", f"image file {path!r} not found") from None
     except UnidentifiedImageError:
         raise BadRecord("corrupt_image", f"{path!r} is not an image PIL can read") from None
-    except (OSError, SyntaxError, ValueError) as e:  # PIL reports damage as any of these
-        raise BadRecord("corrupt_image", f"{path!r} is damaged or truncated: {e}") from None
+    except Image.DecompressionBombError as e:
+        raise BadRecord("corrupt_image", f"{path!r} is implausibly large ({e}); if it is real, raise "
+                                         f"PIL.Image.MAX_IMAGE_PIXELS in the build process") from None
+    except Exception as e:  # noqa: BLE001 -- PIL reports damage as OSError, SyntaxError, ValueError, struct.error, ...
+        raise BadRecord("corrupt_image", f"{path!r} is damaged or truncated: {type(e).__name__}: {e}") from None
     if width < 1 or height < 1:
         raise BadRecord("corrupt_image", f"{path!r} has size {width}x{height}")
     return ImageInfo(height, width, fmt)
+
+
+def _orientation(img, *, decoded: bool) -> int:
+    """The EXIF orientation ``ImageOps.exif_transpose`` would apply (1 when none).
+
+    ``Image.Image.getexif`` reads the metadata PIL found while opening (EXIF, or XMP's
+    tiff:Orientation) without decoding; PNG's own ``getexif`` would decode the pixels to
+    look for late chunks, so it is only used once the image is decoded anyway."""
+    from PIL import Image
+
+    exif = img.getexif() if decoded else Image.Image.getexif(img)
+    value = exif.get(ORIENTATION_TAG, 1)
+    return value if isinstance(value, int) else 1
 
 
 def probe_audio(path: str) -> AudioInfo:

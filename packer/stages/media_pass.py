@@ -2,7 +2,9 @@
 
 Runs in the driver (one accelerator is the usual case) after stage 1, over the media
 refs the encoded samples hold, in order of first appearance, so the output is
-deterministic. Shards are bounded by ``shard_bytes``.
+deterministic. Shards are bounded by ``shard_bytes``. Image embeddings are written with
+``FEATURE_SCHEMA`` (float16), audio features with ``AUDIO_FEATURE_SCHEMA`` (float32 plus
+``valid_frames``); :class:`packer.loader.stored.StoredFeatures` reads either back.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pyarrow.compute as pc
 
 from packer.errors import PackerError
 from packer.io.arrow import write_shard
-from packer.schema import FEATURE_SCHEMA, ShardEntry
+from packer.schema import AUDIO_FEATURE_SCHEMA, FEATURE_SCHEMA, ShardEntry
 
 
 def media_paths(samples: pa.Table, kind: str, media_root: str | None) -> dict[str, str]:
@@ -37,32 +39,44 @@ def media_paths(samples: pa.Table, kind: str, media_root: str | None) -> dict[st
     return refs
 
 
-def run_pass(out: Path, folder: str, refs: dict[str, str], compute: Callable[[list[str]], list[np.ndarray]],
-             batch_size: int, shard_bytes: int, progress_bar) -> list[ShardEntry]:
+def feature_table(items: list[tuple[str, dict[str, Any]]], schema: pa.Schema) -> pa.Table:
+    """One table of ``schema`` from ``(ref, {"values": array, other columns...})`` items:
+    ``shape`` is each array's shape, ``values`` the array flattened to the schema's dtype."""
+    dtype = schema.field("values").type.value_type
+    values = [np.asarray(item["values"]).reshape(-1) for _, item in items]
+    offsets = pa.array(np.concatenate([[0], np.cumsum([len(v) for v in values])]).astype(np.int32))
+    columns = {
+        "ref": pa.array([r for r, _ in items], pa.string()),
+        "shape": pa.array([list(np.shape(item["values"])) for _, item in items], pa.list_(pa.int32())),
+        "values": pa.ListArray.from_arrays(offsets, pa.array(np.concatenate(values).astype(dtype.to_pandas_dtype()))),
+    }
+    for name in schema.names:
+        if name not in columns:
+            columns[name] = pa.array([item[name] for _, item in items], schema.field(name).type)
+    return pa.table(columns, schema=schema)
+
+
+def run_pass(out: Path, folder: str, refs: dict[str, str], compute: Callable[[list[str]], list[dict[str, Any]]],
+             batch_size: int, shard_bytes: int, progress_bar, schema: pa.Schema = FEATURE_SCHEMA) -> list[ShardEntry]:
+    """``compute(paths)`` gives one ``{"values": array, ...}`` per path; rows are written in
+    ``refs`` order to ``out/folder/part-NNNNN.arrow``, a new shard every ``shard_bytes``."""
     shards: list[ShardEntry] = []
-    buffer: list[tuple[str, np.ndarray]] = []
+    buffer: list[tuple[str, dict[str, Any]]] = []
     size = 0
 
     def flush():
         nonlocal buffer, size
         if not buffer:
             return
-        values = [a.reshape(-1) for _, a in buffer]
-        offsets = pa.array(np.concatenate([[0], np.cumsum([len(v) for v in values])]).astype(np.int32))
-        table = pa.table({
-            "ref": pa.array([r for r, _ in buffer], pa.string()),
-            "shape": pa.array([list(a.shape) for _, a in buffer], pa.list_(pa.int32())),
-            "values": pa.ListArray.from_arrays(offsets, pa.array(np.concatenate(values).astype(np.float16))),
-        }, schema=FEATURE_SCHEMA)
-        shards.append(write_shard(out / folder / f"part-{len(shards):05d}.arrow", table, out))
+        shards.append(write_shard(out / folder / f"part-{len(shards):05d}.arrow", feature_table(buffer, schema), out))
         buffer, size = [], 0
 
     items = list(refs.items())
     for start in range(0, len(items), batch_size):
         batch = items[start : start + batch_size]
-        for (ref, _), array in zip(batch, compute([p for _, p in batch]), strict=True):
-            buffer.append((ref, array))
-            size += array.nbytes
+        for (ref, _), item in zip(batch, compute([p for _, p in batch]), strict=True):
+            buffer.append((ref, item))
+            size += np.asarray(item["values"]).nbytes
             if size >= shard_bytes:
                 flush()
         progress_bar.update(len(batch))
@@ -72,15 +86,21 @@ def run_pass(out: Path, folder: str, refs: dict[str, str], compute: Callable[[li
 
 def image_embeddings(out: Path, samples: pa.Table, embedder, config, bar) -> dict[str, Any]:
     refs = media_paths(samples, "image", config.media_root)
-    files = run_pass(out, "embeddings", refs, embedder.embed, config.embed_batch_size, config.shard_bytes, bar)
+    files = run_pass(out, "embeddings", refs, lambda paths: [{"values": a} for a in embedder.embed(paths)],
+                     config.embed_batch_size, config.shard_bytes, bar)
     return {**embedder.describe(), "images": len(refs), "files": [dataclasses.asdict(e) for e in files]}
 
 
 def audio_features(out: Path, samples: pa.Table, extractor, config, bar) -> dict[str, Any]:
     refs = media_paths(samples, "audio", config.media_root)
-    files = run_pass(out, "audio_features", refs, lambda paths: [extractor.features(p) for p in paths], 8,
-                     config.shard_bytes, bar)
+    files = run_pass(out, "audio_features", refs, lambda paths: [_audio_item(extractor, p) for p in paths], 8,
+                     config.shard_bytes, bar, AUDIO_FEATURE_SCHEMA)
     return {**extractor.describe(), "clips": len(refs), "files": [dataclasses.asdict(e) for e in files]}
+
+
+def _audio_item(extractor, path: str) -> dict[str, Any]:
+    features, valid = extractor.features(path)
+    return {"values": features, "valid_frames": valid}
 
 
 class _NoBar:
@@ -94,7 +114,6 @@ def embeddings_task(out: str, sample_files: list[str], config) -> dict[str, Any]
     from packer.media.embed import EmbedSpec, ImageEmbedder
     from packer.schema import SAMPLE_SCHEMA
 
-    embedder = ImageEmbedder(EmbedSpec.parse(config.image_embeddings, output=config.embed_output,
-                                             device=config.embed_device, batch_size=config.embed_batch_size))
+    embedder = ImageEmbedder(EmbedSpec.from_config(config))
     samples = read_shards([Path(out) / f for f in sample_files], SAMPLE_SCHEMA)
     return image_embeddings(Path(out), samples, embedder, config, _NoBar())

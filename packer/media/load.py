@@ -1,0 +1,61 @@
+"""Loading media the way the HF processors expect it: one convention for build and train.
+
+Counting (:mod:`packer.media.probe`, at build time) and loading (the loader's media
+step, at train time) must agree on what an image or a clip *is*, or the model raises
+"image features and image tokens do not match" (or, worse, gets a transposed mRoPE grid
+and says nothing). Both follow transformers' own loaders:
+
+- :func:`load_image` = ``transformers.image_utils.load_image``: EXIF orientation applied
+  (``ImageOps.exif_transpose``), then ``convert("RGB")`` (CMYK, 16-bit, palette +
+  transparency and the first frame of an animation all become 8-bit RGB).
+- :func:`load_audio` = ``transformers.audio_utils.load_audio(backend="soundfile")``
+  (= ``librosa.load``): soundfile decode, channels averaged to mono, ``soxr_hq``
+  resampling, padded / trimmed to ``ceil(samples * rate / source_rate)`` -- the length
+  the audio token policies count with.
+
+Paths may be local or fsspec URLs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from packer.io.fs import open_binary
+
+
+def load_image(path: str):
+    """The upright RGB ``PIL.Image`` of ``path``."""
+    from PIL import Image, ImageOps
+
+    with open_binary(path) as f, Image.open(f) as img:
+        upright = ImageOps.exif_transpose(img)
+        return upright.convert("RGB")
+
+
+def load_audio(path: str, sampling_rate: int) -> np.ndarray:
+    """Mono float32 samples of ``path`` at ``sampling_rate``."""
+    import soundfile as sf
+
+    with open_binary(path) as raw, sf.SoundFile(raw) as f:
+        source_rate = f.samplerate
+        wave = f.read(dtype="float32", always_2d=True).T
+    wave = wave.mean(axis=0) if wave.shape[0] > 1 else wave[0]
+    if source_rate != sampling_rate:
+        try:
+            import soxr
+        except ImportError:
+            raise ImportError("resampling audio needs soxr: pip install soxr") from None
+        n = math.ceil(wave.shape[-1] * sampling_rate / source_rate)
+        wave = soxr.resample(wave, source_rate, sampling_rate, quality="soxr_hq")
+        wave = np.pad(wave, (0, max(0, n - len(wave))))[:n]
+    return np.ascontiguousarray(wave, dtype=np.float32)
+
+
+def resolve_ref(ref: str, media_root: str) -> str:
+    """The file a stored media ``ref`` names: absolute refs and URLs as they are, others
+    joined onto the build's media root (``manifest["media_root"]``)."""
+    if "://" in ref or ref.startswith("/") or not media_root:
+        return ref
+    return f"{media_root.rstrip('/')}/{ref}"
