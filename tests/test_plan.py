@@ -227,8 +227,9 @@ def test_oversize_policies_golden():
     assert list(zip(t.sample.tolist(), t.start.tolist(), t.length.tolist())) == [(1, 0, 2), (0, 0, 3)]
     assert t.truncated.tolist() == [0] and t.truncated_tokens == 7
     s = resolve(lengths, 4, "split", protected=protected)
-    assert list(zip(s.sample.tolist(), s.start.tolist(), s.length.tolist())) == [(1, 0, 2), (0, 0, 3), (0, 3, 4), (0, 7, 3)]
-    assert s.split.tolist() == [0]
+    # the last piece [7:10] talks about the image it does not hold: left out and counted
+    assert list(zip(s.sample.tolist(), s.start.tolist(), s.length.tolist())) == [(1, 0, 2), (0, 0, 3), (0, 3, 4)]
+    assert s.split.tolist() == [0] and s.pieces_lost_media == 1 and s.pieces_dropped == 0
     d = resolve(lengths, 4, "drop")
     assert d.sample.tolist() == [1] and d.dropped["oversize"].tolist() == [0]
 
@@ -241,6 +242,104 @@ def test_oversize_nothing_trainable_and_media_over_capacity():
     s = resolve(np.array([10]), 4, "split", trained={0: np.array([False] * 6 + [True] * 4)})
     # pieces [0:4] (nothing trained after its first token) left out, [4:8] and [8:10] kept
     assert list(zip(s.start.tolist(), s.length.tolist())) == [(4, 4), (8, 2)] and s.pieces_dropped == 1
+
+
+def split_pieces(s, i):
+    mine = np.flatnonzero(s.sample == i)
+    return list(zip(s.start[mine].tolist(), s.length[mine].tolist()))
+
+
+def test_split_keeps_only_pieces_that_hold_their_media():
+    # capacity 4. Sample 0: text, image at 4..6, text: [t t t t] [I I I t] (t t t) -> the last piece lost.
+    # Sample 1: image first at 0..2: [I I I t] then three text pieces about it -> all three lost.
+    # Sample 2: two images, 2..3 and 7..8: [t t I I] [t t t] (J J t t) (t) -> the second piece follows image I
+    #           without it and the third holds J but not I: both lost; the 1-token piece has nothing to train.
+    # Sample 3: text only: every piece kept.
+    lengths = np.array([11, 14, 12, 10])
+    protected = {0: np.array([[4, 3]]), 1: np.array([[0, 3]]), 2: np.array([[2, 2], [7, 2]])}
+    s = resolve(lengths, 4, "split", protected=protected)
+    assert split_pieces(s, 0) == [(0, 4), (4, 4)]
+    assert split_pieces(s, 1) == [(0, 4)]
+    assert split_pieces(s, 2) == [(0, 4)]
+    assert split_pieces(s, 3) == [(0, 4), (4, 4), (8, 2)]
+    assert s.pieces_lost_media == 1 + 3 + 2 and s.pieces_dropped == 1 and not s.dropped
+    assert s.split.tolist() == [0, 1, 2, 3]
+    # truncate keeps the first piece, which never follows a span: unchanged by the rule
+    t = resolve(lengths, 4, "truncate", protected=protected)
+    assert t.pieces_lost_media == 0 and t.length[np.argsort(t.sample)].tolist() == [4, 4, 4, 4]
+
+
+def test_split_sample_left_with_no_piece_is_dropped_as_split_lost_media():
+    # An image at 0..2 and an untrained question fill the first piece; the answer lies in pieces that
+    # lack the image: nothing may be trained, so the sample is dropped -- as split_lost_media,
+    # while a sample that simply has nothing to train stays nothing_trainable.
+    lengths = np.array([12, 12])
+    trained = {0: np.array([False] * 4 + [True] * 8), 1: np.zeros(12, bool)}
+    s = resolve(lengths, 4, "split", protected={0: np.array([[0, 3]]), 1: np.array([[0, 3]])}, trained=trained)
+    assert {k: v.tolist() for k, v in s.dropped.items()} == {"nothing_trainable": [1], "split_lost_media": [0]}
+    assert len(s.sample) == 0 and s.pieces_lost_media == 2 and s.pieces_dropped == 1 + 3
+    # plan() carries the count and the accounting: every sample placed or dropped, by reason
+    p = plan(lengths, 4, oversize="split", protected={0: np.array([[0, 3]]), 1: np.array([[0, 3]])}, trained=trained)
+    assert p.pieces_lost_media == 2 and p.n_bins == 0 and sorted(p.dropped) == ["nothing_trainable", "split_lost_media"]
+
+
+@st.composite
+def samples_with_media(draw):
+    """Lengths, capacity, non-overlapping media spans (some over capacity) and trained masks."""
+    capacity = draw(st.integers(3, 24))
+    lengths, protected, trained = [], {}, {}
+    for i in range(draw(st.integers(1, 12))):
+        n = draw(st.integers(1, 4 * capacity))
+        lengths.append(n)
+        spans, pos = [], 0
+        while pos < n and draw(st.booleans()):
+            start = pos + draw(st.integers(0, n - pos - 1))
+            length = draw(st.integers(1, min(n - start, capacity + 2)))
+            spans.append((start, length))
+            pos = start + length
+        protected[i] = np.array(spans, np.int64).reshape(-1, 2)
+        trained[i] = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)), bool)
+    return np.array(lengths, np.int64), capacity, protected, trained
+
+
+def reference_cuts(n, capacity, spans):
+    """Piece boundaries of a split, independently: at most ``capacity``, moved back before a span."""
+    cuts, start = [], 0
+    while start < n:
+        end = min(start + capacity, n)
+        inside = [s for s, m in spans if start < s < end < s + m]
+        end = min(inside) if inside else end
+        cuts.append((start, end))
+        start = end
+    return cuts
+
+
+@settings(max_examples=300, deadline=None)
+@given(samples_with_media(), st.sampled_from(ALL))
+def test_split_never_trains_a_piece_on_media_it_lacks(case, algorithm):
+    lengths, capacity, protected, trained = case
+    p = plan(lengths, capacity, oversize="split", protected=protected, trained=trained, algorithm=algorithm)
+    check_invariants(p, lengths.tolist(), capacity)
+    for i, start, n in zip(p.indices.tolist(), p.starts.tolist(), p.lengths.tolist(), strict=True):
+        for s, m in protected[i].tolist():
+            overlaps = s < start + n and start < s + m
+            assert not overlaps or start <= s and s + m <= start + n, f"span {s}:{s + m} is cut"
+            if s < start + n:  # a span that starts before the piece ends ...
+                assert start <= s, f"piece {start}:{start + n} of sample {i} follows span {s}:{s + m} it lacks"
+    # The rule loses exactly the trainable pieces that start after the first span: no more, no less.
+    lost = 0
+    for i, n in enumerate(lengths.tolist()):
+        spans = protected[i].tolist()
+        if n <= capacity or any(m > capacity for _, m in spans):
+            continue
+        first = min((s for s, _ in spans), default=n)
+        cuts = [(a, b) for a, b in reference_cuts(n, capacity, spans) if trained[i][a + 1 : b].any()]
+        kept = sorted(zip(p.starts[p.indices == i].tolist(), (p.starts + p.lengths)[p.indices == i].tolist()))
+        assert kept == [(a, b) for a, b in cuts if a <= first]
+        lost += sum(a > first for a, _ in cuts)
+        if not kept:
+            assert i in p.dropped["split_lost_media" if any(a > first for a, _ in cuts) else "nothing_trainable"]
+    assert p.pieces_lost_media == lost
 
 
 @settings(max_examples=100, deadline=None)

@@ -13,11 +13,22 @@ A segment must keep a trained token after its first one (a segment's first token
 never trained); a sample left with none is dropped (``nothing_trainable``). A protected
 span longer than the capacity can never fit: ``media_over_capacity``.
 
+A split piece never trains on text about media it does not hold. Text after a media
+item is about it, text before it is not; so a piece is kept only if it holds every
+media span of its sample that starts before the piece ends. The media do not travel
+with the text: a piece that fails the rule is left out and counted (``pieces_lost_media``,
+``split_lost_media`` in the build stats), and a sample left with no piece because of it
+is dropped as ``split_lost_media``. Since cuts never go through a span, the rule keeps
+exactly the pieces that start at or before the sample's first media span: every piece
+after the one that holds the first media item is lost. Text-only samples keep all their
+pieces.
+
 Example, capacity 4, sample of 10 tokens with an image at 3..5 (``I``)::
 
     tokens    t t t I I I t t t t
     truncate  [t t t]                      cut at 3, before the image
-    split     [t t t] [I I I t] [t t t]    pieces of 3, 4, 3
+    split     [t t t] [I I I t] (t t t)    pieces of 3 and 4 kept; the last piece
+                                           talks about the image it lacks: lost
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ class Segments:
     split: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     truncated_tokens: int = 0
     pieces_dropped: int = 0  # split pieces with nothing to train, left out
+    pieces_lost_media: int = 0  # trainable split pieces left out: they follow a media span they do not hold
     identity: bool = False  # segment k is sample k, whole (nothing was over capacity)
 
 
@@ -48,6 +60,12 @@ def _safe_end(start: int, end: int, spans: np.ndarray) -> int:
         if s < end < s + n and s >= start:
             end = s
     return end
+
+
+def _holds_media(start: int, end: int, spans: np.ndarray) -> bool:
+    """True if ``[start, end)`` holds every span that starts before ``end``."""
+    before = spans[spans[:, 0] < end]
+    return bool(np.all(before[:, 0] >= start) and np.all(before.sum(axis=1) <= end))
 
 
 def _trainable(trained: np.ndarray | None, start: int, end: int) -> bool:
@@ -80,7 +98,7 @@ def resolve(lengths: np.ndarray, capacity: int, policy: str, *, protected: dict[
     keep[over] = False
     extra_sample, extra_start, extra_length = [], [], []
     dropped: dict[str, list[int]] = {}
-    truncated, split, truncated_tokens, pieces_dropped = [], [], 0, 0
+    truncated, split, truncated_tokens, pieces_dropped, pieces_lost_media = [], [], 0, 0, 0
     for i in over.tolist():
         spans = np.asarray(protected.get(i, np.zeros((0, 2))), np.int64).reshape(-1, 2)
         mask = trained.get(i)
@@ -90,19 +108,22 @@ def resolve(lengths: np.ndarray, capacity: int, policy: str, *, protected: dict[
         if np.any(spans[:, 1] > capacity):
             dropped.setdefault("media_over_capacity", []).append(i)
             continue
-        pieces = []
+        pieces, lost = [], 0
         start = 0
         while start < lengths[i]:
             end = _safe_end(start, min(start + capacity, int(lengths[i])), spans)
-            if _trainable(mask, start, end):
+            if not _trainable(mask, start, end):
+                pieces_dropped += policy == "split"
+            elif policy == "split" and not _holds_media(start, end, spans):
+                lost += 1
+            else:
                 pieces.append((start, end - start))
-            elif policy == "split":
-                pieces_dropped += 1
             if policy == "truncate":
                 break
             start = end
+        pieces_lost_media += lost
         if not pieces:
-            dropped.setdefault("nothing_trainable", []).append(i)
+            dropped.setdefault("split_lost_media" if lost else "nothing_trainable", []).append(i)
             continue
         if policy == "truncate":
             truncated.append(i)
@@ -121,5 +142,5 @@ def resolve(lengths: np.ndarray, capacity: int, policy: str, *, protected: dict[
         sample, start, length,
         dropped={r: np.asarray(v, np.int64) for r, v in sorted(dropped.items())},
         truncated=np.asarray(truncated, np.int64), split=np.asarray(split, np.int64),
-        truncated_tokens=truncated_tokens, pieces_dropped=pieces_dropped,
+        truncated_tokens=truncated_tokens, pieces_dropped=pieces_dropped, pieces_lost_media=pieces_lost_media,
     )

@@ -51,6 +51,7 @@ class Plan:
     split: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     truncated_tokens: int = 0
     pieces_dropped: int = 0
+    pieces_lost_media: int = 0  # split pieces left out: they follow a media span they do not hold
 
     @property
     def n_bins(self) -> int:
@@ -148,7 +149,8 @@ def plan(lengths, capacity: int, *, algorithm: str = "bfd", seed: int = 0, order
     else:
         indices, starts = segs.sample[take], segs.start[take]
     result = Plan(offsets, indices, starts, segs.length[take], capacity,
-                  dropped, segs.truncated, segs.split, segs.truncated_tokens, segs.pieces_dropped)
+                  dropped, segs.truncated, segs.split, segs.truncated_tokens, segs.pieces_dropped,
+                  pieces_lost_media=segs.pieces_lost_media)
     _check_plan(result)
     return _ordered(result, order, seed)
 

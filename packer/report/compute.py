@@ -130,7 +130,7 @@ def report(out: str | Path, manifest: dict[str, Any] | None = None, *, batch_siz
         "accounting": {k: acc[k] for k in ("records_read", "samples_packed", "quarantined", "dropped",
                                            "quarantined_by_reason", "dropped_by_reason", "by_file", "blank_lines")},
         "oversize": {k: stats.get(k, 0) for k in ("truncated_samples", "truncated_tokens", "split_samples", "split_pieces",
-                                                  "split_pieces_dropped")},
+                                                  "split_pieces_dropped", "split_lost_media")},
         "quarantine_top": quarantine_examples(out, manifest),
         "attention": {"block_diagonal": s.attention, "dense": float(s.rows) * cap * cap,
                       "ratio": s.attention / max(1.0, float(s.rows) * cap * cap)},

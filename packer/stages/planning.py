@@ -2,8 +2,9 @@
 
 Only the lengths array and, where constraints ask for them, per-sample media counts
 and modality labels are held in memory. Samples over ``max_length`` are the only rows
-read in full: their media spans (never cut through) and label masks (a piece with
-nothing to train is left out) feed the oversize policy of :func:`packer.pack.plan`.
+read in full: their media spans (never cut through; a split piece that follows a span it
+does not hold is left out, ``split_lost_media``) and label masks (a piece with nothing to
+train is left out) feed the oversize policy of :func:`packer.pack.plan`.
 """
 
 from __future__ import annotations
