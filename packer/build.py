@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ import numpy as np
 
 from packer.config import PLAN_KEYS, BuildConfig
 from packer.encode import EncoderSpec
+from packer.encode.encoder import media_base
 from packer.engine import get_engine
 from packer.errors import BuildFailedError, ConfigError
 from packer.io.arrow import read_shards, write_shard
@@ -37,7 +39,7 @@ from packer.stages.state import BuildLock, fingerprint, open_state
 
 SMALL_INPUT_BYTES = 16 * 2**20
 OWNED = ("samples", "packed", "plan.arrow", "quarantine.jsonl", "manifest.json", "report.json", "report.html",
-         "embeddings", "audio_features")
+         "embeddings", "audio_features", "tokenizer")
 MEDIA_PASSES = ("embeddings", "audio_features")
 
 
@@ -79,7 +81,8 @@ def _build(config: BuildConfig, progress: bool) -> dict[str, Any]:
     files = config.input_files()
     engine = get_engine(config.engine, auto_workers(config.workers, files), address=config.ray_address,
                         cpus_per_task=config.cpus_per_task)
-    spec = EncoderSpec.from_config(config)
+    media_root = media_base(config, files)
+    spec = EncoderSpec.from_config(config, media_root)
     driver = encode.setup(spec, config.output, config.strict)  # checks the tokenizer before any work,
     embedder, extractor = media_models(config)  # and the embedding weights, before an old build is touched
     out = Path(config.output)
@@ -89,11 +92,23 @@ def _build(config: BuildConfig, progress: bool) -> dict[str, Any]:
         open_state(out, fingerprint(files, config.content_dict(), tokenizer), overwrite=config.overwrite, owned=OWNED)
         os.environ["PACKER_FSYNC"] = "1" if config.durable else "0"  # read by every writer, workers too
         encoded = encode_inputs(out, files, config, spec, driver, engine, progress)
+        warn_no_encoder(out, config, encoded)
         check_bad_fraction(out, config, encoded, tokenizer)
-        extra = media_passes(out, config, encoded, embedder, extractor, progress, engine)
+        save_tokenizer(driver.encoder.tok, out)
+        extra = media_passes(out, config, encoded, embedder, extractor, progress, engine, media_root)
+        extra["media_root"] = media_root
         return plan_and_pack(out, config, encoded, tokenizer, engine, progress, extra=extra)
     finally:
         lock.release()
+
+
+def warn_no_encoder(out: Path, config: BuildConfig, encoded: Encoded) -> None:
+    """One line on stderr when stage 1 quarantined records of a modality the model has no encoder for."""
+    n = encoded.quarantined.get("no_encoder", 0)
+    if n:
+        print(f"packer: warning: {n:,} record(s) hold media of a kind this pipeline declares no encoder for "
+              f"(modalities: {', '.join(config.modalities) or 'text only'}); quarantined as no_encoder in "
+              f"{out / 'quarantine.jsonl'} (--strict refuses them)", file=sys.stderr)
 
 
 def check_bad_fraction(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any]) -> None:
@@ -116,18 +131,32 @@ def media_models(config: BuildConfig):
     if config.image_embeddings:
         from packer.media.embed import EmbedSpec, ImageEmbedder
 
-        embedder = ImageEmbedder(EmbedSpec.parse(config.image_embeddings, output=config.embed_output,
-                                                 device=config.embed_device, batch_size=config.embed_batch_size))
+        embedder = ImageEmbedder(EmbedSpec.from_config(config))
     if config.audio_features:
-        from packer.media.features import FeatureSpec, LogMel
+        from packer.media.features import FeatureSpec, WhisperFeatures
 
-        extractor = LogMel(FeatureSpec.parse(config.audio_features))
+        extractor = WhisperFeatures(FeatureSpec.parse(config.audio_features))
     return embedder, extractor
 
 
-def media_passes(out: Path, config: BuildConfig, encoded: Encoded, embedder, extractor, progress, engine) -> dict[str, Any]:
+def save_tokenizer(tok, out: Path) -> None:
+    """``OUT/tokenizer/``: the tokenizer as the build used it, placeholder / begin / end
+    tokens included, so ``AutoTokenizer.from_pretrained(OUT / "tokenizer")`` gives the
+    manifest's ids. Written to a temporary folder and renamed into place."""
+    target = out / "tokenizer"
+    tmp = out / ".tokenizer.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tok.save_pretrained(str(tmp))
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+
+
+def media_passes(out: Path, config: BuildConfig, encoded: Encoded, embedder, extractor, progress, engine,
+                 media_root: str = "") -> dict[str, Any]:
     if embedder is None and extractor is None:
         return {}
+    if media_root:  # stored refs are relative to the build's media root
+        config = dataclasses.replace(config, media_root=media_root)
     from packer.stages import media_pass
 
     samples = read_shards([out / e.file for e in encoded.sample_shards], SAMPLE_SCHEMA)
@@ -175,7 +204,11 @@ def _repack_into(out: Path, source: Path, manifest: dict[str, Any], config: Buil
         _link_or_copy(source / entry.file, out / entry.file, entry.sha256)
     quarantine = ShardEntry(**manifest["files"]["quarantine"])
     _link_or_copy(source / quarantine.file, out / quarantine.file, quarantine.sha256)
-    extra = {"repacked_from": {"path": str(source), "manifest_created_at": manifest["created_at"]}}
+    extra = {"repacked_from": {"path": str(source), "manifest_created_at": manifest["created_at"]},
+             "media_root": manifest.get("media_root", "")}
+    if (source / "tokenizer").is_dir():
+        shutil.rmtree(out / "tokenizer", ignore_errors=True)
+        shutil.copytree(source / "tokenizer", out / "tokenizer")
     for section in MEDIA_PASSES:  # embeddings and features do not depend on the plan: carried over
         if section in manifest:
             for e in manifest[section]["files"]:
@@ -281,6 +314,7 @@ def _stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:
         "split_samples": int(len(p.split)),
         "split_pieces": int(np.isin(p.indices, p.split).sum()) if len(p.split) else 0,
         "split_pieces_dropped": int(p.pieces_dropped),
+        "split_lost_media": int(p.pieces_lost_media),
         "samples_by_modality": {n: int(c) for n, c in sorted(zip(names, counts, strict=True)) if c},
     }
 

@@ -98,7 +98,7 @@ def test_train_on_all(chatml):
 
 
 def test_placeholders_are_never_trained_even_with_train_on_all():
-    enc = Encoder(EncoderSpec(tokenizer=TOKENIZER, train_on="all"))
+    enc = Encoder(EncoderSpec(tokenizer=TOKENIZER, train_on="all", media_base=str(SAMPLE)))  # refs relative to it
     s = encode(enc, {"image": "images/square_336.png", "conversations": [
         {"from": "human", "value": "<image>\nWhat is it?"}, {"from": "gpt", "value": "A square."}]})
     image_id = enc.placeholder_ids["image"]

@@ -6,6 +6,7 @@ The :class:`Encoder` is built once per worker process from a small picklable
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from packer.errors import BadRecord
 from packer.ingest.formats import decode_json, parse_record, record_id
 from packer.ingest.reader import RawLine
 from packer.ingest.records import Conversation, Document
+from packer.io.fs import is_url
 from packer.media.counter import MediaCounter
 from packer.schema import IGNORE, MediaSpan, Sample
 
@@ -42,10 +44,13 @@ class EncoderSpec:
     audio_end: str = ""
     image_check: str = "verify"
     allow_outside_media_root: bool = False
+    modalities: tuple[str, ...] = MEDIA_ORDER  # media kinds the model has an encoder for
+    media_base: str = ""  # stored refs are relative to this folder (the build's media root); "": as resolved
 
     @classmethod
-    def from_config(cls, config) -> EncoderSpec:
-        return cls(**{f: getattr(config, f) for f in cls.__dataclass_fields__})
+    def from_config(cls, config, media_base: str = "") -> EncoderSpec:
+        fields = [f for f in cls.__dataclass_fields__ if f != "media_base"]
+        return cls(**{f: getattr(config, f) for f in fields}, media_base=media_base)
 
     @property
     def tags(self) -> dict[str, str]:
@@ -88,6 +93,8 @@ class Encoder:
         base_dir = Path(self.spec.media_root) if self.spec.media_root else file_dir
         record = parse_record(obj, self.spec.format, base_dir, self.tags,
                               allow_outside_root=self.spec.allow_outside_media_root)
+        if isinstance(record, Conversation):
+            self._check_modalities(record)
         if isinstance(record, Document):
             ids, trained, media = self._encode_document(record)
         else:
@@ -111,6 +118,18 @@ class Encoder:
             n_trained=n_trained,
             media=tuple(media),
         )
+
+    def _check_modalities(self, conv: Conversation) -> None:
+        """Refuse media the model has no encoder for, before any file is probed."""
+        for kind in MEDIA_ORDER:
+            n = sum(p.kind == kind for p in conv.media)
+            if n and kind not in self.spec.modalities:
+                raise BadRecord(
+                    "no_encoder",
+                    f"the record holds {n} {kind} item(s) but this pipeline's modalities are "
+                    f"{list(self.spec.modalities)} (no {kind} encoder): pack it with a pipeline that declares {kind}, "
+                    f"or add {kind!r} to modalities if the model encodes it",
+                )
 
     def _encode_document(self, doc: Document) -> tuple[np.ndarray, np.ndarray, list[MediaSpan]]:
         # Literal "<image>" in a document is text, not a placeholder: split special tokens.
@@ -144,10 +163,32 @@ class Encoder:
             pieces_ids += [ids[cursor:pos], expanded]
             pieces_mask += [trained[cursor:pos], np.zeros(len(expanded), dtype=bool)]
             out_pos += pos - cursor + len(begin)
-            media.append(MediaSpan(segment=0, kind=part.kind, start=int(out_pos), length=count.length, ref=part.ref,
-                                   grid=count.grid))
+            media.append(MediaSpan(segment=0, kind=part.kind, start=int(out_pos), length=count.length,
+                                   ref=stored_ref(part.path, self.spec.media_base), grid=count.grid))
             out_pos += count.length + len(end)
             cursor = pos + 1
         pieces_ids.append(ids[cursor:])
         pieces_mask.append(trained[cursor:])
         return np.concatenate(pieces_ids), np.concatenate(pieces_mask), media
+
+
+def stored_ref(path: str, media_base: str) -> str:
+    """How a media file is named in the shards: relative to the build's media root when
+    inside it (so the build and its media can move together), else absolute, or the URL.
+    The loader joins it back onto the root the manifest records (or one the user gives)."""
+    if is_url(path) or not media_base:
+        return str(path)
+    absolute = os.path.abspath(path)
+    if absolute == media_base or absolute.startswith(media_base.rstrip(os.sep) + os.sep):
+        return Path(os.path.relpath(absolute, media_base)).as_posix()
+    return absolute
+
+
+def media_base(config, files: list) -> str:
+    """The build's media root: ``--media-root``, else the deepest folder holding every
+    input file (absolute). Empty when inputs are URLs."""
+    if config.media_root:
+        return config.media_root if is_url(config.media_root) else os.path.abspath(config.media_root)
+    if not files or any(is_url(f) for f in files):
+        return ""
+    return os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files])

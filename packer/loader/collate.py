@@ -17,6 +17,13 @@ token, int32, for Mamba-style layers), ``loss_weights`` and ``media``. Then the 
                 flash-attention kernels only, never under SDPA or eager
 =============== ===================================================================
 
+With ``image_processor`` / ``feature_extractor`` (or a ``processor`` holding them), or
+stored ``image_embeddings`` / ``audio_features``, the batch also holds what the HF model
+classes take (``pixel_values``, ``image_grid_thw``, ``image_sizes``, ``input_features``,
+``feature_attention_mask``, ...), in scatter order, every count checked against its
+span: see :mod:`packer.loader.media`. :func:`model_inputs` picks the keyword arguments
+for ``model(**...)``.
+
 Padding (``pad_to``, ``pad_to_multiple_of``) forms one more segment per row that
 nothing attends to or from and that attends only to itself, so no softmax row is
 empty and no NaN appears. See :mod:`packer.loader.masks` for a worked example.
@@ -32,6 +39,7 @@ import torch
 
 from packer.loader import masks
 from packer.loader.loss import loss_weights
+from packer.loader.media import MediaStep
 from packer.loader.mrope import mrope_positions
 from packer.schema import IGNORE
 
@@ -42,7 +50,8 @@ FLATTENED = ("varlen", "position_ids")
 class PackedCollator:
     def __init__(self, *, attention: str = "sdpa", pad_to: int | None = None, pad_to_multiple_of: int | None = None,
                  pad_token_id: int = 0, rope: str = "default", loss: str = "token", mask_dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", image_processor=None, feature_extractor=None, processor=None,
+                 patch_size: int | None = None, image_embeddings=None, audio_features=None):
         if attention not in ATTENTION:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
         if rope not in ("default", "mrope"):
@@ -60,6 +69,9 @@ class PackedCollator:
         self.attention, self.pad_to, self.multiple = attention, pad_to, pad_to_multiple_of
         self.pad_token_id, self.rope, self.loss = pad_token_id, rope, loss
         self.mask_dtype, self.device = mask_dtype, device
+        step = MediaStep(image_processor=image_processor, feature_extractor=feature_extractor, processor=processor,
+                         patch_size=patch_size, image_embeddings=image_embeddings, audio_features=audio_features)
+        self.media_step = step if step.enabled else None
 
     def _length(self, n: int) -> int:
         if self.pad_to is not None:
@@ -87,6 +99,8 @@ class PackedCollator:
         out: dict[str, Any] = {"input_ids": input_ids, "labels": labels, "seq_idx": segment.to(torch.int32)}
         out["loss_weights"] = loss_weights(labels, segment, self.loss)
         out["media"] = [{**m, "batch": b} for b, r in enumerate(rows) for m in r["media"]]
+        if self.media_step is not None:
+            out.update(self.media_step(out["media"]))
         if self.rope == "mrope":
             out["position_ids"] = torch.stack([
                 mrope_positions(length, list(zip(c[:-1].tolist(), c[1:].tolist(), strict=True)), r["media"])
@@ -121,3 +135,22 @@ def _concatenate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "media": [{**m, "start": int(m["start"] + o), "segment": int(m["segment"] + s), "row": k}
                   for k, (r, o, s) in enumerate(zip(rows, offsets, segments, strict=False)) for m in r["media"]],
     }
+
+
+MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "pixel_values", "image_grid_thw", "image_sizes",
+              "pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "input_features", "feature_attention_mask",
+              "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments for ``model(**...)`` of the HF causal-LM / VLM / audio-LM classes.
+
+    Leaves out what only packer uses (``labels`` -- use :func:`~packer.loader.packed_loss` -- ``media``,
+    ``seq_idx``, ``loss_weights``) and ``cu_seqlens`` / ``max_seqlen``, names the
+    Qwen2-VL vision tower takes as its own: the language model's varlen boundaries travel
+    as ``cu_seq_lens_q/k`` and ``max_length_q/k``. ``use_cache=False``: training builds
+    no KV cache.
+    """
+    out = {k: batch[k] for k in MODEL_KEYS if k in batch}
+    out["use_cache"] = False
+    return out

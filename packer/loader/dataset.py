@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packer.io.arrow import read_shard
+from packer.media.load import resolve_ref
 from packer.stages.manifest import read_manifest
 
 ARRAY_COLUMNS = ("input_ids", "labels", "cu_seqlens")
@@ -25,12 +26,14 @@ class _ShardedTable:
     kind = ""
     columns: tuple[str, ...] = ()
 
-    def __init__(self, out: str | Path, *, format: str = "numpy"):
+    def __init__(self, out: str | Path, *, format: str = "numpy", media_root: str | Path | None = None):
         if format not in ("numpy", "torch"):
             raise ValueError(f"format must be numpy or torch, got {format!r}")
         self.out = Path(out)
         self.format = format
         self.manifest = read_manifest(self.out)  # raises SchemaVersionError on an unknown version
+        # Stored refs are relative to the build's media root; another root when the media moved.
+        self.media_root = str(media_root) if media_root is not None else self.manifest.get("media_root", "")
         self.entries = self.manifest["files"][self.kind]
         self.starts = np.concatenate([[0], np.cumsum([e["rows"] for e in self.entries])]).astype(np.int64)
         self._tables: dict[int, pa.Table] = {}
@@ -74,12 +77,28 @@ class _ShardedTable:
 
                     value = torch.from_numpy(value.astype(np.int64))
             out[name] = value
+        if "media" in out:
+            for m in out["media"]:
+                m["path"] = resolve_ref(m["ref"], self.media_root)
         return out
+
+    @property
+    def placeholder_ids(self) -> dict[str, int]:
+        """Token string -> id of every placeholder / begin / end token the build added."""
+        return dict(self.manifest["tokenizer"]["placeholders"])
+
+    def tokenizer(self):
+        """The tokenizer as the build used it (``OUT/tokenizer``), placeholder tokens included."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(self.out / "tokenizer"))
 
 
 class PackedDataset(_ShardedTable):
     """Packed rows: ``input_ids``, ``labels``, ``cu_seqlens`` (arrays), ``segment_ids``,
-    ``segment_modality``, ``media`` (lists) and ``n_tokens``."""
+    ``segment_modality``, ``media`` (lists) and ``n_tokens``. Each media span gets a
+    ``path``: its ``ref`` joined onto the build's media root (``manifest["media_root"]``),
+    or onto ``media_root=`` when the media moved; a moved build folder needs nothing."""
 
     kind = "packed"
     columns = ("input_ids", "labels", "cu_seqlens", "segment_ids", "segment_modality", "media", "n_tokens")
