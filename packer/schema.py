@@ -68,6 +68,8 @@ class MediaSpan:
     ``start`` is absolute within the row it is stored in (a sample row in
     ``samples/``, a packed row in ``packed/``); ``segment`` indexes the row's segments.
     ``grid`` is (t, h, w) after merging where the token-count policy knows it, else empty.
+    ``ref`` names the file relative to the build's media root (``manifest["media_root"]``),
+    or absolutely when it lies outside it (or a URL); the loader joins the two.
     """
 
     segment: Int32
