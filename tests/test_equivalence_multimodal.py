@@ -29,9 +29,9 @@ IGNORE = -100
 QUESTIONS = ["What is shown here?", "Describe it.", "Which colours do you see?", "Is it bright?", "Count the shapes."]
 ANSWERS = ["A gradient with some noise.", "It fades from dark to light.", "Mostly red and blue tones.", "Yes, fairly.",
            "There are none: it is a gradient."]
-IMAGE_SETS = {  # per family: which fixture images its records hold (Qwen's 1x1 / 10x2000 sizes are refused by the model)
-    "qwen2vl": [["exif6.jpg"], ["exif8.jpg", "cmyk.jpg"], [], ["palette_alpha.png"], ["animated.gif", "photo.webp"],
-                ["gray16.png"], ["plain_300x200.jpg"]],
+IMAGE_SETS = {  # per family: which fixture images its records hold
+    "qwen2vl": [["exif6.jpg", "thin_10x2000.png"], ["exif8.jpg", "cmyk.jpg"], [], ["palette_alpha.png", "one_1x1.png"],
+                ["animated.gif", "photo.webp"], ["gray16.png", "flat_2600x13.png"], ["plain_300x200.jpg"]],
     "llava": [["exif6.jpg"], ["one_1x1.png"], [], ["thin_10x2000.png", "cmyk.jpg"], ["gray16.png"], ["animated.gif"],
               ["palette_alpha.png", "photo.webp"]],
     "llava_next": [["exif6.jpg"], ["exif8.jpg"], [], ["flat_2600x13.png"], ["gray16.png", "photo.webp"], ["animated.gif"],
