@@ -1,4 +1,4 @@
-"""Encode one raw JSONL line into a :class:`~packer.schema.Sample`, or raise BadRecord.
+"""Encode one raw JSONL line into a :class:`~packer.shards.schema.Sample`, or raise BadRecord.
 
 The :class:`Encoder` is built once per worker process from a small picklable
 :class:`EncoderSpec`, so the local and the Ray engine construct it the same way.
@@ -20,7 +20,7 @@ from packer.ingest.reader import RawLine
 from packer.ingest.records import Conversation, Document
 from packer.io.fs import is_url
 from packer.media.counter import MediaCounter
-from packer.schema import IGNORE, MediaSpan, Sample
+from packer.shards.schema import IGNORE, MediaSpan, Sample
 
 MEDIA_ORDER = ("image", "audio")
 
@@ -80,12 +80,14 @@ class Encoder:
         ids = lambda t: [self.tok.convert_tokens_to_ids(t)] if t else []  # noqa: E731
         self.begin_ids = {k: ids(begin) for k, (begin, _) in spec.wrappers.items()}
         self.end_ids = {k: ids(end) for k, (_, end) in spec.wrappers.items()}
+        self.wrapper_tokens = [t for pair in spec.wrappers.values() for t in pair if t]
+        self.reserved_ids = {self.tok.convert_tokens_to_ids(t): t for t in spec.special_tokens()}
         self.counter = MediaCounter(spec.image_tokens, spec.audio_tokens, spec.image_check)
 
     def fingerprint(self) -> dict:
         return fingerprint(self.tok, self.spec.tokenizer, self.spec.special_tokens())
 
-    def encode_line(self, raw: RawLine, file: str, file_dir: Path | str) -> Sample:
+    def encode_line(self, raw: RawLine, file: str, file_dir: Path | str, source_index: int = 0) -> Sample:
         """Encode one line of ``file``; ``file`` (as displayed) and ``raw.line`` name it."""
         if raw.too_long:
             raise BadRecord("line_too_long", f"the line has {raw.too_long:,} bytes, over the max_line_bytes limit")
@@ -95,6 +97,7 @@ class Encoder:
                               allow_outside_root=self.spec.allow_outside_media_root)
         if isinstance(record, Conversation):
             self._check_modalities(record)
+            self._check_wrapper_text(record)
         if isinstance(record, Document):
             ids, trained, media = self._encode_document(record)
         else:
@@ -102,6 +105,7 @@ class Encoder:
         labels = np.where(trained, ids, IGNORE).astype(np.int32)
         if len(labels):
             labels[0] = IGNORE  # a segment's first token is never the target of the previous one
+        self._check_reserved_untrained(labels)
         n_trained = int((labels != IGNORE).sum())
         if n_trained == 0:
             raise BadRecord("no_trainable_tokens", "the record has no token to train on (no assistant turn?)")
@@ -110,6 +114,7 @@ class Encoder:
         return Sample(
             key=rid if rid is not None else f"{file}:{raw.line}",
             source_file=file,
+            source_index=source_index,
             source_line=raw.line,
             modality="+".join(kinds) or "text",
             input_ids=ids,
@@ -130,6 +135,29 @@ class Encoder:
                     f"{list(self.spec.modalities)} (no {kind} encoder): pack it with a pipeline that declares {kind}, "
                     f"or add {kind!r} to modalities if the model encodes it",
                 )
+
+    def _check_wrapper_text(self, conv: Conversation) -> None:
+        """Refuse a begin / end token typed in any turn's text (``<|vision_start|>``).
+
+        The chat template path would read it as that special token: trained in an assistant
+        turn, a media opener with no media in any turn. Typed placeholders are caught later,
+        by the placeholder count (``media_placeholder_mismatch``)."""
+        for i, turn in enumerate(conv.turns):
+            for part in turn.parts:
+                token = next((t for t in self.wrapper_tokens if part.kind == "text" and t in part.text), None)
+                if token is not None:
+                    raise BadRecord("reserved_token_in_text",
+                                    f"turn {i} ({turn.role}) holds {token!r}, a token packer reserves for media begin / end "
+                                    f"markers; remove it from the text (or escape it) in the source data")
+
+    def _check_reserved_untrained(self, labels: np.ndarray) -> None:
+        """The invariant ``packer verify`` checks: no placeholder / begin / end id is a label."""
+        hit = np.isin(labels, list(self.reserved_ids))
+        if hit.any():
+            token = self.reserved_ids[int(labels[np.argmax(hit)])]
+            raise BadRecord("reserved_token_in_text",
+                            f"the record's text encodes to {token!r}, a token packer reserves for media, at a trained "
+                            f"position; remove it from the text in the source data")
 
     def _encode_document(self, doc: Document) -> tuple[np.ndarray, np.ndarray, list[MediaSpan]]:
         # Literal "<image>" in a document is text, not a placeholder: split special tokens.

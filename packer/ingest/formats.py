@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +45,48 @@ def decode_json(data: bytes) -> dict[str, Any]:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise BadRecord("malformed_json", f"{e.msg} (column {e.colno})") from None
+    except ValueError as e:  # Python refuses to convert integers over sys.get_int_max_str_digits() digits
+        raise BadRecord("number_too_large", f"an integer in the line is too long to read ({e})") from None
+    except RecursionError:
+        raise BadRecord("nesting_too_deep", "the line nests arrays / objects deeper than Python's recursion limit "
+                                            f"({sys.getrecursionlimit()}); flatten the record") from None
     if not isinstance(obj, dict):
         raise BadRecord("not_an_object", f"the line is a JSON {type(obj).__name__}, not an object")
+    if SURROGATE_ESCAPE.search(data):
+        _check_strings(obj)
     return obj
+
+
+# JSON may spell a lone UTF-16 surrogate (``"\ud83d"``): Python decodes it into a str that no
+# tokenizer or UTF-8 writer accepts. Valid pairs decode to one code point, so any surrogate
+# left after decoding is lone; only lines with such an escape are walked.
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _check_strings(obj: Any) -> None:
+    """Raise ``invalid_id`` / ``invalid_text`` for the first key or string holding a lone surrogate."""
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:  # iterative: a record nested to the JSON decoder's limit would overflow a recursive walk
+        where, value = stack.pop()
+        if isinstance(value, str):
+            bad = SURROGATE.search(value)
+            if bad:
+                code = f"U+{ord(bad.group()):04X}"
+                if where == "id":
+                    raise BadRecord("invalid_id", f"'id' holds a lone UTF-16 surrogate ({code}), not valid Unicode; "
+                                                  f"fix the id (write the character's full surrogate pair, or drop it)")
+                raise BadRecord("invalid_text", f"{where or 'the record'} holds a lone UTF-16 surrogate ({code}) at "
+                                                f"character {bad.start()}, not valid Unicode; fix the text (write the "
+                                                f"character's full surrogate pair, or drop it)")
+        elif isinstance(value, dict):
+            for k, v in reversed(value.items()):
+                name = f"{where}.{k}" if where else str(k)
+                if SURROGATE.search(k):
+                    stack.append((f"{where}.<key>" if where else "<key>", k))
+                stack.append((SURROGATE.sub("?", name), v))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in reversed(list(enumerate(value))))
 
 
 def record_id(obj: dict[str, Any]) -> str | None:
@@ -208,6 +249,19 @@ class _MediaQueue:
 
 
 def resolve_media(ref: str, base_dir: Path | str, kind: str, allow_outside_root: bool = False) -> Path | str:
+    """The file a record's media ``ref`` names, checked to exist (and to lie under ``base_dir``).
+
+    A ref the file system cannot even look up -- a NUL byte, a name over the OS limit, a
+    symlink loop, any other OSError -- is a ``bad_media_path``, not a crashed build."""
+    if "\0" in ref:
+        raise BadRecord("bad_media_path", f"{kind} path {ref!r} holds a NUL byte; no file can have that name")
+    try:
+        return _resolve_media(ref, base_dir, kind, allow_outside_root)
+    except (OSError, ValueError, RuntimeError) as e:  # RuntimeError: pathlib's "Symlink loop" before Python 3.13
+        raise BadRecord("bad_media_path", f"{kind} path {ref!r} cannot be looked up: {type(e).__name__}: {e}") from None
+
+
+def _resolve_media(ref: str, base_dir: Path | str, kind: str, allow_outside_root: bool) -> Path | str:
     if fs.is_url(base_dir):  # a dataset on an fsspec filesystem: its media live there too
         if "://" in ref:
             raise BadRecord("unsupported_media_ref", f"{kind} {ref!r}: give media relative to the dataset")
@@ -225,6 +279,10 @@ def resolve_media(ref: str, base_dir: Path | str, kind: str, allow_outside_root:
     if not allow_outside_root and not path.resolve().is_relative_to(Path(base_dir).resolve()):
         raise BadRecord("media_outside_root", f"{kind} {ref!r} resolves outside the dataset root {base_dir} "
                                               f"(pass --allow-outside-media-root to accept it)")
-    if not path.is_file():
+    try:  # not Path.is_file(): it answers False for a symlink loop, which is a bad path, not a missing file
+        is_file = stat.S_ISREG(path.stat().st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        is_file = False
+    if not is_file:
         raise BadRecord(f"missing_{kind}", f"{kind} file {ref!r} not found (looked at {path})")
     return path

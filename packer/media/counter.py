@@ -29,6 +29,9 @@ class MediaCounter:
             size, mtime = fs.stat(part.path)
         except FileNotFoundError:
             raise BadRecord(f"missing_{part.kind}", f"{part.kind} file {part.ref!r} not found") from None
+        except (OSError, ValueError) as e:  # a name too long, a symlink loop, a NUL byte: the path itself is bad
+            raise BadRecord("bad_media_path", f"{part.kind} path {part.ref!r} cannot be looked up: "
+                                              f"{type(e).__name__}: {e}") from None
         key = (part.kind, part.path, size, mtime)
         hit = self.cache.get(key)
         if hit is not None:

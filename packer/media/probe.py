@@ -77,6 +77,8 @@ def probe_image(path: str, check: str = "verify") -> ImageInfo:
     except Image.DecompressionBombError as e:
         raise BadRecord("corrupt_image", f"{path!r} is implausibly large ({e}); if it is real, raise "
                                          f"PIL.Image.MAX_IMAGE_PIXELS in the build process") from None
+    except MemoryError:
+        raise
     except Exception as e:  # noqa: BLE001 -- PIL reports damage as OSError, SyntaxError, ValueError, struct.error, ...
         raise BadRecord("corrupt_image", f"{path!r} is damaged or truncated: {type(e).__name__}: {e}") from None
     if width < 1 or height < 1:
@@ -98,6 +100,9 @@ def _orientation(img, *, decoded: bool) -> int:
 
 
 def probe_audio(path: str) -> AudioInfo:
+    """Frames, rate, channels and format of the audio at ``path``; any failure soundfile
+    reports -- libsndfile errors, and the ValueError / TypeError / SystemError its MP3
+    and OGG decoders raise on damaged frames -- is a :class:`BadRecord`."""
     import soundfile as sf
 
     try:
@@ -109,8 +114,12 @@ def probe_audio(path: str) -> AudioInfo:
                     raise BadRecord("corrupt_audio", f"{path!r} is truncated: its header promises {frames} frames")
     except FileNotFoundError:
         raise BadRecord("missing_audio", f"audio file {path!r} not found") from None
-    except (sf.LibsndfileError, RuntimeError, OSError) as e:
-        raise BadRecord("corrupt_audio", f"{path!r} is not audio soundfile can read: {e}") from None
+    except BadRecord:
+        raise
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- LibsndfileError, RuntimeError, OSError, ValueError, TypeError, SystemError, ...
+        raise BadRecord("corrupt_audio", f"{path!r} is not audio soundfile can read: {type(e).__name__}: {e}") from None
     if frames < 1 or rate < 1:
         raise BadRecord("corrupt_audio", f"{path!r} holds no audio ({frames} frames at {rate} Hz)")
     return AudioInfo(frames, rate, channels, fmt)

@@ -12,6 +12,7 @@ engine.
 from __future__ import annotations
 
 import json
+import traceback
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,9 +20,9 @@ from pathlib import Path
 from packer.encode import Encoder, EncoderSpec
 from packer.errors import BadRecord, PackerError, StrictModeError
 from packer.ingest.reader import MAX_LINE_BYTES, RawLine, read_lines
-from packer.io.arrow import write_shard
 from packer.io.fs import parent
-from packer.schema import SAMPLE_SCHEMA, QuarantineEntry, ShardEntry, to_table
+from packer.shards.io import write_shard
+from packer.shards.schema import SAMPLE_SCHEMA, QuarantineEntry, Sample, ShardEntry, to_table
 from packer.stages.state import Journal, shard_payload
 
 RAW_PREVIEW = 2000  # characters of a bad line kept in the quarantine
@@ -36,6 +37,7 @@ class EncodeTask:
     first_line: int  # line number at ``start``
     records: int  # non-blank lines in the range
     max_line_bytes: int = MAX_LINE_BYTES
+    file_index: int = 0  # the file's number in the build's inputs (a sample's source_index)
 
     def lines(self) -> list[RawLine]:
         return list(read_lines(self.file, None, self.max_line_bytes, start=self.start, end=self.end,
@@ -55,7 +57,7 @@ class EncodeResult:
 def make_tasks(files: list, chunk_records: int, counts: dict[str, int],
                max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[EncodeTask]:
     index = 0
-    for path in files:
+    for file_index, path in enumerate(files):
         first: RawLine | None = None
         n = 0
         for raw in read_lines(path, counts, max_line_bytes):
@@ -63,10 +65,10 @@ def make_tasks(files: list, chunk_records: int, counts: dict[str, int],
                 first = raw
             n += 1
             if n == chunk_records:
-                yield EncodeTask(index, str(path), first.offset, raw.end, first.line, n, max_line_bytes)
+                yield EncodeTask(index, str(path), first.offset, raw.end, first.line, n, max_line_bytes, file_index)
                 index, first, n = index + 1, None, 0
         if first is not None:
-            yield EncodeTask(index, str(path), first.offset, raw.end, first.line, n, max_line_bytes)
+            yield EncodeTask(index, str(path), first.offset, raw.end, first.line, n, max_line_bytes, file_index)
             index += 1
 
 
@@ -91,22 +93,49 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
                             shard, reused=True)
     samples, bad = [], []
     file_dir = parent(task.file)
-    lines = task.lines()
+    try:
+        lines = task.lines()
+    except OSError as e:  # the input, not one record: stop the build, naming the file
+        raise PackerError(f"cannot read {task.file}: {e}") from e
     if len(lines) != task.records:
         raise PackerError(f"{task.file} changed while it was read (task {task.index} expected {task.records} records)")
     for raw in lines:
         try:
-            samples.append(state.encoder.encode_line(raw, task.file, file_dir))
+            samples.append(encode_record(state.encoder, raw, task.file, file_dir, task.file_index))
         except BadRecord as e:
             if state.strict:
-                raise StrictModeError(f"{task.file}:{raw.line}: {e.reason}: {e.detail}") from None
+                raise StrictModeError(_clean(f"{task.file}:{raw.line}: {e.reason}: {e.detail}")) from None
             bad.append(quarantine_entry(task.file, raw, e))
     shard = None
-    if samples:
-        table = to_table(samples, SAMPLE_SCHEMA)
-        shard = write_shard(state.out / "samples" / f"part-{task.index:05d}.arrow", table, state.out)
-    state.journal.record("encode", task.index, shard_payload(shard, quarantine=[asdict(q) for q in bad], **identity))
+    target = state.out / "samples" / f"part-{task.index:05d}.arrow"
+    try:  # output I/O (disk full, permissions) stops the build with the path, not a traceback
+        if samples:
+            shard = write_shard(target, to_table(samples, SAMPLE_SCHEMA), state.out)
+        state.journal.record("encode", task.index, shard_payload(shard, quarantine=[asdict(q) for q in bad], **identity))
+    except OSError as e:
+        raise PackerError(f"cannot write stage-1 output for task {task.index} under {state.out}: {e}; check the "
+                          f"free space and permissions there") from e
     return EncodeResult(task.index, task.file, task.records, bad, shard)
+
+
+def encode_record(encoder: Encoder, raw: RawLine, file: str, file_dir, source_index: int = 0) -> Sample:
+    """``encoder.encode_line``, with every failure that belongs to this one record a BadRecord.
+
+    Anything the code did not foresee (a library raising on hostile input, a bug) becomes
+    ``internal_error`` naming the exception and where it was raised, so one record never stops
+    a build and the quarantine shows the bug. A PackerError (the tokenizer has no chat
+    template, ...) is about the whole build and stops it; so do MemoryError and interrupts."""
+    try:
+        return encoder.encode_line(raw, file, file_dir, source_index)
+    except (BadRecord, PackerError, MemoryError):
+        raise
+    except RecursionError:
+        raise BadRecord("nesting_too_deep", "the record nests deeper than Python's recursion limit") from None
+    except Exception as e:  # noqa: BLE001 -- the per-record catch-all the quarantine exists for
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        where = f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
+        raise BadRecord("internal_error", f"{type(e).__name__}: {e} (raised at {where}); a bug in packer or a library "
+                                          f"it calls: please report it with this quarantine line") from None
 
 
 def quarantine_entry(file: str, raw: RawLine, error: BadRecord) -> QuarantineEntry:
@@ -115,16 +144,21 @@ def quarantine_entry(file: str, raw: RawLine, error: BadRecord) -> QuarantineEnt
         line=raw.line,
         id=_peek_id(raw.data),
         reason=error.reason,
-        detail=error.detail,
+        detail=_clean(error.detail),
         raw=raw.data[: RAW_PREVIEW * 4].decode("utf-8", errors="replace")[:RAW_PREVIEW],
     )
+
+
+def _clean(text: str) -> str:
+    """``text`` writable as UTF-8: a lone surrogate (from a record's JSON) as its escape, ``\\ud83d``."""
+    return text.encode("utf-8", errors="backslashreplace").decode("utf-8")
 
 
 def _peek_id(data: bytes) -> str | None:
     """The record's id if the line is JSON enough to have one (for the quarantine)."""
     try:
         obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except Exception:  # noqa: BLE001 -- malformed, invalid UTF-8, a huge integer, nesting too deep: no id
         return None
     value = obj.get("id") if isinstance(obj, dict) else None
-    return str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+    return _clean(str(value)) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
