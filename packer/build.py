@@ -12,6 +12,7 @@ plan without re-tokenizing a record or re-reading a media file.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import sys
@@ -21,32 +22,34 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from packer.config import PLAN_KEYS, BuildConfig
 from packer.encode import EncoderSpec
 from packer.encode.encoder import media_base
-from packer.engine import get_engine
+from packer.engine import get_engine, stop_on_signals
 from packer.errors import BuildFailedError, ConfigError
-from packer.io.arrow import read_shards, write_shard
 from packer.io.files import atomic_open, sha256_file
 from packer.pack import ALGORITHMS, Plan
 from packer.pack.registry import check_supported
-from packer.schema import SAMPLE_SCHEMA, ShardEntry
+from packer.shards.io import read_shards, write_shard
+from packer.shards.manifest import SECTIONS, Files, Manifest
+from packer.shards.schema import SAMPLE_SCHEMA, ShardEntry
 from packer.stages import encode, materialize
-from packer.stages.manifest import FileAccount, accounting, make_manifest, read_manifest, write_manifest
+from packer.stages.manifest import FileAccount, accounting
 from packer.stages.planning import modality_codes, plan_samples, plan_table
 from packer.stages.state import BuildLock, fingerprint, open_state
 
 SMALL_INPUT_BYTES = 16 * 2**20
-OWNED = ("samples", "packed", "plan.arrow", "quarantine.jsonl", "manifest.json", "report.json", "report.html",
+OWNED = ("samples", "packed", "plan.arrow", "quarantine.jsonl", "dropped.jsonl", "manifest.json", "report.json", "report.html",
          "embeddings", "audio_features", "tokenizer")
-MEDIA_PASSES = ("embeddings", "audio_features")
 
 
 @dataclass
 class Encoded:
     """What stage 1 leaves for the later stages (also rebuilt from a manifest by repack)."""
 
+    inputs: list[str]  # the input files in order: a sample's source_index points into it
     sample_shards: list[ShardEntry]
     by_file: dict[str, FileAccount]  # records and quarantined filled in
     quarantined: dict[str, int]
@@ -54,7 +57,7 @@ class Encoded:
     blank_lines: int
 
 
-def build(config: BuildConfig, *, progress: bool = True) -> dict[str, Any]:
+def build(config: BuildConfig, *, progress: bool = True) -> Manifest:
     """Build ``config.output`` from ``config.input``; returns the manifest.
 
     Rerunning after a crash (same inputs and settings) resumes: finished stage-1 and
@@ -69,14 +72,15 @@ def build(config: BuildConfig, *, progress: bool = True) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="packer-staging-") as tmp:
             staging = config.staging_dir or tmp
             manifest = _build(dataclasses.replace(config, output=staging), progress)
-            manifest["execution"]["output"] = config.output
-            write_manifest(Path(staging), manifest)
+            manifest.execution["output"] = config.output
+            manifest.write(staging)
             fs.upload(Path(staging), config.output)
             return manifest
     return _build(config, progress)
 
 
-def _build(config: BuildConfig, progress: bool) -> dict[str, Any]:
+@stop_on_signals()  # SIGTERM / SIGINT: workers killed, then Interrupted unwinds (lock released last)
+def _build(config: BuildConfig, progress: bool) -> Manifest:
     check_plan_options(config)
     files = config.input_files()
     engine = get_engine(config.engine, auto_workers(config.workers, files), address=config.ray_address,
@@ -95,9 +99,8 @@ def _build(config: BuildConfig, progress: bool) -> dict[str, Any]:
         warn_no_encoder(out, config, encoded)
         check_bad_fraction(out, config, encoded, tokenizer)
         save_tokenizer(driver.encoder.tok, out)
-        extra = media_passes(out, config, encoded, embedder, extractor, progress, engine, media_root)
-        extra["media_root"] = media_root
-        return plan_and_pack(out, config, encoded, tokenizer, engine, progress, extra=extra)
+        sections = media_passes(out, config, encoded, embedder, extractor, progress, engine, media_root)
+        return plan_and_pack(out, config, encoded, tokenizer, engine, progress, media_root=media_root, sections=sections)
     finally:
         lock.release()
 
@@ -117,11 +120,10 @@ def check_bad_fraction(out: Path, config: BuildConfig, encoded: Encoded, tokeniz
     if records and bad / records > config.max_bad_fraction:
         message = (f"{bad:,} of {records:,} records ({100 * bad / records:.1f}%) were quarantined, over "
                    f"--max-bad-fraction {config.max_bad_fraction}; see {out / 'quarantine.jsonl'}")
-        write_manifest(out, make_manifest(
-            config=config.content_dict(), tokenizer=tokenizer, samples=encoded.sample_shards, packed=[], plan=None,
-            quarantine=encoded.quarantine, stats={}, status="failed",
-            accounts=accounting(encoded.by_file, encoded.quarantined, {}, encoded.blank_lines, check=False),
-            extra={"failure": message, "execution": config.execution_dict()}))
+        Manifest(config=config.content_dict(), tokenizer=tokenizer, inputs=encoded.inputs,
+                 files=Files(samples=encoded.sample_shards, quarantine=encoded.quarantine),
+                 accounting=accounting(encoded.by_file, encoded.quarantined, {}, encoded.blank_lines, check=False),
+                 status="failed", failure=message, execution=config.execution_dict()).write(out)
         raise BuildFailedError(message)
 
 
@@ -173,16 +175,17 @@ def media_passes(out: Path, config: BuildConfig, encoded: Encoded, embedder, ext
     return extra
 
 
-def repack(source: str | Path, *, progress: bool = True, **overrides: Any) -> dict[str, Any]:
+@stop_on_signals()
+def repack(source: str | Path, *, progress: bool = True, **overrides: Any) -> Manifest:
     """Re-plan the build in ``source`` into ``overrides['output']`` with other plan options."""
     source = Path(source)
-    manifest = read_manifest(source)
+    manifest = Manifest.read(source)
     bad = sorted(set(overrides) - set(PLAN_KEYS) - {"output"})
     if bad:
         raise ConfigError(f"repack cannot change {', '.join(bad)} (that needs re-encoding: run packer build)")
     if not overrides.get("output"):
         raise ConfigError("repack needs an output folder: -o OUT2")
-    values = {**manifest["config"], **{k: v for k, v in overrides.items() if v is not None}}
+    values = {**manifest.config, **{k: v for k, v in overrides.items() if v is not None}}
     config = BuildConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
     if Path(config.output).resolve() == source.resolve():
         raise ConfigError("repack writes a new build: -o must differ from the source folder")
@@ -190,35 +193,31 @@ def repack(source: str | Path, *, progress: bool = True, **overrides: Any) -> di
     out = Path(config.output)
     lock = BuildLock(out)
     try:
-        fp = {"repack_of": {"path": str(source.resolve()), "created_at": manifest["created_at"]},
-              "config": config.content_dict(), "tokenizer": manifest["tokenizer"]}
+        fp = {"repack_of": {"path": str(source.resolve()), "created_at": manifest.created_at},
+              "config": config.content_dict(), "tokenizer": manifest.tokenizer}
         open_state(out, fp, overwrite=config.overwrite, owned=OWNED)
         return _repack_into(out, source, manifest, config, progress)
     finally:
         lock.release()
 
 
-def _repack_into(out: Path, source: Path, manifest: dict[str, Any], config: BuildConfig, progress: bool) -> dict[str, Any]:
-    shards = [ShardEntry(**e) for e in manifest["files"]["samples"]]
-    for entry in shards:
+def _repack_into(out: Path, source: Path, manifest: Manifest, config: BuildConfig, progress: bool) -> Manifest:
+    for entry in [*manifest.files.samples, manifest.files.quarantine]:
         _link_or_copy(source / entry.file, out / entry.file, entry.sha256)
-    quarantine = ShardEntry(**manifest["files"]["quarantine"])
-    _link_or_copy(source / quarantine.file, out / quarantine.file, quarantine.sha256)
-    extra = {"repacked_from": {"path": str(source), "manifest_created_at": manifest["created_at"]},
-             "media_root": manifest.get("media_root", "")}
+    for section in SECTIONS:  # embeddings and features do not depend on the plan: carried over
+        for e in manifest.section_files(section):
+            _link_or_copy(source / e.file, out / e.file, e.sha256)
     if (source / "tokenizer").is_dir():
         shutil.rmtree(out / "tokenizer", ignore_errors=True)
         shutil.copytree(source / "tokenizer", out / "tokenizer")
-    for section in MEDIA_PASSES:  # embeddings and features do not depend on the plan: carried over
-        if section in manifest:
-            for e in manifest[section]["files"]:
-                _link_or_copy(source / e["file"], out / e["file"], e["sha256"])
-            extra[section] = manifest[section]
-    acc = manifest["accounting"]
-    by_file = {name: FileAccount(records=f["records"], quarantined=f["quarantined"]) for name, f in acc["by_file"].items()}
-    encoded = Encoded(shards, by_file, acc["quarantined_by_reason"], quarantine, acc["blank_lines"])
+    acc = manifest.accounting
+    by_file = {name: FileAccount(records=f.records, quarantined=f.quarantined) for name, f in acc.by_file.items()}
+    encoded = Encoded(manifest.inputs, manifest.files.samples, by_file, acc.quarantined_by_reason, manifest.files.quarantine,
+                      acc.blank_lines)
     engine = get_engine(config.engine, config.workers or 1, address=config.ray_address, cpus_per_task=config.cpus_per_task)
-    return plan_and_pack(out, config, encoded, manifest["tokenizer"], engine, progress, extra=extra)
+    return plan_and_pack(out, config, encoded, manifest.tokenizer, engine, progress, media_root=manifest.media_root,
+                         sections=manifest.sections,
+                         repacked_from={"path": str(source), "manifest_created_at": manifest.created_at})
 
 
 def check_plan_options(config: BuildConfig) -> None:
@@ -252,11 +251,12 @@ def encode_inputs(out: Path, files: list[Path], config: BuildConfig, spec: Encod
                 shards.append(res.shard)
             bar.update(res.records)
     quarantine = ShardEntry(qpath.name, sum(quarantined.values()), qpath.stat().st_size, sha256_file(qpath))
-    return Encoded(shards, by_file, dict(quarantined), quarantine, counts.get("blank_lines", 0))
+    return Encoded(list(by_file), shards, by_file, dict(quarantined), quarantine, counts.get("blank_lines", 0))
 
 
-def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any], engine, progress,
-                  extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any], engine, progress, *,
+                  media_root: str = "", sections: dict[str, Any] | None = None,
+                  repacked_from: dict[str, Any] | None = None) -> Manifest:
     """Stages 2-4 over the samples in ``out/samples``."""
     samples = read_shards([out / e.file for e in encoded.sample_shards], SAMPLE_SCHEMA)
     p = plan_samples(samples, config)
@@ -272,28 +272,44 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
             bar.update(entry.rows)
 
     by_file = {k: dataclasses.replace(v) for k, v in encoded.by_file.items()}
-    _count_outcomes(by_file, samples, encoded.sample_shards, p)
-    manifest = make_manifest(
-        config=config.content_dict(), tokenizer=tokenizer, samples=encoded.sample_shards, packed=packed,
-        plan=plan_entry, quarantine=encoded.quarantine,
-        accounts=accounting(by_file, encoded.quarantined, {r: len(v) for r, v in p.dropped.items()}, encoded.blank_lines),
-        stats=_stats(config, samples, p), extra={**(extra or {}), "execution": config.execution_dict()},
+    _count_outcomes(by_file, encoded.inputs, samples, p)
+    manifest = Manifest(
+        config=config.content_dict(), tokenizer=tokenizer, inputs=encoded.inputs, media_root=media_root,
+        files=Files(samples=encoded.sample_shards, packed=packed, plan=plan_entry, quarantine=encoded.quarantine,
+                    dropped=write_dropped(out, samples, p)),
+        accounting=accounting(by_file, encoded.quarantined, {r: len(v) for r, v in p.dropped.items()}, encoded.blank_lines),
+        stats=_stats(config, samples, p), execution=config.execution_dict(), sections=dict(sections or {}),
+        repacked_from=repacked_from,
     )
     from packer.report import write_report
 
     write_report(out, manifest)  # report.json and report.html, from the shards just written
-    return write_manifest(out, manifest)  # last: the build is done
+    return manifest.write(out)  # last: the build is done
 
 
-def _count_outcomes(by_file: dict[str, FileAccount], samples, shards: list[ShardEntry], p: Plan) -> None:
-    """Packed and dropped per input file. Each samples shard comes from one input file."""
-    names = list(by_file)
-    shard_file = [names.index(samples.column("source_file")[sum(e.rows for e in shards[:k])].as_py()) for k in range(len(shards))]
-    file_of_sample = np.repeat(np.asarray(shard_file, np.int64), [e.rows for e in shards]) if shards else np.zeros(0, np.int64)
+def write_dropped(out: Path, samples, p: Plan) -> ShardEntry:
+    """``dropped.jsonl``: every sample the plan dropped, with its file, line, id and reason."""
+    path = out / "dropped.jsonl"
+    n = 0
+    with atomic_open(path, "w") as f:
+        for reason, indices in sorted(p.dropped.items()):
+            if not len(indices):
+                continue
+            rows = samples.take(pa.array(np.sort(indices))).select(["source_file", "source_line", "key", "length"])
+            for r in rows.to_pylist():
+                f.write(json.dumps({"file": r["source_file"], "line": r["source_line"], "id": r["key"], "reason": reason,
+                                    "detail": f"{r['length']:,} tokens"}, ensure_ascii=False, sort_keys=True) + "\n")
+                n += 1
+    return ShardEntry(path.name, n, path.stat().st_size, sha256_file(path))
+
+
+def _count_outcomes(by_file: dict[str, FileAccount], inputs: list[str], samples, p: Plan) -> None:
+    """Packed and dropped per input file, from each sample's source_index."""
+    file_of_sample = samples.column("source_index").to_numpy().astype(np.int64) if samples.num_rows else np.zeros(0, np.int64)
     dropped = np.concatenate(list(p.dropped.values())) if p.dropped else np.zeros(0, np.int64)
-    n_dropped = np.bincount(file_of_sample[dropped], minlength=len(names))
-    n_samples = np.bincount(file_of_sample, minlength=len(names))
-    for k, name in enumerate(names):
+    n_dropped = np.bincount(file_of_sample[dropped], minlength=len(inputs))
+    n_samples = np.bincount(file_of_sample, minlength=len(inputs))
+    for k, name in enumerate(inputs):
         by_file[name].dropped = int(n_dropped[k])
         by_file[name].packed = int(n_samples[k] - n_dropped[k])
 

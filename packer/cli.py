@@ -71,7 +71,7 @@ def build(pipeline, **options):
         pipeline = DEFAULT_PIPELINE
     config = _run(resolve, pipeline, **options)
     manifest = _run(run_build, config)
-    click.echo(summary_text(summarize(manifest["execution"]["output"])))
+    click.echo(summary_text(summarize(manifest.execution["output"])))
 
 
 @main.command()
@@ -102,7 +102,7 @@ def repack(source, **options):
     from packer.inspect import summarize, summary_text
 
     manifest = _run(run_repack, source, **options)
-    click.echo(summary_text(summarize(manifest["execution"]["output"])))
+    click.echo(summary_text(summarize(manifest.execution["output"])))
 
 
 @main.command()

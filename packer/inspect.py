@@ -12,22 +12,22 @@ from typing import Any
 import pyarrow.compute as pc
 
 from packer.errors import PackerError
-from packer.io.arrow import read_shard
-from packer.stages.manifest import read_manifest
+from packer.shards.io import read_shard
+from packer.shards.manifest import Manifest
 
 
 def summarize(out: str | Path) -> dict[str, Any]:
     out = Path(out)
-    manifest = read_manifest(out)
+    manifest = Manifest.read(out)
     rows = tokens = segments = 0
-    for entry in manifest["files"]["packed"]:
-        table = read_shard(out / entry["file"])
+    for entry in manifest.files.packed:
+        table = read_shard(out / entry.file)
         rows += table.num_rows
         tokens += int(pc.sum(table.column("n_tokens")).as_py() or 0)
         segments += int(pc.sum(pc.list_value_length(table.column("segment_ids"))).as_py() or 0)
-    max_length = manifest["config"]["max_length"]
+    max_length = manifest.max_length
     lower_bound = -(-tokens // max_length)
-    acc = manifest["accounting"]
+    acc, stats = manifest.accounting, manifest.stats
     return {
         "output": str(out),
         "rows": rows,
@@ -37,17 +37,17 @@ def summarize(out: str | Path) -> dict[str, Any]:
         "fill": tokens / max(1, rows * max_length),
         "lower_bound": lower_bound,
         "gap_to_lower_bound": rows - lower_bound,
-        "records_read": acc["records_read"],
-        "samples_packed": acc["samples_packed"],
-        "quarantined": acc["quarantined"],
-        "dropped": acc["dropped"],
-        "quarantined_by_reason": acc["quarantined_by_reason"],
-        "dropped_by_reason": acc["dropped_by_reason"],
-        "truncated_samples": manifest["stats"]["truncated_samples"],
-        "truncated_tokens": manifest["stats"]["truncated_tokens"],
-        "split_samples": manifest["stats"].get("split_samples", 0),
-        "split_pieces": manifest["stats"].get("split_pieces", 0),
-        "shards": len(manifest["files"]["packed"]),
+        "records_read": acc.records_read,
+        "samples_packed": acc.samples_packed,
+        "quarantined": acc.quarantined,
+        "dropped": acc.dropped,
+        "quarantined_by_reason": acc.quarantined_by_reason,
+        "dropped_by_reason": acc.dropped_by_reason,
+        "truncated_samples": stats.get("truncated_samples", 0),
+        "truncated_tokens": stats.get("truncated_tokens", 0),
+        "split_samples": stats.get("split_samples", 0),
+        "split_pieces": stats.get("split_pieces", 0),
+        "shards": len(manifest.files.packed),
     }
 
 
@@ -80,7 +80,7 @@ def row_detail(out: str | Path, index: int, *, preview_chars: int = 100) -> dict
     if not -len(ds) <= index < len(ds):
         raise PackerError(f"row {index} out of range: the build has {len(ds)} rows")
     row = ds[index]
-    tok, note = _tokenizer(ds.manifest)
+    tok, note = _tokenizer(ds)
     cu = row["cu_seqlens"].tolist()
     segments = []
     for k, key in enumerate(row["segment_ids"]):
@@ -98,15 +98,12 @@ def row_detail(out: str | Path, index: int, *, preview_chars: int = 100) -> dict
             "max_length": ds.max_length, "segments": segments, **({"note": note} if note else {})}
 
 
-def _tokenizer(manifest: dict[str, Any]):
-    from packer.encode.tokenizer import load_tokenizer
-
-    fp = manifest["tokenizer"]
+def _tokenizer(ds):
+    """The build's own tokenizer (``OUT/tokenizer``), for previews."""
     try:
-        tok = load_tokenizer(fp["name"], [t for t, _ in sorted(fp["placeholders"].items(), key=lambda kv: kv[1])])
-    except Exception as e:  # not here, no network: the rest of the summary still stands
-        return None, f"no preview: cannot load tokenizer {fp['name']!r} here ({str(e).splitlines()[0][:120]})"
-    return tok, None
+        return ds.tokenizer(), None
+    except Exception as e:  # a build without OUT/tokenizer, or a damaged one: the rest of the summary still stands
+        return None, f"no preview: cannot load {ds.out / 'tokenizer'} ({str(e).splitlines()[0][:120]})"
 
 
 def _preview(tok, ids: list[int], spans: list[tuple[int, int, str]], chars: int) -> str:

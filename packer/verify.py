@@ -11,8 +11,12 @@ Checks, naming the file (and row) of every problem found:
   spans inside their segment, covering only their kind's placeholder id, and no
   placeholder id outside a span;
 - the accounting: records read = packed + quarantined + dropped, per file and in total;
-  the quarantine has one line per quarantined record; the packed rows hold every packed
-  sample (pieces of a split sample counted once) and the manifest's rows and tokens.
+  the quarantine and ``dropped.jsonl`` have one line per record they count; the packed
+  rows hold every packed sample, counted by integer identity (input file, line; pieces
+  of a split sample once, duplicate ids harmless) and the manifest's rows and tokens.
+
+A manifest that is missing, damaged or of another schema version is a problem like any
+other (exit code 6), never a traceback.
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from packer.io.arrow import read_shard
+from packer.errors import PackerError
 from packer.io.files import sha256_file
-from packer.schema import IGNORE
-from packer.stages.manifest import read_manifest
+from packer.shards.io import read_shard
+from packer.shards.manifest import Accounting, Manifest
+from packer.shards.schema import IGNORE, ShardEntry
 
 
 @dataclass(frozen=True)
@@ -42,53 +47,52 @@ class Problem:
 def verify(out: str | Path) -> tuple[list[Problem], dict[str, int]]:
     """Problems found (empty: the build is sound) and what was checked."""
     out = Path(out)
-    manifest = read_manifest(out)
+    try:
+        manifest = Manifest.read(out)
+    except PackerError as e:  # missing, truncated, malformed, another schema version, a failed build
+        return [Problem("manifest.json", None, str(e))], {"files": 0, "rows": 0, "tokens": 0}
     problems: list[Problem] = []
-    files = manifest["files"]
-    listed = [*files["samples"], *files["packed"], files["plan"], files["quarantine"]]
-    for section in ("embeddings", "audio_features"):
-        listed += manifest.get(section, {}).get("files", [])
+    listed = manifest.all_files()
     for entry in listed:
         problems += _check_file(out, entry)
-    placeholders = set(manifest["tokenizer"]["placeholders"].values())
-    kind_ids = {k: manifest["tokenizer"]["placeholders"].get(manifest["config"][f"{k}_token"]) for k in ("image", "audio")}
+    placeholders = set(manifest.placeholders.values())
+    kind_ids = {k: manifest.placeholder_id(k) for k in ("image", "audio")}
     rows = tokens = 0
-    keys: set[str] = set()
-    for entry in files["packed"]:
-        path = out / entry["file"]
+    samples: set[tuple[int, int]] = set()
+    for entry in manifest.files.packed:
+        path = out / entry.file
         if not path.is_file():
             continue
         try:
             table = read_shard(path)
         except Exception as e:  # damaged beyond reading: already reported by the file check
-            problems.append(Problem(entry["file"], None, f"cannot be read: {e}"))
+            problems.append(Problem(entry.file, None, f"cannot be read: {e}"))
             continue
         for k, row in ((k, r) for s in range(0, table.num_rows, 64) for k, r in
                        enumerate(table.slice(s, 64).to_pylist(), start=s)):
-            problems += [Problem(entry["file"], k, m) for m in _check_row(row, manifest["config"]["max_length"],
-                                                                            placeholders, kind_ids)]
-            keys.update(s.partition("@")[0] for s in row["segment_ids"])
+            problems += [Problem(entry.file, k, m) for m in _check_row(row, manifest.max_length, placeholders, kind_ids)]
+            samples.update(zip(row["segment_source"], row["segment_line"], strict=True))  # pieces count once
             tokens += row["n_tokens"]
         rows += table.num_rows
-    problems += _check_accounting(out, manifest, rows, tokens, len(keys))
+    problems += _check_accounting(out, manifest, rows, tokens, len(samples))
     return problems, {"files": len(listed), "rows": rows, "tokens": tokens}
 
 
-def _check_file(out: Path, entry: dict) -> list[Problem]:
-    path = out / entry["file"]
+def _check_file(out: Path, entry: ShardEntry) -> list[Problem]:
+    path = out / entry.file
     if not path.is_file():
-        return [Problem(entry["file"], None, "missing")]
-    if path.stat().st_size != entry["bytes"]:
-        return [Problem(entry["file"], None, f"size {path.stat().st_size} differs from the manifest's {entry['bytes']}")]
-    if sha256_file(path) != entry["sha256"]:
-        return [Problem(entry["file"], None, "sha256 differs from the manifest (the file changed or is damaged)")]
+        return [Problem(entry.file, None, "missing")]
+    if path.stat().st_size != entry.bytes:
+        return [Problem(entry.file, None, f"size {path.stat().st_size} differs from the manifest's {entry.bytes}")]
+    if sha256_file(path) != entry.sha256:
+        return [Problem(entry.file, None, "sha256 differs from the manifest (the file changed or is damaged)")]
     if path.suffix == ".arrow":
         try:
             n = read_shard(path).num_rows
         except Exception as e:
-            return [Problem(entry["file"], None, f"cannot be read as a packer shard: {e}")]
-        if n != entry["rows"]:
-            return [Problem(entry["file"], None, f"{n} rows, the manifest says {entry['rows']}")]
+            return [Problem(entry.file, None, f"cannot be read as a packer shard: {e}")]
+        if n != entry.rows:
+            return [Problem(entry.file, None, f"{n} rows, the manifest says {entry.rows}")]
     return []
 
 
@@ -128,36 +132,40 @@ def _check_row(row: dict, max_length: int, placeholders: set[int], kind_ids: dic
     return out
 
 
-def _check_accounting(out: Path, manifest: dict, rows: int, tokens: int, n_keys: int) -> list[Problem]:
-    acc, stats = manifest["accounting"], manifest["stats"]
-    problems = []
-    if acc["records_read"] != acc["samples_packed"] + acc["quarantined"] + acc["dropped"]:
-        problems.append(Problem("manifest.json", None, "records_read != samples_packed + quarantined + dropped"))
-    for name, f in acc["by_file"].items():
-        if f["records"] != f["packed"] + f["quarantined"] + f["dropped"]:
-            problems.append(Problem("manifest.json", None, f"accounting of {name} does not add up"))
-    for key, total in (("records", "records_read"), ("packed", "samples_packed"), ("quarantined", "quarantined"),
-                       ("dropped", "dropped")):
-        if sum(f[key] for f in acc["by_file"].values()) != acc[total]:
-            problems.append(Problem("manifest.json", None, f"by_file {key} do not sum to {total}"))
-    quarantine = out / manifest["files"]["quarantine"]["file"]
-    if quarantine.is_file():
-        lines = [line for line in quarantine.read_text(encoding="utf-8").splitlines() if line.strip()]
-        if len(lines) != acc["quarantined"]:
-            problems.append(Problem(quarantine.name, None, f"{len(lines)} entries, the accounting says {acc['quarantined']}"))
-        for k, line in enumerate(lines):
-            try:
-                entry = json.loads(line)
-                assert {"file", "line", "reason"} <= set(entry)
-            except (ValueError, AssertionError):
-                problems.append(Problem(quarantine.name, k, "not a quarantine entry"))
-                break
-    if n_keys != acc["samples_packed"]:
-        problems.append(Problem("manifest.json", None, f"packed rows hold {n_keys} samples, the accounting says "
-                                                       f"{acc['samples_packed']}"))
-    if rows != stats["rows"] or tokens != stats["tokens"]:
+def _check_accounting(out: Path, manifest: Manifest, rows: int, tokens: int, n_samples: int) -> list[Problem]:
+    acc: Accounting = manifest.accounting
+    problems = [Problem("manifest.json", None, m) for m in acc.balanced()]
+    for entry, count in ((manifest.files.quarantine, acc.quarantined), (manifest.files.dropped, acc.dropped)):
+        if entry is not None:
+            problems += _check_jsonl(out / entry.file, count)
+    if n_samples != acc.samples_packed:
+        problems.append(Problem("manifest.json", None, f"packed rows hold {n_samples} samples, the accounting says "
+                                                       f"{acc.samples_packed}"))
+    stats = manifest.stats
+    if rows != stats.get("rows") or tokens != stats.get("tokens"):
         problems.append(Problem("manifest.json", None, f"shards hold {rows} rows / {tokens} tokens, the manifest says "
-                                                       f"{stats['rows']} / {stats['tokens']}"))
+                                                       f"{stats.get('rows')} / {stats.get('tokens')}"))
+    return problems
+
+
+def _check_jsonl(path: Path, count: int) -> list[Problem]:
+    """``quarantine.jsonl`` / ``dropped.jsonl``: one entry (file, line, reason) per record counted."""
+    if not path.is_file():
+        return []  # reported missing by the file check
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except UnicodeDecodeError:
+        return [Problem(path.name, None, "not UTF-8 text")]
+    problems = []
+    if len(lines) != count:
+        problems.append(Problem(path.name, None, f"{len(lines)} entries, the accounting says {count}"))
+    for k, line in enumerate(lines):
+        try:
+            entry = json.loads(line)
+            assert isinstance(entry, dict) and {"file", "line", "reason"} <= set(entry)
+        except (ValueError, AssertionError):
+            problems.append(Problem(path.name, k, "not an entry with file, line and reason"))
+            break
     return problems
 
 

@@ -53,7 +53,7 @@ def sample_build(tmp_path_factory):
     os.chdir(ROOT)
     try:
         config = resolve(ROOT / "pipelines" / "sample.toml", output=str(out))
-        manifest = build(config, progress=False)
+        manifest = build(config, progress=False).to_dict()
     finally:
         os.chdir(cwd)
     return out, manifest

@@ -14,7 +14,8 @@ from packer.build import build
 from packer.config import BuildConfig, resolve
 from packer.errors import ConfigError, StrictModeError
 
-COLUMNS = ["input_ids", "labels", "cu_seqlens", "segment_ids", "segment_modality", "media", "n_tokens"]
+COLUMNS = ["input_ids", "labels", "cu_seqlens", "segment_ids", "segment_source", "segment_line", "segment_start",
+           "segment_modality", "media", "n_tokens"]
 IGNORE = -100
 
 
@@ -46,9 +47,9 @@ def test_layout_and_schema(sample_build):
     assert not list(out.rglob("*.tmp-*"))
     for t in packed_tables(out, manifest):
         assert t.column_names == COLUMNS
-        assert t.schema.metadata[b"packer.schema_version"] == b"1"
+        assert t.schema.metadata[b"packer.schema_version"] == b"2"
         assert t.schema.field("segment_modality").type == pa.list_(pa.dictionary(pa.int32(), pa.string()))
-    assert manifest["schema_version"] == 1 and manifest["status"] == "complete"
+    assert manifest["schema_version"] == 2 and manifest["status"] == "complete"
     assert manifest["tokenizer"]["vocab_size"] > 1000 and len(manifest["tokenizer"]["sha256"]) == 64
 
 
@@ -180,9 +181,9 @@ def test_oversize_drop_and_truncated_to_nothing(tmp_path, write_jsonl):
     long_doc = {"id": "long", "text": "word " * 300}
     long_prompt = {"id": "prompt", "messages": [{"role": "user", "content": "why " * 300}, {"role": "assistant", "content": "ok"}]}
     f = write_jsonl("in.jsonl", [long_doc, long_prompt, {"id": "short", "text": "A short one."}])
-    m = build(small_config(tmp_path, f, max_length=64, oversize="drop"), progress=False)
+    m = build(small_config(tmp_path, f, max_length=64, oversize="drop"), progress=False).to_dict()
     assert m["accounting"]["dropped_by_reason"] == {"oversize": 2} and m["accounting"]["samples_packed"] == 1
-    m = build(small_config(tmp_path, f, max_length=64, oversize="truncate", overwrite=True), progress=False)
+    m = build(small_config(tmp_path, f, max_length=64, oversize="truncate", overwrite=True), progress=False).to_dict()
     assert m["accounting"]["dropped_by_reason"] == {"nothing_trainable": 1}
     assert m["stats"]["truncated_samples"] == 1 and m["accounting"]["samples_packed"] == 2
     assert m["accounting"]["by_file"][str(f)] == {"records": 3, "packed": 2, "quarantined": 0, "dropped": 1}
@@ -200,7 +201,7 @@ def test_same_bytes_for_any_worker_count_and_chunking_is_data_defined(tmp_path):
     def run(workers):
         out = tmp_path / f"w{workers}"
         c = resolve(ROOT / "pipelines" / "sample.toml", output=str(out), workers=workers, chunk_records=10, shard_rows=2)
-        return out, build(c, progress=False)
+        return out, build(c, progress=False).to_dict()
 
     (a, ma), (b, mb) = run(1), run(2)
     assert len(ma["files"]["packed"]) > 1 and len(ma["files"]["samples"]) > 3
@@ -235,7 +236,7 @@ def test_rebuild_with_other_settings_needs_overwrite(tmp_path, write_jsonl):
 
 def test_all_bad_input_still_writes_a_complete_empty_build(tmp_path, write_jsonl):
     f = write_jsonl("in.jsonl", ["not json", '{"text": 1}'])
-    m = build(small_config(tmp_path, f), progress=False)
+    m = build(small_config(tmp_path, f), progress=False).to_dict()
     assert m["stats"]["rows"] == 0 and m["files"]["packed"] == [] and m["accounting"]["quarantined"] == 2
 
 
@@ -243,7 +244,7 @@ def test_row_constraints_end_to_end(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     config = resolve(ROOT / "pipelines" / "sample.toml", output=str(tmp_path / "c"), max_images=2, max_segments=6,
                      group_by="modality", longest_first=True)
-    m = build(config, progress=False)
+    m = build(config, progress=False).to_dict()
     tables = packed_tables(tmp_path / "c", m)
     all_rows = [r for t in tables for r in t.to_pylist()]
     for r in all_rows:

@@ -67,7 +67,7 @@ def test_boolean_flags(run, tmp_path, write_jsonl):
         (["repack", ".", "--tokenizer", "t", "-o", "x"], 2, "No such option '--tokenizer'"),
         (["inspect", "nowhere"], 1, "nowhere is not a finished packer build"),
         (["report", "nowhere"], 1, "nowhere is not a finished packer build"),
-        (["verify", "nowhere"], 1, "nowhere is not a finished packer build"),
+        (["verify", "nowhere"], 6, "nowhere is not a finished packer build"),
     ],
 )
 def test_errors_and_exit_codes(args, code, message, tmp_path, monkeypatch):

@@ -213,7 +213,7 @@ def test_image_embeddings_and_audio_features(tiny_vit, tmp_path, monkeypatch, ou
     monkeypatch.chdir(ROOT)
     config = resolve(ROOT / "pipelines" / "sample.toml", output=str(tmp_path / "e"), image_embeddings=f"{tiny_vit}:random",
                      embed_output=output, embed_device="cpu", audio_features="whisper:feature_size=80")
-    m = build(config, progress=False)
+    m = build(config, progress=False).to_dict()
     emb = m["embeddings"]
     assert emb["model"] == tiny_vit and emb["pretrained"] == "random" and emb["dtype"] == "float16"
     assert emb["preprocessing"]["image_size"] == [64, 64] and emb["images"] == 8
@@ -234,7 +234,7 @@ def test_image_embeddings_and_audio_features(tiny_vit, tmp_path, monkeypatch, ou
     assert audio["audio/tone_a4_1s.wav"].shape == (80, 3000) and audio["audio/tone_a4_1s.wav"].dtype == np.float32
     assert audio.valid_frames("audio/tone_a4_1s.wav") == 100  # 1 s at 10 ms hops; the rest is padding
     assert audio.valid_frames("audio/tone_g3_7s.flac") == 750
-    m2 = repack(tmp_path / "e", output=str(tmp_path / "r"), max_length=8192, progress=False)
+    m2 = repack(tmp_path / "e", output=str(tmp_path / "r"), max_length=8192, progress=False).to_dict()
     assert m2["embeddings"] == emb and (tmp_path / "r" / emb["files"][0]["file"]).exists()
 
 

@@ -4,7 +4,6 @@ animation, very short and long clips), and the stored features are what the mode
 
 from __future__ import annotations
 
-import json
 import pickle
 
 import numpy as np
@@ -281,14 +280,16 @@ def test_bad_audio_feature_specs(spec, match):
 
 def fake_build(tmp_path, section: str, files) -> None:
     """A manifest holding just the one section StoredFeatures reads."""
-    manifest = {"schema_version": 1, "status": "complete", section: {"files": [f.__dict__ for f in files]}}
-    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    from packer.shards import Accounting, Files, Manifest
+
+    Manifest(config={}, tokenizer={}, files=Files(), accounting=Accounting(),
+             sections={section: {"files": [f.__dict__ for f in files]}}).write(tmp_path)
 
 
 def test_stored_audio_features_round_trip(clips, tmp_path):
     from packer.loader.stored import StoredFeatures
     from packer.media.features import FeatureSpec, WhisperFeatures
-    from packer.schema import AUDIO_FEATURE_SCHEMA
+    from packer.shards.schema import AUDIO_FEATURE_SCHEMA
     from packer.stages.media_pass import _audio_item, _NoBar, run_pass
 
     extractor = WhisperFeatures(FeatureSpec())
@@ -312,7 +313,7 @@ def test_stored_audio_features_round_trip(clips, tmp_path):
 def test_stored_features_name_a_missing_section(tmp_path):
     from packer.loader.stored import StoredFeatures
 
-    (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": 1, "status": "complete"}))
+    fake_build(tmp_path, "audio_features", [])
     with pytest.raises(KeyError, match="no 'embeddings' section; build it with --image-embeddings"):
         StoredFeatures(tmp_path, "embeddings")
     with pytest.raises(ValueError, match="section must be one of embeddings, audio_features, got 'pixels'"):

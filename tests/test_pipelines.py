@@ -57,7 +57,7 @@ def test_pipeline_builds(name, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     config = resolve(ROOT / "pipelines" / name, output=str(tmp_path / "o"))
     assert config.modalities == FAMILIES[name]
-    m = build(config, progress=False)
+    m = build(config, progress=False).to_dict()
     acc = m["accounting"]
     assert acc["records_read"] == acc["samples_packed"] + acc["quarantined"] + acc["dropped"]
 
@@ -125,7 +125,7 @@ def mixed_jsonl(tmp_path):
 def test_no_encoder_quarantines_or_refuses_under_strict(mixed_jsonl, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     config = resolve(ROOT / "pipelines" / "qwen2vl.toml", input=[str(mixed_jsonl)], output=str(tmp_path / "o"))
-    m = build(config, progress=False)
+    m = build(config, progress=False).to_dict()
     assert m["accounting"]["quarantined_by_reason"] == {"no_encoder": 1} and m["accounting"]["samples_packed"] == 1
     entry = json.loads((tmp_path / "o" / "quarantine.jsonl").read_text())
     assert (entry["line"], entry["id"]) == (2, "a")

@@ -28,9 +28,9 @@ def strip(m):
 def test_ray_engine_gives_the_local_engines_bytes(ray_session, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     common = dict(chunk_records=40, shard_rows=4)
-    local = build(resolve(ROOT / "pipelines" / "sample.toml", output=str(tmp_path / "local"), **common), progress=False)
+    local = build(resolve(ROOT / "pipelines" / "sample.toml", output=str(tmp_path / "local"), **common), progress=False).to_dict()
     ray = build(resolve(ROOT / "pipelines" / "sample.toml", output=str(tmp_path / "ray"), engine="ray", workers=2, **common),
-                progress=False)
+                progress=False).to_dict()
     assert ray["execution"]["engine"] == "ray" and strip(ray) == strip(local)
     assert len(local["files"]["samples"]) > 3 and len(local["files"]["packed"]) > 3
     for e in [*local["files"]["samples"], *local["files"]["packed"], local["files"]["plan"], local["files"]["quarantine"]]:
@@ -54,7 +54,7 @@ def test_fsspec_input_and_output(tmp_path):
     for p in (SAMPLE / "audio").iterdir():
         mem.pipe(f"/data/audio/{p.name}", p.read_bytes())
     config = BuildConfig(input=("memory://data/*.jsonl",), output="memory://builds/b1", tokenizer=TOKENIZER, workers=1)
-    m = build(config, progress=False)
+    m = build(config, progress=False).to_dict()
     assert m["execution"]["output"] == "memory://builds/b1"
     assert m["accounting"]["records_read"] == 50 + 81 and m["accounting"]["samples_packed"] == 48 + 65  # 13 chats with images
     assert "missing_image" in m["accounting"]["quarantined_by_reason"]  # the chat images were not copied
@@ -65,7 +65,7 @@ def test_fsspec_input_and_output(tmp_path):
     assert "/builds/b1/report.html" in names and not any("/.state/" in n for n in names)
     # A local-directory URL works the same way.
     m2 = build(BuildConfig(input=(str(SAMPLE / "docs.jsonl"),), output=f"file://{tmp_path}/url-out", tokenizer=TOKENIZER),
-               progress=False)
+               progress=False).to_dict()
     assert (tmp_path / "url-out" / "manifest.json").exists() and m2["stats"]["rows"] > 0
 
 
@@ -73,7 +73,7 @@ def test_ray_embedding_pass_runs_as_a_task(ray_session, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     common = dict(input=(str(SAMPLE / "llava.jsonl"),), image_embeddings="ViT-S-32:random", embed_device="cpu")
     remote = build(resolve(ROOT / "pipelines" / "sample.toml", output=str(tmp_path / "r"), engine="ray", workers=2, **common),
-                   progress=False)
+                   progress=False).to_dict()
     assert remote["embeddings"]["images"] == 6  # the LLaVA records use 6 of the 8 images
     assert remote["embeddings"]["files"][0]["rows"] == 6 and remote["embeddings"]["model"] == "ViT-S-32"
     assert (tmp_path / "r" / remote["embeddings"]["files"][0]["file"]).exists()
@@ -94,7 +94,7 @@ def test_a_killed_ray_worker_is_retried_and_nothing_is_lost(ray_session, tmp_pat
 
     data = _generated(tmp_path)
     common = dict(input=(str(data),), tokenizer=TOKENIZER, chunk_records=100, shard_rows=10)
-    local = build(BuildConfig(output=str(tmp_path / "local"), **common), progress=False)
+    local = build(BuildConfig(output=str(tmp_path / "local"), **common), progress=False).to_dict()
     killed = []
 
     def kill_one_worker():
@@ -110,7 +110,7 @@ def test_a_killed_ray_worker_is_retried_and_nothing_is_lost(ray_session, tmp_pat
 
     t = threading.Thread(target=kill_one_worker)
     t.start()
-    ray = build(BuildConfig(output=str(tmp_path / "ray"), engine="ray", workers=2, **common), progress=False)
+    ray = build(BuildConfig(output=str(tmp_path / "ray"), engine="ray", workers=2, **common), progress=False).to_dict()
     t.join()
     assert killed, "no Ray worker was found to kill"
     assert strip(ray) == strip(local)

@@ -23,7 +23,7 @@ def test_repack_to_a_longer_context_keeps_every_sample(sample_build, tmp_path, m
     # Make a re-encode impossible: repack must not need the tokenizer or the media.
     for where in ("packer.encode.tokenizer.load_tokenizer", "packer.encode.encoder.load_tokenizer"):
         monkeypatch.setattr(where, lambda *a, **k: pytest.fail("repack loaded a tokenizer"))
-    m2 = repack(src, output=str(tmp_path / "r8k"), max_length=8192, progress=False)
+    m2 = repack(src, output=str(tmp_path / "r8k"), max_length=8192, progress=False).to_dict()
     out = tmp_path / "r8k"
     assert m2["config"]["max_length"] == 8192 and m2["repacked_from"]["path"] == str(src)
     assert m2["tokenizer"] == m["tokenizer"] and m2["files"]["samples"] == m["files"]["samples"]
@@ -41,7 +41,7 @@ def test_repack_to_a_longer_context_keeps_every_sample(sample_build, tmp_path, m
 
 def test_repack_split_names_pieces_and_masks_their_first_label(sample_build, tmp_path):
     src, _ = sample_build
-    m = repack(src, output=str(tmp_path / "s"), max_length=1024, oversize="split", progress=False)
+    m = repack(src, output=str(tmp_path / "s"), max_length=1024, oversize="split", progress=False).to_dict()
     assert m["stats"]["split_samples"] > 0 and m["stats"]["split_lost_media"] > 0
     # only a sample whose trainable text all lies in pieces after an image they lack is dropped
     assert set(m["accounting"]["dropped_by_reason"]) <= {"split_lost_media"}

@@ -80,7 +80,7 @@ def test_report_is_mergeable_across_shards(sample_build, tmp_path):
     from packer.build import repack
 
     src, _ = sample_build
-    m = repack(src, output=str(tmp_path / "many"), shard_rows=3, progress=False)
+    m = repack(src, output=str(tmp_path / "many"), shard_rows=3, progress=False).to_dict()
     one, many = report(src), report(tmp_path / "many")
     assert len(m["files"]["packed"]) > 3
     for key in ("rows", "tokens", "fill", "per_modality", "histograms", "attention", "batching", "rank_imbalance"):

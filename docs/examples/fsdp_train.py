@@ -33,7 +33,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
 
     ds = PackedDataset(args.build)
-    cfg = LlamaConfig(vocab_size=ds.manifest["tokenizer"]["vocab_size"], hidden_size=64, intermediate_size=128,
+    cfg = LlamaConfig(vocab_size=ds.manifest.tokenizer["vocab_size"], hidden_size=64, intermediate_size=128,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=ds.max_length)
     cfg._attn_implementation = "sdpa"

@@ -18,7 +18,7 @@ from packer.loader import PackedCollator, PackedDataset
 
 def train(build: str, steps: int, output_dir: str) -> list[float]:
     ds = PackedDataset(build)
-    cfg = LlamaConfig(vocab_size=ds.manifest["tokenizer"]["vocab_size"], hidden_size=128, intermediate_size=256,
+    cfg = LlamaConfig(vocab_size=ds.manifest.tokenizer["vocab_size"], hidden_size=128, intermediate_size=256,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=ds.max_length)
     cfg._attn_implementation = "sdpa"

@@ -23,7 +23,7 @@ def main() -> None:
     args = ap.parse_args()
 
     ds = PackedDataset(args.build)
-    vocab = ds.manifest["tokenizer"]["vocab_size"]
+    vocab = ds.manifest.tokenizer["vocab_size"]
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=ds.max_length)
     cfg._attn_implementation = args.attention

@@ -1,4 +1,4 @@
-"""Stage 1b: turn a parsed record into a :class:`~packer.schema.Sample` (ids, labels, media)."""
+"""Stage 1b: turn a parsed record into a :class:`~packer.shards.schema.Sample` (ids, labels, media)."""
 
 from packer.encode.encoder import Encoder, EncoderSpec
 

@@ -41,7 +41,7 @@ from packer.loader import masks
 from packer.loader.loss import loss_weights
 from packer.loader.media import MediaStep
 from packer.loader.mrope import mrope_positions
-from packer.schema import IGNORE
+from packer.shards.schema import IGNORE
 
 ATTENTION = ("sdpa", "eager", "flex", "varlen", "position_ids")
 FLATTENED = ("varlen", "position_ids")

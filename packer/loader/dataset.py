@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from packer.io.arrow import read_shard
 from packer.media.load import resolve_ref
-from packer.stages.manifest import read_manifest
+from packer.shards.io import read_shard
+from packer.shards.manifest import Manifest
+from packer.shards.stats import shard_stats
 
 ARRAY_COLUMNS = ("input_ids", "labels", "cu_seqlens")
 
@@ -31,18 +31,18 @@ class _ShardedTable:
             raise ValueError(f"format must be numpy or torch, got {format!r}")
         self.out = Path(out)
         self.format = format
-        self.manifest = read_manifest(self.out)  # raises SchemaVersionError on an unknown version
+        self.manifest = Manifest.read(self.out)  # raises SchemaVersionError on an unknown version
         # Stored refs are relative to the build's media root; another root when the media moved.
-        self.media_root = str(media_root) if media_root is not None else self.manifest.get("media_root", "")
-        self.entries = self.manifest["files"][self.kind]
-        self.starts = np.concatenate([[0], np.cumsum([e["rows"] for e in self.entries])]).astype(np.int64)
+        self.media_root = str(media_root) if media_root is not None else self.manifest.media_root
+        self.entries = getattr(self.manifest.files, self.kind)
+        self.starts = np.concatenate([[0], np.cumsum([e.rows for e in self.entries])]).astype(np.int64)
         self._tables: dict[int, pa.Table] = {}
         if self.entries:
             self._table(0)  # check the first shard's schema version now, not in a worker
 
     @property
     def max_length(self) -> int:
-        return int(self.manifest["config"]["max_length"])
+        return self.manifest.max_length
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -54,7 +54,7 @@ class _ShardedTable:
 
     def _table(self, k: int) -> pa.Table:
         if k not in self._tables:
-            self._tables[k] = read_shard(self.out / self.entries[k]["file"])
+            self._tables[k] = read_shard(self.out / self.entries[k].file)
         return self._tables[k]
 
     def column(self, name: str) -> pa.ChunkedArray:
@@ -85,7 +85,7 @@ class _ShardedTable:
     @property
     def placeholder_ids(self) -> dict[str, int]:
         """Token string -> id of every placeholder / begin / end token the build added."""
-        return dict(self.manifest["tokenizer"]["placeholders"])
+        return self.manifest.placeholders
 
     def tokenizer(self):
         """The tokenizer as the build used it (``OUT/tokenizer``), placeholder tokens included."""
@@ -97,7 +97,7 @@ class _ShardedTable:
 class PackedDataset(_ShardedTable):
     """Packed rows: ``input_ids``, ``labels``, ``cu_seqlens`` (arrays), ``segment_ids``,
     ``segment_modality``, ``media`` (lists) and ``n_tokens``. Each media span gets a
-    ``path``: its ``ref`` joined onto the build's media root (``manifest["media_root"]``),
+    ``path``: its ``ref`` joined onto the build's media root (``Manifest.media_root``),
     or onto ``media_root=`` when the media moved; a moved build folder needs nothing."""
 
     kind = "packed"
@@ -105,27 +105,11 @@ class PackedDataset(_ShardedTable):
 
     def row_stats(self) -> dict[str, np.ndarray]:
         """Per row: tokens, sum of squared segment lengths, media items and media tokens
-        (the inputs of a sampler's cost model), computed from the shards' columns."""
-        tokens = self.column("n_tokens").to_numpy().astype(np.float64)
-        attention, items, media_tokens = [], [], []
-        for k in range(len(self.entries)):
-            t = self._table(k)
-            for cu in t.column("cu_seqlens").to_pylist():
-                attention.append(float((np.diff(np.asarray(cu, dtype=np.float64)) ** 2).sum()))
-            media = t.column("media")
-            items.append(pc.list_value_length(media).to_numpy(zero_copy_only=False))
-            lengths = pc.list_flatten(media)
-            parents = pc.list_parent_indices(media).to_numpy()
-            sums = np.zeros(t.num_rows)
-            if len(lengths):
-                np.add.at(sums, parents, pc.struct_field(lengths, "length").to_numpy(zero_copy_only=False))
-            media_tokens.append(sums)
-        return {
-            "tokens": tokens,
-            "attention": np.asarray(attention, dtype=np.float64),
-            "media_items": np.concatenate(items).astype(np.float64) if items else np.zeros(0),
-            "media_tokens": np.concatenate(media_tokens) if media_tokens else np.zeros(0),
-        }
+        (the inputs of a sampler's cost model): :func:`packer.shards.stats.shard_stats`,
+        the numbers the report shows."""
+        stats = [shard_stats(self.out / e.file) for e in self.entries]
+        return {name: np.concatenate([s.array(f"row_{name}") for s in stats]) if stats else np.zeros(0)
+                for name in ("tokens", "attention", "media_items", "media_tokens")}
 
 
 class SampleDataset(_ShardedTable):

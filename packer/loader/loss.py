@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from packer.schema import IGNORE
+from packer.shards.schema import IGNORE
 
 
 def loss_weights(labels: torch.Tensor, segment: torch.Tensor, kind: str) -> torch.Tensor:

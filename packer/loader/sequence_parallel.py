@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from packer.schema import IGNORE
+from packer.shards.schema import IGNORE
 
 
 def shard_for_sequence_parallel(batch: dict[str, Any], rank: int, size: int, *, mode: str = "ulysses",

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packer.io.arrow import read_shard
-from packer.stages.manifest import read_manifest
+from packer.shards.io import read_shard
+from packer.shards.manifest import Manifest
 
 SECTIONS = {"embeddings": "--image-embeddings MODEL[:PRETRAINED]", "audio_features": "--audio-features whisper"}
 
@@ -40,12 +40,12 @@ class StoredFeatures:
             raise ValueError(f"section must be one of {', '.join(SECTIONS)}, got {section!r}")
         self.out = Path(out)
         self.section = section
-        manifest = read_manifest(self.out)  # raises SchemaVersionError on an unknown version
-        if section not in manifest:
+        manifest = Manifest.read(self.out)  # raises SchemaVersionError on an unknown version
+        if section not in manifest.sections:
             raise KeyError(f"{self.out} holds no stored {section}: its manifest has no {section!r} section; "
                            f"build it with {SECTIONS[section]}")
-        self.info: dict[str, Any] = {k: v for k, v in manifest[section].items() if k != "files"}
-        self.files = [e["file"] for e in manifest[section]["files"]]
+        self.info: dict[str, Any] = {k: v for k, v in manifest.sections[section].items() if k != "files"}
+        self.files = [e.file for e in manifest.section_files(section)]
         self._tables: dict[int, pa.Table] = {}
         self._index: dict[str, tuple[int, int]] | None = None
 

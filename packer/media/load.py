@@ -55,7 +55,7 @@ def load_audio(path: str, sampling_rate: int) -> np.ndarray:
 
 def resolve_ref(ref: str, media_root: str) -> str:
     """The file a stored media ``ref`` names: absolute refs and URLs as they are, others
-    joined onto the build's media root (``manifest["media_root"]``)."""
+    joined onto the build's media root (``Manifest.media_root``)."""
     if "://" in ref or ref.startswith("/") or not media_root:
         return ref
     return f"{media_root.rstrip('/')}/{ref}"

@@ -17,6 +17,7 @@ All numbers come from the packed shards (and the manifest's accounting), so
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from functools import reduce
@@ -28,8 +29,8 @@ import numpy as np
 from packer.balance import balance, imbalance
 from packer.cost import CostModel
 from packer.io.files import write_text_atomic
-from packer.report.accumulate import ShardStats, length_edges, shard_stats
-from packer.stages.manifest import read_manifest
+from packer.shards.manifest import Manifest
+from packer.shards.stats import ShardStats, length_edges, shard_stats
 
 MEGABATCH = 50
 RANKS = (8, 64)
@@ -76,8 +77,10 @@ def rank_imbalance(stats: dict[str, np.ndarray], ranks: int, seed: int) -> dict[
             "balanced": imbalance(costs, balanced)}
 
 
-def quarantine_examples(out: Path, manifest: dict[str, Any], per_reason: int = 3) -> list[dict[str, Any]]:
-    path = out / manifest["files"]["quarantine"]["file"]
+def quarantine_examples(out: Path, manifest: Manifest, per_reason: int = 3) -> list[dict[str, Any]]:
+    if manifest.files.quarantine is None:
+        return []
+    path = out / manifest.files.quarantine.file
     examples: dict[str, list[str]] = {}
     counts: Counter[str] = Counter()
     if path.is_file():
@@ -90,12 +93,12 @@ def quarantine_examples(out: Path, manifest: dict[str, Any], per_reason: int = 3
     return [{"reason": r, "count": n, "examples": examples[r]} for r, n in counts.most_common()]
 
 
-def report(out: str | Path, manifest: dict[str, Any] | None = None, *, batch_size: int = 8, seed: int = 0) -> dict[str, Any]:
+def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int = 8, seed: int = 0) -> dict[str, Any]:
     out = Path(out)
-    manifest = manifest or read_manifest(out)
-    shards = [shard_stats(out / e["file"]) for e in manifest["files"]["packed"]]
+    manifest = manifest or Manifest.read(out)
+    shards = [shard_stats(out / e.file) for e in manifest.files.packed]
     s = reduce(ShardStats.merge, shards, ShardStats())
-    cap = int(manifest["config"]["max_length"])
+    cap = manifest.max_length
     lengths = s.array("seg_lengths").astype(np.int64)
     modality = s.array("seg_modality").astype(object) if s.seg_modality else np.zeros(0, dtype=object)
     real = int(lengths.sum())
@@ -111,12 +114,12 @@ def report(out: str | Path, manifest: dict[str, Any] | None = None, *, batch_siz
     row_fill = s.array("row_tokens") / cap if s.rows else np.zeros(0)
     row_stats = {"tokens": s.array("row_tokens"), "attention": s.array("row_attention"),
                  "media_items": s.array("row_media_items"), "media_tokens": s.array("row_media_tokens")}
-    acc, stats = manifest["accounting"], manifest["stats"]
+    acc, stats = manifest.accounting, manifest.stats
     return {
-        "schema_version": manifest["schema_version"],
-        "build": {"name": manifest["config"].get("name", ""), "created_at": manifest["created_at"],
-                  "packer_version": manifest["packer_version"]},
-        "records": acc["records_read"], "samples": acc["samples_packed"], "segments": s.segments,
+        "schema_version": manifest.schema_version,
+        "build": {"name": manifest.config.get("name", ""), "created_at": manifest.created_at,
+                  "packer_version": manifest.packer_version},
+        "records": acc.records_read, "samples": s.samples(), "segments": s.segments, "duplicate_ids": s.duplicate_ids(),
         "rows": s.rows, "tokens": s.tokens, "max_length": cap,
         "fill": s.tokens / max(1, s.rows * cap), "lower_bound": lower, "gap_to_lower_bound": s.rows - lower,
         "per_modality": {k: v.__dict__ for k, v in sorted(s.per_modality.items())},
@@ -127,8 +130,7 @@ def report(out: str | Path, manifest: dict[str, Any] | None = None, *, batch_siz
             "fill_edges": np.linspace(0, 1, 11).tolist(),
             "fill_per_row": np.histogram(np.minimum(row_fill, 1), bins=np.linspace(0, 1, 11))[0].tolist(),
         },
-        "accounting": {k: acc[k] for k in ("records_read", "samples_packed", "quarantined", "dropped",
-                                           "quarantined_by_reason", "dropped_by_reason", "by_file", "blank_lines")},
+        "accounting": dataclasses.asdict(acc),
         "oversize": {k: stats.get(k, 0) for k in ("truncated_samples", "truncated_tokens", "split_samples", "split_pieces",
                                                   "split_pieces_dropped", "split_lost_media")},
         "quarantine_top": quarantine_examples(out, manifest),
@@ -141,11 +143,11 @@ def report(out: str | Path, manifest: dict[str, Any] | None = None, *, batch_siz
             "speedup_vs_length_grouped": schemes["length_grouped"] / max(1, packed_cost),
         },
         "rank_imbalance": {str(r): rank_imbalance(row_stats, r, seed) for r in RANKS},
-        "config": manifest["config"],
+        "config": manifest.config,
     }
 
 
-def write_report(out: str | Path, manifest: dict[str, Any] | None = None, *, html_path: str | Path | None = None) -> dict:
+def write_report(out: str | Path, manifest: Manifest | None = None, *, html_path: str | Path | None = None) -> dict:
     from packer.report.html import render
 
     out = Path(out)

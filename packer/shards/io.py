@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from packer.io.files import atomic_open, sha256_file
-from packer.schema import ShardEntry, check_schema
+from packer.shards.schema import ShardEntry, check_schema
 
 BATCH_ROWS = 1024  # record batch size inside a shard: small enough for streaming readers
 

@@ -1,4 +1,4 @@
-"""Record kinds and the Arrow schemas derived from them (schema_version 1).
+"""Record kinds and the Arrow schemas derived from them (schema_version 2).
 
 One frozen dataclass per record kind. Each field carries its Arrow type in an
 ``Annotated`` hint, and :func:`arrow_schema` derives the file schema from the hints, so
@@ -13,7 +13,8 @@ A packed row, worked example (two segments, capacity 8)::
     labels     [-100, 9,  2, -100, -100, 2]   # first token of each segment untrained;
                                               # placeholders (7) never trained
     cu_seqlens [0, 3, 6]
-    segment_ids ["chat.jsonl:1", "img-42"]
+    segment_ids ["chat.jsonl:1", "img-42"]       # display: the record's id, or file:line
+    segment_source [0, 1]   segment_line [1, 42]   segment_start [0, 0]   # identity: input file, line, piece
     segment_modality ["text", "image"]
     media      [{segment: 1, kind: "image", start: 3, length: 1, ref: "cat.png", grid: []}]
     n_tokens   6
@@ -31,13 +32,14 @@ import pyarrow as pa
 
 from packer.errors import SchemaVersionError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: integer segment identity (segment_source / _line / _start), sample source_index
 IGNORE = -100  # label of a position that is not trained (the HF / PyTorch ignore_index)
 VERSION_KEY = b"packer.schema_version"
 KIND_KEY = b"packer.kind"
 
 Int32 = Annotated[int, pa.int32()]
 Int64 = Annotated[int, pa.int64()]
+Int64List = Annotated[tuple[int, ...], pa.list_(pa.int64())]
 Str = Annotated[str, pa.string()]
 Int32List = Annotated[tuple[int, ...], pa.list_(pa.int32())]
 StrList = Annotated[tuple[str, ...], pa.list_(pa.string())]
@@ -68,7 +70,7 @@ class MediaSpan:
     ``start`` is absolute within the row it is stored in (a sample row in
     ``samples/``, a packed row in ``packed/``); ``segment`` indexes the row's segments.
     ``grid`` is (t, h, w) after merging where the token-count policy knows it, else empty.
-    ``ref`` names the file relative to the build's media root (``manifest["media_root"]``),
+    ``ref`` names the file relative to the build's media root (``Manifest.media_root``),
     or absolutely when it lies outside it (or a URL); the loader joins the two.
     """
 
@@ -92,6 +94,7 @@ class Sample:
 
     key: Str
     source_file: Str
+    source_index: Int32  # the input file's number in the manifest's ``inputs``
     source_line: Int64
     modality: Category
     input_ids: Int32List
@@ -103,12 +106,21 @@ class Sample:
 
 @dataclass(frozen=True)
 class PackedRow:
-    """One packed training sequence (stage 3 output, one row of ``packed/*.arrow``)."""
+    """One packed training sequence (stage 3 output, one row of ``packed/*.arrow``).
+
+    A segment is identified by integers -- its input file's number (``segment_source``,
+    an index into the manifest's ``inputs``), the line (``segment_line``) and the token
+    where its piece starts (``segment_start``, 0 unless ``--oversize split`` cut the
+    sample) -- so duplicate or odd ids are harmless; ``segment_ids`` is for display.
+    """
 
     input_ids: Int32List
     labels: Int32List
     cu_seqlens: Int32List
     segment_ids: StrList
+    segment_source: Int32List
+    segment_line: Int64List
+    segment_start: Int32List
     segment_modality: CategoryList
     media: Annotated[tuple[MediaSpan, ...], list_of(MediaSpan)]
     n_tokens: Int32
@@ -154,10 +166,16 @@ def check_schema(schema: pa.Schema, where: str) -> None:
     if version is None:
         raise SchemaVersionError(f"{where}: no packer.schema_version in the Arrow schema metadata")
     if version.decode() != str(SCHEMA_VERSION):
-        raise SchemaVersionError(
-            f"{where}: schema_version {version.decode()} is not supported by this packer "
-            f"(reads {SCHEMA_VERSION}); rebuild, or install the packer that wrote it"
-        )
+        raise SchemaVersionError(version_message(where, version.decode()))
+
+
+def version_message(where: str, version: object) -> str:
+    """What to say about a file of another schema version: which, and how to get a readable one."""
+    if str(version) == "1":
+        return (f"{where}: schema_version 1 (written by packer 0.1 before integer segment identity) is not read by "
+                f"this packer (reads {SCHEMA_VERSION}); rebuild it: packer build ... --overwrite, same inputs")
+    return (f"{where}: schema_version {version} is not supported by this packer (reads {SCHEMA_VERSION}); "
+            f"rebuild, or install the packer that wrote it")
 
 
 SAMPLE_SCHEMA = arrow_schema(Sample, "samples")

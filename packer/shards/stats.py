@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from packer.io.arrow import read_shard
-from packer.schema import IGNORE
+from packer.shards.io import read_shard
+from packer.shards.schema import IGNORE
 
 
 def length_edges(max_length: int) -> np.ndarray:
@@ -53,6 +53,8 @@ class ShardStats:
     row_media_tokens: list[np.ndarray] = field(default_factory=list)
     seg_lengths: list[np.ndarray] = field(default_factory=list)  # per segment (one per placed sample piece)
     seg_modality: list[np.ndarray] = field(default_factory=list)  # object arrays of names
+    seg_identity: list[np.ndarray] = field(default_factory=list)  # int64 (input file << 40 | line) per segment
+    sample_ids: list[np.ndarray] = field(default_factory=list)  # display id of each segment that starts a sample
 
     def merge(self, other: ShardStats) -> ShardStats:
         per_modality = dict(self.per_modality)
@@ -67,7 +69,20 @@ class ShardStats:
             self.row_tokens + other.row_tokens, self.row_attention + other.row_attention,
             self.row_media_items + other.row_media_items, self.row_media_tokens + other.row_media_tokens,
             self.seg_lengths + other.seg_lengths, self.seg_modality + other.seg_modality,
+            self.seg_identity + other.seg_identity, self.sample_ids + other.sample_ids,
         )
+
+    def samples(self) -> int:
+        """Distinct samples packed, by integer identity (pieces of a split sample counted once)."""
+        return int(np.unique(self.array("seg_identity").astype(np.int64)).size)
+
+    def duplicate_ids(self) -> int:
+        """Samples whose display id another packed sample also has (harmless: identity is integer)."""
+        ids = np.concatenate(self.sample_ids) if self.sample_ids else np.zeros(0, dtype=object)
+        if not len(ids):
+            return 0
+        _, counts = np.unique(ids.astype(str), return_counts=True)
+        return int(counts[counts > 1].sum())
 
     def array(self, name: str) -> np.ndarray:
         parts = getattr(self, name)
@@ -121,4 +136,9 @@ def shard_stats(path: str | Path) -> ShardStats:
     stats.row_media_tokens = [np.bincount(row_of_seg, weights=media_tokens, minlength=table.num_rows)]
     stats.seg_lengths = [seg_len]
     stats.seg_modality = [modality.astype(object)]
+    source = pc.list_flatten(table.column("segment_source")).to_numpy().astype(np.int64)
+    line = pc.list_flatten(table.column("segment_line")).to_numpy().astype(np.int64)
+    start = pc.list_flatten(table.column("segment_start")).to_numpy()
+    stats.seg_identity = [(source << 40) | line]
+    stats.sample_ids = [pc.list_flatten(table.column("segment_ids")).to_numpy(zero_copy_only=False)[start == 0].astype(object)]
     return stats

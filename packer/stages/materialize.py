@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packer._ranges import concat_ranges, csr_offsets
-from packer.io.arrow import read_shard, write_shard_batches
-from packer.schema import IGNORE, PACKED_SCHEMA, SAMPLE_SCHEMA, ShardEntry
+from packer.shards.io import read_shard, write_shard_batches
+from packer.shards.schema import IGNORE, PACKED_SCHEMA, SAMPLE_SCHEMA, ShardEntry
 from packer.stages.state import Journal, shard_payload
 
 BYTES_PER_TOKEN = 8  # input_ids + labels, int32 each
@@ -104,8 +104,8 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
     starts[r][j] + lengths[r][j]`` of sample ``samples[r][j]``, in order.
 
     A segment's first label is set to -100 whatever the sample said (a split piece
-    starts mid-sample), media spans move with their segment, and a piece of a sample
-    is named ``key@start`` so every segment id stays unique.
+    starts mid-sample), media spans move with their segment; a segment is identified by
+    its sample's input file number, line and piece start (a piece is displayed ``key@start``).
     """
     members = bins.column("samples").combine_chunks()
     seg_idx = members.flatten().to_numpy()
@@ -148,6 +148,9 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
             "labels": pa.ListArray.from_arrays(row_tok32, pa.array(labels, pa.int32())),
             "cu_seqlens": pa.ListArray.from_arrays(pa.array(csr_offsets(n_cu), pa.int32()), pa.array(cu_values, pa.int32())),
             "segment_ids": pa.ListArray.from_arrays(row_seg32, pa.array(keys, pa.string())),
+            "segment_source": pa.ListArray.from_arrays(row_seg32, sub.column("source_index").combine_chunks().cast(pa.int32())),
+            "segment_line": pa.ListArray.from_arrays(row_seg32, sub.column("source_line").combine_chunks().cast(pa.int64())),
+            "segment_start": pa.ListArray.from_arrays(row_seg32, pa.array(seg_from, pa.int32())),
             "segment_modality": pa.ListArray.from_arrays(row_seg32, modality),
             "media": pa.array(media, PACKED_SCHEMA.field("media").type),
             "n_tokens": pa.array(np.diff(row_tok), pa.int32()),

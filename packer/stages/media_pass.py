@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packer.errors import PackerError
-from packer.io.arrow import write_shard
-from packer.schema import AUDIO_FEATURE_SCHEMA, FEATURE_SCHEMA, ShardEntry
+from packer.shards.io import write_shard
+from packer.shards.schema import AUDIO_FEATURE_SCHEMA, FEATURE_SCHEMA, ShardEntry
 
 
 def media_paths(samples: pa.Table, kind: str, media_root: str | None) -> dict[str, str]:
@@ -110,9 +110,9 @@ class _NoBar:
 
 def embeddings_task(out: str, sample_files: list[str], config) -> dict[str, Any]:
     """The embedding pass as one self-contained task (what the Ray engine ships to a GPU worker)."""
-    from packer.io.arrow import read_shards
     from packer.media.embed import EmbedSpec, ImageEmbedder
-    from packer.schema import SAMPLE_SCHEMA
+    from packer.shards.io import read_shards
+    from packer.shards.schema import SAMPLE_SCHEMA
 
     embedder = ImageEmbedder(EmbedSpec.from_config(config))
     samples = read_shards([Path(out) / f for f in sample_files], SAMPLE_SCHEMA)

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from packer.config import BuildConfig
 from packer.pack import Plan, plan
-from packer.schema import IGNORE, PLAN_SCHEMA
+from packer.shards.schema import IGNORE, PLAN_SCHEMA
 
 MEDIA_KINDS = ("image", "audio")
 

@@ -27,7 +27,7 @@ from typing import Any
 from packer import __version__
 from packer.errors import ConfigError, PackerError
 from packer.io.files import sha256_file, write_text_atomic
-from packer.schema import SCHEMA_VERSION, ShardEntry
+from packer.shards.schema import SCHEMA_VERSION, ShardEntry
 
 STATE_DIR = ".state"
 LOCK_FILE = ".packer.lock"

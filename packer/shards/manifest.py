@@ -1,0 +1,173 @@
+"""``manifest.json``, typed: what a finished build holds and how it was made.
+
+Written last by the build (its presence means "done"), read by the loader, report,
+inspect, verify and repack -- all through :class:`Manifest`, never through string keys.
+The JSON is written with sorted keys; ``created_at`` is the only field that differs
+between two builds of the same inputs and settings.
+
+    m = Manifest.read("out/sample")           # SchemaVersionError / PackerError with the fix
+    m.files.packed[0].file, m.accounting.records_read, m.max_length, m.placeholders
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packer import __version__
+from packer.errors import PackerError, SchemaVersionError
+from packer.io.files import write_text_atomic
+from packer.shards.schema import SCHEMA_VERSION, ShardEntry, version_message
+
+SECTIONS = ("embeddings", "audio_features")  # optional media passes, each {..., "files": [ShardEntry]}
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class FileAccount:
+    """One input file's records and what became of them."""
+
+    records: int = 0
+    packed: int = 0
+    quarantined: int = 0
+    dropped: int = 0
+
+
+@dataclass
+class Accounting:
+    """``records_read = samples_packed + quarantined + dropped``, in total and per input file."""
+
+    records_read: int = 0
+    samples_packed: int = 0
+    quarantined: int = 0
+    dropped: int = 0
+    quarantined_by_reason: dict[str, int] = field(default_factory=dict)
+    dropped_by_reason: dict[str, int] = field(default_factory=dict)
+    blank_lines: int = 0
+    by_file: dict[str, FileAccount] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Accounting:
+        return cls(**{**d, "by_file": {k: FileAccount(**v) for k, v in d.get("by_file", {}).items()}})
+
+    def balanced(self) -> list[str]:
+        """What does not add up (empty: the identity holds everywhere)."""
+        out = []
+        if self.records_read != self.samples_packed + self.quarantined + self.dropped:
+            out.append(f"records_read {self.records_read} != samples_packed {self.samples_packed} + quarantined "
+                       f"{self.quarantined} + dropped {self.dropped}")
+        for name, a in self.by_file.items():
+            if a.records != a.packed + a.quarantined + a.dropped:
+                out.append(f"{name}: {a.records} records read but {a.packed} packed + {a.quarantined} quarantined + "
+                           f"{a.dropped} dropped")
+        for key, total in (("records", "records_read"), ("packed", "samples_packed"), ("quarantined", "quarantined"),
+                           ("dropped", "dropped")):
+            if self.by_file and sum(getattr(a, key) for a in self.by_file.values()) != getattr(self, total):
+                out.append(f"by_file {key} do not sum to {total}")
+        return out
+
+
+@dataclass
+class Files:
+    samples: list[ShardEntry] = field(default_factory=list)
+    packed: list[ShardEntry] = field(default_factory=list)
+    plan: ShardEntry | None = None
+    quarantine: ShardEntry | None = None
+    dropped: ShardEntry | None = None  # dropped.jsonl: every dropped sample, like the quarantine
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Files:
+        one = lambda e: ShardEntry(**e) if e else None  # noqa: E731
+        return cls([ShardEntry(**e) for e in d.get("samples", [])], [ShardEntry(**e) for e in d.get("packed", [])],
+                   one(d.get("plan")), one(d.get("quarantine")), one(d.get("dropped")))
+
+    def listed(self) -> list[ShardEntry]:
+        return [*self.samples, *self.packed, *(e for e in (self.plan, self.quarantine, self.dropped) if e is not None)]
+
+
+@dataclass
+class Manifest:
+    config: dict[str, Any]  # the content settings (BuildConfig.content_dict())
+    tokenizer: dict[str, Any]  # name, class, vocab_size, sha256, bos/eos ids, placeholders (token -> id)
+    files: Files
+    accounting: Accounting
+    stats: dict[str, Any] = field(default_factory=dict)
+    inputs: list[str] = field(default_factory=list)  # input files; segment_source indexes this list
+    media_root: str = ""  # stored media refs are relative to it
+    status: str = "complete"
+    failure: str | None = None
+    execution: dict[str, Any] = field(default_factory=dict)  # how the build ran (engine, workers, output)
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict)  # embeddings / audio_features
+    repacked_from: dict[str, Any] | None = None
+    schema_version: int = SCHEMA_VERSION
+    packer_version: str = __version__
+    created_at: str = field(default_factory=lambda: datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+
+    # ---------------------------------------------------------------- derived
+
+    @property
+    def max_length(self) -> int:
+        return int(self.config["max_length"])
+
+    @property
+    def placeholders(self) -> dict[str, int]:
+        """Token string -> id of every placeholder / begin / end token the build added."""
+        return dict(self.tokenizer.get("placeholders", {}))
+
+    def placeholder_id(self, kind: str) -> int | None:
+        """The id ``kind`` (``image`` / ``audio``) expands to."""
+        return self.placeholders.get(self.config.get(f"{kind}_token", ""))
+
+    def section_files(self, section: str) -> list[ShardEntry]:
+        return [ShardEntry(**e) for e in self.sections.get(section, {}).get("files", [])]
+
+    def all_files(self) -> list[ShardEntry]:
+        return [*self.files.listed(), *(e for s in SECTIONS for e in self.section_files(s))]
+
+    # ---------------------------------------------------------------- JSON
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        sections = d.pop("sections")
+        for key in ("failure", "repacked_from"):
+            if d[key] is None:
+                d.pop(key)
+        return {**d, **sections}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = MANIFEST) -> Manifest:
+        if not isinstance(d, dict):
+            raise PackerError(f"{where} is not a packer manifest (a JSON object expected)")
+        version = d.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise SchemaVersionError(version_message(where, version))
+        known = {f.name for f in dataclasses.fields(cls)} - {"sections"}
+        try:
+            return cls(**{k: v for k, v in d.items() if k in known and k not in ("files", "accounting")},
+                       files=Files.from_dict(d["files"]), accounting=Accounting.from_dict(d["accounting"]),
+                       sections={s: d[s] for s in SECTIONS if s in d})
+        except (KeyError, TypeError, AttributeError) as e:
+            raise PackerError(f"{where} is damaged or not a packer manifest ({type(e).__name__}: {e}); rebuild") from None
+
+    def write(self, out: str | Path) -> Manifest:
+        write_text_atomic(Path(out) / MANIFEST, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        return self
+
+    @classmethod
+    def read(cls, out: str | Path, *, allow_failed: bool = False) -> Manifest:
+        """The manifest of a finished build (a failed one raises unless ``allow_failed``)."""
+        path = Path(out) / MANIFEST
+        if not path.is_file():
+            raise PackerError(f"{out} is not a finished packer build: {path} is missing")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise PackerError(f"{path} is damaged (not valid JSON: {e}); rebuild, or restore it from a copy") from None
+        manifest = cls.from_dict(data, str(path))
+        if manifest.status != "complete" and not allow_failed:
+            raise PackerError(f"the build in {out} failed: {manifest.failure or 'status ' + manifest.status}")
+        return manifest
