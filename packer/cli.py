@@ -11,21 +11,50 @@ import sys
 import click
 
 from packer import __version__
-from packer.config import DEFAULT_PIPELINE, FIELDS, PLAN_KEYS
+from packer.config import DEFAULT_PIPELINE, FIELDS, GROUPS, REPACK_KEYS
 from packer.errors import PackerError
 
 FLAG_NAMES = {"input": "--input", "output": "--output"}
 
 
-def _config_options(names):
-    return lambda fn: _add_options(fn, [FIELDS[n] for n in names])
+class ConfigCommand(click.Command):
+    """A command whose ``--help`` lists its config flags in one section per field group."""
+
+    def format_options(self, ctx, formatter):
+        sections: dict[str, list] = {group: [] for group in (*GROUPS, "other")}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
+            if record is not None:
+                f = FIELDS.get(param.name)
+                sections[f.metadata["group"] if f else "other"].append(record)
+        for group, records in sections.items():
+            if records:
+                with formatter.section(f"{group.capitalize()} options"):
+                    formatter.write_dl(records)
 
 
-def _add_options(fn, fields):
+def _config_options(names, *, kept: tuple[str, ...] = ()):
+    """Flags for the config fields ``names``; those of the stages in ``kept`` show no default (repack: SOURCE's)."""
+    return lambda fn: _add_options(fn, [FIELDS[n] for n in names], kept)
+
+
+def _default_text(f, kept: tuple[str, ...] = ()) -> str:
+    """The default of a field, as ``--help`` shows it (packer's own: a pipeline file may override it)."""
+    if f.metadata["stage"] in kept or (kept and f.name == "output"):
+        return ""
+    value = f.default
+    if isinstance(value, bool):
+        return f" [default: {'' if value else 'no-'}{f.name.replace('_', '-')}]"
+    if isinstance(value, tuple):
+        value = ", ".join(value)
+    return "" if value in ("", None) else f" [default: {value}]"
+
+
+def _add_options(fn, fields, kept: tuple[str, ...] = ()):
     for f in reversed(fields):
         flag = FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-"))
         names = [flag] + ([f.metadata["short"]] if f.metadata.get("short") else [])
-        help_text = f.metadata["help"]
+        help_text = f.metadata["help"] + _default_text(f, kept)
         if isinstance(f.default, bool):
             flag = f"{flag}/--no-{f.name.replace('_', '-')}"
             names = [flag]
@@ -49,6 +78,10 @@ def _run(fn, *args, **kwargs):
     except PackerError as e:
         click.echo(f"packer: error: {e}", err=True)
         sys.exit(e.exit_code)
+    except OSError as e:  # outside any record: a full disk, a read-only or missing folder, a file where a folder goes
+        where = f"{e.filename}: " if e.filename else ""
+        click.echo(f"packer: error: {where}{e.strerror or e}", err=True)
+        sys.exit(1)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -57,7 +90,7 @@ def main():
     """packer: tokenize, count media positions and bin-pack training data into Arrow shards."""
 
 
-@main.command()
+@main.command(cls=ConfigCommand)
 @click.argument("pipeline", required=False, type=click.Path(dir_okay=False))
 @_config_options(FIELDS)
 def build(pipeline, **options):
@@ -92,12 +125,14 @@ def inspect(out, row, as_json):
         click.echo(json.dumps(s, indent=2, sort_keys=True) if as_json else summary_text(s))
 
 
-@main.command()
+@main.command(cls=ConfigCommand)
 @click.argument("source", type=click.Path(file_okay=False, exists=True))
-@_config_options(("output", *PLAN_KEYS))
+@_config_options(REPACK_KEYS, kept=("plan",))
 def repack(source, **options):
     """Re-plan the build in SOURCE (another max length, algorithm, caps, seed, ...) into -o
-    OUT2, reusing its encoded samples: nothing is re-tokenized or re-read."""
+    OUT2, reusing its encoded samples: nothing is re-tokenized or re-read. Packing options
+    and shard sizes not given keep SOURCE's values. An OUT2 that holds an earlier repack of
+    SOURCE is replaced; any other build there needs --overwrite."""
     from packer.build import repack as run_repack
     from packer.inspect import summarize, summary_text
 

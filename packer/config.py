@@ -6,6 +6,11 @@ Pipeline files use the field names below as flat top-level keys; every key has a
 command-line flag of the same name (``max_length`` -> ``--max-length``). Unknown keys
 and out-of-range values are rejected up front with :class:`~packer.errors.ConfigError`.
 Relative paths are relative to the directory ``packer`` runs in.
+
+Each field is tagged once with a ``stage`` (content / plan / execution: what changing it
+redoes, see :data:`STAGES`) and a ``group`` (its section of ``packer build --help``);
+:data:`CONTENT_KEYS`, :data:`PLAN_KEYS`, :data:`EXECUTION_KEYS` and :data:`REPACK_KEYS`
+are derived from the tags.
 """
 
 from __future__ import annotations
@@ -22,8 +27,21 @@ from packer.media.probe import IMAGE_CHECKS
 DEFAULT_PIPELINE = Path("pipelines/sample.toml")
 
 
-def _opt(default: Any, help: str, *, choices: tuple[str, ...] | None = None, short: str | None = None):
-    meta = {"help": help, "choices": choices, "short": short}
+# Every field is tagged once; the key sets at the bottom are derived from the tags.
+#   content    decides stage 1's output (samples/, quarantine, media sections): changing it needs a re-encode
+#   plan       decides the plan and the packed rows: `packer repack` may change it
+#   execution  how a build runs, not what it builds: kept out of the manifest's config and the fingerprint
+STAGES = ("content", "plan", "execution")
+# Sections of `packer build --help`, in this order.
+GROUPS = ("input", "tokenizer", "media", "packing", "execution", "output")
+
+
+def _opt(default: Any, help: str, *, stage: str, group: str, choices: tuple[str, ...] | None = None,
+         short: str | None = None):
+    if stage not in STAGES or group not in GROUPS:
+        raise ValueError(f"config field tagged stage={stage!r}, group={group!r}: stage must be one of {', '.join(STAGES)}, "
+                         f"group one of {', '.join(GROUPS)}")
+    meta = {"help": help, "choices": choices, "short": short, "stage": stage, "group": group}
     if isinstance(default, (list, tuple)):
         return field(default=tuple(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -31,70 +49,102 @@ def _opt(default: Any, help: str, *, choices: tuple[str, ...] | None = None, sho
 
 @dataclass(frozen=True)
 class BuildConfig:
-    name: str = _opt("", "Name of the job (free text, recorded in the manifest).")
-    input: tuple[str, ...] = _opt((), "Input JSONL files or glob patterns (sorted after expansion).", short="-i")
-    output: str = _opt("out/packed", "Output folder.", short="-o")
-    format: str = _opt("auto", "Record shape, or auto-detect per line.", choices=("auto", "llava", "messages", "text"))
-    media_root: str | None = _opt(None, "Folder that relative media paths are resolved against (default: the JSONL file's).")
-    allow_outside_media_root: bool = _opt(False, "Accept media paths that resolve outside the dataset root.")
-    tokenizer: str = _opt("", "HF tokenizer: a local folder or a hub name.")
-    train_on: str = _opt("assistant", "Which tokens get labels in conversations.", choices=("assistant", "all"))
-    append_eos: bool = _opt(True, "End every text document with the tokenizer's EOS token.")
-    image_tag: str = _opt("<image>", "Marker of an image's place in the input text (LLaVA's <image>).")
-    audio_tag: str = _opt("<audio>", "Marker of an audio clip's place in the input text.")
-    image_token: str = _opt("<image>", "Placeholder token images expand to (added as a special token if absent).")
-    audio_token: str = _opt("<audio>", "Placeholder token audio clips expand to (added as a special token if absent).")
+    name: str = _opt("", "Name of the job (free text, recorded in the manifest).", stage="content", group="output")
+    input: tuple[str, ...] = _opt((), "Input JSONL files or glob patterns (sorted after expansion).", short="-i",
+                                  stage="content", group="input")
+    output: str = _opt("out/packed", "Output folder.", short="-o", stage="execution", group="output")
+    format: str = _opt("auto", "Record shape, or auto-detect per line.", choices=("auto", "llava", "messages", "text"),
+                       stage="content", group="input")
+    media_root: str | None = _opt(None, "Folder that relative media paths are resolved against (default: the JSONL file's).",
+                                  stage="content", group="input")
+    allow_outside_media_root: bool = _opt(False, "Accept media paths that resolve outside the dataset root.",
+                                          stage="content", group="input")
+    tokenizer: str = _opt("", "HF tokenizer: a local folder or a hub name.", stage="content", group="tokenizer")
+    train_on: str = _opt("assistant", "Which tokens get labels in conversations.", choices=("assistant", "all"),
+                         stage="content", group="tokenizer")
+    append_eos: bool = _opt(True, "End every text document with the tokenizer's EOS token.", stage="content", group="tokenizer")
+    image_tag: str = _opt("<image>", "Marker of an image's place in the input text (LLaVA's <image>).",
+                          stage="content", group="input")
+    audio_tag: str = _opt("<audio>", "Marker of an audio clip's place in the input text.", stage="content", group="input")
+    image_token: str = _opt("<image>", "Placeholder token images expand to (added as a special token if absent).",
+                            stage="content", group="tokenizer")
+    audio_token: str = _opt("<audio>", "Placeholder token audio clips expand to (added as a special token if absent).",
+                            stage="content", group="tokenizer")
     image_tokens: str = _opt("fixed:image_size=336,patch_size=14",
-                             "Image token-count policy: fixed[:model=ViT-L-14-336], dynamic[:max_pixels=..], anyres.")
+                             "Image token-count policy: fixed[:model=ViT-L-14-336], dynamic[:max_pixels=..], anyres.",
+                             stage="content", group="media")
     audio_tokens: str = _opt("qwen2-audio",
-                             "Audio token-count policy: whisper[:windows=one], qwen2-audio[:long=split], rate[:per_second=25].")
-    image_begin: str = _opt("", "Token before each image's placeholders (e.g. <|vision_start|>); empty: none.")
-    image_end: str = _opt("", "Token after each image's placeholders (e.g. <|vision_end|>); empty: none.")
-    audio_begin: str = _opt("", "Token before each audio clip's placeholders (e.g. <|audio_bos|>); empty: none.")
-    audio_end: str = _opt("", "Token after each audio clip's placeholders (e.g. <|audio_eos|>); empty: none.")
+                             "Audio token-count policy: whisper[:windows=one], qwen2-audio[:long=split], rate[:per_second=25].",
+                             stage="content", group="media")
+    image_begin: str = _opt("", "Token before each image's placeholders (e.g. <|vision_start|>); empty: none.",
+                            stage="content", group="tokenizer")
+    image_end: str = _opt("", "Token after each image's placeholders (e.g. <|vision_end|>); empty: none.",
+                          stage="content", group="tokenizer")
+    audio_begin: str = _opt("", "Token before each audio clip's placeholders (e.g. <|audio_bos|>); empty: none.",
+                            stage="content", group="tokenizer")
+    audio_end: str = _opt("", "Token after each audio clip's placeholders (e.g. <|audio_eos|>); empty: none.",
+                          stage="content", group="tokenizer")
     modalities: tuple[str, ...] = _opt(("image", "audio"),
                                        "Media kinds the model has an encoder for; a record holding another kind is "
-                                       "quarantined (no_encoder), or stops the build with --strict.")
+                                       "quarantined (no_encoder), or stops the build with --strict.",
+                                       stage="content", group="media")
     image_check: str = _opt("verify", "How hard to check images: header, verify (structure, no pixel decode), decode.",
-                            choices=IMAGE_CHECKS)
+                            choices=IMAGE_CHECKS, stage="content", group="media")
     image_embeddings: str = _opt("", "Store open_clip image embeddings: MODEL[:PRETRAINED] (a checkpoint file, a tag, "
-                                     "or random); empty: off.")
+                                     "or random); empty: off.", stage="content", group="media")
     embed_output: str = _opt("pooled", "What to store per image: the pooled embedding, or one hidden state "
-                                       "(class token + patch tokens, see --embed-layer).", choices=("pooled", "tokens"))
+                                       "(class token + patch tokens, see --embed-layer).", choices=("pooled", "tokens"),
+                             stage="content", group="media")
     embed_layer: int = _opt(-2, "With --embed-output tokens: which hidden state, indexed as HF CLIP's hidden_states "
-                                "(0: embeddings, -1: last block, -2: penultimate, LLaVA's vision_feature_layer).")
-    embed_device: str = _opt("auto", "Device for the embedding pass: auto (cuda if available), cpu, cuda, cuda:1, ...")
-    embed_batch_size: int = _opt(32, "Images per batch in the embedding pass.")
-    embed_gpus: float = _opt(0.0, "With --engine ray: GPUs reserved by the embedding pass task.")
+                                "(0: embeddings, -1: last block, -2: penultimate, LLaVA's vision_feature_layer).",
+                            stage="content", group="media")
+    embed_device: str = _opt("auto", "Device for the embedding pass: auto (cuda if available), cpu, cuda, cuda:1, ...",
+                             stage="content", group="media")
+    embed_batch_size: int = _opt(32, "Images per batch in the embedding pass.", stage="content", group="media")
+    embed_gpus: float = _opt(0.0, "With --engine ray: GPUs reserved by the embedding pass task.",
+                             stage="execution", group="execution")
     audio_features: str = _opt("", "Store audio features: whisper[:feature_size=128] (WhisperFeatureExtractor's "
-                                   "input_features, 30 s padded, float32); empty: off.")
-    max_length: int = _opt(4096, "Capacity of a packed row, in tokens.")
-    algorithm: str = _opt("bfd", "Bin-packing algorithm (see packer.pack.ALGORITHMS).")
+                                   "input_features, 30 s padded, float32); empty: off.", stage="content", group="media")
+    max_length: int = _opt(4096, "Capacity of a packed row, in tokens.", stage="plan", group="packing")
+    algorithm: str = _opt("bfd", "Bin-packing algorithm (see packer.pack.ALGORITHMS).", stage="plan", group="packing")
     oversize: str = _opt("truncate", "What to do with a sample longer than max_length. split: pieces of at most max_length, "
                                      "cut before media; a piece that follows a media item it does not hold is left out "
-                                     "(counted as split_lost_media).", choices=("truncate", "drop", "split"))
-    max_segments: int = _opt(0, "Most samples in one packed row (0: no limit).")
-    max_media: int = _opt(0, "Most media items (images + audio clips) in one packed row (0: no limit).")
-    max_images: int = _opt(0, "Most images in one packed row (0: no limit).")
-    max_audio: int = _opt(0, "Most audio clips in one packed row (0: no limit).")
+                                     "(counted as split_lost_media).", choices=("truncate", "drop", "split"),
+                         stage="plan", group="packing")
+    max_segments: int = _opt(0, "Most samples in one packed row (0: no limit).", stage="plan", group="packing")
+    max_media: int = _opt(0, "Most media items (images + audio clips) in one packed row (0: no limit).",
+                          stage="plan", group="packing")
+    max_images: int = _opt(0, "Most images in one packed row (0: no limit).", stage="plan", group="packing")
+    max_audio: int = _opt(0, "Most audio clips in one packed row (0: no limit).", stage="plan", group="packing")
     group_by: str = _opt("none", "Rows hold samples of one group only (modality: text, image, audio, ...).",
-                         choices=("none", "modality"))
-    shuffle_rows: bool = _opt(True, "Shuffle the order of packed rows with the seed (else planner order).")
-    longest_first: bool = _opt(False, "Put the most expensive row first, so an out-of-memory error shows at step one.")
-    seed: int = _opt(0, "Seed for every random choice of the build.")
-    engine: str = _opt("local", "Where stages 1 and 3 run.", choices=("local", "ray"))
-    workers: int = _opt(0, "Worker processes for stages 1 and 3 (0: one per CPU core; in-process for inputs under 16 MiB).")
-    chunk_records: int = _opt(10_000, "Input records per stage-1 task; also the rows of one samples/ shard.")
-    max_line_bytes: int = _opt(64 * 2**20, "A longer input line is quarantined (line_too_long) without being held in memory.")
-    shard_rows: int = _opt(8192, "Most packed rows in one packed/ shard.")
-    shard_bytes: int = _opt(256 * 2**20, "Approximate most bytes in one packed/ shard.")
-    strict: bool = _opt(False, "Stop at the first bad record instead of quarantining it.")
-    max_bad_fraction: float = _opt(1.0, "Fail the build when more than this fraction of the records is quarantined.")
-    overwrite: bool = _opt(False, "Replace a build of other inputs or settings in the output folder (else refuse).")
-    durable: bool = _opt(True, "fsync every file before renaming it into place (crash safety on power loss).")
-    staging_dir: str | None = _opt(None, "Local folder to build in when output is an fsspec URL (default: a temporary one).")
-    ray_address: str | None = _opt(None, "With --engine ray: the cluster to join (auto in a cluster); empty: a local Ray.")
-    cpus_per_task: float = _opt(1.0, "With --engine ray: CPUs reserved by each stage-1 / stage-3 worker.")
+                         choices=("none", "modality"), stage="plan", group="packing")
+    shuffle_rows: bool = _opt(True, "Shuffle the order of packed rows with the seed (else planner order).",
+                              stage="plan", group="packing")
+    longest_first: bool = _opt(False, "Put the most expensive row first, so an out-of-memory error shows at step one.",
+                               stage="plan", group="packing")
+    seed: int = _opt(0, "Seed for every random choice of the build.", stage="plan", group="packing")
+    engine: str = _opt("local", "Where stages 1 and 3 run.", choices=("local", "ray"), stage="execution", group="execution")
+    workers: int = _opt(0, "Worker processes for stages 1 and 3 (0: one per CPU core; in-process for inputs under 16 MiB).",
+                        stage="execution", group="execution")
+    chunk_records: int = _opt(10_000, "Input records per stage-1 task; also the rows of one samples/ shard.",
+                              stage="content", group="execution")
+    max_line_bytes: int = _opt(64 * 2**20, "A longer input line is quarantined (line_too_long) without being held in memory.",
+                               stage="content", group="input")
+    shard_rows: int = _opt(8192, "Most packed rows in one packed/ shard.", stage="plan", group="output")
+    shard_bytes: int = _opt(256 * 2**20, "Approximate most bytes in one packed/ shard.", stage="plan", group="output")
+    strict: bool = _opt(False, "Stop at the first bad record instead of quarantining it.", stage="content", group="input")
+    max_bad_fraction: float = _opt(1.0, "Fail the build when more than this fraction of the records is quarantined.",
+                                   stage="content", group="input")
+    overwrite: bool = _opt(False, "Replace a build of other inputs or settings in the output folder (else refuse).",
+                           stage="execution", group="output")
+    durable: bool = _opt(True, "fsync every file before renaming it into place (crash safety on power loss).",
+                         stage="execution", group="output")
+    staging_dir: str | None = _opt(None, "Local folder to build in when output is an fsspec URL (default: a temporary one).",
+                                   stage="execution", group="output")
+    ray_address: str | None = _opt(None, "With --engine ray: the cluster to join (auto in a cluster); empty: a local Ray.",
+                                   stage="execution", group="execution")
+    cpus_per_task: float = _opt(1.0, "With --engine ray: CPUs reserved by each stage-1 / stage-3 worker.",
+                                stage="execution", group="execution")
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -126,12 +176,16 @@ class BuildConfig:
             from packer.media.features import FeatureSpec
 
             FeatureSpec.parse(self.audio_features)  # the removed log-mel spec fails here, naming its replacement
+        if self.image_embeddings:
+            from packer.media.embed import EmbedSpec
+
+            EmbedSpec.from_config(self)  # a malformed MODEL[:PRETRAINED] fails here, before any work
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
     def content_dict(self) -> dict[str, Any]:
-        """The settings that decide the output bytes (execution settings left out)."""
+        """The settings that decide the output bytes: content and plan keys (execution keys left out)."""
         return {k: v for k, v in self.to_dict().items() if k not in EXECUTION_KEYS}
 
     def execution_dict(self) -> dict[str, Any]:
@@ -162,7 +216,13 @@ class BuildConfig:
                 files.append(p)
             else:
                 raise ConfigError(f"input file {pattern!r} does not exist")
-        unique = list(dict.fromkeys(files))
+        seen: set = set()
+        unique = []
+        for f in files:  # one file once, however it is spelled (relative, absolute, through a link)
+            key = f if isinstance(f, str) else f.resolve()
+            if key not in seen:
+                seen.add(key)
+                unique.append(f)
         if not unique:
             raise ConfigError("no input given: set `input` in the pipeline or pass -i FILE.jsonl")
         return unique
@@ -179,12 +239,16 @@ class BuildConfig:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(BuildConfig)}
-# What `packer repack` may change: everything from the plan on, nothing that needs re-encoding.
-# How a build ran, not what it built: kept out of the manifest's config and fingerprint.
-EXECUTION_KEYS = ("output", "engine", "workers", "overwrite", "durable", "staging_dir", "ray_address", "cpus_per_task",
-                  "embed_gpus")
-PLAN_KEYS = ("max_length", "algorithm", "oversize", "max_segments", "max_media", "max_images", "max_audio",
-             "group_by", "shuffle_rows", "longest_first", "seed", "engine", "workers", "shard_rows", "shard_bytes")
+
+
+def _keys(stage: str) -> tuple[str, ...]:
+    return tuple(name for name, f in FIELDS.items() if f.metadata["stage"] == stage)
+
+
+CONTENT_KEYS = _keys("content")  # `packer repack` refuses these: they need `packer build`
+PLAN_KEYS = _keys("plan")
+EXECUTION_KEYS = _keys("execution")  # out of the manifest's config and the fingerprint
+REPACK_KEYS = tuple(k for k in FIELDS if k not in CONTENT_KEYS)  # what `packer repack` accepts: plan + execution
 
 
 def load_pipeline(path: str | Path) -> dict[str, Any]:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import subprocess
 import sys
+import textwrap
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -88,3 +92,95 @@ def test_help_is_fast_and_imports_nothing_heavy():
     r = subprocess.run([sys.executable, "-m", "packer", "--help"], capture_output=True, text=True, check=True)
     for command in ("build", "inspect", "repack", "report", "verify"):
         assert command in r.stdout
+
+
+# ---------------------------------------------------------------- every flag a message names is one the command accepts
+
+FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*[a-z0-9]|-[a-z])(?![\w-])")
+PACKER = ROOT / "packer"
+
+
+def flags_named(*sources: str) -> set[str]:
+    """The flags (``--overwrite``, ``-o``) that the string literals of ``sources`` mention."""
+    found: set[str] = set()
+    for source in sources:
+        for node in ast.walk(ast.parse(textwrap.dedent(source))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found |= set(FLAG.findall(node.value))
+    return found
+
+
+def accepted(name: str) -> set[str]:
+    command = main.commands[name]
+    ctx = click.Context(command, info_name=name, help_option_names=["-h", "--help"])
+    return {o for p in command.get_params(ctx) if isinstance(p, click.Option) for o in (*p.opts, *p.secondary_opts)}
+
+
+def test_every_flag_named_anywhere_in_packer_is_a_build_flag():
+    sources = [p.read_text() for p in sorted(PACKER.rglob("*.py")) if p.name != "cli.py"]
+    named = flags_named(*sources)
+    assert {"--overwrite", "--strict", "--max-bad-fraction", "-o", "-i", "--no-durable"} <= named  # the scan sees them
+    others = accepted("inspect") | accepted("report") | accepted("verify")  # e.g. "packer inspect OUT --row N"
+    assert named - accepted("build") - others == set()
+
+
+def test_every_flag_named_on_the_repack_path_is_a_repack_flag():
+    import inspect
+
+    from packer import build
+
+    functions = [build.repack, build._repack_into, build.plan_and_pack, build.check_plan_options, build._link_or_copy]
+    modules = [PACKER / "stages" / n for n in ("state.py", "planning.py", "materialize.py", "manifest.py")]
+    modules += sorted((PACKER / "shards").glob("*.py")) + sorted((PACKER / "pack").glob("*.py"))
+    named = flags_named(*(inspect.getsource(f) for f in functions), *(p.read_text() for p in modules))
+    assert {"--overwrite", "-o"} <= named  # "pass --overwrite to replace it, or choose another -o"
+    assert named - accepted("repack") == set()
+
+
+def test_repack_accepts_plan_and_execution_flags_and_refuses_content_flags():
+    flags = accepted("repack")
+    assert {"--overwrite", "--workers", "--engine", "--durable", "--no-durable", "--max-length", "--shard-rows", "-o"} <= flags
+    assert not {"--tokenizer", "--input", "--image-tokens", "--chunk-records", "--strict"} & flags
+
+
+# ---------------------------------------------------------------- repack into a folder that holds a build
+
+
+def test_repack_twice_into_one_folder_replaces_its_own_earlier_output(sample_build, tmp_path):
+    src, m = sample_build
+    out = tmp_path / "r"
+    for extra in ([], [], ["--max-length", "2048", "--workers", "1"], ["--overwrite", "--engine", "local"]):
+        r = CliRunner().invoke(main, ["repack", str(src), "-o", str(out), *extra])
+        assert r.exit_code == 0, r.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["max_length"] == m["config"]["max_length"]  # the last run's (the source's) settings
+    assert manifest["execution"]["overwrite"] is True
+    r = CliRunner().invoke(main, ["verify", str(out)])
+    assert r.exit_code == 0, r.output
+
+
+def test_repack_over_another_build_says_pass_overwrite_and_then_takes_it(sample_build, tmp_path):
+    src, _ = sample_build
+    first, out = tmp_path / "first", tmp_path / "out"
+    assert CliRunner().invoke(main, ["repack", str(src), "-o", str(first), "--seed", "1"]).exit_code == 0
+    assert CliRunner().invoke(main, ["repack", str(first), "-o", str(out)]).exit_code == 0
+    r = CliRunner().invoke(main, ["repack", str(src), "-o", str(out), "--seed", "2"])  # out holds a repack of another source
+    assert r.exit_code == 2 and "pass --overwrite to replace it" in r.output, r.output
+    r = CliRunner().invoke(main, ["repack", str(src), "-o", str(out), "--seed", "2", "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "manifest.json").read_text())["config"]["seed"] == 2
+
+
+def test_build_help_has_one_section_per_group_with_defaults_and_choices():
+    r = CliRunner().invoke(main, ["build", "--help"])
+    assert r.exit_code == 0
+    text = " ".join(r.output.split())
+    sections = ["Input options:", "Tokenizer options:", "Media options:", "Packing options:", "Execution options:",
+                "Output options:"]
+    assert [text.index(s) for s in sections] == sorted(text.index(s) for s in sections)
+    packing = text[text.index("Packing options:"):text.index("Execution options:")]
+    assert "--max-length" in packing and "[default: 4096]" in packing and "[truncate|drop|split]" in packing
+    assert "--tokenizer" not in packing
+    r = CliRunner().invoke(main, ["repack", "--help"])
+    text = " ".join(r.output.split())
+    assert "--overwrite" in text and "--tokenizer" not in text and "[default: 4096]" not in text

@@ -63,3 +63,111 @@ def test_input_globs_are_sorted_and_must_match(tmp_path):
         BuildConfig().input_files()
     with pytest.raises(ConfigError, match="does not exist"):
         BuildConfig(input=("missing.jsonl",)).input_files()
+
+
+# ---------------------------------------------------------------- stage / group tags and the key sets derived from them
+
+
+def test_every_field_is_tagged_with_a_stage_and_a_group():
+    from packer.config import FIELDS, GROUPS, STAGES
+
+    for name, f in FIELDS.items():
+        assert f.metadata["stage"] in STAGES, name
+        assert f.metadata["group"] in GROUPS, name
+        assert f.metadata["help"], name
+
+
+def test_key_sets_are_derived_from_the_tags_and_partition_the_fields():
+    from packer.config import CONTENT_KEYS, EXECUTION_KEYS, FIELDS, PLAN_KEYS, REPACK_KEYS
+
+    content, plan, execution = set(CONTENT_KEYS), set(PLAN_KEYS), set(EXECUTION_KEYS)
+    assert content | plan | execution == set(FIELDS)
+    assert not content & plan and not content & execution and not plan & execution
+    assert set(REPACK_KEYS) == plan | execution and "output" in REPACK_KEYS
+    for keys, stage in ((CONTENT_KEYS, "content"), (PLAN_KEYS, "plan"), (EXECUTION_KEYS, "execution")):
+        assert keys == tuple(n for n, f in FIELDS.items() if f.metadata["stage"] == stage)
+    # what a repack may change: the plan, how it runs, where it goes; nothing stage 1 decided
+    assert {"max_length", "algorithm", "oversize", "seed", "shard_rows", "group_by"} <= plan
+    assert {"overwrite", "workers", "engine", "durable"} <= execution
+    assert {"tokenizer", "input", "image_tokens", "audio_tokens", "chunk_records", "image_embeddings"} <= content
+
+
+def test_execution_keys_stay_out_of_the_manifest_config_and_the_fingerprint():
+    from packer.config import EXECUTION_KEYS, PLAN_KEYS
+
+    # Pinned: moving a key in or out of execution changes every build's fingerprint (a resume would be refused).
+    assert set(EXECUTION_KEYS) == {"output", "engine", "workers", "overwrite", "durable", "staging_dir", "ray_address",
+                                   "cpus_per_task", "embed_gpus"}
+    c = BuildConfig(workers=3, overwrite=True)
+    assert not set(c.content_dict()) & set(EXECUTION_KEYS)
+    assert set(PLAN_KEYS) <= set(c.content_dict())  # the plan decides the packed rows: it is content of the build
+    assert c.execution_dict()["workers"] == 3 and set(c.execution_dict()) == set(EXECUTION_KEYS)
+
+
+def test_an_untagged_or_mistagged_field_fails_at_definition():
+    from packer.config import _opt
+
+    with pytest.raises(TypeError):
+        _opt(1, "no tags")
+    with pytest.raises(ValueError, match="stage must be one of content, plan, execution"):
+        _opt(1, "bad stage", stage="packing", group="packing")
+    with pytest.raises(ValueError, match="group one of input, tokenizer"):
+        _opt(1, "bad group", stage="plan", group="plan")
+
+
+# ---------------------------------------------------------------- spec strings: one parser, one error style
+
+
+@pytest.mark.parametrize(
+    "key, spec, match",
+    [
+        ("image_tokens", "square", "unknown image token policy 'square'; known: anyres, dynamic, fixed"),
+        ("image_tokens", "dynamic:max_pix=5", "image token policy dynamic: unknown parameter 'max_pix'; known: patch_size, "
+                                              "merge_size, min_pixels, max_pixels, rounding"),
+        ("image_tokens", "dynamic:max_pixels=lots", "dynamic.max_pixels = 'lots' is not a valid int"),
+        ("image_tokens", "dynamic:max_pixels", "image token policy dynamic: parameter 'max_pixels' has no value; "
+                                               "write dynamic:max_pixels=VALUE"),
+        ("image_tokens", "dynamic:max_pixels=1,max_pixels=2", "parameter 'max_pixels' is given twice"),
+        ("image_tokens", "fixed:cls_token=maybe", "fixed.cls_token = 'maybe' is not a valid bool; use true or false"),
+        ("audio_tokens", "mp3", "unknown audio token policy 'mp3'; known: qwen2-audio, rate, whisper"),
+        ("audio_tokens", "rate:per_second=fast", "rate.per_second = 'fast' is not a valid float"),
+        ("audio_tokens", "whisper:window=one", "audio token policy whisper: unknown parameter 'window'; known: "
+                                               "window_seconds, positions, windows"),
+        ("audio_features", "mfcc", "unknown audio features 'mfcc'; known: whisper"),
+        ("audio_features", "whisper:n_mels=80", "audio features whisper: unknown parameter 'n_mels'; known: feature_size"),
+        ("audio_features", "whisper:kind=x", "audio features whisper: unknown parameter 'kind'; known: feature_size"),
+        ("audio_features", "whisper:feature_size=many", "whisper.feature_size = 'many' is not a valid int"),
+        ("audio_features", "whisper:feature_size=0", "whisper.feature_size = 0 must be at least 1: 128 for Qwen2-Audio"),
+        ("image_embeddings", ":openai", "image embeddings ':openai': no MODEL; write MODEL\\[:PRETRAINED\\]"),
+        ("image_embeddings", "ViT-B-32:pretrained=openai", "image embeddings ViT-B-32: 'pretrained=openai' is neither a "
+                                                           "checkpoint file nor a tag.*write ViT-B-32:PRETRAINED, e.g. "
+                                                           "ViT-B-32:openai"),
+    ],
+)
+def test_spec_strings_fail_in_one_style_when_the_config_is_made(key, spec, match):
+    with pytest.raises(ConfigError, match=match):
+        BuildConfig(**{key: spec})
+
+
+def test_spec_values_are_converted_to_the_field_types():
+    from packer.media.features import FeatureSpec
+    from packer.media.policies import parse_policy
+
+    p = parse_policy(" dynamic : max_pixels = 1003520 , rounding=qwen-vl-utils ", "image")
+    assert p.max_pixels == 1003520 and p.rounding == "qwen-vl-utils"
+    assert parse_policy("fixed:cls_token=true", "image").cls_token is True
+    assert parse_policy("fixed:cls_token=0", "image").cls_token is False
+    assert parse_policy("rate:per_second=12", "audio").per_second == 12.0
+    assert parse_policy("whisper:windows=one,", "audio").windows == "one"  # a trailing comma is harmless
+    assert FeatureSpec.parse("whisper:feature_size=80") == FeatureSpec("whisper", 80)
+    assert FeatureSpec.parse("whisper") == FeatureSpec()
+
+
+def test_embed_spec_keeps_its_model_pretrained_shape():
+    from packer.media.embed import EmbedSpec
+
+    s = EmbedSpec.parse("ViT-B-32:laion2b_s34b_b79k", output="tokens", device="cpu", batch_size=4)
+    assert (s.model, s.pretrained, s.output) == ("ViT-B-32", "laion2b_s34b_b79k", "tokens")
+    assert EmbedSpec.parse("ViT-B-32", output="pooled", device="cpu", batch_size=4).pretrained is None
+    assert EmbedSpec.parse("ViT-B-32:random", output="pooled", device="cpu", batch_size=4).pretrained is None
+    assert BuildConfig(image_embeddings="ViT-B-32:random").image_embeddings == "ViT-B-32:random"

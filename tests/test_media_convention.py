@@ -266,7 +266,7 @@ def test_whisper_features_equal_the_feature_extractor(clips):
     ("log-mel:n_mels=128", "log-mel was removed"),
     ("mfcc", "unknown audio features 'mfcc'; known: whisper"),
     ("whisper:n_mels=80", "unknown parameter 'n_mels'; known: feature_size"),
-    ("whisper:feature_size=many", "feature_size = 'many' is not an integer"),
+    ("whisper:feature_size=many", "whisper.feature_size = 'many' is not a valid int"),
 ])
 def test_bad_audio_feature_specs(spec, match):
     from packer.config import BuildConfig

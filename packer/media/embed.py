@@ -51,11 +51,17 @@ class EmbedSpec:
 
     @classmethod
     def parse(cls, spec: str, *, output: str, device: str, batch_size: int, layer: int = -2) -> EmbedSpec:
-        model, _, pretrained = spec.partition(":")
+        """``MODEL[:PRETRAINED]`` (no ``key=value`` parameters: PRETRAINED is a checkpoint file, a tag, or random)."""
+        model, _, pretrained = (s.strip() for s in spec.strip().partition(":"))
         if not model:
-            raise ConfigError("--image-embeddings needs MODEL[:PRETRAINED], e.g. ViT-L-14-336:openai")
+            raise ConfigError(f"image embeddings {spec!r}: no MODEL; write MODEL[:PRETRAINED], e.g. ViT-L-14-336:openai "
+                              f"(PRETRAINED: a checkpoint file, an open_clip tag, or random)")
+        if "=" in pretrained and not Path(pretrained).is_file():
+            value = pretrained.partition("=")[2]
+            raise ConfigError(f"image embeddings {model}: {pretrained!r} is neither a checkpoint file nor a tag, and "
+                              f"MODEL takes no key=value parameters; write {model}:PRETRAINED, e.g. {model}:{value or 'openai'}")
         if output not in ("pooled", "tokens"):
-            raise ConfigError(f"embed output must be pooled or tokens, got {output!r}")
+            raise ConfigError(f"embed_output = {output!r} is not one of pooled, tokens")
         return cls(model, None if pretrained in ("", "random", "none") else pretrained, output, device, batch_size, layer)
 
     @classmethod

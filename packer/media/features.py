@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from packer.errors import ConfigError, PackerError
+from packer.specs import parse_spec
 
 SAMPLING_RATE = 16000
 HOP_LENGTH = 160
@@ -41,24 +42,14 @@ class FeatureSpec:
     @classmethod
     def parse(cls, spec: str) -> FeatureSpec:
         """``whisper[:feature_size=N]``; anything else is a :class:`ConfigError` that names the fix."""
-        kind, _, params = spec.partition(":")
-        if kind == "log-mel":
+        if spec.partition(":")[0].strip() == "log-mel":
             raise ConfigError(f"--audio-features {spec!r}: log-mel was removed (an HTK mel without Whisper's Slaney norm "
                               f"or 30 s padding, which no model takes); use whisper:feature_size=128 (Qwen2-Audio, "
                               f"Whisper large-v3) or whisper:feature_size=80 (other Whisper models)")
-        if kind != "whisper":
-            raise ConfigError(f"unknown audio features {kind!r}; known: whisper[:feature_size=128]")
-        kwargs = {}
-        for item in filter(None, params.split(",")):
-            key, _, value = item.partition("=")
-            if key.strip() != "feature_size":
-                raise ConfigError(f"--audio-features whisper: unknown parameter {key.strip()!r}; known: feature_size")
-            try:
-                kwargs["feature_size"] = int(value)
-            except ValueError:
-                raise ConfigError(f"--audio-features whisper: feature_size = {value!r} is not an integer") from None
-        if kwargs.get("feature_size", 128) < 1:
-            raise ConfigError(f"--audio-features whisper: feature_size must be positive, got {kwargs['feature_size']}")
+        kind, kwargs = parse_spec(spec, {"whisper": cls}, what="audio features", exclude=("kind",))
+        if kwargs.get("feature_size", 1) < 1:
+            raise ConfigError(f"{kind}.feature_size = {kwargs['feature_size']} must be at least 1: 128 for Qwen2-Audio and "
+                              f"Whisper large-v3, 80 for the other Whisper models")
         return cls(kind, **kwargs)
 
 

@@ -15,12 +15,12 @@ Worked numbers (tests check them, and HF's own processors, over many sizes):
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from packer.errors import ConfigError
+from packer.specs import parse_spec
 
 IMAGE_POLICIES: dict[str, type] = {}
 AUDIO_POLICIES: dict[str, type] = {}
@@ -262,31 +262,5 @@ class Rate:
 def parse_policy(spec: str, kind: str) -> Any:
     """Build a policy from ``name[:key=value,...]``; ``kind`` is ``image`` or ``audio``."""
     table = IMAGE_POLICIES if kind == "image" else AUDIO_POLICIES
-    name, _, params = spec.partition(":")
-    if name not in table:
-        raise ConfigError(f"unknown {kind} token policy {name!r}; known: {', '.join(sorted(table))}")
-    cls = table[name]
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for item in filter(None, params.split(",")):
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if not eq or key not in fields:
-            raise ConfigError(f"{kind} policy {name}: unknown parameter {key!r}; known: {', '.join(fields) or 'none'}")
-        kwargs[key] = _convert(fields[key].default, value.strip(), f"{name}.{key}")
-    return cls(**kwargs)
-
-
-def _convert(default: Any, value: str, where: str) -> Any:
-    try:
-        if isinstance(default, bool):
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise ValueError
-            return value.lower() in ("true", "1")
-        if isinstance(default, int):
-            return int(value)
-        if isinstance(default, float):
-            return float(value)
-    except ValueError:
-        raise ConfigError(f"{where} = {value!r} is not a valid {type(default).__name__}") from None
-    return value
+    name, kwargs = parse_spec(spec, table, what=f"{kind} token policy")
+    return table[name](**kwargs)
