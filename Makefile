@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.packer-setup-stamp
 
-.PHONY: setup demo test bench sample-data clean
+.PHONY: setup demo test test-fast bench sample-data clean
 
 setup: $(STAMP)
 
@@ -23,6 +23,10 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# The fast tier: everything but the tests marked slow (under a minute on 2 cores).
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # trl is a side-by-side baseline for the planner benchmark only, never a runtime dependency.
 bench: setup

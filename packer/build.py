@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packer.config import PLAN_KEYS, BuildConfig
+from packer.config import FIELDS, REPACK_KEYS, BuildConfig
 from packer.encode import EncoderSpec
 from packer.encode.encoder import media_base
 from packer.engine import get_engine, stop_on_signals
@@ -41,8 +41,6 @@ from packer.stages.planning import modality_codes, plan_samples, plan_table
 from packer.stages.state import BuildLock, fingerprint, open_state
 
 SMALL_INPUT_BYTES = 16 * 2**20
-OWNED = ("samples", "packed", "plan.arrow", "quarantine.jsonl", "dropped.jsonl", "manifest.json", "report.json", "report.html",
-         "embeddings", "audio_features", "tokenizer")
 
 
 @dataclass
@@ -93,14 +91,15 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
     lock = BuildLock(out)
     try:
         tokenizer = driver.encoder.fingerprint()  # hashes the serialized tokenizer: once
-        open_state(out, fingerprint(files, config.content_dict(), tokenizer), overwrite=config.overwrite, owned=OWNED)
+        open_state(out, fingerprint(files, config.content_dict(), tokenizer), overwrite=config.overwrite)
         os.environ["PACKER_FSYNC"] = "1" if config.durable else "0"  # read by every writer, workers too
         encoded = encode_inputs(out, files, config, spec, driver, engine, progress)
         warn_no_encoder(out, config, encoded)
         check_bad_fraction(out, config, encoded, tokenizer)
-        save_tokenizer(driver.encoder.tok, out)
+        tokenizer_files = save_tokenizer(driver.encoder.tok, out)
         sections = media_passes(out, config, encoded, embedder, extractor, progress, engine, media_root)
-        return plan_and_pack(out, config, encoded, tokenizer, engine, progress, media_root=media_root, sections=sections)
+        return plan_and_pack(out, config, encoded, tokenizer, engine, progress, media_root=media_root, sections=sections,
+                             tokenizer_files=tokenizer_files)
     finally:
         lock.release()
 
@@ -141,7 +140,7 @@ def media_models(config: BuildConfig):
     return embedder, extractor
 
 
-def save_tokenizer(tok, out: Path) -> None:
+def save_tokenizer(tok, out: Path) -> list[ShardEntry]:
     """``OUT/tokenizer/``: the tokenizer as the build used it, placeholder / begin / end
     tokens included, so ``AutoTokenizer.from_pretrained(OUT / "tokenizer")`` gives the
     manifest's ids. Written to a temporary folder and renamed into place."""
@@ -151,6 +150,7 @@ def save_tokenizer(tok, out: Path) -> None:
     tok.save_pretrained(str(tmp))
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
+    return [ShardEntry(p.relative_to(out).as_posix(), 0, p.stat().st_size, sha256_file(p)) for p in sorted(target.iterdir())]
 
 
 def media_passes(out: Path, config: BuildConfig, encoded: Encoded, embedder, extractor, progress, engine,
@@ -178,9 +178,14 @@ def media_passes(out: Path, config: BuildConfig, encoded: Encoded, embedder, ext
 @stop_on_signals()
 def repack(source: str | Path, *, progress: bool = True, **overrides: Any) -> Manifest:
     """Re-plan the build in ``source`` into ``overrides['output']`` with other plan options."""
+    from packer.stages.state import STATE_DIR
+
     source = Path(source)
     manifest = Manifest.read(source)
-    bad = sorted(set(overrides) - set(PLAN_KEYS) - {"output"})
+    unknown = sorted(set(overrides) - set(FIELDS))
+    if unknown:
+        raise ConfigError(f"unknown option(s) {', '.join(unknown)}; repack takes {', '.join(REPACK_KEYS)}")
+    bad = sorted(set(overrides) - set(REPACK_KEYS))  # content keys: decided by stage 1
     if bad:
         raise ConfigError(f"repack cannot change {', '.join(bad)} (that needs re-encoding: run packer build)")
     if not overrides.get("output"):
@@ -195,7 +200,11 @@ def repack(source: str | Path, *, progress: bool = True, **overrides: Any) -> Ma
     try:
         fp = {"repack_of": {"path": str(source.resolve()), "created_at": manifest.created_at},
               "config": config.content_dict(), "tokenizer": manifest.tokenizer}
-        open_state(out, fp, overwrite=config.overwrite, owned=OWNED)
+        try:
+            own = json.loads((out / STATE_DIR / "fingerprint.json").read_text())["repack_of"]["path"] == str(source.resolve())
+        except (OSError, ValueError, KeyError, TypeError):
+            own = False
+        open_state(out, fp, overwrite=config.overwrite or own)  # our own earlier repack of this source: replaced
         return _repack_into(out, source, manifest, config, progress)
     finally:
         lock.release()
@@ -207,16 +216,15 @@ def _repack_into(out: Path, source: Path, manifest: Manifest, config: BuildConfi
     for section in SECTIONS:  # embeddings and features do not depend on the plan: carried over
         for e in manifest.section_files(section):
             _link_or_copy(source / e.file, out / e.file, e.sha256)
-    if (source / "tokenizer").is_dir():
-        shutil.rmtree(out / "tokenizer", ignore_errors=True)
-        shutil.copytree(source / "tokenizer", out / "tokenizer")
+    for e in manifest.files.tokenizer:
+        _link_or_copy(source / e.file, out / e.file, e.sha256)
     acc = manifest.accounting
     by_file = {name: FileAccount(records=f.records, quarantined=f.quarantined) for name, f in acc.by_file.items()}
     encoded = Encoded(manifest.inputs, manifest.files.samples, by_file, acc.quarantined_by_reason, manifest.files.quarantine,
                       acc.blank_lines)
     engine = get_engine(config.engine, config.workers or 1, address=config.ray_address, cpus_per_task=config.cpus_per_task)
     return plan_and_pack(out, config, encoded, manifest.tokenizer, engine, progress, media_root=manifest.media_root,
-                         sections=manifest.sections,
+                         sections=manifest.sections, tokenizer_files=manifest.files.tokenizer,
                          repacked_from={"path": str(source), "manifest_created_at": manifest.created_at})
 
 
@@ -256,7 +264,7 @@ def encode_inputs(out: Path, files: list[Path], config: BuildConfig, spec: Encod
 
 def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any], engine, progress, *,
                   media_root: str = "", sections: dict[str, Any] | None = None,
-                  repacked_from: dict[str, Any] | None = None) -> Manifest:
+                  repacked_from: dict[str, Any] | None = None, tokenizer_files: list[ShardEntry] | None = None) -> Manifest:
     """Stages 2-4 over the samples in ``out/samples``."""
     samples = read_shards([out / e.file for e in encoded.sample_shards], SAMPLE_SCHEMA)
     p = plan_samples(samples, config)
@@ -276,7 +284,7 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     manifest = Manifest(
         config=config.content_dict(), tokenizer=tokenizer, inputs=encoded.inputs, media_root=media_root,
         files=Files(samples=encoded.sample_shards, packed=packed, plan=plan_entry, quarantine=encoded.quarantine,
-                    dropped=write_dropped(out, samples, p)),
+                    dropped=write_dropped(out, samples, p), tokenizer=list(tokenizer_files or [])),
         accounting=accounting(by_file, encoded.quarantined, {r: len(v) for r, v in p.dropped.items()}, encoded.blank_lines),
         stats=_stats(config, samples, p), execution=config.execution_dict(), sections=dict(sections or {}),
         repacked_from=repacked_from,
@@ -347,9 +355,15 @@ def auto_workers(workers: int, files: list) -> int:
 
 def _link_or_copy(src: Path, dst: Path, sha256: str) -> None:
     """Hard-link (or copy) a finished file of another build, after checking its hash."""
+    if not src.is_file():
+        raise ConfigError(f"{src} is missing: the source build is damaged (packer verify on it lists every problem); "
+                          f"rebuild it")
     if sha256_file(src) != sha256:
-        raise ConfigError(f"{src} does not match its manifest (sha256 differs); the source build is damaged")
+        raise ConfigError(f"{src} does not match its manifest (sha256 differs): the source build is damaged; rebuild it")
     dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.is_file() and (dst.samefile(src) or sha256_file(dst) == sha256):
+        return  # a resumed repack: already in place
+    dst.unlink(missing_ok=True)
     try:
         os.link(src, dst)
     except OSError:

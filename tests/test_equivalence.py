@@ -151,6 +151,7 @@ def test_position_ids_alone_do_not_isolate_segments_under_sdpa():
         assert (logits[0, 9:14] - ref[1][0]).abs().max() > 0.1 * ref[1][0].std()  # the second sees the first
 
 
+@pytest.mark.slow
 def test_flex_block_mask_forward_equals_unpacked():
     """FlexAttention on CPU: forward only (no backward on CPU); gradients are checked on GPU."""
     samples = make_samples(5)

@@ -25,6 +25,8 @@ from packer.build import build
 from packer.config import resolve
 from packer.loader import PackedCollator, PackedDataset, model_inputs, packed_loss
 
+pytestmark = pytest.mark.slow  # ten real VLM / audio-LM forward and backward passes
+
 IGNORE = -100
 QUESTIONS = ["What is shown here?", "Describe it.", "Which colours do you see?", "Is it bright?", "Count the shapes."]
 ANSWERS = ["A gradient with some noise.", "It fades from dark to light.", "Mostly red and blue tones.", "Yes, fairly.",

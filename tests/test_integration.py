@@ -7,7 +7,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
+
+pytestmark = pytest.mark.slow  # HF Trainer and FSDP over two processes
 
 sys.path.insert(0, str(ROOT / "docs" / "examples"))
 

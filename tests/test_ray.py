@@ -13,6 +13,8 @@ from packer.build import build
 from packer.config import BuildConfig, resolve
 from packer.errors import StrictModeError
 
+pytestmark = pytest.mark.slow  # starts Ray: minutes on 2 cores
+
 
 @pytest.fixture(scope="module")
 def ray_session():

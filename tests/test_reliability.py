@@ -147,6 +147,7 @@ def same_build(a: Path, b: Path) -> None:
         assert (a / entry["file"]).read_bytes() == (b / entry["file"]).read_bytes(), entry["file"]
 
 
+@pytest.mark.slow
 def test_kill_9_then_rerun_gives_the_same_bytes(tmp_path):
     data = generated(tmp_path)
     args = ["-i", str(data), "--tokenizer", TOKENIZER, "--chunk-records", "100", "--shard-rows", "20", "--workers", "1"]

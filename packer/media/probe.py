@@ -11,10 +11,12 @@ is only seen with ``decode`` (PIL finds such chunks by decoding).
   image, unknown format, a damaged header.
 - ``verify`` (default): also ``Image.verify()``, which walks the file's structure
   without decoding pixels. Also catches: truncated or damaged PNG (chunk CRCs, missing
-  IEND) and GIF. Not caught: damaged or truncated JPEG / WebP pixel data -- JPEG's
-  verify checks little beyond the header.
-- ``decode``: decode the pixels (``Image.load()``): catches everything PIL can, at the
-  cost of a full decode (tens of milliseconds per photo).
+  IEND); WebP cut anywhere (the header checks its RIFF size). Not caught: truncated or
+  damaged JPEG and GIF pixel data -- their verify checks little beyond the header (a
+  GIF cut to 30% passes; tests pin it).
+- ``decode``: decode the pixels (``Image.load()``): catches everything PIL can in what
+  a loader uses (a GIF's first frame), at the cost of a full decode (tens of
+  milliseconds per photo).
 
 Audio (soundfile / libsndfile: WAV, FLAC, OGG, MP3, AIFF, ...): the header gives
 frames and sample rate; the last frame is read back, so a file truncated after its

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from packer.errors import PackerError
 from packer.io.files import atomic_open, sha256_file
 from packer.shards.schema import ShardEntry, check_schema
 
@@ -35,11 +36,18 @@ def write_shard_batches(path: str | Path, schema: pa.Schema, tables, root: str |
 
 
 def read_shard(path: str | Path) -> pa.Table:
-    """Memory-map a shard (zero-copy) after checking its schema version."""
-    source = pa.memory_map(str(path), "r")
-    reader = pa.ipc.open_stream(source)
-    check_schema(reader.schema, str(path))
-    return reader.read_all()
+    """Memory-map a shard (zero-copy) after checking its schema version. A missing,
+    truncated or damaged file raises :class:`~packer.errors.PackerError` naming it."""
+    try:
+        source = pa.memory_map(str(path), "r")
+        reader = pa.ipc.open_stream(source)
+        check_schema(reader.schema, str(path))
+        return reader.read_all()
+    except FileNotFoundError:
+        raise PackerError(f"{path} is missing: the build is incomplete or damaged (packer verify lists every problem)") from None
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
+        raise PackerError(f"{path} cannot be read as a packer shard ({e}): the file is damaged or truncated; "
+                          f"packer verify lists every problem, a rebuild replaces it") from None
 
 
 def read_shards(paths: list[Path], schema: pa.Schema) -> pa.Table:

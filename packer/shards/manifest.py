@@ -78,15 +78,18 @@ class Files:
     plan: ShardEntry | None = None
     quarantine: ShardEntry | None = None
     dropped: ShardEntry | None = None  # dropped.jsonl: every dropped sample, like the quarantine
+    tokenizer: list[ShardEntry] = field(default_factory=list)  # OUT/tokenizer/*, placeholder tokens included
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Files:
         one = lambda e: ShardEntry(**e) if e else None  # noqa: E731
-        return cls([ShardEntry(**e) for e in d.get("samples", [])], [ShardEntry(**e) for e in d.get("packed", [])],
-                   one(d.get("plan")), one(d.get("quarantine")), one(d.get("dropped")))
+        many = lambda key: [ShardEntry(**e) for e in d.get(key, [])]  # noqa: E731
+        return cls(many("samples"), many("packed"), one(d.get("plan")), one(d.get("quarantine")), one(d.get("dropped")),
+                   many("tokenizer"))
 
     def listed(self) -> list[ShardEntry]:
-        return [*self.samples, *self.packed, *(e for e in (self.plan, self.quarantine, self.dropped) if e is not None)]
+        singles = (self.plan, self.quarantine, self.dropped)
+        return [*self.samples, *self.packed, *(e for e in singles if e is not None), *self.tokenizer]
 
 
 @dataclass

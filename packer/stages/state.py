@@ -20,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -35,9 +36,14 @@ LOCK_FILE = ".packer.lock"
 
 class BuildLock:
     def __init__(self, out: Path):
-        out.mkdir(parents=True, exist_ok=True)
-        self.path = out / LOCK_FILE
-        self.file = open(self.path, "a+")
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"output {out} is a file, not a folder; choose another -o")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            self.path = out / LOCK_FILE
+            self.file = open(self.path, "a+")
+        except OSError as e:
+            raise PackerError(f"cannot write to the output folder {out}: {e.strerror or e}") from None
         try:
             fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -104,37 +110,93 @@ class Journal:
         return payload
 
 
-def open_state(out: Path, fp: dict[str, Any], *, overwrite: bool, owned: tuple[str, ...]) -> None:
-    """Decide between resume and start-over for ``out`` (the lock is already held)."""
+BUILD_FILES = ("manifest.json", "report.json", "report.html", "quarantine.jsonl", "dropped.jsonl", "plan.arrow")
+BUILD_DIRS = ("samples", "packed", "embeddings", "audio_features", "tokenizer")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "chat_template.json", "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model")
+SHARD_NAME = re.compile(r"part-\d{5}\.arrow")
+
+
+def open_state(out: Path, fp: dict[str, Any], *, overwrite: bool) -> None:
+    """Decide between resume and start-over for ``out`` (the lock is already held).
+
+    Starting over (``--overwrite``) removes only what a packer build wrote there -- the
+    files its manifest and resume journal list, its fixed file names, its temporaries --
+    and never another file: a user's file inside ``samples/`` stays, and so does its folder.
+    """
     state = out / STATE_DIR
     old_path = state / "fingerprint.json"
     entries = [e for e in out.iterdir() if e.name != LOCK_FILE]
     if old_path.is_file():
-        old = json.loads(old_path.read_text())
+        try:
+            old = json.loads(old_path.read_text())
+        except ValueError:
+            old = {}
         if old == fp:  # resume: finished tasks are reused; a crashed writer's temporaries go
-            for e in out.rglob("*.tmp-*"):
+            for e in _temporaries(out):
                 e.unlink(missing_ok=True)
             return
         if not overwrite:
             raise ConfigError(f"{out} holds a build of other inputs or settings (changed: {', '.join(changes(old, fp))}); "
                               f"pass --overwrite to replace it, or choose another -o")
-    elif entries and not any(e.name in owned for e in entries):
-        raise ConfigError(f"output {out} is not empty and holds no packer build; choose another -o or empty it")
-    elif any(e.name in owned for e in entries) and not overwrite:
+    elif not entries:
+        pass  # a new or empty folder
+    elif not (out / "manifest.json").is_file():
+        raise ConfigError(f"output {out} is not empty and holds no packer build (no manifest.json, no {STATE_DIR}/); "
+                          f"choose another -o or empty it: packer never deletes files it did not write")
+    elif not overwrite:
         raise ConfigError(f"{out} holds a build without resume state (made by an older packer); "
                           f"pass --overwrite to replace it")
-    _clear(out, owned)
+    clear_build(out)
     state.mkdir(parents=True, exist_ok=True)
     write_text_atomic(old_path, json.dumps(fp, indent=1, sort_keys=True))
 
 
-def _clear(out: Path, owned: tuple[str, ...]) -> None:
+def written_by_build(out: Path) -> set[Path]:
+    """Every file a packer build in ``out`` wrote, from its manifest and journal."""
+    files = {out / n for n in BUILD_FILES} | {out / "tokenizer" / n for n in TOKENIZER_FILES}
+    try:
+        manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+        listed = manifest["files"]
+        entries = [*listed.get("samples", []), *listed.get("packed", []), *listed.get("tokenizer", [])]
+        entries += [e for e in (listed.get("plan"), listed.get("quarantine"), listed.get("dropped")) if e]
+        entries += [e for section in ("embeddings", "audio_features") for e in manifest.get(section, {}).get("files", [])]
+        files |= {out / e["file"] for e in entries}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # no manifest (a crashed build) or a damaged one: the journal and the names below still hold
+    for record in (out / STATE_DIR).glob("*.json"):
+        try:
+            shard = json.loads(record.read_text()).get("shard")
+            if shard:
+                files.add(out / shard["file"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    for folder in BUILD_DIRS[:-1]:  # shards a crash left between rename and journal record: packer's own names
+        files |= {p for p in (out / folder).glob("part-*.arrow") if SHARD_NAME.fullmatch(p.name)}
+    return files | set(_temporaries(out))
+
+
+def clear_build(out: Path) -> None:
+    """Remove what :func:`written_by_build` names, the resume state, and build folders left empty."""
     import shutil
 
     (out / "manifest.json").unlink(missing_ok=True)  # first, so a half-done rebuild never looks finished
-    for e in out.iterdir():
-        if e.name in owned or e.name == STATE_DIR or ".tmp-" in e.name:
-            shutil.rmtree(e) if e.is_dir() else e.unlink(missing_ok=True)
+    for path in sorted(written_by_build(out)):
+        if path.is_file() or path.is_symlink():
+            path.unlink(missing_ok=True)
+    shutil.rmtree(out / STATE_DIR, ignore_errors=True)
+    shutil.rmtree(out / ".tokenizer.tmp", ignore_errors=True)
+    for folder in BUILD_DIRS:
+        try:
+            (out / folder).rmdir()  # only when empty: a user's file keeps its folder
+        except OSError:
+            pass
+
+
+def _temporaries(out: Path) -> list[Path]:
+    """Files a crashed writer left (``name.tmp-PID...``), at the top and in the build folders."""
+    places = [out, *(out / d for d in BUILD_DIRS)]
+    return [e for place in places if place.is_dir() for e in place.glob("*.tmp-*") if e.is_file()]
 
 
 def shard_payload(shard: ShardEntry | None, **extra: Any) -> dict[str, Any]:
