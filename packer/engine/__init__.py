@@ -3,9 +3,17 @@
 An engine has one method, ``map(fn, tasks, setup, setup_args, in_process_state=None)``,
 yielding ``fn(state, task)`` for every task in task order, where ``state`` is built once
 per worker by ``setup(*setup_args)``.
+
+A build holds :func:`stop_on_signals` while it runs: SIGTERM and SIGINT then kill the
+local workers and raise :class:`Interrupted` (a ``KeyboardInterrupt``), so the build's
+``finally`` blocks run and no worker writes after the lock is released.
 """
 
 from __future__ import annotations
+
+from packer.engine.local import Interrupted, kill_workers, stop_on_signals
+
+__all__ = ["Interrupted", "get_engine", "kill_workers", "stop_on_signals"]
 
 
 def get_engine(name: str, workers: int, *, address: str | None = None, cpus_per_task: float = 1.0):

@@ -4,16 +4,47 @@ Results come back in task order whatever the scheduling, which keeps output
 byte-identical for any worker count. At most ``2 × workers`` tasks are in flight,
 so a producer that reads input lazily keeps memory flat. One worker (or one task)
 runs in-process: no start-up cost for small jobs.
+
+Workers never outlive the build that started them. A worker that ran on after its
+parent died would keep writing shards into a folder whose lock is already released
+(and hold the parent's stdout, so ``packer build … | cat`` never ends). So:
+
+- each worker asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``,
+  Linux; elsewhere a thread polls ``os.getppid()``), which covers ``kill -9``;
+- an error, Ctrl-C or an abandoned result generator kills the workers at once instead
+  of waiting for their running tasks (a killed task is simply redone on resume);
+- :func:`stop_on_signals`, held by a build, turns SIGTERM and SIGINT into
+  :class:`Interrupted` after killing the workers, so the build's ``finally`` blocks
+  (the lock's release among them) run only once no worker is left to write.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
+import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
+
+KILL_JOIN_S = 2.0  # how long a killed worker may take to be reaped before we move on
+
+
+class Interrupted(KeyboardInterrupt):
+    """A build stopped by SIGINT or SIGTERM; its workers are already dead.
+
+    A ``KeyboardInterrupt`` so that code which handles Ctrl-C handles SIGTERM the same
+    way; ``exit_code`` is the shell's convention (130 for SIGINT, 143 for SIGTERM).
+    """
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
 
 
 class LocalEngine:
@@ -48,19 +79,90 @@ class LocalEngine:
             for task in _chain(first, second, tasks):
                 yield fn(state, task)
             return
-        ctx = multiprocessing.get_context("spawn")  # no fork after Rust tokenizers start threads
-        with ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init, initargs=(setup, setup_args)) as pool:
+        ctx = _TrackingContext()  # spawn: no fork after Rust tokenizers start threads
+        pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init, initargs=(os.getpid(), setup, setup_args))
+        _LIVE.append(ctx)
+        finished = False
+        try:
             pending: deque = deque()
-            try:
-                for task in _chain(first, second, tasks):
-                    pending.append(pool.submit(_call, fn, task))
-                    if len(pending) >= 2 * self.workers:
-                        yield pending.popleft().result()
-                while pending:
+            for task in _chain(first, second, tasks):
+                pending.append(pool.submit(_call, fn, task))
+                if len(pending) >= 2 * self.workers:
                     yield pending.popleft().result()
-            finally:  # an error (or an abandoned generator) must not wait for the queue
-                for future in pending:
-                    future.cancel()
+            while pending:
+                yield pending.popleft().result()
+            finished = True
+        finally:  # an error, an interrupt or an abandoned generator must not wait for running tasks
+            if not finished:
+                ctx.kill_all()
+            pool.shutdown(wait=finished, cancel_futures=True)
+            _LIVE.remove(ctx)
+
+
+class _TrackingContext(type(multiprocessing.get_context("spawn"))):
+    """The spawn context, remembering every process it makes, so that they can be killed.
+
+    ``ProcessPoolExecutor.shutdown(cancel_futures=True)`` only drops queued tasks; running
+    ones finish (and write their shards) unless their processes are killed, and the pool
+    offers no public way to reach them.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.processes: list = []
+
+    def Process(self, *args: Any, **kwargs: Any):  # multiprocessing's name for it
+        p = super().Process(*args, **kwargs)
+        self.processes.append(p)
+        return p
+
+    def kill_all(self) -> None:
+        started = [p for p in list(self.processes) if p.pid is not None]
+        for p in started:
+            with contextlib.suppress(Exception):
+                p.kill()
+        for p in started:  # reaped, so that nothing of theirs is still running when we return
+            with contextlib.suppress(Exception):
+                p.join(KILL_JOIN_S)
+
+
+_LIVE: list[_TrackingContext] = []  # contexts of the pools now running, for the signal handler
+
+
+def kill_workers() -> None:
+    """Kill every worker of every running local pool (this process's)."""
+    for ctx in list(_LIVE):
+        ctx.kill_all()
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """While held (a build runs), SIGTERM and SIGINT kill the workers and raise :class:`Interrupted`.
+
+    Python's default SIGINT raises ``KeyboardInterrupt`` too, but only between bytecodes of
+    the main thread and with the workers still running; the default SIGTERM ends the
+    process without running any ``finally``. Killing the workers in the handler, before
+    anything unwinds, means no worker writes after the build releases its lock. The
+    previous handlers come back on exit. Outside the main thread (where handlers cannot
+    be set) this does nothing. Usable as a decorator.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signums = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in signums}
+    for s in signums:
+        signal.signal(s, _on_signal)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    kill_workers()
+    raise Interrupted(signum)
 
 
 def _chain(first, second, rest):
@@ -73,10 +175,44 @@ def _chain(first, second, rest):
 _STATE: Any = None
 
 
-def _init(setup: Callable[..., Any], args: tuple) -> None:
+def _init(parent: int, setup: Callable[..., Any], args: tuple) -> None:
     global _STATE
+    _die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     _STATE = setup(*args)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Make this worker die when ``parent`` does, ``kill -9`` included.
+
+    Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``. The kernel sends it when the *thread*
+    that spawned us exits; the pool spawns from the thread that consumes ``map``, which
+    lives as long as the map. If the parent died before this call, the signal will never
+    come: hence the ``getppid`` check after it. Elsewhere a daemon thread polls.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(1, signal.SIGKILL, 0, 0, 0) == 0:  # 1 = PR_SET_PDEATHSIG
+                if os.getppid() != parent:
+                    os._exit(1)
+                return
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), name="packer-parent-watch", daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    import time
+
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
 
 
 def _call(fn: Callable[[Any, Any], Any], task: Any) -> Any:

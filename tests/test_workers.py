@@ -1,0 +1,230 @@
+"""Worker processes die with their build: kill -9, SIGTERM and Ctrl-C of a ``--workers 2``
+build leave no worker running, no shard written after the lock is released, no pipe held
+open; SIGTERM and SIGINT stop the build within seconds and a rerun resumes to the same bytes.
+An error in a task, or an abandoned ``map``, kills the running tasks instead of waiting for them.
+
+Each test runs ``python -m packer build`` as a subprocess (in its own session, so signals
+reach only it) and finds its workers in ``/proc``: Linux only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import TOKENIZER
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds worker processes in /proc")
+
+WORDS = "packing rows tokens segments masks positions shards samples media audio image".split()
+RECORDS = 6_000
+ARGS = ["--tokenizer", TOKENIZER, "--chunk-records", "50", "--shard-rows", "50"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("workers") / "docs.jsonl"
+    with path.open("w") as f:
+        for i in range(RECORDS):
+            f.write(json.dumps({"id": f"d{i}", "text": " ".join(WORDS[(i + k) % len(WORDS)] for k in range(20 + i % 90))}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(data) -> dict:
+    """The manifest of an uninterrupted build (one worker: the bytes do not depend on it)."""
+    out = data.parent / "reference"
+    done = start(data, out, workers=1, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, err = done.communicate(timeout=300)
+    assert done.returncode == 0, err.decode()
+    return content(out)
+
+
+def start(data: Path, out: Path, *, workers: int, stdout, stderr) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "packer", "build", "-i", str(data), "-o", str(out), *ARGS,
+                             "--workers", str(workers)], stdout=stdout, stderr=stderr, start_new_session=True,
+                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+
+
+def content(out: Path) -> dict:
+    """What must not depend on interruptions: the manifest without timestamps and execution details
+    (it holds every samples / plan / packed file's sha256)."""
+    m = json.loads((out / "manifest.json").read_text())
+    return {k: v for k, v in m.items() if k not in ("created_at", "execution")}
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` after the command name: [state, ppid, ...]; None when the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+def children(pid: int) -> dict[int, str]:
+    """pid -> start time of each child of ``pid`` (its workers and multiprocessing's resource tracker)."""
+    kids = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (f := stat_fields(int(entry.name))) and f[1] == str(pid):
+            kids[int(entry.name)] = f[19]  # starttime: tells a reused pid apart
+    return kids
+
+
+def workers_of(pid: int) -> list[int]:
+    out = []
+    for kid in children(pid):
+        try:
+            if b"spawn_main" in Path(f"/proc/{kid}/cmdline").read_bytes():
+                out.append(kid)
+        except FileNotFoundError:
+            pass
+    return out
+
+
+def alive(kids: dict[int, str]) -> list[int]:
+    """The processes of ``kids`` still running (a zombie waiting for a reaper counts as gone)."""
+    return [pid for pid, started in kids.items() if (f := stat_fields(pid)) and f[19] == started and f[0] != "Z"]
+
+
+def wait_mid_stage_1(proc: subprocess.Popen, out: Path, tasks: int = 2) -> dict[int, str]:
+    """Wait until the build's two workers are up and stage 1 has finished ``tasks`` tasks; its children."""
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        if len(workers_of(proc.pid)) >= 2 and len(list((out / ".state").glob("encode-*.json"))) >= tasks:
+            kids = children(proc.pid)
+            assert not (out / "manifest.json").exists()
+            return kids
+        time.sleep(0.02)
+    proc.kill()
+    raise AssertionError(f"the build did not reach stage 1 with two workers (exit code {proc.poll()})")
+
+
+def snapshot(out: Path) -> dict[str, tuple[int, int]]:
+    """Every file a worker writes (shards and their journal entries, temporaries included)."""
+    return {str(p.relative_to(out)): (p.stat().st_mtime_ns, p.stat().st_size)
+            for d in ("samples", ".state") for p in (out / d).iterdir()}
+
+
+def wait_gone(kids: dict[int, str], seconds: float) -> list[int]:
+    deadline = time.time() + seconds
+    while alive(kids) and time.time() < deadline:
+        time.sleep(0.02)
+    return alive(kids)
+
+
+def read_to_eof(stream, done: threading.Event) -> threading.Thread:
+    def run():
+        while stream.read(65536):
+            pass
+        done.set()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def _pid_dir(path: str) -> Path:
+    return Path(path)
+
+
+def _task(pids: Path, task: int) -> int:
+    """Task 0 fails (or returns) at once; every other task would run for a minute."""
+    (pids / str(os.getpid())).touch()
+    if task == 0:
+        if pids.name == "fail":
+            raise ValueError("task 0 failed")
+        return 0
+    time.sleep(60)
+    return task
+
+
+@pytest.mark.parametrize("how", ["fail", "close"])
+def test_an_error_or_an_abandoned_map_kills_running_tasks_instead_of_waiting(tmp_path, how):
+    """``shutdown(cancel_futures=True)`` leaves running tasks running: the engine kills their processes."""
+    from packer.engine.local import LocalEngine
+
+    pids = tmp_path / how
+    pids.mkdir()
+    results = LocalEngine(2).map(_task, range(6), _pid_dir, (str(pids),))
+    began = time.time()
+    if how == "fail":
+        with pytest.raises(ValueError, match="task 0 failed"):
+            next(results)
+    else:
+        assert next(results) == 0
+        while len(list(pids.iterdir())) < 2:  # both workers busy with a one-minute task
+            time.sleep(0.02)
+        results.close()
+    assert time.time() - began < 30
+    workers = [int(p.name) for p in pids.iterdir()]
+    assert workers and all(stat_fields(pid) is None for pid in workers), "a worker is still running"
+
+
+def test_kill_9_of_the_build_kills_its_workers_and_frees_its_pipes(data, tmp_path):
+    out = tmp_path / "out"
+    proc = start(data, out, workers=2, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    eof = {name: threading.Event() for name in ("stdout", "stderr")}
+    for name, ev in eof.items():
+        read_to_eof(getattr(proc, name), ev)
+    kids = wait_mid_stage_1(proc, out)
+    assert len(kids) >= 2
+    os.kill(proc.pid, signal.SIGKILL)
+    killed = time.time()
+    proc.wait()
+    assert wait_gone(kids, 3) == [], "workers outlived their parent"
+    time.sleep(max(0.0, killed + 1 - time.time()))
+    after_1s = snapshot(out)
+    assert eof["stdout"].wait(max(0.0, killed + 3 - time.time())), "`packer build | cat` would never end"
+    assert eof["stderr"].wait(0.5)
+    time.sleep(max(0.0, killed + 3 - time.time()))
+    assert snapshot(out) == after_1s, "a shard was written after the build died (and its lock was released)"
+
+
+def interrupt(data: Path, out: Path, how: str, tmp_path: Path, tasks: int) -> None:
+    """Start a ``--workers 2`` build of ``out``, stop it with ``how`` once ``tasks`` stage-1 tasks are done, check it stopped
+    at once, workers and all, with the lock free and nothing written after. SIGTERM goes to the build alone; SIGINT to its
+    whole process group, as Ctrl-C in a terminal sends it."""
+    from packer.stages.state import BuildLock
+
+    log = tmp_path / f"{how}.stderr"
+    with log.open("wb") as f:
+        proc = start(data, out, workers=2, stdout=subprocess.DEVNULL, stderr=f)
+    kids = wait_mid_stage_1(proc, out, tasks)
+    sent = time.time()
+    if how == "SIGTERM":
+        os.kill(proc.pid, signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
+    try:
+        code = proc.wait(timeout=20)
+    finally:
+        proc.kill()
+    took = time.time() - sent
+    assert code != 0, log.read_text()
+    assert took < (3 if how == "SIGTERM" else 2.5), f"{how} took {took:.1f} s to stop the build"
+    assert wait_gone(kids, 1) == [], "workers outlived the build"
+    assert not (out / "manifest.json").exists()
+    BuildLock(out).release()  # the lock is free: a second build could start
+    before = snapshot(out)
+    time.sleep(1)
+    assert snapshot(out) == before, "a shard was written after the build stopped"
+
+
+def test_sigterm_and_ctrl_c_stop_the_build_at_once_and_a_rerun_resumes(data, reference, tmp_path):
+    """SIGTERM, then a resumed build stopped by Ctrl-C, then one left to finish: the bytes of an uninterrupted build."""
+    out = tmp_path / "out"
+    interrupt(data, out, "SIGTERM", tmp_path, tasks=2)
+    interrupt(data, out, "SIGINT", tmp_path, tasks=len(list((out / ".state").glob("encode-*.json"))) + 2)
+    rerun = start(data, out, workers=2, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # a pool that finishes
+    _, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err.decode()
+    assert content(out) == reference
