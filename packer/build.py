@@ -29,7 +29,7 @@ from packer.encode import EncoderSpec
 from packer.encode.encoder import media_base
 from packer.engine import get_engine, stop_on_signals
 from packer.errors import BuildFailedError, ConfigError
-from packer.io.files import atomic_open, sha256_file
+from packer.io.files import atomic_open, set_durable, sha256_file
 from packer.pack import ALGORITHMS, Plan
 from packer.pack.registry import check_supported
 from packer.shards.io import read_shards, write_shard
@@ -85,14 +85,14 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
                         cpus_per_task=config.cpus_per_task)
     media_root = media_base(config, files)
     spec = EncoderSpec.from_config(config, media_root)
-    driver = encode.setup(spec, config.output, config.strict)  # checks the tokenizer before any work,
+    driver = encode.setup(spec, config.output, config.strict, config.durable)  # checks the tokenizer first,
     embedder, extractor = media_models(config)  # and the embedding weights, before an old build is touched
     out = Path(config.output)
     lock = BuildLock(out)
     try:
         tokenizer = driver.encoder.fingerprint()  # hashes the serialized tokenizer: once
         open_state(out, fingerprint(files, config.content_dict(), tokenizer), overwrite=config.overwrite)
-        os.environ["PACKER_FSYNC"] = "1" if config.durable else "0"  # read by every writer, workers too
+        set_durable(config.durable)  # this process; the stages' worker setups get it too
         encoded = encode_inputs(out, files, config, spec, driver, engine, progress)
         warn_no_encoder(out, config, encoded)
         check_bad_fraction(out, config, encoded, tokenizer)
@@ -249,7 +249,8 @@ def encode_inputs(out: Path, files: list[Path], config: BuildConfig, spec: Encod
     tasks = encode.make_tasks(files, config.chunk_records, counts, config.max_line_bytes)
     qpath = out / "quarantine.jsonl"
     with atomic_open(qpath, "w") as qf, _bar(progress, "encode", "rec") as bar:
-        for res in engine.map(encode.encode_task, tasks, encode.setup, (spec, str(out), config.strict), in_process_state=driver):
+        for res in engine.map(encode.encode_task, tasks, encode.setup, (spec, str(out), config.strict, config.durable),
+                              in_process_state=driver):
             for entry in res.quarantine:
                 qf.write(entry.to_json() + "\n")
                 quarantined[entry.reason] += 1
@@ -274,7 +275,7 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     tasks = materialize.shard_tasks(bin_tokens, np.diff(p.offsets), config.shard_rows, config.shard_bytes)
     packed = []
     with _bar(progress, "pack", "row", total=p.n_bins) as bar:
-        state = (str(out), [e.file for e in encoded.sample_shards], plan_entry.sha256)
+        state = (str(out), [e.file for e in encoded.sample_shards], plan_entry.sha256, config.durable)
         for entry in engine.map(materialize.materialize_task, tasks, materialize.setup, state):
             packed.append(entry)
             bar.update(entry.rows)

@@ -78,6 +78,9 @@ def _run(fn, *args, **kwargs):
     except PackerError as e:
         click.echo(f"packer: error: {e}", err=True)
         sys.exit(e.exit_code)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (packer.engine.Interrupted): workers are already gone
+        click.echo("\npacker: interrupted; finished shards are kept: run the same command again to resume", err=True)
+        sys.exit(getattr(e, "exit_code", 130))
     except OSError as e:  # outside any record: a full disk, a read-only or missing folder, a file where a folder goes
         where = f"{e.filename}: " if e.filename else ""
         click.echo(f"packer: error: {where}{e.strerror or e}", err=True)

@@ -197,6 +197,7 @@ def test_strict_stops_at_the_first_bad_record(tmp_path):
     assert not (tmp_path / "o" / "manifest.json").exists()
 
 
+@pytest.mark.slow
 def test_same_bytes_for_any_worker_count_and_chunking_is_data_defined(tmp_path):
     def run(workers):
         out = tmp_path / f"w{workers}"

@@ -25,6 +25,8 @@ from packer.build import build
 from packer.config import resolve
 from packer.loader import PackedDataset
 
+pytestmark = pytest.mark.slow  # trains two tiny models in subprocesses
+
 STEP = re.compile(r"^step\s+(\d+)\s+loss\s+(\S+)\s+tokens\s+(\d+) trained of\s+(\d+)\s+(images|clips)\s+(\d+)$", re.M)
 CASES = {  # example, pipeline, input, row length, steps, learning rate
     "qwen2vl": ("train_qwen2vl.py", "qwen2vl.toml", "llava.jsonl", 512, 12, 5e-3),

@@ -204,6 +204,7 @@ def test_changed_input_is_refused_without_overwrite(tmp_path, write_jsonl):
     assert m["accounting"]["records_read"] == 1
 
 
+@pytest.mark.slow
 def test_two_runs_and_worker_counts_are_byte_identical(tmp_path):
     data = generated(tmp_path, 600)
     for name, workers in (("a", 1), ("b", 1), ("c", 2)):

@@ -22,7 +22,8 @@ import pytest
 
 from conftest import TOKENIZER
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds worker processes in /proc")
+pytestmark = [pytest.mark.slow,  # subprocess builds killed with signals
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds worker processes in /proc")]
 
 WORDS = "packing rows tokens segments masks positions shards samples media audio image".split()
 RECORDS = 6_000

@@ -33,7 +33,7 @@ class RayEngine:
         self.ray = ray
         self.cpus_per_task = cpus_per_task
         if not ray.is_initialized():
-            env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "PACKER_FSYNC": os.environ.get("PACKER_FSYNC", "1")}}
+            env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}
             if address:
                 ray.init(address=address, runtime_env=env, log_to_driver=False)
             else:

@@ -2,8 +2,9 @@
 
 A reader (or a resumed build) therefore never sees a half-written file under its
 final name; a crash leaves only ``*.tmp-*`` files, which the next build removes. Files
-are fsynced before the rename unless ``PACKER_FSYNC=0`` (``--no-durable``): the rename
-then still protects against a killed process, no longer against a power loss.
+are fsynced before the rename unless the process said otherwise (:func:`set_durable`,
+``--no-durable``: each stage's worker setup passes the build's setting): the rename then
+still protects against a killed process, no longer against a power loss.
 """
 
 from __future__ import annotations
@@ -19,6 +20,13 @@ from typing import IO
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 FILE_MODE = 0o666 & ~_UMASK  # what open() would give; mkstemp's 0600 would hide shards from other users
+_DURABLE = True
+
+
+def set_durable(durable: bool) -> None:
+    """fsync every file before its rename (the default) or not, for this process."""
+    global _DURABLE
+    _DURABLE = bool(durable)
 
 
 @contextmanager
@@ -31,7 +39,7 @@ def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO]:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
             f.flush()
-            if os.environ.get("PACKER_FSYNC", "1") != "0":
+            if _DURABLE:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

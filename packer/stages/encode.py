@@ -20,6 +20,7 @@ from pathlib import Path
 from packer.encode import Encoder, EncoderSpec
 from packer.errors import BadRecord, PackerError, StrictModeError
 from packer.ingest.reader import MAX_LINE_BYTES, RawLine, read_lines
+from packer.io.files import set_durable
 from packer.io.fs import parent
 from packer.shards.io import write_shard
 from packer.shards.schema import SAMPLE_SCHEMA, QuarantineEntry, Sample, ShardEntry, to_table
@@ -80,7 +81,8 @@ class EncodeState:
     journal: Journal
 
 
-def setup(spec: EncoderSpec, out: str, strict: bool) -> EncodeState:
+def setup(spec: EncoderSpec, out: str, strict: bool, durable: bool = True) -> EncodeState:
+    set_durable(durable)
     return EncodeState(Encoder(spec), Path(out), strict, Journal(Path(out)))
 
 

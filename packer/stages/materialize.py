@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packer._ranges import concat_ranges, csr_offsets
+from packer.io.files import set_durable
 from packer.shards.io import read_shard, write_shard_batches
 from packer.shards.schema import IGNORE, PACKED_SCHEMA, SAMPLE_SCHEMA, ShardEntry
 from packer.stages.state import Journal, shard_payload
@@ -81,7 +82,8 @@ class MaterializeState:
     journal: Journal
 
 
-def setup(out: str, sample_files: list[str], plan_sha256: str) -> MaterializeState:
+def setup(out: str, sample_files: list[str], plan_sha256: str, durable: bool = True) -> MaterializeState:
+    set_durable(durable)
     out_path = Path(out)
     samples = SampleStore([read_shard(out_path / f) for f in sample_files])
     return MaterializeState(samples, read_shard(out_path / "plan.arrow"), out_path, plan_sha256, Journal(out_path))
