@@ -180,7 +180,7 @@ def chat_records(images: list[dict], clips: list[dict]) -> list[str]:
         {"role": "user", "content": [{"type": "image", "image": img["ref"]}, {"type": "audio", "audio": clip["ref"]},
                                      {"type": "text", "text": "Describe the picture, then the sound."}]},
         {"role": "assistant", "content": describe(img) + f" The sound is a tone of {clip['notes'][0]} lasting {clip['seconds']:g} seconds."}]}))
-    lines.append(json.dumps({"id": "chat-tool-role", "messages": [{"role": "user", "content": "Weather?"}, {"role": "tool", "content": "{\"temp\": 21}"}]}))
+    lines.append(json.dumps({"id": "chat-unknown-role", "messages": [{"role": "user", "content": "Weather?"}, {"role": "narrator", "content": "{\"temp\": 21}"}]}))
     lines.append(json.dumps({"id": "chat-empty", "messages": []}))
     lines.append(json.dumps({"id": "chat-no-assistant", "messages": [{"role": "user", "content": "Is anyone there?"}]}))
     return lines

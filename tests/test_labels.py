@@ -162,3 +162,83 @@ def test_qwen3_template_which_is_not_prefix_stable(qwen3):
     assert [full[s:e] for s, e in spans] == ["Hello there<|im_end|>\n", "<think>\n\n</think>\n\nBye now<|im_end|>\n"]
     s = encode(qwen3, CHAT)
     assert trained_runs(s) == [ids(tok, "Hello there<|im_end|>\n"), ids(tok, "<think>\n\n</think>\n\nBye now<|im_end|>\n")]
+
+
+# Every input shape goes through the same chat-template labels: only the assistant /
+# completion text and the template's end-of-turn is trained, never a prompt, system,
+# user or tool turn.
+
+
+def test_trl_standard_prompt_completion_trains_the_completion_only(chatml):
+    tok = chatml.tok
+    s = encode(chatml, {"prompt": "The sky is", "completion": " blue today."})
+    full = tok.apply_chat_template([{"role": "user", "content": "The sky is"},
+                                    {"role": "assistant", "content": " blue today."}], tokenize=False)
+    assert np.array_equal(s.input_ids, ids(tok, full))
+    assert trained_runs(s) == [ids(tok, " blue today.<|im_end|>\n")]
+
+
+TRL_CONVERSATIONAL = {
+    "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+               {"role": "assistant", "content": "Hello there"}, {"role": "user", "content": "Bye?"}],
+    "completion": [{"role": "assistant", "content": "Bye now"}],
+}
+
+
+def test_trl_conversational_prompt_assistant_turns_are_context(chatml):
+    tok = chatml.tok
+    s = encode(chatml, TRL_CONVERSATIONAL)
+    # Same tokens as the all-messages chat, but "Hello there" (in the prompt) is not trained.
+    assert np.array_equal(s.input_ids, encode(chatml, CHAT).input_ids)
+    assert trained_runs(s) == [ids(tok, "Bye now<|im_end|>\n")]
+
+
+def test_trl_prompt_assistant_turns_are_context_with_generation_markers_too():
+    enc = Encoder(EncoderSpec(tokenizer=TOKENIZER))
+    enc.tok = copy.deepcopy(enc.tok)
+    enc.tok.chat_template = GENERATION_TEMPLATE
+    s = encode(enc, TRL_CONVERSATIONAL)
+    assert trained_runs(s) == [ids(enc.tok, "Bye now<|im_end|>")]
+
+
+def test_alpaca_trains_the_output_only(chatml):
+    tok = chatml.tok
+    s = encode(chatml, {"instruction": "Name a colour.", "input": "Not red.", "output": "Green.", "system": "Be brief.",
+                        "text": "the dataset's own rendering, ignored"})
+    full = tok.apply_chat_template([{"role": "system", "content": "Be brief."},
+                                    {"role": "user", "content": "Name a colour.\n\nNot red."},
+                                    {"role": "assistant", "content": "Green."}], tokenize=False)
+    assert np.array_equal(s.input_ids, ids(tok, full))
+    assert trained_runs(s) == [ids(tok, "Green.<|im_end|>\n")]
+
+
+def test_sharegpt_tool_turns_are_rendered_and_never_trained(chatml):
+    tok = chatml.tok
+    s = encode(chatml, {"conversations": [
+        {"from": "system", "value": "Use tools."}, {"from": "human", "value": "Weather?"},
+        {"from": "function_call", "value": '{"name": "weather"}'}, {"from": "observation", "value": '{"temp": 21}'},
+        {"from": "gpt", "value": "It is warm."}]})
+    full = tok.decode(s.input_ids)
+    assert '<|im_start|>tool\n{"temp": 21}<|im_end|>' in full  # ChatML renders the tool role
+    assert trained_runs(s) == [ids(tok, '{"name": "weather"}<|im_end|>\n'), ids(tok, "It is warm.<|im_end|>\n")]
+    s2 = encode(chatml, {"messages": [{"from": "human", "value": "Weather?"}, {"from": "tool", "value": "21 C"},
+                                      {"from": "chatgpt", "value": "It is warm."}]})
+    assert trained_runs(s2) == [ids(tok, "It is warm.<|im_end|>\n")]
+
+
+def test_messages_tool_role_is_never_trained(chatml):
+    tok = chatml.tok
+    s = encode(chatml, {"messages": [{"role": "user", "content": "Weather?"}, {"role": "tool", "content": "21 C"},
+                                     {"role": "assistant", "content": "It is warm."}]})
+    assert trained_runs(s) == [ids(tok, "It is warm.<|im_end|>\n")]
+
+
+def test_openai_image_url_part_is_a_placeholder_and_only_the_answer_is_trained(chatml):
+    tok = chatml.tok
+    s = encode(chatml, {"messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "images/square_336.png"}},
+                                     {"type": "text", "text": "What is it?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "A square."}]}]})
+    image_id = chatml.placeholder_ids["image"]
+    assert (s.input_ids == image_id).sum() == 576 and s.modality == "image"
+    assert trained_runs(s) == [ids(tok, "A square.<|im_end|>\n")]

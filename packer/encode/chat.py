@@ -13,6 +13,8 @@ template closes it with (``<|im_end|>\\n`` in ChatML), without the role header. 
 is trained when it starts inside a span. Templates that do have generation markers are
 asked for their own assistant mask instead (HF ``return_assistant_tokens_mask``), which
 is what their authors meant; the diff is the fallback when that mask is unavailable.
+Only assistant turns are trained: ``system``, ``user`` and ``tool`` turns never are, nor
+assistant turns marked ``trained=False`` (the context turns of a TRL prompt).
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ def _common_prefix(a: str, b: str) -> int:
     return len(os.path.commonprefix([a, b]))
 
 
-def assistant_char_spans(tok: Any, messages: list[dict[str, str]], full: str) -> list[tuple[int, int]]:
-    """Character spans of ``full`` that belong to assistant turns.
+def assistant_char_spans(tok: Any, messages: list[dict[str, str]], full: str,
+                         turns: set[int] | None = None) -> list[tuple[int, int]]:
+    """Character spans of ``full`` that belong to assistant turns (those numbered in ``turns``, if given).
 
     Prefix diff first. Some templates are not prefix-stable (Qwen3 renders the last
     assistant turn with a ``<think>`` block that earlier turns do not get), so when the
@@ -56,7 +59,7 @@ def assistant_char_spans(tok: Any, messages: list[dict[str, str]], full: str) ->
     """
     spans = []
     for i, m in enumerate(messages):
-        if m["role"] != "assistant":
+        if m["role"] != "assistant" or (turns is not None and i not in turns):
             continue
         try:
             before = render(tok, messages[:i], add_generation_prompt=True) if i else ""
@@ -99,15 +102,26 @@ def tokenize_conversation(tok: Any, conv: Conversation, placeholders: dict[str, 
     ids = np.asarray(enc["input_ids"], dtype=np.int32)
     if train_on == "all":
         return ids, np.ones(len(ids), dtype=bool)
+    # Assistant turns given as context (a TRL prompt's) are rendered but never trained.
+    assistant = [i for i, t in enumerate(conv.turns) if t.role == "assistant"]
+    trained = {i for i in assistant if conv.turns[i].trained}
+    starts = np.asarray([s for s, _ in enc["offset_mapping"]], dtype=np.int64)
     if has_generation_markers(tok):
         mask = _generation_mask(tok, messages, ids)
         if mask is not None:
+            context = set(assistant) - trained
+            if context:
+                mask &= ~_span_mask(starts, assistant_char_spans(tok, messages, full, context))
             return ids, mask
-    starts = np.asarray([s for s, _ in enc["offset_mapping"]], dtype=np.int64)
-    mask = np.zeros(len(ids), dtype=bool)
-    for s, e in assistant_char_spans(tok, messages, full):
+    return ids, _span_mask(starts, assistant_char_spans(tok, messages, full, trained))
+
+
+def _span_mask(starts: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    """Tokens (by their first character) that start inside one of ``spans``."""
+    mask = np.zeros(len(starts), dtype=bool)
+    for s, e in spans:
         mask |= (starts >= s) & (starts < e)
-    return ids, mask
+    return mask
 
 
 def _generation_mask(tok: Any, messages: list[dict[str, str]], ids: np.ndarray) -> np.ndarray | None:

@@ -1,13 +1,27 @@
 """Detect a record's shape and parse it into a :class:`Conversation` or :class:`Document`.
 
-Shapes (auto-detected per line by their key field, or forced with ``--format``):
+Shapes (auto-detected per line by their key fields, in this order, or forced with ``--format``):
 
 - ``llava``:    ``{"id", "image": path | [paths], "conversations": [{"from", "value"}]}``
+- ``sharegpt``: ``{"conversations" | "messages": [{"from", "value"}]}``; ``from`` is one of
+  ``SHAREGPT_ROLES`` (``human`` / ``gpt`` / ``system`` / ``tool`` / ``observation`` ...). LLaVA
+  is ShareGPT with images, so both share one parser; ``messages`` holding ``from`` / ``value``
+  turns is detected as ``sharegpt``, ``conversations`` holding ``role`` / ``content`` turns is
+  read as messages.
 - ``messages``: ``{"messages": [{"role", "content": str | [parts]}], "images"?: [...]}``;
-  parts are ``{"type": "text", "text"}``, ``{"type": "image", "image" | "path" | "url"}``,
+  roles are ``ROLES`` (``tool`` turns are rendered by the template, never trained); parts
+  are ``{"type": "text", "text"}``, ``{"type": "image", "image" | "path" | "url"}``,
   ``{"type": "audio", "audio" | "path" | "url"}`` (``type`` may be left out when the key
-  says it) and OpenAI's ``image_url``.
-- ``text``:     ``{"text": "..."}``
+  says it) and OpenAI's ``{"type": "image_url", "image_url": {"url"}}``.
+- ``prompt_completion`` (TRL): ``{"prompt": str | [messages], "completion": str | [messages]}``.
+  A string prompt is one user turn, a string completion one assistant turn; message lists
+  are read as ``messages``. Completion turns are trained (assistant ones); prompt turns
+  never are, assistant turns in a multi-turn prompt included.
+- ``alpaca``:   ``{"instruction", "input"?, "output", "system"?, "history"?}``: an optional
+  system turn, ``history`` ``[[user, assistant], ...]`` pairs as earlier turns, then the user
+  turn ``instruction + "\\n\\n" + input`` (just ``instruction`` when ``input`` is empty, just
+  ``input`` when ``instruction`` is) and the assistant turn ``output``.
+- ``text``:     ``{"text": "..."}`` (last, so an Alpaca record's rendered ``text`` column is ignored)
 
 Media positions: an ``<image>`` / ``<audio>`` tag in text, or a media part without a
 path, takes the next path of the record's top-level ``image(s)`` / ``audio(s)`` list; a
@@ -18,6 +32,7 @@ count that does not match the list is a bad record, not a silent misalignment.
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import re
 import stat
@@ -29,9 +44,13 @@ from packer.errors import BadRecord
 from packer.ingest.records import ROLES, Conversation, Document, Part, Turn
 from packer.io import fs
 
-FORMATS = ("llava", "messages", "text")
-KEY_FIELD = {"llava": "conversations", "messages": "messages", "text": "text"}
-LLAVA_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+FORMATS = ("llava", "sharegpt", "messages", "prompt_completion", "alpaca", "text")
+# The fields a forced --format needs: one inner tuple per field, holding the names it may go by.
+NEEDS = {"llava": (("conversations",),), "sharegpt": (("conversations", "messages"),), "messages": (("messages",),),
+         "prompt_completion": (("prompt",), ("completion",)), "alpaca": (("instruction",), ("output",)), "text": (("text",),)}
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
+                  "bard": "assistant", "model": "assistant", "function_call": "assistant", "system": "system",
+                  "tool": "tool", "function": "tool", "observation": "tool"}
 MEDIA_KINDS = ("image", "audio")
 PATH_KEYS = ("path", "url", "file")
 
@@ -99,11 +118,30 @@ def record_id(obj: dict[str, Any]) -> str | None:
 
 
 def detect_format(obj: dict[str, Any]) -> str:
-    for fmt in FORMATS:
-        if KEY_FIELD[fmt] in obj:
-            return fmt
+    if "conversations" in obj:
+        return "llava"
+    if "messages" in obj:
+        return "sharegpt" if _sharegpt_style(obj["messages"]) else "messages"
+    if "prompt" in obj and "completion" in obj:
+        return "prompt_completion"
+    if "instruction" in obj and "output" in obj:
+        return "alpaca"
+    if "text" in obj:
+        return "text"
     keys = ", ".join(sorted(obj)[:8]) or "none"
-    raise BadRecord("unknown_format", f"no 'conversations', 'messages' or 'text' field (keys: {keys})")
+    hint = ""
+    if "prompt" in obj:
+        hint = "; a 'prompt' needs a 'completion' (prompt-only and chosen / rejected preference records are not SFT data)"
+    elif "instruction" in obj:
+        hint = "; an Alpaca 'instruction' needs an 'output'"
+    raise BadRecord("unknown_format", f"no 'conversations', 'messages', 'prompt' + 'completion', 'instruction' + 'output' "
+                                      f"or 'text' field (keys: {keys}){hint}; see the README's Inputs for the shapes")
+
+
+def _sharegpt_style(turns: Any) -> bool:
+    """A turn list written as ShareGPT ``{"from", "value"}`` (judged by its first turn)."""
+    first = turns[0] if isinstance(turns, list) and turns else None
+    return isinstance(first, dict) and "from" in first and "role" not in first
 
 
 def parse_record(obj: dict[str, Any], fmt: str, base_dir: Path, tags: dict[str, str], *,
@@ -111,14 +149,19 @@ def parse_record(obj: dict[str, Any], fmt: str, base_dir: Path, tags: dict[str, 
     """Parse a decoded JSON object of shape ``fmt`` (``auto`` detects it).
 
     ``base_dir`` resolves relative media paths; ``tags`` maps media kind to its tag
-    string in text (``{"image": "<image>", "audio": "<audio>"}``). A media path that
-    resolves outside ``base_dir`` (``../``, an absolute path, a symlink out) is refused
-    unless ``allow_outside_root``.
+    string in text (``{"image": "<image>", "audio": "<audio>"}``). A media path written
+    outside ``base_dir`` (``../``, an absolute path elsewhere) is refused unless
+    ``allow_outside_root``; symlinks inside the root are followed (see :func:`resolve_media`).
     """
     if fmt == "auto":
         fmt = detect_format(obj)
-    elif KEY_FIELD[fmt] not in obj:
-        raise BadRecord("wrong_format", f"--format {fmt} needs a '{KEY_FIELD[fmt]}' field")
+    else:
+        for options in NEEDS[fmt]:
+            if not any(k in obj for k in options):
+                fields = [" or ".join(f"'{k}'" for k in o) for o in NEEDS[fmt]]
+                fields = f"a {fields[0]} field" if len(fields) == 1 else " and ".join(fields) + " fields"
+                raise BadRecord("wrong_format", f"--format {fmt} needs {fields} (keys: "
+                                                f"{', '.join(sorted(obj)[:8]) or 'none'}); use --format auto for mixed data")
     rid = record_id(obj)
     if fmt == "text":
         text = obj["text"]
@@ -128,13 +171,19 @@ def parse_record(obj: dict[str, Any], fmt: str, base_dir: Path, tags: dict[str, 
             raise BadRecord("empty_text", "'text' is empty")
         return Document(text=text, id=rid)
     media = _MediaQueue(obj, base_dir, tags, allow_outside_root)
-    turns = _llava_turns(obj, media) if fmt == "llava" else _messages_turns(obj, media)
+    if fmt == "prompt_completion":
+        turns = _prompt_completion_turns(obj, media)
+    elif fmt == "alpaca":
+        turns = _alpaca_turns(obj, media)
+    elif fmt == "messages" or (fmt == "sharegpt" and "conversations" not in obj):
+        turns = _chat_turns(obj["messages"], "messages", media, sharegpt=fmt == "sharegpt")
+    else:  # llava / sharegpt with a 'conversations' list
+        turns = _chat_turns(obj["conversations"], "conversations", media, sharegpt=True)
     media.check_all_used()
     return Conversation(turns=tuple(turns), id=rid)
 
 
-def _turn_list(obj: dict[str, Any], key: str) -> list[Any]:
-    turns = obj[key]
+def _turn_list(turns: Any, key: str) -> list[Any]:
     if not isinstance(turns, list):
         raise BadRecord("wrong_type", f"'{key}' must be a list, got {type(turns).__name__}")
     if not turns:
@@ -145,34 +194,87 @@ def _turn_list(obj: dict[str, Any], key: str) -> list[Any]:
     return turns
 
 
-def _llava_turns(obj: dict[str, Any], media: _MediaQueue) -> list[Turn]:
+def _chat_turns(turns: Any, key: str, media: _MediaQueue, *, sharegpt: bool) -> list[Turn]:
+    """Turns of a list written as ShareGPT ``{"from", "value"}`` or as ``{"role", "content"}``.
+
+    Each turn is read in the style its keys show; one that shows neither is read in the
+    list's default style (``sharegpt``), so its error names the fields that list expects."""
+    out = []
+    for i, t in enumerate(_turn_list(turns, key)):
+        as_sharegpt = ("from" in t and "role" not in t) or (sharegpt and not ("role" in t and "from" not in t))
+        out.append(_sharegpt_turn(t, f"{key}[{i}]", media) if as_sharegpt else _message_turn(t, f"{key}[{i}]", media))
+    return out
+
+
+def _sharegpt_turn(t: dict[str, Any], where: str, media: _MediaQueue) -> Turn:
+    who, value = t.get("from"), t.get("value")
+    if not isinstance(who, str) or not isinstance(value, str):
+        raise BadRecord("wrong_type", f"{where} needs string 'from' and 'value'")
+    role = SHAREGPT_ROLES.get(who.lower())
+    if role is None:
+        raise BadRecord("unknown_role", f"{where}.from = {who!r} (expected one of {', '.join(SHAREGPT_ROLES)})")
+    return Turn(role, tuple(media.split_text(value)))
+
+
+def _message_turn(m: dict[str, Any], where: str, media: _MediaQueue) -> Turn:
+    role, content = m.get("role"), m.get("content")
+    if not isinstance(role, str):
+        raise BadRecord("wrong_type", f"{where}.role must be a string")
+    if role not in ROLES:
+        raise BadRecord("unknown_role", f"{where}.role = {role!r} (expected {', '.join(ROLES)})")
+    if isinstance(content, str):
+        parts = media.split_text(content)
+    elif isinstance(content, list):
+        parts = [p for j, item in enumerate(content) for p in _content_part(item, f"{where}.content[{j}]", media)]
+    else:
+        raise BadRecord("wrong_type", f"{where}.content must be a string or a list, got {type(content).__name__}")
+    return Turn(role, tuple(parts))
+
+
+def _prompt_completion_turns(obj: dict[str, Any], media: _MediaQueue) -> list[Turn]:
+    """TRL's prompt / completion: the prompt's turns are context, the completion's are trained."""
     turns = []
-    for i, t in enumerate(_turn_list(obj, "conversations")):
-        who, value = t.get("from"), t.get("value")
-        if not isinstance(who, str) or not isinstance(value, str):
-            raise BadRecord("wrong_type", f"conversations[{i}] needs string 'from' and 'value'")
-        role = LLAVA_ROLES.get(who.lower())
-        if role is None:
-            raise BadRecord("unknown_role", f"conversations[{i}].from = {who!r} (expected human, gpt or system)")
-        turns.append(Turn(role, tuple(media.split_text(value))))
+    for key, role in (("prompt", "user"), ("completion", "assistant")):
+        value = obj[key]
+        if isinstance(value, str):
+            if key == "completion" and not value.strip():
+                raise BadRecord("empty_text", "'completion' is empty: nothing to train on")
+            part = [Turn(role, tuple(media.split_text(value)))]
+        elif isinstance(value, list):
+            part = _chat_turns(value, key, media, sharegpt=_sharegpt_style(value))
+        else:
+            raise BadRecord("wrong_type", f"'{key}' must be a string or a list of messages, got {type(value).__name__}")
+        if key == "prompt":
+            part = [Turn(t.role, t.parts, trained=False) for t in part]
+        turns += part
     return turns
 
 
-def _messages_turns(obj: dict[str, Any], media: _MediaQueue) -> list[Turn]:
-    turns = []
-    for i, m in enumerate(_turn_list(obj, "messages")):
-        role, content = m.get("role"), m.get("content")
-        if not isinstance(role, str):
-            raise BadRecord("wrong_type", f"messages[{i}].role must be a string")
-        if role not in ROLES:
-            raise BadRecord("unknown_role", f"messages[{i}].role = {role!r} (expected {', '.join(ROLES)})")
-        if isinstance(content, str):
-            parts = media.split_text(content)
-        elif isinstance(content, list):
-            parts = [p for j, item in enumerate(content) for p in _content_part(item, f"messages[{i}].content[{j}]", media)]
-        else:
-            raise BadRecord("wrong_type", f"messages[{i}].content must be a string or a list, got {type(content).__name__}")
-        turns.append(Turn(role, tuple(parts)))
+def _alpaca_turns(obj: dict[str, Any], media: _MediaQueue) -> list[Turn]:
+    """Alpaca: [system], history pairs, user = instruction + "\\n\\n" + input, assistant = output."""
+    field = {}
+    for key in ("system", "instruction", "input", "output"):
+        value = obj.get(key)
+        if value is None and key in ("system", "input"):
+            value = ""
+        if not isinstance(value, str):
+            raise BadRecord("wrong_type", f"'{key}' must be a string, got {type(value).__name__}")
+        field[key] = value
+    instruction, extra = field["instruction"], field["input"]
+    if not instruction.strip() and not extra.strip():
+        raise BadRecord("empty_text", "'instruction' and 'input' are both empty: no prompt for the 'output'")
+    if not field["output"].strip():
+        raise BadRecord("empty_text", "'output' is empty: nothing to train on")
+    user = instruction if not extra.strip() else extra if not instruction.strip() else f"{instruction}\n\n{extra}"
+    turns = [Turn("system", tuple(media.split_text(field["system"])))] if field["system"].strip() else []
+    history = obj.get("history") or []
+    if not isinstance(history, list):
+        raise BadRecord("wrong_type", f"'history' must be a list of [instruction, response] pairs, got {type(history).__name__}")
+    for i, pair in enumerate(history):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(s, str) for s in pair)):
+            raise BadRecord("wrong_type", f"history[{i}] must be an [instruction, response] pair of strings")
+        turns += [Turn("user", tuple(media.split_text(pair[0]))), Turn("assistant", tuple(media.split_text(pair[1])))]
+    turns += [Turn("user", tuple(media.split_text(user))), Turn("assistant", tuple(media.split_text(field["output"])))]
     return turns
 
 
@@ -249,16 +351,38 @@ class _MediaQueue:
 
 
 def resolve_media(ref: str, base_dir: Path | str, kind: str, allow_outside_root: bool = False) -> Path | str:
-    """The file a record's media ``ref`` names, checked to exist (and to lie under ``base_dir``).
+    """The file a record's media ``ref`` names, checked to exist (and to be written inside ``base_dir``).
+
+    The root check is about the path as the record writes it, not about the dataset's
+    layout: ``ref`` is joined onto ``base_dir`` and normalised lexically (``a/../b`` is
+    ``b``, and that normalised path is the one read), and refused when it leaves the root
+    (``../x``, an absolute path elsewhere) -- unless its real path still lies in the real
+    root. Symlinks inside the root (an ``images/`` folder linked to another disk) are the
+    dataset owner's choice and are followed wherever they lead.
 
     A ref the file system cannot even look up -- a NUL byte, a name over the OS limit, a
     symlink loop, any other OSError -- is a ``bad_media_path``, not a crashed build."""
     if "\0" in ref:
         raise BadRecord("bad_media_path", f"{kind} path {ref!r} holds a NUL byte; no file can have that name")
+    if ref[:5].lower() == "data:":
+        shown = ref if len(ref) <= 48 else ref[:48] + "..."
+        raise BadRecord("unsupported_media_ref", f"{kind} {shown!r} is an inline data: URL ({len(ref):,} characters); "
+                                                 f"packer reads media from files: decode it into a file next to the dataset "
+                                                 f"and give its path")
     try:
         return _resolve_media(ref, base_dir, kind, allow_outside_root)
     except (OSError, ValueError, RuntimeError) as e:  # RuntimeError: pathlib's "Symlink loop" before Python 3.13
         raise BadRecord("bad_media_path", f"{kind} path {ref!r} cannot be looked up: {type(e).__name__}: {e}") from None
+
+
+def _outside_root(ref: str, kind: str, base_dir: Path | str) -> BadRecord:
+    return BadRecord("media_outside_root", f"{kind} {ref!r} is written as a path outside the dataset root {base_dir}: give it "
+                                           f"relative to the root, set --media-root to a folder holding it, or pass "
+                                           f"--allow-outside-media-root to accept it")
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def _resolve_media(ref: str, base_dir: Path | str, kind: str, allow_outside_root: bool) -> Path | str:
@@ -267,18 +391,18 @@ def _resolve_media(ref: str, base_dir: Path | str, kind: str, allow_outside_root
             raise BadRecord("unsupported_media_ref", f"{kind} {ref!r}: give media relative to the dataset")
         path = posixpath.normpath(posixpath.join(str(base_dir), ref)).replace(":/", "://", 1)
         if not allow_outside_root and not path.startswith(str(base_dir).rstrip("/") + "/"):
-            raise BadRecord("media_outside_root", f"{kind} {ref!r} resolves outside the dataset root {base_dir} "
-                                                  f"(pass --allow-outside-media-root to accept it)")
+            raise _outside_root(ref, kind, base_dir)
         if not fs.exists(path):
             raise BadRecord(f"missing_{kind}", f"{kind} file {ref!r} not found (looked at {path})")
         return path
     if "://" in ref and not ref.startswith("file://"):
-        raise BadRecord("unsupported_media_ref", f"{kind} {ref!r} is a remote URL; packer reads local files only")
-    path = Path(ref.removeprefix("file://"))
-    path = path if path.is_absolute() else Path(base_dir) / path
-    if not allow_outside_root and not path.resolve().is_relative_to(Path(base_dir).resolve()):
-        raise BadRecord("media_outside_root", f"{kind} {ref!r} resolves outside the dataset root {base_dir} "
-                                              f"(pass --allow-outside-media-root to accept it)")
+        raise BadRecord("unsupported_media_ref", f"{kind} {ref!r} is a remote URL; packer reads local files only: download "
+                                                 f"it next to the dataset and give its path")
+    path = Path(os.path.normpath(os.path.join(base_dir, ref.removeprefix("file://"))))  # an absolute ref replaces base_dir
+    if not allow_outside_root:
+        root = os.path.abspath(base_dir)
+        if not _within(os.path.abspath(path), root) and not _within(os.path.realpath(path), os.path.realpath(root)):
+            raise _outside_root(ref, kind, base_dir)
     try:  # not Path.is_file(): it answers False for a symlink loop, which is a bad path, not a missing file
         is_file = stat.S_ISREG(path.stat().st_mode)
     except (FileNotFoundError, NotADirectoryError):

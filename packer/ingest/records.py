@@ -1,15 +1,18 @@
 """Normalised in-memory records: every input shape is parsed into one of these.
 
-LLaVA ``conversations``, HF/OpenAI ``messages`` and ``text`` documents all become a
-:class:`Conversation` (turns of text and media parts) or a :class:`Document`, so the
-encoder has one code path per kind, not one per input format.
+LLaVA / ShareGPT ``conversations``, HF/OpenAI ``messages``, TRL ``prompt`` / ``completion``,
+Alpaca and ``text`` documents all become a :class:`Conversation` (turns of text and media
+parts) or a :class:`Document`, so the encoder has one code path per kind, not one per
+input format.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-ROLES = ("system", "user", "assistant")
+# "tool": a tool's / function's output (ShareGPT ``observation`` / ``function``), rendered by the
+# chat template as it renders that role (ChatML: ``<|im_start|>tool``), never trained.
+ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,7 @@ class Part:
 class Turn:
     role: str  # one of ROLES
     parts: tuple[Part, ...]
+    trained: bool = True  # False: an assistant turn given as context (a TRL prompt's): rendered, never trained
 
 
 @dataclass(frozen=True)
