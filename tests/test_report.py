@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from functools import reduce
 
 import numpy as np
 import pyarrow as pa
@@ -65,7 +66,7 @@ def test_rank_imbalance_is_reported_when_there_are_enough_rows(sample_build, tmp
     from packer.build import repack
 
     src, _ = sample_build
-    repack(src, output=str(tmp_path / "short"), max_length=512, oversize="split", progress=False)
+    repack(src, output=str(tmp_path / "short"), max_length=512, oversize="split", max_bad_fraction=1.0, progress=False)
     r = report(tmp_path / "short")
     eight = r["rank_imbalance"]["8"]
     assert r["rows"] >= 32 and eight["steps"] == r["rows"] // 32 and r["rank_imbalance"]["64"] is None
@@ -83,7 +84,8 @@ def test_report_is_mergeable_across_shards(sample_build, tmp_path):
     m = repack(src, output=str(tmp_path / "many"), shard_rows=3, progress=False).to_dict()
     one, many = report(src), report(tmp_path / "many")
     assert len(m["files"]["packed"]) > 3
-    for key in ("rows", "tokens", "fill", "per_modality", "histograms", "attention", "batching", "rank_imbalance"):
+    for key in ("rows", "tokens", "fill", "per_modality", "histograms", "attention", "batching", "rank_imbalance", "padding",
+                "truncated", "dropped", "title"):
         assert one[key] == many[key], key
 
 
@@ -92,7 +94,8 @@ def test_html_has_every_section_embeds_its_plots_and_no_url(sample_build):
     page = (out / "report.html").read_text()
     for section in ("Accounting", "Modalities", "Sample length distribution", "Fill per row", "Segments per row", "imbalance",
                     "Tokens computed for the same samples", "Top quarantine reasons",
-                    "Resolved config", "speed-up vs padding", "lower bound"):
+                    "Resolved config", "speed-up vs padding", "lower bound", "Padding saved by packing", "padding saved",
+                    "Truncated samples", "Dropped samples", "No sample was dropped", "<h1>sample</h1>"):
         assert section in page, section
     assert page.count("<svg") >= 4  # the imbalance panel says "too few rows" on a 26-row build
     assert not re.search(r"(https?:)?//[a-z0-9.-]+\.[a-z]{2,}/", page.replace('xmlns="http://www.w3.org/2000/svg"', ""))
@@ -119,3 +122,184 @@ def test_report_command_and_inspect(sample_build, tmp_path, monkeypatch):
     assert all("preview" in s for s in d["segments"])
     r = CliRunner().invoke(main, ["inspect", str(out), "--row", "9999"])
     assert r.exit_code == 1 and "out of range" in r.output
+
+
+# ---------------------------------------------------------------- axes, labels, the new sections
+
+TICK = re.compile(r'<text class="tick"[^>]*>([^<]*)</text>')
+VALUE = re.compile(r'<text class="value"[^>]*>([^<]*)</text>')
+
+
+def count_value(text):
+    """A count label back to a number: 950, 1.2k, 3M."""
+    units = {"k": 1e3, "M": 1e6, "G": 1e9}
+    return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text.replace(",", ""))
+
+
+def svgs(page):
+    return re.findall(r"<svg .*?</svg>", page, flags=re.S)
+
+
+def test_count_axes_get_integer_ticks_and_percent_axes_nice_ones():
+    from packer.report.html import bar_chart
+
+    for peak in (1, 2, 3, 5, 7, 10, 13, 55, 99):  # 5 rows used to give 0, 1.25, 2.50, 3.75, 5
+        svg = bar_chart(["a", "b"], {"rows": [1, peak]}, log=False)
+        ticks = [count_value(t) for t in TICK.findall(svg)]
+        assert all(t.is_integer() for t in ticks) and "." not in "".join(TICK.findall(svg)), (peak, ticks)
+        assert ticks[0] == 0 and ticks[-1] >= peak and len(set(np.diff(ticks))) == 1
+    svg = bar_chart(["x"], {"share": [0.034]}, percent=True)
+    assert TICK.findall(svg) == ["0%", "1%", "2%", "3%", "4%"] and 'data-kind="percent"' in svg
+
+
+def test_log_axis_when_counts_span_decades_and_value_labels_on_bars():
+    from packer.report.html import bar_chart
+
+    svg = bar_chart(["a", "b", "c"], {"samples": [2, 0, 3400]}, y_label="samples")
+    assert 'data-scale="log"' in svg and "samples (log scale)" in svg
+    assert TICK.findall(svg) == ["0", "1", "10", "100", "1k", "10k"]
+    assert VALUE.findall(svg) == ["2", "3.4k"]  # every non-zero bar labelled, zero bars not
+    flat = bar_chart(["a", "b"], {"samples": [2, 50]}, y_label="samples")
+    assert 'data-scale="linear"' in flat and "log scale" not in flat and VALUE.findall(flat) == ["2", "50"]
+    pct = bar_chart(["a", "b"], {"real share": [0.363, 0.968]}, percent=True)
+    assert 'data-scale="linear"' in pct and VALUE.findall(pct) == ["36.3%", "96.8%"]
+
+
+def test_built_page_axes_and_labels(sample_build):
+    from packer.report.html import log_axis
+
+    out, _ = sample_build
+    r = json.loads((out / "report.json").read_text())
+    charts = svgs((out / "report.html").read_text())
+    for svg in charts:
+        if 'data-kind="count"' in svg:
+            assert all(count_value(t).is_integer() for t in TICK.findall(svg)), TICK.findall(svg)
+    lengths = [v for vals in r["histograms"]["sample_lengths"].values() for v in vals]
+    assert max(lengths) / min(v for v in lengths if v) > 30 and log_axis(lengths)  # 84 image samples in a bin, 1 audio
+    first = charts[0]  # the sample length histogram
+    assert 'data-scale="log"' in first and "(log scale)" in first
+    assert sorted(count_value(v) for v in VALUE.findall(first)) == sorted(v for v in lengths if v)
+    fill = r["histograms"]["fill_per_row"]
+    assert sorted(count_value(v) for v in VALUE.findall(charts[1])) == sorted(v for v in fill if v)
+
+
+def test_padding_saved_in_tokens_and_gpu_hours(sample_build):
+    from packer.report.compute import TOKENS_PER_GPU_SECOND
+
+    out, _ = sample_build
+    for throughput in (TOKENS_PER_GPU_SECOND, 2_500):
+        r = report(out, tokens_per_gpu_second=throughput)
+        b, pad = r["batching"], r["padding"]
+        assert pad["tokens_per_gpu_second"] == throughput
+        for k in ("padded_random", "length_grouped", "packed"):
+            assert pad["padding_tokens"][k] == b[k]["computed"] - b["real_tokens"]
+            assert pad["padding_gpu_hours"][k] == pytest.approx(pad["padding_tokens"][k] / throughput / 3600)
+        for k in ("padded_random", "length_grouped"):
+            saved = pad["saved_by_packing"][k]
+            assert saved["tokens"] == b[k]["computed"] - b["packed"]["computed"] > 0
+            assert saved["gpu_hours"] == pytest.approx(saved["tokens"] / throughput / 3600)
+    page = (out / "report.html").read_text()
+    assert "Padding saved by packing" in page and f"{TOKENS_PER_GPU_SECOND:,} tokens/s per GPU" in page
+
+
+def test_title_is_the_name_when_set_else_the_output_folder(sample_build):
+    import dataclasses
+
+    from packer.report.html import render
+    from packer.shards import Manifest
+
+    out, _ = sample_build
+    assert json.loads((out / "report.json").read_text())["title"] == "sample"  # pipelines/sample.toml sets name
+    m = Manifest.read(out)
+    unnamed = report(out, dataclasses.replace(m, config={**m.config, "name": ""}))
+    assert unnamed["title"] == out.name == "out"
+    assert "<h1>out</h1>" in render(unnamed)
+    odd = report(out, dataclasses.replace(m, config={**m.config, "name": "a <b> & c"}))
+    assert odd["title"] == "a <b> & c" and "<h1>a &lt;b&gt; &amp; c</h1>" in render(odd)
+
+
+def samples_by_identity(out, manifest):
+    t = pa.concat_tables([pa.ipc.open_stream(pa.memory_map(str(out / e["file"]))).read_all()
+                          for e in manifest["files"]["samples"]]).select(["source_index", "source_line", "key", "length"])
+    return {(x["source_index"], x["source_line"]): x for x in t.to_pylist()}
+
+
+def test_truncated_samples_are_listed(sample_build, tmp_path):
+    from packer.build import repack
+    from packer.report.compute import truncated_samples
+    from packer.shards import Manifest
+    from packer.shards.stats import ShardStats, shard_stats
+
+    src, _ = sample_build
+    out = tmp_path / "cut"
+    manifest = repack(src, output=str(out), max_length=512, oversize="truncate", max_bad_fraction=1.0, progress=False).to_dict()
+    r = json.loads((out / "report.json").read_text())
+    samples = samples_by_identity(out, manifest)
+    expected = []  # independently: every packed segment shorter than its sample
+    for row in all_rows(out, manifest):
+        for k, (source, line) in enumerate(zip(row["segment_source"], row["segment_line"], strict=True)):
+            kept = row["cu_seqlens"][k + 1] - row["cu_seqlens"][k]
+            sample = samples[source, line]
+            assert row["segment_start"][k] == 0
+            if kept < sample["length"]:
+                expected.append({"file": manifest["inputs"][source], "line": line, "id": sample["key"], "kept_tokens": kept,
+                                 "cut_tokens": sample["length"] - kept})
+    t = r["truncated"]
+    assert t["count"] == manifest["stats"]["truncated_samples"] == len(expected) == t["found"] > 1
+    assert sorted(t["listed"], key=lambda e: (e["file"], e["line"])) == sorted(expected, key=lambda e: (e["file"], e["line"]))
+    assert sum(e["cut_tokens"] for e in t["listed"]) == t["tokens_cut"] == manifest["stats"]["truncated_tokens"]
+    assert all(e["kept_tokens"] <= 512 for e in t["listed"]) and not t["capped"]
+    stats = reduce(ShardStats.merge, [shard_stats(out / e["file"]) for e in manifest["files"]["packed"]], ShardStats())
+    few = truncated_samples(out, Manifest.read(out), stats, cap=3)
+    assert few["count"] == t["count"] and few["listed"] == t["listed"][:3] and few["capped"]
+    page = (out / "report.html").read_text()
+    assert "Truncated samples" in page and f"{t['count']:,} sample(s) longer than 512 tokens were truncated" in page
+    for e in t["listed"]:
+        assert f"{e['file']}:{e['line']}</code>" in page and f"<code>{e['id']}</code>" in page
+    (one,) = json.loads((src / "report.json").read_text())["truncated"]["listed"]  # the sample build cuts one document
+    assert one["file"].endswith("docs.jsonl") and one | {"file": ""} == {"file": "", "line": 14, "id": "doc-013",
+                                                                        "kept_tokens": 4096, "cut_tokens": 927}
+
+
+def test_dropped_samples_are_listed(sample_build, tmp_path):
+    from packer.build import repack
+    from packer.report.compute import dropped_samples
+    from packer.shards import Manifest
+
+    src, _ = sample_build
+    out = tmp_path / "drop"
+    manifest = repack(src, output=str(out), max_length=512, oversize="drop", max_bad_fraction=1.0, progress=False).to_dict()
+    r = json.loads((out / "report.json").read_text())
+    lines = [json.loads(x) for x in (out / "dropped.jsonl").read_text().splitlines()]
+    d = r["dropped"]
+    assert d["count"] == len(lines) == manifest["accounting"]["dropped"] > 100  # more than the list holds
+    assert d["by_reason"] == manifest["accounting"]["dropped_by_reason"] == {"oversize": len(lines)}
+    assert d["capped"] and d["listed"] == [{k: e[k] for k in ("file", "line", "id", "reason", "detail")} for e in lines[:100]]
+    samples = {(manifest["inputs"].index(e["file"]), e["line"]) for e in lines}
+    assert not samples & {(s, n) for row in all_rows(out, manifest)
+                          for s, n in zip(row["segment_source"], row["segment_line"], strict=True)}
+    few = dropped_samples(out, Manifest.read(out), cap=2)
+    assert few["count"] == d["count"] and few["listed"] == d["listed"][:2]
+    page = (out / "report.html").read_text()
+    assert f"{d['count']:,} sample(s) dropped (oversize {d['count']:,})" in page and "The first 100 of" in page
+    assert f"<code>{d['listed'][-1]['id']}</code>" in page and d["listed"][0]["detail"] in page
+    assert json.loads((src / "report.json").read_text())["dropped"] == {"count": 0, "by_reason": {}, "listed": [], "capped": False}
+
+
+def test_quarantine_detail_is_shown(sample_build):
+    import html
+
+    out, manifest = sample_build
+    r = json.loads((out / "report.json").read_text())
+    lines = [json.loads(x) for x in (out / "quarantine.jsonl").read_text().splitlines()]
+    assert {q["reason"]: q["count"] for q in r["quarantine_top"]} == manifest["accounting"]["quarantined_by_reason"]
+    page = (out / "report.html").read_text()
+    for q in r["quarantine_top"]:
+        first = [e for e in lines if e["reason"] == q["reason"]][:3]
+        assert q["entries"] == [{"file": e["file"], "line": e["line"], "id": e["id"], "detail": e["detail"]} for e in first]
+        assert q["examples"] == [f"{e['file']}:{e['line']}" for e in first]
+        for e in first:
+            assert html.escape(e["detail"]) in page and f"{e['file']}:{e['line']}</code>" in page
+            if e["id"] is not None:
+                assert f"<code>{html.escape(e['id'])}</code>" in page
+    assert "&lt;image&gt;" in page  # a detail that names the tag is escaped, not markup

@@ -12,7 +12,13 @@ All numbers come from the packed shards (and the manifest's accounting), so
   sorted by length, as HF's LengthGroupedSampler / Prismatic's split-modality sampler),
   (c) packed -- as the share of real tokens and the speed-up of packing;
 - per-step cost imbalance (slowest rank / mean rank) across 8 and 64 data-parallel ranks,
-  one row per rank per step: round-robin vs :class:`TokenBalancedSampler`'s assignment.
+  one row per rank per step: round-robin vs :class:`TokenBalancedSampler`'s assignment;
+- padding saved by packing, in tokens and in GPU-hours at a stated throughput
+  (``tokens_per_gpu_second``, default :data:`TOKENS_PER_GPU_SECOND`);
+- which samples were truncated (from the packed shards against the samples shards), which
+  were dropped (``dropped.jsonl``) and the quarantine's reasons with examples (file:line,
+  id, detail); lists capped at :data:`LIST_CAP` entries, with the total count;
+- ``title``: the build's ``name`` when one is set, else the output folder's name.
 """
 
 from __future__ import annotations
@@ -29,12 +35,19 @@ import numpy as np
 from packer.balance import balance, imbalance
 from packer.cost import CostModel
 from packer.io.files import write_text_atomic
+from packer.shards.io import read_shards
 from packer.shards.manifest import Manifest
+from packer.shards.schema import SAMPLE_SCHEMA
 from packer.shards.stats import ShardStats, length_edges, shard_stats
 
 MEGABATCH = 50
 RANKS = (8, 64)
 ROWS_PER_RANK = 4  # rows each rank takes per step (balancing needs a choice: one row per rank leaves none)
+# Training throughput the GPU-hour figures assume: about a 7B dense model (6 x 7e9 FLOP per token) on one
+# H100-class GPU at ~40% MFU. A linear cost per token: attention's quadratic term is left out.
+TOKENS_PER_GPU_SECOND = 10_000
+LIST_CAP = 100  # truncated / dropped samples listed in report.json (the counts are always total)
+DETAIL_CHARS = 300  # a quarantine or drop detail is cut to this many characters
 
 
 def padded_tokens(lengths: np.ndarray, batch: int, rng: np.random.Generator) -> int:
@@ -77,23 +90,113 @@ def rank_imbalance(stats: dict[str, np.ndarray], ranks: int, seed: int) -> dict[
             "balanced": imbalance(costs, balanced)}
 
 
-def quarantine_examples(out: Path, manifest: Manifest, per_reason: int = 3) -> list[dict[str, Any]]:
-    if manifest.files.quarantine is None:
-        return []
-    path = out / manifest.files.quarantine.file
-    examples: dict[str, list[str]] = {}
-    counts: Counter[str] = Counter()
+def title(out: Path, manifest: Manifest) -> str:
+    """The build's ``name`` when one is set, else the output folder's name.
+
+    A pipeline file sets ``name``; a build that should be titled by its folder (``-i/-o``
+    on the command line) leaves it empty. An fsspec output is built in a staging folder,
+    so the name of the URL's last part is used when the manifest records one."""
+    name = str(manifest.config.get("name") or "").strip()
+    if name:
+        return name
+    target = str(manifest.execution.get("output") or "")
+    if "://" in target:
+        return target.rstrip("/").rsplit("/", 1)[-1] or target
+    return out.resolve().name or str(out)
+
+
+def _short(text: Any, limit: int = DETAIL_CHARS) -> str:
+    text = "" if text is None else str(text)
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def _jsonl(path: Path):
     if path.is_file():
         with path.open(encoding="utf-8") as f:
             for line in f:
-                e = json.loads(line)
-                counts[e["reason"]] += 1
-                if len(examples.setdefault(e["reason"], [])) < per_reason:
-                    examples[e["reason"]].append(f"{e['file']}:{e['line']}")
-    return [{"reason": r, "count": n, "examples": examples[r]} for r, n in counts.most_common()]
+                if line.strip():
+                    yield json.loads(line)
 
 
-def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int = 8, seed: int = 0) -> dict[str, Any]:
+def quarantine_examples(out: Path, manifest: Manifest, per_reason: int = 3) -> list[dict[str, Any]]:
+    """Per reason, most frequent first: the count and the first ``per_reason`` entries
+    (``examples`` as ``file:line``; ``entries`` with the id and the detail text)."""
+    if manifest.files.quarantine is None:
+        return []
+    entries: dict[str, list[dict[str, Any]]] = {}
+    counts: Counter[str] = Counter()
+    for e in _jsonl(out / manifest.files.quarantine.file):
+        counts[e["reason"]] += 1
+        if len(entries.setdefault(e["reason"], [])) < per_reason:
+            entries[e["reason"]].append({"file": e["file"], "line": e["line"], "id": e.get("id"),
+                                         "detail": _short(e.get("detail"))})
+    return [{"reason": r, "count": n, "examples": [f"{e['file']}:{e['line']}" for e in entries[r]], "entries": entries[r]}
+            for r, n in counts.most_common()]
+
+
+def dropped_samples(out: Path, manifest: Manifest, cap: int = LIST_CAP) -> dict[str, Any]:
+    """``dropped.jsonl``: the total, by reason, and the first ``cap`` entries."""
+    listed: list[dict[str, Any]] = []
+    by_reason: Counter[str] = Counter()
+    if manifest.files.dropped is not None:
+        for e in _jsonl(out / manifest.files.dropped.file):
+            by_reason[e["reason"]] += 1
+            if len(listed) < cap:
+                listed.append({"file": e["file"], "line": e["line"], "id": e.get("id"), "reason": e["reason"],
+                               "detail": _short(e.get("detail"))})
+    count = sum(by_reason.values())
+    return {"count": count, "by_reason": dict(by_reason.most_common()), "listed": listed, "capped": count > len(listed)}
+
+
+def truncated_samples(out: Path, manifest: Manifest, s: ShardStats, cap: int = LIST_CAP) -> dict[str, Any]:
+    """Which samples ``--oversize truncate`` cut: a packed segment (identity = input file,
+    line) shorter than its sample in the samples shards. Only ``truncate`` counts samples as
+    truncated, and it keeps one piece from token 0, so no segment_start check is needed
+    (under ``split`` a short first piece is a split, not a truncation)."""
+    count = int(manifest.stats.get("truncated_samples", 0))
+    result: dict[str, Any] = {"count": count, "tokens_cut": int(manifest.stats.get("truncated_tokens", 0)),
+                              "found": 0, "listed": [], "capped": False}
+    if not count or not manifest.files.samples:
+        return result
+    samples = read_shards([out / e.file for e in manifest.files.samples], SAMPLE_SCHEMA)
+    if samples.num_rows == 0:
+        return result
+    sample_id = (samples.column("source_index").to_numpy().astype(np.int64) << 40) | samples.column("source_line").to_numpy()
+    sample_len = samples.column("length").to_numpy().astype(np.int64)
+    order = np.argsort(sample_id, kind="stable")
+    seg_id = s.array("seg_identity").astype(np.int64)
+    seg_len = s.array("seg_lengths").astype(np.int64)
+    pos = order[np.clip(np.searchsorted(sample_id[order], seg_id), 0, max(0, len(order) - 1))]
+    known = sample_id[pos] == seg_id
+    cut = np.flatnonzero(known & (seg_len < sample_len[pos]))
+    cut = cut[np.lexsort((seg_id[cut] & ((1 << 40) - 1), seg_id[cut] >> 40))]  # by input file, then line
+    keys = samples.column("key").take(pos[cut[:cap]]).to_pylist()
+    for k, key in zip(cut[:cap].tolist(), keys, strict=True):
+        source = int(seg_id[k] >> 40)
+        result["listed"].append({"file": manifest.inputs[source] if source < len(manifest.inputs) else str(source),
+                                 "line": int(seg_id[k] & ((1 << 40) - 1)), "id": key, "kept_tokens": int(seg_len[k]),
+                                 "cut_tokens": int(sample_len[pos[k]] - seg_len[k])})
+    result["found"] = int(len(cut))
+    result["capped"] = len(cut) > len(result["listed"])
+    return result
+
+
+def padding_saved(schemes: dict[str, int], real: int, tokens_per_gpu_second: float) -> dict[str, Any]:
+    """Padding per scheme (tokens computed - real tokens) and what packing saves against each,
+    in tokens and in GPU-hours for one pass over the data at ``tokens_per_gpu_second``."""
+    hours = lambda tokens: tokens / tokens_per_gpu_second / 3600  # noqa: E731
+    packed = schemes["packed"]
+    return {
+        "tokens_per_gpu_second": tokens_per_gpu_second,
+        "padding_tokens": {k: v - real for k, v in schemes.items()},
+        "padding_gpu_hours": {k: hours(v - real) for k, v in schemes.items()},
+        "saved_by_packing": {k: {"tokens": v - packed, "gpu_hours": hours(v - packed)}
+                             for k, v in schemes.items() if k != "packed"},
+    }
+
+
+def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int = 8, seed: int = 0,
+           tokens_per_gpu_second: float = TOKENS_PER_GPU_SECOND) -> dict[str, Any]:
     out = Path(out)
     manifest = manifest or Manifest.read(out)
     shards = [shard_stats(out / e.file) for e in manifest.files.packed]
@@ -117,6 +220,7 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
     acc, stats = manifest.accounting, manifest.stats
     return {
         "schema_version": manifest.schema_version,
+        "title": title(out, manifest),
         "build": {"name": manifest.config.get("name", ""), "created_at": manifest.created_at,
                   "packer_version": manifest.packer_version},
         "records": acc.records_read, "samples": s.samples(), "segments": s.segments, "duplicate_ids": s.duplicate_ids(),
@@ -134,6 +238,8 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
         "oversize": {k: stats.get(k, 0) for k in ("truncated_samples", "truncated_tokens", "split_samples", "split_pieces",
                                                   "split_pieces_dropped", "split_lost_media")},
         "quarantine_top": quarantine_examples(out, manifest),
+        "truncated": truncated_samples(out, manifest, s),
+        "dropped": dropped_samples(out, manifest),
         "attention": {"block_diagonal": s.attention, "dense": float(s.rows) * cap * cap,
                       "ratio": s.attention / max(1.0, float(s.rows) * cap * cap)},
         "batching": {
@@ -142,16 +248,18 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
             "speedup_vs_padded_random": schemes["padded_random"] / max(1, packed_cost),
             "speedup_vs_length_grouped": schemes["length_grouped"] / max(1, packed_cost),
         },
+        "padding": padding_saved(schemes, real, tokens_per_gpu_second),
         "rank_imbalance": {str(r): rank_imbalance(row_stats, r, seed) for r in RANKS},
         "config": manifest.config,
     }
 
 
-def write_report(out: str | Path, manifest: Manifest | None = None, *, html_path: str | Path | None = None) -> dict:
+def write_report(out: str | Path, manifest: Manifest | None = None, *, html_path: str | Path | None = None,
+                 tokens_per_gpu_second: float = TOKENS_PER_GPU_SECOND) -> dict:
     from packer.report.html import render
 
     out = Path(out)
-    data = report(out, manifest)
+    data = report(out, manifest, tokens_per_gpu_second=tokens_per_gpu_second)
     write_text_atomic(out / "report.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
     write_text_atomic(Path(html_path) if html_path else out / "report.html", render(data))
     return data

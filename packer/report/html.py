@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from typing import Any
 
 COLORS = ["#3b6fb6", "#e07b39", "#5aa469", "#b5475b", "#8a6bbe", "#7f7f7f"]
@@ -12,16 +13,18 @@ body{font:14px/1.45 -apple-system,'Segoe UI',Helvetica,Arial,sans-serif;color:#1
 main{max-width:1080px;margin:0 auto;padding:28px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:16px;margin:28px 0 10px;border-bottom:1px solid #d8dee6;padding-bottom:4px}
 .sub{color:#5b6675;margin-bottom:18px}
-.cards{display:grid;grid-template-columns:repeat(4,1fr);gap:12px}
+.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(180px,1fr));gap:12px}
 .card{background:#fff;border:1px solid #dde3ea;border-radius:8px;padding:14px}
 .card .v{font-size:26px;font-weight:600}.card .l{color:#5b6675;font-size:12px;text-transform:uppercase;letter-spacing:.04em}
 .grid{display:grid;grid-template-columns:1fr 1fr;gap:16px}
 .panel{background:#fff;border:1px solid #dde3ea;border-radius:8px;padding:12px}
+.panel.wide{grid-column:1/-1}
 .panel h3{font-size:13px;margin:0 0 6px;color:#33404f}
 table{border-collapse:collapse;width:100%;background:#fff;font-size:13px}
 td,th{border-bottom:1px solid #e6eaef;padding:5px 8px;text-align:left;vertical-align:top}
 th{background:#f0f3f7;font-weight:600}td.n{text-align:right;font-variant-numeric:tabular-nums}
 code{font:12px ui-monospace,Menlo,Consolas,monospace;color:#34495e}
+.scroll{max-height:420px;overflow:auto;border:1px solid #e6eaef}
 .legend span{display:inline-block;margin-right:12px;font-size:12px}
 .legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
 """
@@ -31,41 +34,136 @@ def _n(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 or float(x).is_integer() else f"{x:,.2f}"
 
 
+def _compact(x: float) -> str:
+    """A count in at most 4-5 characters: 950, 1.2k, 12k, 3.4M."""
+    x = float(x)
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            v = x / div
+            text = f"{v:.1f}" if abs(v) < 10 else f"{v:.0f}"
+            return text.removesuffix(".0") + unit
+    return f"{x:.0f}" if x.is_integer() else f"{x:.2g}"
+
+
+def _hours(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+
+
+def _gpu_unit(hours: float) -> tuple[str, float]:
+    """The unit that keeps GPU time short: (name, factor from hours)."""
+    if abs(hours) >= 1 or hours == 0:
+        return "GPU-h", 1.0
+    if abs(hours) >= 1 / 60:
+        return "GPU-min", 60.0
+    return "GPU-s", 3600.0
+
+
+def _gpu_time(hours: float) -> str:
+    unit, factor = _gpu_unit(hours)
+    return f"{_hours(hours * factor)} {unit}"
+
+
+def nice_step(span: float, target: int = 5, integer: bool = False) -> float:
+    """The 1 / 2 / 5 x 10^k step that cuts ``span`` into about ``target`` intervals
+    (at least 1 on an integer axis, so a count axis never shows 1.25)."""
+    if span <= 0:
+        return 1.0
+    raw = span / target
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    return max(1.0, float(round(step))) if integer else step
+
+
+LOG_SPAN = 30  # a count axis goes logarithmic when largest / smallest non-zero value exceeds this (~1.5 decades)
+
+
+def log_axis(values: list[float]) -> bool:
+    """Whether a count axis should be logarithmic: its non-zero values span more than
+    :data:`LOG_SPAN` (on a linear axis a bar of 1 next to one of 84 is a hairline)."""
+    positive = [v for v in values if v > 0]
+    return bool(positive) and max(positive) / min(positive) > LOG_SPAN
+
+
 def bar_chart(categories: list[str], series: dict[str, list[float]], *, width: int = 500, height: int = 220,
-              y_label: str = "", percent: bool = False) -> str:
-    """Grouped vertical bars, one group per category, one bar per series; inline SVG."""
-    left, bottom, top = 52, 34, 10
-    plot_w, plot_h = width - left - 10, height - bottom - top
-    peak = max([v for vals in series.values() for v in vals] + [1e-9])
-    n_cat, n_ser = max(1, len(categories)), max(1, len(series))
-    group_w = plot_w / n_cat
-    bar_w = max(1.0, group_w * 0.8 / n_ser)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">']
-    for k in range(5):
-        y = top + plot_h * (1 - k / 4)
-        value = peak * k / 4
+              y_label: str = "", percent: bool = False, log: bool | None = None) -> str:
+    """Grouped vertical bars, one group per category, one bar per series; inline SVG.
+
+    Counts (``percent=False``) get integer ticks, and a log scale (log 1+n, so 0 stays
+    the baseline and 1 is visible) when ``log`` is True, or when ``log`` is None and the
+    values span more than two decades; the axis label says so. Every non-zero bar carries
+    its value (rotated when the bar is too narrow for it)."""
+    values = [v for vals in series.values() for v in vals]
+    log = (not percent) and (log_axis(values) if log is None else log)
+    peak = max(values + [0.0])
+    if log:
+        top_exp = max(0, math.ceil(math.log10(max(peak, 1))))
+        ticks = [0.0] + [10.0**k for k in range(top_exp + 1)]
+        scale = lambda v: math.log10(1 + max(v, 0)) / math.log10(1 + ticks[-1])  # noqa: E731
+        tick_text = [_compact(t) for t in ticks]
+    else:
+        unit = 100 if percent else 1
+        step = nice_step(peak * unit, 4, integer=not percent)
+        n_steps = max(1, math.ceil(peak * unit / step - 1e-9))
+        ticks = [k * step / unit for k in range(n_steps + 1)]
+        scale = lambda v: v / ticks[-1]  # noqa: E731
         if percent:
-            label = f"{100 * value:.0f}%" if peak >= 0.1 else f"{100 * value:.1f}%"
+            decimals = max(0, -math.floor(math.log10(step)))
+            tick_text = [f"{100 * t:.{decimals}f}%" for t in ticks]
         else:
-            label = f"{value:,.0f}" if peak >= 8 else f"{value:,.2f}"
+            tick_text = [f"{t:,.0f}" for t in ticks]
+    labels = {}
+    for name, vals in series.items():
+        for c_idx, v in enumerate(vals):
+            if v > 0:
+                labels[name, c_idx] = (f"{100 * v:.1f}%" if percent else _compact(v))
+    left, bottom = 56, 34
+    n_cat, n_ser = max(1, len(categories)), max(1, len(series))
+    group_w = (width - left - 10) / n_cat
+    bar_w = max(1.0, group_w * 0.8 / n_ser)
+    longest = max([len(t) for t in labels.values()] + [0])
+    rotate = longest * 5.6 + 2 > bar_w + group_w * 0.2 / n_ser
+    top = 12 + (longest * 5.6 if rotate else 12)
+    plot_h = height - bottom - top
+    scale_name = "log" if log else "linear"
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+             f'style="max-width:100%;height:auto" role="img" data-scale="{scale_name}" '
+             f'data-kind="{"percent" if percent else "count"}">']
+    last_y = math.inf
+    for t, text in zip(ticks, tick_text, strict=True):
+        y = top + plot_h * (1 - scale(t))
+        if last_y - y < 11:  # log 1+n: 0 and 1 are close on a tall axis; keep the labels apart
+            continue
+        last_y = y
         parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e4e8ee"/>'
-                     f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="10" text-anchor="end" fill="#5b6675">{label}</text>')
-    for s_idx, (name, values) in enumerate(series.items()):
-        for c_idx, v in enumerate(values):
-            h = plot_h * v / peak
+                     f'<text class="tick" x="{left - 6}" y="{y + 4:.1f}" font-size="10" text-anchor="end" '
+                     f'fill="#5b6675">{text}</text>')
+    for s_idx, (name, vals) in enumerate(series.items()):
+        for c_idx, v in enumerate(vals):
+            h = plot_h * scale(v)
             x = left + c_idx * group_w + group_w * 0.1 + s_idx * bar_w
-            parts.append(f'<rect x="{x:.1f}" y="{top + plot_h - h:.1f}" width="{bar_w:.1f}" height="{h:.1f}" '
-                         f'fill="{COLORS[s_idx % len(COLORS)]}"><title>{html.escape(name)} {html.escape(categories[c_idx])}: '
-                         f'{_n(v)}</title></rect>')
-    step = max(1, len(categories) // 12)
+            y = top + plot_h - h
+            tip = f"{html.escape(name)} {html.escape(categories[c_idx])}: {_n(100 * v) + '%' if percent else _n(v)}"
+            parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" height="{h:.1f}" '
+                         f'fill="{COLORS[s_idx % len(COLORS)]}"><title>{tip}</title></rect>')
+            if (name, c_idx) in labels:
+                cx = x + bar_w / 2
+                if rotate:
+                    parts.append(f'<text class="value" x="{cx + 3:.1f}" y="{y - 3:.1f}" font-size="9" fill="#33404f" '
+                                 f'transform="rotate(-90 {cx + 3:.1f} {y - 3:.1f})">{labels[name, c_idx]}</text>')
+                else:
+                    parts.append(f'<text class="value" x="{cx:.1f}" y="{y - 3:.1f}" font-size="9" fill="#33404f" '
+                                 f'text-anchor="middle">{labels[name, c_idx]}</text>')
+    parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{top + plot_h:.1f}" y2="{top + plot_h:.1f}" stroke="#9aa5b1"/>')
+    step = max(1, math.ceil((max([len(c) for c in categories] + [1]) * 5.6 + 4) / group_w))  # x labels that fit
     for c_idx, cat in enumerate(categories):
         if c_idx % step == 0:
             x = left + (c_idx + 0.5) * group_w
             parts.append(f'<text x="{x:.1f}" y="{height - bottom + 14}" font-size="10" text-anchor="middle" '
                          f'fill="#5b6675">{html.escape(cat)}</text>')
-    if y_label:
+    axis = y_label + (" (log scale)" if log else "")
+    if axis:
         parts.append(f'<text x="12" y="{top + plot_h / 2}" font-size="10" fill="#5b6675" '
-                     f'transform="rotate(-90 12 {top + plot_h / 2})" text-anchor="middle">{html.escape(y_label)}</text>')
+                     f'transform="rotate(-90 12 {top + plot_h / 2})" text-anchor="middle">{html.escape(axis)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -75,8 +173,9 @@ def _legend(names: list[str]) -> str:
                                            for k, n in enumerate(names)) + "</div>"
 
 
-def _panel(title: str, body: str, legend: list[str] | None = None) -> str:
-    return f'<div class="panel"><h3>{html.escape(title)}</h3>{_legend(legend) if legend else ""}{body}</div>'
+def _panel(title: str, body: str, legend: list[str] | None = None, *, wide: bool = False) -> str:
+    cls = "panel wide" if wide else "panel"
+    return f'<div class="{cls}"><h3>{html.escape(title)}</h3>{_legend(legend) if legend else ""}{body}</div>'
 
 
 def _table(header: list[str], rows: list[list[Any]], numeric: set[int] = frozenset()) -> str:
@@ -86,14 +185,89 @@ def _table(header: list[str], rows: list[list[Any]], numeric: set[int] = frozens
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _where(e: dict[str, Any]) -> str:
+    return f"<code>{html.escape(str(e['file']))}:{e['line']}</code>"
+
+
+def _scroll(table: str, rows: int) -> str:
+    """A long table in a box of its own height (scrolls; no script)."""
+    return f'<div class="scroll">{table}</div>' if rows > 12 else table
+
+
+def _capped(part: dict[str, Any], noun: str) -> str:
+    shown = len(part["listed"])
+    return f"<p class='sub'>The first {shown:,} of {part['count']:,} {noun} are listed; report.json holds the same.</p>" \
+        if part.get("capped") else ""
+
+
+def padding_section(r: dict[str, Any]) -> str:
+    b, pad = r["batching"], r["padding"]
+    names = {"padded_random": "padded, random batches", "length_grouped": "length-grouped batches", "packed": "packed"}
+    unit, factor = _gpu_unit(max(pad["padding_gpu_hours"].values()))  # one unit for the whole table
+    rows = []
+    for k, label in names.items():
+        saved = pad["saved_by_packing"].get(k)
+        rows.append([html.escape(label), _n(b[k]["computed"]), f"{100 * b[k]['real_share']:.1f}%", _n(pad["padding_tokens"][k]),
+                     _hours(factor * pad["padding_gpu_hours"][k]), _n(saved["tokens"]) if saved else "&ndash;",
+                     _hours(factor * saved["gpu_hours"]) if saved else "&ndash;"])
+    table = _table(["batching", "tokens computed", "real share", "padding tokens", f"padding ({unit})",
+                    "saved by packing (tokens)", f"saved by packing ({unit})"], rows, {1, 2, 3, 4, 5, 6})
+    return (f"{table}<p class='sub'>One pass over the {_n(b['real_tokens'])} real tokens, batches of {b['batch_size']}. "
+            f"GPU-hours = tokens / {pad['tokens_per_gpu_second']:,.0f} tokens/s per GPU / 3600: about a 7B dense model "
+            f"on one H100-class GPU at ~40% MFU; a linear cost per token (attention's quadratic term left out). "
+            f"<code>report(..., tokens_per_gpu_second=...)</code> states another.</p>")
+
+
+def truncated_section(r: dict[str, Any]) -> str:
+    t = r["truncated"]
+    if not t["count"]:
+        return "<p>No sample was truncated.</p>"
+    rows = [[_where(e), f"<code>{html.escape(str(e['id']))}</code>", _n(e["kept_tokens"]), _n(e["cut_tokens"])]
+            for e in t["listed"]]
+    return (f"<p>{t['count']:,} sample(s) longer than {r['max_length']:,} tokens were truncated; "
+            f"{t['tokens_cut']:,} tokens cut.</p>"
+            + _scroll(_table(["input file:line", "id", "tokens kept", "tokens cut"], rows, {2, 3}), len(rows))
+            + _capped(t, "truncated samples"))
+
+
+def dropped_section(r: dict[str, Any]) -> str:
+    d = r["dropped"]
+    if not d["count"]:
+        return "<p>No sample was dropped.</p>"
+    reasons = ", ".join(f"{html.escape(k)} {n:,}" for k, n in d["by_reason"].items())
+    rows = [[_where(e), f"<code>{html.escape(str(e['id']))}</code>", html.escape(e["reason"]), html.escape(e["detail"])]
+            for e in d["listed"]]
+    return (f"<p>{d['count']:,} sample(s) dropped ({reasons}); every one is in <code>dropped.jsonl</code>.</p>"
+            + _scroll(_table(["input file:line", "id", "reason", "detail"], rows), len(rows)) + _capped(d, "dropped samples"))
+
+
+def quarantine_section(r: dict[str, Any]) -> str:
+    if not r["quarantine_top"]:
+        return "<p>No record was quarantined.</p>"
+    rows = []
+    for q in r["quarantine_top"]:
+        entries = q.get("entries") or [{"file": e.rsplit(":", 1)[0], "line": e.rsplit(":", 1)[-1], "id": None, "detail": ""}
+                                       for e in q["examples"]]
+        for k, e in enumerate(entries):
+            first = k == 0
+            rows.append([html.escape(q["reason"]) if first else "", _n(q["count"]) if first else "", _where(e),
+                         f"<code>{html.escape(str(e['id']))}</code>" if e.get("id") is not None else "",
+                         html.escape(e.get("detail") or "")])
+    return ("<p>Every quarantined record, with its raw line, is in <code>quarantine.jsonl</code>; the first examples "
+            "of each reason:</p>" + _table(["reason", "records", "example file:line", "id", "detail"], rows, {1}))
+
+
 def render(r: dict[str, Any]) -> str:
-    b, h = r["batching"], r["histograms"]
+    b, h, pad = r["batching"], r["histograms"], r["padding"]
     edges = h["length_edges"]
     length_bins = [f"{edges[i]}" for i in range(len(edges) - 1)]
+    saved = pad["saved_by_packing"]["padded_random"]
     cards = [
         ("fill", f"{100 * r['fill']:.2f}%", f"of {r['max_length']:,} tokens per row"),
         ("rows", f"{r['rows']:,}", f"lower bound {r['lower_bound']:,} (+{r['gap_to_lower_bound']:,})"),
         ("speed-up vs padding", f"{b['speedup_vs_padded_random']:.2f}x", f"random batches of {b['batch_size']}"),
+        ("padding saved", _gpu_time(saved["gpu_hours"]),
+         f"{_n(saved['tokens'])} tokens per pass, at {pad['tokens_per_gpu_second']:,.0f} tokens/s/GPU"),
         ("attention work", f"{100 * r['attention']['ratio']:.1f}%", "of dense L x L masks"),
     ]
     card_html = "".join(f'<div class="card"><div class="l">{t}</div><div class="v">{v}</div><div class="sub">{s}</div></div>'
@@ -113,11 +287,12 @@ def render(r: dict[str, Any]) -> str:
         for m, v in r["per_modality"].items()], {1, 2, 3, 4, 5})
     mods = list(h["sample_lengths"])
     fill = h["fill_edges"]
-    fill_bins = [f"{int(100 * fill[i])}-{int(100 * fill[i + 1])}%" for i in range(len(fill) - 1)]
+    fill_bins = [f"{int(round(100 * fill[i]))}-{int(round(100 * fill[i + 1]))}" for i in range(len(fill) - 1)]
     charts = [
         _panel("Sample length distribution (tokens; bin k holds lengths from its label to the next)",
-               bar_chart(length_bins, {m: h["sample_lengths"][m] for m in mods}, y_label="samples"), mods),
-        _panel("Fill per row", bar_chart(fill_bins, {"rows": h["fill_per_row"]}, y_label="rows")),
+               bar_chart(length_bins, {m: h["sample_lengths"][m] for m in mods}, y_label="samples", width=1000, height=260),
+               mods, wide=True),
+        _panel("Fill per row (% of max_length)", bar_chart(fill_bins, {"rows": h["fill_per_row"]}, y_label="rows")),
         _panel("Segments per row", bar_chart(list(h["segments_per_row"]), {"rows": list(h["segments_per_row"].values())},
                                              y_label="rows")),
         _panel(f"Tokens computed for the same samples (B = {b['batch_size']})",
@@ -134,12 +309,9 @@ def render(r: dict[str, Any]) -> str:
                              list(series)))
     else:
         charts.append(_panel("Per-step cost imbalance", "<p>Too few rows for one step of 8 ranks x 4 rows.</p>"))
-    quarantine = _table(["reason", "records", "examples (file:line)"], [
-        [html.escape(q["reason"]), _n(q["count"]), "<br>".join(f"<code>{html.escape(e)}</code>" for e in q["examples"])]
-        for q in r["quarantine_top"]], {1}) if r["quarantine_top"] else "<p>No record was quarantined.</p>"
     config = _table(["key", "value"], [[f"<code>{html.escape(k)}</code>", f"<code>{html.escape(json.dumps(v))}</code>"]
                                        for k, v in sorted(r["config"].items())])
-    name = html.escape(r["build"]["name"] or "packer build")
+    name = html.escape(r.get("title") or r["build"]["name"] or "packer build")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{name} - packer report</title>"
             f"<style>{CSS}</style></head><body><main>"
             f"<h1>{name}</h1><div class='sub'>packer {html.escape(r['build']['packer_version'])} · built "
@@ -149,6 +321,9 @@ def render(r: dict[str, Any]) -> str:
             f"<h2>Accounting</h2><div class='grid'><div>{accounting}</div><div>{by_file}</div></div>"
             f"<h2>Modalities</h2>{modal}"
             f"<h2>Charts</h2><div class='grid'>{''.join(charts)}</div>"
-            f"<h2>Top quarantine reasons</h2>{quarantine}"
+            f"<h2>Padding saved by packing</h2>{padding_section(r)}"
+            f"<h2>Truncated samples</h2>{truncated_section(r)}"
+            f"<h2>Dropped samples</h2>{dropped_section(r)}"
+            f"<h2>Top quarantine reasons</h2>{quarantine_section(r)}"
             f"<h2>Resolved config</h2>{config}"
             f"</main></body></html>")
