@@ -24,14 +24,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from packer import reasons
 from packer.config import FIELDS, REPACK_KEYS, BuildConfig
 from packer.encode import EncoderSpec
 from packer.encode.encoder import media_base
 from packer.engine import get_engine, stop_on_signals
 from packer.errors import BuildFailedError, ConfigError
+from packer.io import fs
 from packer.io.files import atomic_open, set_durable, sha256_file
 from packer.pack import ALGORITHMS, Plan
 from packer.pack.registry import check_supported
+from packer.progress import Stage
 from packer.shards.io import read_shards, write_shard
 from packer.shards.manifest import SECTIONS, Files, Manifest
 from packer.shards.schema import SAMPLE_SCHEMA, ShardEntry
@@ -62,8 +65,6 @@ def build(config: BuildConfig, *, progress: bool = True) -> Manifest:
     stage-3 shards are reused and the result is byte-identical to an uninterrupted build.
     An fsspec URL output is built in a local staging folder and uploaded when done.
     """
-    from packer.io import fs
-
     if fs.is_url(config.output):
         import tempfile
 
@@ -113,17 +114,34 @@ def warn_no_encoder(out: Path, config: BuildConfig, encoded: Encoded) -> None:
               f"{out / 'quarantine.jsonl'} (--strict refuses them)", file=sys.stderr)
 
 
-def check_bad_fraction(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any]) -> None:
+def check_bad_fraction(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any],
+                       dropped: dict[str, int] | None = None, packed: int | None = None) -> None:
+    """Fail the build, loudly, when too much of the input was lost: more than
+    ``--max-bad-fraction`` of the records quarantined or dropped (``no_encoder`` aside: a
+    declared choice, warned about), or nothing packed at all. Checked after stage 1
+    (quarantine only: no time spent planning a lost cause) and after the plan."""
     records = sum(a.records for a in encoded.by_file.values())
-    bad = sum(encoded.quarantined.values())
+    lost = {r: n for r, n in encoded.quarantined.items() if r not in reasons.NOT_BAD}
+    lost.update({r: lost.get(r, 0) + n for r, n in (dropped or {}).items()})
+    bad = sum(lost.values())
     if records and bad / records > config.max_bad_fraction:
-        message = (f"{bad:,} of {records:,} records ({100 * bad / records:.1f}%) were quarantined, over "
-                   f"--max-bad-fraction {config.max_bad_fraction}; see {out / 'quarantine.jsonl'}")
-        Manifest(config=config.content_dict(), tokenizer=tokenizer, inputs=encoded.inputs,
-                 files=Files(samples=encoded.sample_shards, quarantine=encoded.quarantine),
-                 accounting=accounting(encoded.by_file, encoded.quarantined, {}, encoded.blank_lines, check=False),
-                 status="failed", failure=message, execution=config.execution_dict()).write(out)
-        raise BuildFailedError(message)
+        message = (f"{bad:,} of {records:,} records ({100 * bad / records:.1f}%) were quarantined or dropped, over "
+                   f"--max-bad-fraction {config.max_bad_fraction}: {reasons.top(lost)}. Each one is listed in "
+                   f"{out / 'quarantine.jsonl'}{' and ' + str(out / 'dropped.jsonl') if dropped else ''}; fix the "
+                   f"input, or pass --max-bad-fraction 1.0 to pack what is left")
+    elif packed == 0 or (records and not encoded.sample_shards):
+        message = (f"the build packed nothing: {records:,} records read, "
+                   f"{sum(encoded.quarantined.values()):,} quarantined, {sum((dropped or {}).values()):,} dropped"
+                   + (f" ({reasons.top({**encoded.quarantined, **(dropped or {})})})" if records else "")
+                   + f"; see {out / 'quarantine.jsonl'}")
+    else:
+        return
+    Manifest(config=config.content_dict(), tokenizer=tokenizer, inputs=encoded.inputs,
+             files=Files(samples=encoded.sample_shards, quarantine=encoded.quarantine),
+             accounting=accounting(encoded.by_file, encoded.quarantined, dict(dropped or {}), encoded.blank_lines,
+                                   check=False),
+             status="failed", failure=message, execution=config.execution_dict()).write(out)
+    raise BuildFailedError(message)
 
 
 def media_models(config: BuildConfig):
@@ -167,11 +185,13 @@ def media_passes(out: Path, config: BuildConfig, encoded: Encoded, embedder, ext
         extra["embeddings"] = engine.run_once(media_pass.embeddings_task, str(out), [e.file for e in encoded.sample_shards],
                                               config, num_gpus=config.embed_gpus)
     elif embedder is not None:
-        with _bar(progress, "embed images", "img") as bar:
-            extra["embeddings"] = media_pass.image_embeddings(out, samples, embedder, config, bar)
+        stage = Stage("embed", "images", enabled=progress)
+        extra["embeddings"] = media_pass.image_embeddings(out, samples, embedder, config, stage)
+        stage.done(f"{stage.count:,} images")
     if extractor is not None:
-        with _bar(progress, "audio features", "clip") as bar:
-            extra["audio_features"] = media_pass.audio_features(out, samples, extractor, config, bar)
+        stage = Stage("features", "clips", enabled=progress)
+        extra["audio_features"] = media_pass.audio_features(out, samples, extractor, config, stage)
+        stage.done(f"{stage.count:,} clips")
     return extra
 
 
@@ -248,7 +268,9 @@ def encode_inputs(out: Path, files: list[Path], config: BuildConfig, spec: Encod
     shards = []
     tasks = encode.make_tasks(files, config.chunk_records, counts, config.max_line_bytes)
     qpath = out / "quarantine.jsonl"
-    with atomic_open(qpath, "w") as qf, _bar(progress, "encode", "rec") as bar:
+    stage = Stage("encode", "records", bytes_total=sum(fs.stat(f)[0] for f in files), enabled=progress)
+    reused = n_tasks = 0
+    with atomic_open(qpath, "w") as qf:
         for res in engine.map(encode.encode_task, tasks, encode.setup, (spec, str(out), config.strict, config.durable),
                               in_process_state=driver):
             for entry in res.quarantine:
@@ -258,7 +280,10 @@ def encode_inputs(out: Path, files: list[Path], config: BuildConfig, spec: Encod
             by_file[res.file].quarantined += len(res.quarantine)
             if res.shard is not None:
                 shards.append(res.shard)
-            bar.update(res.records)
+            reused, n_tasks = reused + res.reused, n_tasks + 1
+            stage.advance(res.records, res.nbytes)
+    resumed = f"; {reused} of {n_tasks} tasks reused from the interrupted run" if reused else ""
+    stage.done(f"{stage.count:,} records ({sum(quarantined.values()):,} quarantined){resumed}")
     quarantine = ShardEntry(qpath.name, sum(quarantined.values()), qpath.stat().st_size, sha256_file(qpath))
     return Encoded(list(by_file), shards, by_file, dict(quarantined), quarantine, counts.get("blank_lines", 0))
 
@@ -268,17 +293,25 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
                   repacked_from: dict[str, Any] | None = None, tokenizer_files: list[ShardEntry] | None = None) -> Manifest:
     """Stages 2-4 over the samples in ``out/samples``."""
     samples = read_shards([out / e.file for e in encoded.sample_shards], SAMPLE_SCHEMA)
+    stage = Stage("plan", "samples", enabled=progress)
     p = plan_samples(samples, config)
+    dropped = {r: len(v) for r, v in p.dropped.items()}
+    stage.done(f"{samples.num_rows:,} samples -> {p.n_bins:,} rows (lower bound {p.lower_bound:,}), "
+               f"{sum(dropped.values()):,} dropped")
+    check_bad_fraction(out, config, encoded, tokenizer, dropped, packed=len(p.indices))
     plan_entry = write_shard(out / "plan.arrow", plan_table(p), out)  # deterministic: same bytes on a resume
 
     bin_tokens = p.bin_tokens()
     tasks = materialize.shard_tasks(bin_tokens, np.diff(p.offsets), config.shard_rows, config.shard_bytes)
-    packed = []
-    with _bar(progress, "pack", "row", total=p.n_bins) as bar:
-        state = (str(out), [e.file for e in encoded.sample_shards], plan_entry.sha256, config.durable)
-        for entry in engine.map(materialize.materialize_task, tasks, materialize.setup, state):
-            packed.append(entry)
-            bar.update(entry.rows)
+    packed, reused = [], 0
+    stage = Stage("pack", "rows", total=p.n_bins, enabled=progress)
+    state = (str(out), [e.file for e in encoded.sample_shards], plan_entry.sha256, config.durable)
+    for res in engine.map(materialize.materialize_task, tasks, materialize.setup, state):
+        packed.append(res.shard)
+        reused += res.reused
+        stage.advance(res.shard.rows)
+    stage.done(f"{p.n_bins:,} rows in {len(packed)} shard(s)"
+               + (f"; {reused} of {len(packed)} shards reused from the interrupted run" if reused else ""))
 
     by_file = {k: dataclasses.replace(v) for k, v in encoded.by_file.items()}
     _count_outcomes(by_file, encoded.inputs, samples, p)
@@ -286,14 +319,17 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
         config=config.content_dict(), tokenizer=tokenizer, inputs=encoded.inputs, media_root=media_root,
         files=Files(samples=encoded.sample_shards, packed=packed, plan=plan_entry, quarantine=encoded.quarantine,
                     dropped=write_dropped(out, samples, p), tokenizer=list(tokenizer_files or [])),
-        accounting=accounting(by_file, encoded.quarantined, {r: len(v) for r, v in p.dropped.items()}, encoded.blank_lines),
+        accounting=accounting(by_file, encoded.quarantined, dropped, encoded.blank_lines),
         stats=_stats(config, samples, p), execution=config.execution_dict(), sections=dict(sections or {}),
         repacked_from=repacked_from,
     )
     from packer.report import write_report
 
+    stage = Stage("report", "", enabled=progress)
     write_report(out, manifest)  # report.json and report.html, from the shards just written
-    return manifest.write(out)  # last: the build is done
+    manifest.write(out)  # last: the build is done
+    stage.done("report.json, report.html, manifest.json")
+    return manifest
 
 
 def write_dropped(out: Path, samples, p: Plan) -> ShardEntry:
@@ -369,9 +405,3 @@ def _link_or_copy(src: Path, dst: Path, sha256: str) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copyfile(src, dst)
-
-
-def _bar(enabled: bool, desc: str, unit: str, total: int | None = None):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit, disable=None if enabled else True, leave=False)

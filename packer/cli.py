@@ -7,6 +7,7 @@ key has a flag of the same name and none can be forgotten.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -105,6 +106,12 @@ def build(pipeline, **options):
     options = {k: (v or None) if isinstance(v, tuple) else v for k, v in options.items()}
     if pipeline is None and DEFAULT_PIPELINE.is_file():
         pipeline = DEFAULT_PIPELINE
+    elif pipeline is None and not options.get("input"):
+        click.echo(f"packer: error: no pipeline and no input: {DEFAULT_PIPELINE} is not here ({Path.cwd()}); run in the "
+                   f"packer repository, or give a pipeline file, or -i FILE.jsonl -o OUT --tokenizer NAME", err=True)
+        sys.exit(2)
+    if pipeline is not None and (options.get("input") or options.get("output")) and options.get("name") is None:
+        options["name"] = ""  # another job than the pipeline's: its title comes from the output folder
     config = _run(resolve, pipeline, **options)
     manifest = _run(run_build, config)
     click.echo(summary_text(summarize(manifest.execution["output"])))

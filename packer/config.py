@@ -5,7 +5,8 @@
 Pipeline files use the field names below as flat top-level keys; every key has a
 command-line flag of the same name (``max_length`` -> ``--max-length``). Unknown keys
 and out-of-range values are rejected up front with :class:`~packer.errors.ConfigError`.
-Relative paths are relative to the directory ``packer`` runs in.
+Paths in a pipeline file are relative to the file's folder; on the command line, to the
+folder ``packer`` runs in.
 
 Each field is tagged once with a ``stage`` (content / plan / execution: what changing it
 redoes, see :data:`STAGES`) and a ``group`` (its section of ``packer build --help``);
@@ -16,6 +17,7 @@ are derived from the tags.
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,11 +55,13 @@ class BuildConfig:
     input: tuple[str, ...] = _opt((), "Input JSONL files or glob patterns (sorted after expansion).", short="-i",
                                   stage="content", group="input")
     output: str = _opt("out/packed", "Output folder.", short="-o", stage="execution", group="output")
-    format: str = _opt("auto", "Record shape, or auto-detect per line.", choices=("auto", "llava", "messages", "text"),
+    format: str = _opt("auto", "Record shape, or auto-detect per line.",
+                       choices=("auto", "llava", "sharegpt", "messages", "prompt_completion", "alpaca", "text"),
                        stage="content", group="input")
     media_root: str | None = _opt(None, "Folder that relative media paths are resolved against (default: the JSONL file's).",
                                   stage="content", group="input")
-    allow_outside_media_root: bool = _opt(False, "Accept media paths that resolve outside the dataset root.",
+    allow_outside_media_root: bool = _opt(False, "Accept media paths written outside the dataset root "
+                                          "(symlinks inside it are always followed).",
                                           stage="content", group="input")
     tokenizer: str = _opt("", "HF tokenizer: a local folder or a hub name.", stage="content", group="tokenizer")
     train_on: str = _opt("assistant", "Which tokens get labels in conversations.", choices=("assistant", "all"),
@@ -133,8 +137,9 @@ class BuildConfig:
     shard_rows: int = _opt(8192, "Most packed rows in one packed/ shard.", stage="plan", group="output")
     shard_bytes: int = _opt(256 * 2**20, "Approximate most bytes in one packed/ shard.", stage="plan", group="output")
     strict: bool = _opt(False, "Stop at the first bad record instead of quarantining it.", stage="content", group="input")
-    max_bad_fraction: float = _opt(1.0, "Fail the build when more than this fraction of the records is quarantined.",
-                                   stage="content", group="input")
+    max_bad_fraction: float = _opt(0.1, "Fail the build when more than this fraction of the records is quarantined or "
+                                   "dropped (no_encoder aside); 1.0 never fails.",
+                                   stage="plan", group="input")
     overwrite: bool = _opt(False, "Replace a build of other inputs or settings in the output folder (else refuse).",
                            stage="execution", group="output")
     durable: bool = _opt(True, "fsync every file before renaming it into place (crash safety on power loss).",
@@ -263,7 +268,36 @@ def load_pipeline(path: str | Path) -> dict[str, Any]:
     unknown = sorted(set(data) - set(FIELDS))
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(FIELDS)}")
-    return data
+    return _relative_to(data, path.parent)
+
+
+PATH_KEYS = ("input", "output", "media_root", "staging_dir")  # paths in a pipeline file: relative to the file
+
+
+def _relative_to(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """Paths written in a pipeline file are relative to the file's folder, wherever packer
+    runs; they are shown relative to the current folder when inside it. ``tokenizer`` is
+    a path only when that folder holds it (else a hub name)."""
+
+    def place(value: Any, must_exist: bool = False) -> Any:
+        if not isinstance(value, str) or not value or "://" in value or Path(value).is_absolute():
+            return value
+        joined = folder / value
+        if must_exist and not joined.exists():
+            return value
+        absolute = Path(os.path.abspath(joined))
+        try:
+            return str(absolute.relative_to(Path.cwd()))
+        except ValueError:
+            return str(absolute)
+
+    out = dict(data)
+    for key in PATH_KEYS:
+        if key in out:
+            out[key] = [place(v) for v in out[key]] if isinstance(out[key], list) else place(out[key])
+    if "tokenizer" in out:
+        out["tokenizer"] = place(out["tokenizer"], must_exist=True)
+    return out
 
 
 def resolve(pipeline: str | Path | None = None, **overrides: Any) -> BuildConfig:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
+from packer import reasons
 from packer.errors import PackerError
 from packer.shards.io import read_shard
 from packer.shards.manifest import Manifest
@@ -65,9 +66,17 @@ def summary_text(s: dict[str, Any]) -> str:
         lines.append(f"  truncated    {s['truncated_samples']:,} samples ({s['truncated_tokens']:,} tokens cut)")
     if s["split_samples"]:
         lines.append(f"  split        {s['split_samples']:,} samples into {s['split_pieces']:,} pieces")
-    for title, reasons in (("quarantined", s["quarantined_by_reason"]), ("dropped", s["dropped_by_reason"])):
-        if reasons:
-            lines.append(f"  {title:<12} " + ", ".join(f"{r} {n:,}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])))
+    for title, counts in (("quarantined", s["quarantined_by_reason"]), ("dropped", s["dropped_by_reason"])):
+        if counts:
+            lines.append(f"  {title:<12} " + ", ".join(f"{r} {n:,}" for r, n in sorted(counts.items(), key=lambda kv: -kv[1])))
+    lost = {**s["quarantined_by_reason"], **s["dropped_by_reason"]}
+    for k, (reason, _) in enumerate(sorted(lost.items(), key=lambda kv: (-kv[1], kv[0]))[:3]):
+        lines.append(f"  {'' if k else 'fix':<12} {reason}: {reasons.fix(reason)}")
+    out = Path(s["output"])
+    details = [str(out / n) for n, k in (("quarantine.jsonl", "quarantined"), ("dropped.jsonl", "dropped")) if s[k]]
+    if details:
+        lines.append(f"  {'details':<12} {', '.join(details)} (file, line, id, reason of each)")
+    lines.append(f"  {'report':<12} {out / 'report.html'}")
     return "\n".join(lines)
 
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, SAMPLE, TOKENIZER
 from packer.build import build
 from packer.config import BuildConfig, resolve
-from packer.errors import ConfigError, StrictModeError
+from packer.errors import BuildFailedError, ConfigError, StrictModeError
 
 COLUMNS = ["input_ids", "labels", "cu_seqlens", "segment_ids", "segment_source", "segment_line", "segment_start",
            "segment_modality", "media", "n_tokens"]
@@ -174,6 +174,7 @@ def test_truncation_is_counted(sample_build):
 
 
 def small_config(tmp_path, records_file, **kw) -> BuildConfig:
+    kw.setdefault("max_bad_fraction", 1.0)  # these builds are about what becomes of bad or long records
     return BuildConfig(input=(str(records_file),), output=str(tmp_path / "out"), tokenizer=TOKENIZER, **kw)
 
 
@@ -235,10 +236,12 @@ def test_rebuild_with_other_settings_needs_overwrite(tmp_path, write_jsonl):
     assert len(list((tmp_path / "out" / "samples").iterdir())) == 1
 
 
-def test_all_bad_input_still_writes_a_complete_empty_build(tmp_path, write_jsonl):
+def test_all_bad_input_fails_and_says_so(tmp_path, write_jsonl):
     f = write_jsonl("in.jsonl", ["not json", '{"text": 1}'])
-    m = build(small_config(tmp_path, f), progress=False).to_dict()
-    assert m["stats"]["rows"] == 0 and m["files"]["packed"] == [] and m["accounting"]["quarantined"] == 2
+    with pytest.raises(BuildFailedError, match="the build packed nothing: 2 records read, 2 quarantined"):
+        build(small_config(tmp_path, f), progress=False)
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert m["status"] == "failed" and m["files"]["packed"] == [] and m["accounting"]["quarantined"] == 2
 
 
 def test_row_constraints_end_to_end(tmp_path, monkeypatch):

@@ -33,7 +33,7 @@ def test_unknown_pipeline_key(tmp_path):
     [
         ("max_length = 'big'", "max_length must be an integer, got 'big'"),
         ("max_length = 0", "max_length must be at least 1, got 0"),
-        ("format = 'csv'", "format = 'csv' is not one of auto, llava, messages, text"),
+        ("format = 'csv'", "format = 'csv' is not one of auto, llava, sharegpt, messages, prompt_completion, alpaca, text"),
         ("strict = 1", "strict must be true or false"),
         ("input = [1]", "input must be a list of strings"),
         ("workers = -1", "workers must be 0"),

@@ -138,7 +138,8 @@ def test_dropped_samples_are_listed_like_quarantined_ones(tmp_path):
     data.write_text(json.dumps(chat(0, "short")) + "\n" + json.dumps(chat(1, "long") | {
         "messages": [{"role": "user", "content": "word " * 300}, {"role": "assistant", "content": "ok"}]}) + "\n")
     out = tmp_path / "out"
-    r = run("build", "-i", data, "-o", out, "--tokenizer", TOKENIZER, "--max-length", 64, "--oversize", "drop")
+    r = run("build", "-i", data, "-o", out, "--tokenizer", TOKENIZER, "--max-length", 64, "--oversize", "drop",
+            "--max-bad-fraction", 1.0)
     assert r.exit_code == 0, r.output
     (entry,) = [json.loads(line) for line in (out / "dropped.jsonl").read_text().splitlines()]
     assert entry["file"] == str(data) and entry["line"] == 2 and entry["id"] == "long" and entry["reason"] == "oversize"

@@ -36,7 +36,7 @@ EXPECTED = {  # record id (or line) -> reason
 
 def config(tmp_path, name="out", **kw) -> BuildConfig:
     base = {"input": (str(FIXTURES),), "output": str(tmp_path / name), "tokenizer": TOKENIZER, "max_length": 1024,
-            "oversize": "drop"}
+            "oversize": "drop", "max_bad_fraction": 1.0}  # the fixture holds one bad record of every kind
     return BuildConfig(**{**base, **kw})
 
 
@@ -75,7 +75,7 @@ def test_a_huge_line_is_quarantined_without_being_held(tmp_path, write_jsonl):
 
 
 def test_max_bad_fraction_fails_the_build_and_marks_the_manifest(tmp_path):
-    with pytest.raises(BuildFailedError, match=r"15 of 19 records \(78.9%\) were quarantined, over --max-bad-fraction 0.5"):
+    with pytest.raises(BuildFailedError, match=r"15 of 19 records \(78.9%\) were quarantined or dropped, over --max-bad-fraction 0.5"):
         build(config(tmp_path, max_bad_fraction=0.5), progress=False)
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["status"] == "failed" and "78.9%" in manifest["failure"]

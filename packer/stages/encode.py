@@ -53,6 +53,7 @@ class EncodeResult:
     quarantine: list[QuarantineEntry]
     shard: ShardEntry | None
     reused: bool = False  # found finished in the journal (a resumed build)
+    nbytes: int = 0  # input bytes the task covered (progress)
 
 
 def make_tasks(files: list, chunk_records: int, counts: dict[str, int],
@@ -92,7 +93,7 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
     if done is not None:
         shard = ShardEntry(**done["shard"]) if done["shard"] else None
         return EncodeResult(task.index, task.file, task.records, [QuarantineEntry(**q) for q in done["quarantine"]],
-                            shard, reused=True)
+                            shard, reused=True, nbytes=task.end - task.start)
     samples, bad = [], []
     file_dir = parent(task.file)
     try:
@@ -117,7 +118,7 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
     except OSError as e:
         raise PackerError(f"cannot write stage-1 output for task {task.index} under {state.out}: {e}; check the "
                           f"free space and permissions there") from e
-    return EncodeResult(task.index, task.file, task.records, bad, shard)
+    return EncodeResult(task.index, task.file, task.records, bad, shard, nbytes=task.end - task.start)
 
 
 def encode_record(encoder: Encoder, raw: RawLine, file: str, file_dir, source_index: int = 0) -> Sample:

@@ -89,16 +89,22 @@ def setup(out: str, sample_files: list[str], plan_sha256: str, durable: bool = T
     return MaterializeState(samples, read_shard(out_path / "plan.arrow"), out_path, plan_sha256, Journal(out_path))
 
 
-def materialize_task(state: MaterializeState, task: MaterializeTask) -> ShardEntry:
+@dataclass(frozen=True)
+class MaterializeResult:
+    shard: ShardEntry
+    reused: bool = False  # found finished in the journal (a resumed build)
+
+
+def materialize_task(state: MaterializeState, task: MaterializeTask) -> MaterializeResult:
     identity = {"plan_sha256": state.plan_sha256, "rows": [task.row_start, task.row_stop]}
     done = state.journal.load("pack", task.index, check=identity)
     if done is not None:
-        return ShardEntry(**done["shard"])
+        return MaterializeResult(ShardEntry(**done["shard"]), reused=True)
     batches = (pack_rows(state.samples, state.plan.slice(start, min(ROWS_PER_BATCH, task.row_stop - start)))
                for start in range(task.row_start, task.row_stop, ROWS_PER_BATCH))
     entry = write_shard_batches(state.out / "packed" / f"part-{task.index:05d}.arrow", PACKED_SCHEMA, batches, state.out)
     state.journal.record("pack", task.index, shard_payload(entry, **identity))
-    return entry
+    return MaterializeResult(entry)
 
 
 def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:

@@ -79,7 +79,7 @@ def run_pass(out: Path, folder: str, refs: dict[str, str], compute: Callable[[li
             size += np.asarray(item["values"]).nbytes
             if size >= shard_bytes:
                 flush()
-        progress_bar.update(len(batch))
+        progress_bar.advance(len(batch))
     flush()
     return shards
 
@@ -104,7 +104,7 @@ def _audio_item(extractor, path: str) -> dict[str, Any]:
 
 
 class _NoBar:
-    def update(self, n: int) -> None:
+    def advance(self, n: int) -> None:
         pass
 
 

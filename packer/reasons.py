@@ -1,0 +1,57 @@
+"""What each quarantine / drop reason means for the user: the fix, in one line.
+
+Used where a build tells its outcome (the summary, the bad-fraction failure), so a
+reason never reaches the user without what to do about it.
+"""
+
+from __future__ import annotations
+
+FIXES = {
+    "media_outside_root": "a record names a file outside the dataset root: --allow-outside-media-root accepts it",
+    "missing_image": "files are not where records say: check the paths, or set --media-root",
+    "missing_audio": "files are not where records say: check the paths, or set --media-root",
+    "bad_media_path": "a media path cannot name a file (NUL byte, too long, symlink loop): fix the records",
+    "corrupt_image": "damaged image files: repair or remove them (quarantine.jsonl names each)",
+    "corrupt_audio": "damaged audio files: repair or remove them (quarantine.jsonl names each)",
+    "unsupported_image": "an image the policy cannot resize (aspect ratio over 200?): crop it, or drop the record",
+    "audio_too_short": "clips too short for the encoder to give one position: drop or pad them",
+    "unknown_format": "record shapes packer does not recognise: see the README's Inputs, or force --format",
+    "wrong_format": "records without the key field of the forced --format: drop --format to auto-detect",
+    "malformed_json": "lines that are not JSON: fix the lines quarantine.jsonl names",
+    "not_an_object": "lines that are JSON but not an object: each line must be one record {...}",
+    "wrong_type": "a field of the wrong type (quarantine.jsonl names which): fix the records",
+    "empty_text": "records with no text: drop them",
+    "empty_conversation": "conversations without turns: drop them",
+    "unknown_role": "a turn role packer does not know: use system / user / assistant / tool (or human / gpt)",
+    "invalid_text": "text with lone surrogates (not valid Unicode): fix the records' encoding",
+    "invalid_id": "an id that is not valid Unicode: fix or drop the id",
+    "number_too_large": "an integer over 4,300 digits: store it as a string",
+    "nesting_too_deep": "JSON nested too deep to parse: flatten the record",
+    "reserved_token_in_text": "a begin / end token typed in the text: remove it (it would be trained)",
+    "unsupported_media_ref": "remote media URLs: download the files and give local paths",
+    "internal_error": "a packer bug met this record: please report it with the quarantine entry",
+    "invalid_utf8": "lines that are not UTF-8: re-encode the file",
+    "line_too_long": "lines over --max-line-bytes: raise it if they are genuine",
+    "image_count_mismatch": "the number of <image> tags differs from the listed files",
+    "audio_count_mismatch": "the number of <audio> tags differs from the listed files",
+    "media_placeholder_mismatch": "a placeholder string typed in the text: remove it, or change --image-tag / --image-token",
+    "no_encoder": "media of a kind the pipeline's modalities leave out: use a pipeline that encodes it",
+    "template_error": "the chat template failed on these records: check their roles and turns",
+    "no_trainable_tokens": "records with nothing to train (no assistant turn?)",
+    "oversize": "samples longer than --max-length: raise it, or --oversize truncate / split",
+    "media_over_capacity": "a media item longer than a row: raise --max-length",
+    "over_media_cap": "more media than --max-images / --max-audio / --max-media allow in a row: raise the cap",
+    "nothing_trainable": "samples (or pieces) with no trained token left after the cut: raise --max-length",
+    "split_lost_media": "split pieces that lost the media their text follows: raise --max-length",
+}
+NOT_BAD = ("no_encoder",)  # a pipeline's declared choice, warned about: not counted against --max-bad-fraction
+
+
+def fix(reason: str) -> str:
+    return FIXES.get(reason, "see quarantine.jsonl / dropped.jsonl for each record")
+
+
+def top(counts: dict[str, int], n: int = 3, *, with_fix: bool = True) -> str:
+    """``missing_image 10 (fix), oversize 5 (fix)`` for the ``n`` most frequent reasons."""
+    ranked = sorted(((c, r) for r, c in counts.items() if c), key=lambda cr: (-cr[0], cr[1]))[:n]
+    return "; ".join(f"{r} {c:,}" + (f" ({fix(r)})" if with_fix else "") for c, r in ranked)
