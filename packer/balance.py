@@ -1,7 +1,20 @@
-"""Equal-count, cost-balanced assignment of items to ranks (pure numpy).
+"""Cost-balanced assignment of packed rows to data-parallel ranks (pure numpy).
 
 Used by the samplers at training time and by the report to show the imbalance they
 remove, so both compute exactly the same assignment.
+
+Two levels. :func:`balance` splits one global step's rows over the ranks (equal counts,
+longest processing time first); with one row per rank it can do nothing, since any split
+of one row each is as good as another. :func:`group_steps` decides which rows share a
+step: within a window of ``window`` steps of shuffled rows, it sorts the rows by cost and
+cuts them into consecutive steps, so a step's rows cost about the same; then it shuffles
+the window's steps. ``window=1`` is plain random steps; a larger window is more balance
+and less randomness (rows meet rows of similar cost; the order still spans the epoch).
+
+Worked example, 2 ranks x 1 row, window of 2 steps, costs of the shuffled rows::
+
+    shuffled  [9, 1, 8, 2]   random steps: (9, 1) (8, 2) -> max / mean 1.8, 1.6
+    window    sorted 9 8 2 1 -> steps (9, 8) (2, 1) -> 1.06, 1.33, order shuffled
 """
 
 from __future__ import annotations
@@ -27,7 +40,35 @@ def balance(items: np.ndarray, costs: np.ndarray, ranks: int, per_rank: int) -> 
     return out
 
 
-def imbalance(costs: np.ndarray, assignment: np.ndarray) -> float:
-    """Mean over steps of (slowest rank / mean rank) for ``assignment[steps, ranks, per_rank]``."""
+def group_steps(order: np.ndarray, costs: np.ndarray, ranks: int, per_rank: int, window: int,
+                rng: np.random.Generator | None = None) -> np.ndarray:
+    """``[steps, ranks, per_rank]`` from ``order`` (row numbers, len a multiple of
+    ``ranks * per_rank``; ``costs`` indexed by row number): windows of ``window`` steps,
+    each sorted by cost (costliest first) and cut into consecutive steps, every step split
+    over the ranks by :func:`balance`; the steps of a window shuffled with ``rng`` (kept in
+    order when ``rng`` is None). ``window=1`` balances within the given random steps only."""
+    per_step = ranks * per_rank
+    if len(order) % per_step:
+        raise ValueError(f"{len(order)} rows are not whole steps of {ranks} x {per_rank}")
+    if window < 1:
+        raise ValueError(f"window must be at least one step, got {window}")
+    steps = []
+    span = window * per_step
+    for start in range(0, len(order), span):
+        rows = order[start : start + span]
+        if window > 1:
+            rows = rows[np.argsort(-costs[rows], kind="stable")]
+        block = [balance(s, costs[s], ranks, per_rank) for s in rows.reshape(-1, per_step)]
+        if rng is not None and window > 1:
+            block = [block[k] for k in rng.permutation(len(block))]
+        steps.extend(block)
+    return np.stack(steps) if steps else np.zeros((0, ranks, per_rank), dtype=order.dtype)
+
+
+def imbalance(costs: np.ndarray, assignment: np.ndarray, weighted: bool = False) -> float:
+    """Mean over steps of (slowest rank / mean rank) for ``assignment[steps, ranks, per_rank]``;
+    ``weighted``: Σ slowest / Σ mean instead, the epoch's time against a perfectly balanced one."""
     load = costs[assignment].sum(-1)
+    if weighted:
+        return float(load.max(1).sum() / max(load.mean(1).sum(), 1e-12))
     return float(np.mean(load.max(1) / np.maximum(load.mean(1), 1e-12)))

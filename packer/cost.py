@@ -1,34 +1,169 @@
 """What a packed row costs a training step -- not just its length.
 
-    cost = token * tokens + attention * sum(seg^2) + media_item * items + media_token * media_tokens
+A row's cost is linear in a few per-row statistics (``PackedDataset.row_stats()``,
+:mod:`packer.shards.stats`)::
 
-Defaults, per row, in units of "one token through the LLM's dense layers":
+    cost = token * tokens + attention * Σ seg²
+         + media_item * items + media_token * media_tokens                 (every kind)
+         + image_item * image_items + image_token * image_tokens + image_square * Σ image_tokens²
+         + audio_item * audio_items + audio_token * audio_tokens + audio_square * Σ audio_tokens²
 
-- ``token = 1``;
-- ``attention = 1 / 24576``: causal attention over a segment of length s costs about
-  s^2 * h * 2 FLOPs per layer against ~12 * h^2 * 2 * s for the dense layers, i.e.
-  s^2 / (12 h) token-equivalents per segment of s tokens. With h = 4096 and ~half the
-  pairs masked, 1 / (6 h) = 1 / 24576. Set it for your model: ``1 / (6 * hidden_size)``;
-- ``media_item = 0``, ``media_token = 0``: set them when the vision / audio tower runs in
-  the step (e.g. ``media_token`` = tower FLOPs per patch / LLM FLOPs per token, about
-  0.3B / 7B = 0.04 for ViT-L under a 7B LLM), so the rank that got the images does not
-  keep the others waiting.
+Only ratios matter to a sampler, so the units are the coefficients' own: ``CostModel()``
+counts in "one token through the LLM's dense layers", :meth:`CostModel.for_model` in FLOPs.
+
+Derivation (a multiply-add is 2 FLOPs; ``tests/test_balance.py`` checks every term
+against ``torch.utils.flop_counter.FlopCounterMode`` on tiny HF models)
+
+LLM, per layer, forward. h = hidden size, q = heads * head_dim, k = kv_heads * head_dim,
+i = intermediate size, V = vocabulary:
+
+- projections, per token: Q h·q, K and V 2·h·k, O q·h multiply-adds -> 2·(2hq + 2hk);
+- MLP, per token: 2·m·h·i with m = 3 matrices for a gated (SwiGLU) MLP, 2 for a plain one;
+- attention, per (query, key) pair the mask allows: q multiply-adds for the score QKᵀ and q
+  for the weighted sum AV -> 4q. A varlen / block-causal kernel only does the pairs of
+  each segment: causal, s(s+1)/2 per segment of s tokens, so per row
+  Σ s(s+1)/2 = (Σ seg² + tokens) / 2 pairs (exactly what ``row_stats`` has); a kernel
+  that computes the whole square (eager, or sdpa without a causal skip) does s²;
+- LM head, per token, once: 2·h·V.
+
+With MHA, an MLP of 4h and no GQA, the dense part is 2·(4h² + 8h²) = 24h² per token and
+layer, the causal attention 4h·s²/2 = 2h·s² per segment: 2h·s² / 24h² = s² / (12 h)
+token-equivalents. Hence ``attention = 1 / (12 h)`` (1 / 49152 at h = 4096; an older
+text said 1 / (6 h), which is the full square, twice the causal work).
+
+Vision tower (ViT), per image of p patches, width w, depth D, MLP intermediate i_v:
+every layer does 2·(4w² + m_v·w·i_v) per patch (QKV + out projections, MLP) and
+4w·p² for bidirectional attention over the image (Qwen2-VL attends within each image);
+the patch embedding adds 2·c·t·P²·w per patch (channels c, temporal patch t, patch side P),
+and the merger / projector 2·(w·M²)² + 2·w·M²·h per merged token (Qwen2-VL, merge M) or
+2·w·h + 2·h·h per token (LLaVA's two-layer projector). Placeholder tokens are merged
+patches, p = M²·tokens, so Σ p² = M⁴·Σ tokens² (the ``image_square`` stat). Qwen2.5-VL's
+windowed layers attend within windows of W = (window_size / patch_size)² patches:
+4w·p·min(p, W) there (edge windows are smaller: an upper bound). LLaVA's CLIP adds a class
+token (p + 1 positions; left out: under 0.2 %).
+
+Audio tower (Whisper / Qwen2-Audio encoder): every clip is padded to one 30 s window of
+``max_source_positions`` positions, so each clip costs the same: the two input
+convolutions, ``encoder_layers`` layers over P positions (2·(4d² + 2d·ffn)·P + 4d·P²) and
+the projector 2·d·h per pooled token (P / 2): the ``audio_item`` coefficient.
+
+Training runs forward + backward: 3x the forward FLOPs for the parts that get gradients.
+A frozen tower at the input needs no backward at all: ``frozen=("vision",)`` counts it once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+KINDS = ("image", "audio")
 
 
 @dataclass(frozen=True)
 class CostModel:
     token: float = 1.0
-    attention: float = 1.0 / 24576
+    attention: float = 1.0 / 49152  # 1 / (12 h) at h = 4096: causal attention (derivation above)
     media_item: float = 0.0
     media_token: float = 0.0
+    image_item: float = 0.0
+    image_token: float = 0.0
+    image_square: float = 0.0
+    audio_item: float = 0.0
+    audio_token: float = 0.0
+    audio_square: float = 0.0
 
     def __call__(self, stats: dict[str, np.ndarray]) -> np.ndarray:
-        return (self.token * stats["tokens"] + self.attention * stats["attention"]
+        """Per-row cost. Stats without the per-kind arrays (``image_tokens``, ...) are read as
+        one kind of media: the one this model charges (image first), with Σ tokens² taken as
+        media_tokens² / media_items (exact when a row's items have equal sizes, else low)."""
+        cost = (self.token * stats["tokens"] + self.attention * stats["attention"]
                 + self.media_item * stats["media_items"] + self.media_token * stats["media_tokens"])
+        for kind, items, tokens, square in self._kinds(stats):
+            c = (getattr(self, f"{kind}_item") * items + getattr(self, f"{kind}_token") * tokens
+                 + getattr(self, f"{kind}_square") * square)
+            cost = cost + c
+        return np.asarray(cost, dtype=np.float64)
+
+    def _kinds(self, stats):
+        charged = [k for k in KINDS if any(getattr(self, f"{k}_{t}") for t in ("item", "token", "square"))]
+        if all(f"{k}_tokens" in stats for k in KINDS):
+            return [(k, stats[f"{k}_items"], stats[f"{k}_tokens"], stats[f"{k}_square"]) for k in charged]
+        if not charged:
+            return []
+        items, tokens = stats["media_items"], stats["media_tokens"]
+        return [(charged[0], items, tokens, tokens**2 / np.maximum(items, 1))]
+
+    @classmethod
+    def for_model(cls, config: Any, *, causal: bool = True, training: bool = True, frozen: tuple[str, ...] = (),
+                  lm_head: bool = True) -> CostModel:
+        """Coefficients in FLOPs for a model config: an HF ``PretrainedConfig``, its dict, or a
+        ``config.json`` path / folder. Reads ``text_config`` / ``vision_config`` /
+        ``audio_config`` where present, else a flat text config. ``causal=False`` counts the
+        whole attention square (eager / sdpa without a causal skip); ``training=False`` gives
+        forward FLOPs; ``frozen`` names towers ("vision", "audio") that get no backward."""
+        cfg = _as_dict(config)
+        text = cfg.get("text_config") or cfg
+        h, layers = text["hidden_size"], text["num_hidden_layers"]
+        heads = text["num_attention_heads"]
+        head_dim = text.get("head_dim") or h // heads
+        q, k = heads * head_dim, (text.get("num_key_value_heads") or heads) * head_dim
+        gated = text.get("hidden_act", "silu") in ("silu", "swish", "swiglu") or text.get("model_type") in ("llama", "qwen2")
+        i = text.get("intermediate_size") or 4 * h
+        dense = 2 * (2 * h * q + 2 * h * k) + 2 * (3 if gated else 2) * h * i
+        head = 2 * h * text.get("vocab_size", 0) if lm_head else 0
+        pair = 4 * q * layers  # per allowed (query, key) pair, all layers
+        llm = 3 if training else 1
+        out = {"token": llm * (layers * dense + head + (pair / 2 if causal else 0)),
+               "attention": llm * (pair / 2 if causal else pair)}
+        tower = lambda name: 1 if (not training or name in frozen) else 3  # noqa: E731
+        if cfg.get("vision_config"):
+            item, token, square = _vision(cfg["vision_config"], h)
+            out |= {"image_item": tower("vision") * item, "image_token": tower("vision") * token,
+                    "image_square": tower("vision") * square}
+        if cfg.get("audio_config"):
+            out["audio_item"] = tower("audio") * _audio(cfg["audio_config"], h)
+        return cls(**{f.name: float(out.get(f.name, 0.0)) for f in fields(cls)})
+
+
+def _as_dict(config: Any) -> dict:
+    if isinstance(config, (str, Path)):
+        path = Path(config)
+        return json.loads((path / "config.json" if path.is_dir() else path).read_text())
+    if hasattr(config, "to_dict"):
+        return config.to_dict()
+    return dict(config)
+
+
+def _vision(v: dict, llm_hidden: int) -> tuple[float, float, float]:
+    """(per image, per placeholder token, per placeholder token²) forward FLOPs of a ViT."""
+    merge = v.get("spatial_merge_size", 1)
+    if "embed_dim" in v:  # Qwen2-VL: width embed_dim, plain MLP of mlp_ratio, merger to hidden_size
+        w, i_v, mats, out_dim = v["embed_dim"], v["embed_dim"] * v.get("mlp_ratio", 4), 2, v["hidden_size"]
+    else:  # Qwen2.5-VL (gated MLP, out_hidden_size) or CLIP / SigLIP (plain MLP, LLaVA projector)
+        w, i_v = v["hidden_size"], v.get("intermediate_size") or 4 * v["hidden_size"]
+        mats, out_dim = (3, v["out_hidden_size"]) if "out_hidden_size" in v else (2, llm_hidden)
+    depth = v.get("depth") or v["num_hidden_layers"]
+    pixels = v.get("in_channels", v.get("num_channels", 3)) * v.get("temporal_patch_size", 1) * v["patch_size"] ** 2
+    per_patch = depth * 2 * (4 * w * w + mats * w * i_v) + 2 * pixels * w
+    if merge > 1:  # Qwen's PatchMerger: LayerNorm, Linear(wM², wM²), GELU, Linear(wM², out)
+        merger = 2 * (w * merge**2) ** 2 + 2 * w * merge**2 * out_dim
+    else:  # LLaVA's projector: Linear(w, h), GELU, Linear(h, h)
+        merger = 2 * w * out_dim + 2 * out_dim * out_dim
+    full = len(v["fullatt_block_indexes"]) if "fullatt_block_indexes" in v else depth
+    window = (v["window_size"] // v["patch_size"]) ** 2 if "window_size" in v and full < depth else 0
+    # windowed layers: 4w·p·min(p, W) <= 4w·p·W, linear in p (exact for images no wider than a window in patches)
+    per_token = merge**2 * (per_patch + (depth - full) * 4 * w * window) + merger
+    return 0.0, float(per_token), float(full * 4 * w * merge**4)
+
+
+def _audio(a: dict, llm_hidden: int) -> float:
+    """Forward FLOPs of one clip through a Whisper-style encoder (one padded 30 s window)."""
+    d, layers, ffn = a["d_model"], a["encoder_layers"], a["encoder_ffn_dim"]
+    positions, mels = a.get("max_source_positions", 1500), a.get("num_mel_bins", 80)
+    convs = 2 * 3 * mels * d * 2 * positions + 2 * 3 * d * d * positions  # conv1 over 2P frames, conv2 stride 2
+    body = layers * (2 * (4 * d * d + 2 * d * ffn) * positions + 4 * d * positions**2)
+    return float(convs + body + 2 * d * llm_hidden * (positions // 2))

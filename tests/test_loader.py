@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from packer.balance import imbalance
 from packer.errors import SchemaVersionError
 from packer.loader import (
     PackedCollator,
@@ -207,20 +208,37 @@ def test_token_balanced_sampler_steps_coverage_and_balance(drop_last):
     assert list(samplers[0]) != lists[0]
 
 
-def test_token_balanced_sampler_resumes_exactly():
+@pytest.mark.parametrize(("batch_size", "window"), [(4, 64), (1, 4), (4, 1)])
+def test_token_balanced_sampler_resumes_exactly(batch_size, window):
     ds = FakeRows()
-    s = TokenBalancedSampler(ds, num_replicas=2, rank=1, batch_size=4, seed=3)
+    s = TokenBalancedSampler(ds, num_replicas=2, rank=1, batch_size=batch_size, seed=3, window=window)
     s.set_epoch(2)
     full = list(s)
     it = iter(s)
     head = [next(it) for _ in range(9)]
     state = s.state_dict()
-    resumed = TokenBalancedSampler(ds, num_replicas=2, rank=1, batch_size=4, seed=3)
+    resumed = TokenBalancedSampler(ds, num_replicas=2, rank=1, batch_size=batch_size, seed=3, window=window)
     resumed.load_state_dict(state)
     assert len(resumed) == len(full) - 9
     assert head + list(resumed) == full
     with pytest.raises(ValueError, match="saved with seed 3"):
         TokenBalancedSampler(ds, num_replicas=2, rank=1, batch_size=4, seed=4).load_state_dict(state)
+
+
+def test_token_balanced_sampler_balances_one_row_per_rank():
+    """Batch 1: balancing within a random step can do nothing (window=1 is random order);
+    grouping rows of like cost into a step does, the more the wider the window."""
+    ds = FakeRows(n=400)
+    spread = {w: TokenBalancedSampler(ds, num_replicas=8, rank=0, seed=0, drop_last=True, window=w) for w in (1, 4, 64)}
+    costs = spread[1].costs
+    random = np.random.default_rng(0).permutation(400).reshape(50, 8, 1)
+    imb = {w: imbalance(costs, s.assignment()) for w, s in spread.items()}
+    assert imb[1] == imbalance(costs, random) > imb[4] > imb[64]
+    plans = [TokenBalancedSampler(ds, num_replicas=8, rank=r, seed=0, drop_last=True).assignment() for r in range(8)]
+    assert all((p == plans[0]).all() for p in plans)  # every rank computes the same plan
+    assert sorted(plans[0].ravel().tolist()) == list(range(400))
+    with pytest.raises(ValueError, match="window must be at least one step"):
+        TokenBalancedSampler(ds, num_replicas=8, rank=0, window=0)
 
 
 @pytest.mark.parametrize("modalities", [["text", "image", "audio"], ["text"]])

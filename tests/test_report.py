@@ -59,7 +59,8 @@ def test_report_equals_an_independent_recomputation(sample_build):
     acc = manifest["accounting"]
     assert r["accounting"]["records_read"] == acc["records_read"] and r["accounting"]["quarantined_by_reason"] == acc["quarantined_by_reason"]
     assert [q["reason"] for q in r["quarantine_top"]] and all(re.fullmatch(r".+:\d+", e) for q in r["quarantine_top"] for e in q["examples"])
-    assert r["rank_imbalance"] == {"8": None, "64": None}  # 26 rows: fewer than one step of 8 ranks x 4 rows
+    eight = r["rank_imbalance"]["8"]  # 26 rows: 3 steps of 8 ranks x 1 row; 64 ranks: none
+    assert eight["steps"] == 3 and eight["rows_per_rank"] == 1 and r["rank_imbalance"]["64"] is None
 
 
 def test_rank_imbalance_is_reported_when_there_are_enough_rows(sample_build, tmp_path):
@@ -69,7 +70,7 @@ def test_rank_imbalance_is_reported_when_there_are_enough_rows(sample_build, tmp
     repack(src, output=str(tmp_path / "short"), max_length=512, oversize="split", max_bad_fraction=1.0, progress=False)
     r = report(tmp_path / "short")
     eight = r["rank_imbalance"]["8"]
-    assert r["rows"] >= 32 and eight["steps"] == r["rows"] // 32 and r["rank_imbalance"]["64"] is None
+    assert r["rows"] >= 64 and eight["steps"] == r["rows"] // 8
     assert 1.0 <= eight["balanced"] < eight["round_robin"]
 
 

@@ -17,7 +17,7 @@ import pyarrow as pa
 from packer.media.load import resolve_ref
 from packer.shards.io import read_shard
 from packer.shards.manifest import Manifest
-from packer.shards.stats import shard_stats
+from packer.shards.stats import ROW_FIELDS, shard_stats
 
 ARRAY_COLUMNS = ("input_ids", "labels", "cu_seqlens")
 
@@ -109,7 +109,7 @@ class PackedDataset(_ShardedTable):
         the numbers the report shows."""
         stats = [shard_stats(self.out / e.file) for e in self.entries]
         return {name: np.concatenate([s.array(f"row_{name}") for s in stats]) if stats else np.zeros(0)
-                for name in ("tokens", "attention", "media_items", "media_tokens")}
+                for name in ROW_FIELDS}
 
 
 class SampleDataset(_ShardedTable):

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.balance import balance, imbalance
+from packer.balance import group_steps, imbalance
 from packer.cost import CostModel
 from packer.io.files import write_text_atomic
 from packer.shards.io import read_shards
@@ -42,7 +42,8 @@ from packer.shards.stats import ShardStats, length_edges, shard_stats
 
 MEGABATCH = 50
 RANKS = (8, 64)
-ROWS_PER_RANK = 4  # rows each rank takes per step (balancing needs a choice: one row per rank leaves none)
+ROWS_PER_RANK = 1  # rows each rank takes per step: packed training's usual micro-batch
+WINDOW = 64  # TokenBalancedSampler's default window (steps sorted together)
 # Training throughput the GPU-hour figures assume: about a 7B dense model (6 x 7e9 FLOP per token) on one
 # H100-class GPU at ~40% MFU. A linear cost per token: attention's quadratic term is left out.
 TOKENS_PER_GPU_SECOND = 10_000
@@ -77,16 +78,21 @@ def _pad_cost(lengths: np.ndarray, batch: int) -> int:
     return cost
 
 
-def rank_imbalance(stats: dict[str, np.ndarray], ranks: int, seed: int) -> dict[str, float] | None:
+def rank_imbalance(stats: dict[str, np.ndarray], ranks: int, seed: int, per_rank: int = ROWS_PER_RANK,
+                   window: int = WINDOW) -> dict[str, float] | None:
+    """Mean per-step slowest-rank / mean-rank cost (the default cost model) of one epoch: in
+    random order (``round_robin``) and as :class:`~packer.loader.TokenBalancedSampler` with
+    this ``per_rank`` batch and ``window`` deals the rows (``balanced``)."""
     costs = CostModel()(stats)
-    per_step = ranks * ROWS_PER_RANK
+    per_step = ranks * per_rank
     steps = len(costs) // per_step
     if steps == 0:
         return None
-    order = np.random.default_rng(seed).permutation(len(costs))[: steps * per_step].reshape(steps, per_step)
-    round_robin = order.reshape(steps, ROWS_PER_RANK, ranks).transpose(0, 2, 1)  # row k of a step to rank k mod R
-    balanced = np.stack([balance(s, costs[s], ranks, ROWS_PER_RANK) for s in order])
-    return {"steps": int(steps), "rows_per_rank": ROWS_PER_RANK, "round_robin": imbalance(costs, round_robin),
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(costs))[: steps * per_step]
+    round_robin = order.reshape(steps, per_rank, ranks).transpose(0, 2, 1)  # row k of a step to rank k mod R
+    balanced = group_steps(order, costs, ranks, per_rank, window, rng)
+    return {"steps": int(steps), "rows_per_rank": per_rank, "window": window, "round_robin": imbalance(costs, round_robin),
             "balanced": imbalance(costs, balanced)}
 
 

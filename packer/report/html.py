@@ -303,12 +303,12 @@ def render(r: dict[str, Any]) -> str:
     ranks = {k: v for k, v in r["rank_imbalance"].items() if v}
     if ranks:
         series = {"round-robin": [v["round_robin"] - 1 for v in ranks.values()],
-                  "TokenBalancedSampler": [v["balanced"] - 1 for v in ranks.values()]}
+                  "TokenBalancedSampler (window 64)": [v["balanced"] - 1 for v in ranks.values()]}
         charts.append(_panel("Per-step imbalance: how much slower the slowest rank is than the mean",
                              bar_chart([f"{k} ranks" for k in ranks], series, y_label="slowest / mean - 1", percent=True),
                              list(series)))
     else:
-        charts.append(_panel("Per-step cost imbalance", "<p>Too few rows for one step of 8 ranks x 4 rows.</p>"))
+        charts.append(_panel("Per-step cost imbalance", "<p>Too few rows for one step of 8 ranks x 1 row.</p>"))
     config = _table(["key", "value"], [[f"<code>{html.escape(k)}</code>", f"<code>{html.escape(json.dumps(v))}</code>"]
                                        for k, v in sorted(r["config"].items())])
     name = html.escape(r.get("title") or r["build"]["name"] or "packer build")

@@ -18,6 +18,10 @@ import pyarrow.compute as pc
 from packer.shards.io import read_shard
 from packer.shards.schema import IGNORE
 
+# Per-row arrays (``ShardStats.array(f"row_{name}")``): a sampler's cost model inputs (packer.cost).
+ROW_FIELDS = ("tokens", "attention", "media_items", "media_tokens", "image_items", "image_tokens", "image_square",
+              "audio_items", "audio_tokens", "audio_square")
+
 
 def length_edges(max_length: int) -> np.ndarray:
     """Power-of-two bin edges 1, 2, 4, ... up to and including max_length."""
@@ -55,6 +59,13 @@ class ShardStats:
     seg_modality: list[np.ndarray] = field(default_factory=list)  # object arrays of names
     seg_identity: list[np.ndarray] = field(default_factory=list)  # int64 (input file << 40 | line) per segment
     sample_ids: list[np.ndarray] = field(default_factory=list)  # display id of each segment that starts a sample
+    # per row and media kind: items, placeholder tokens, Σ tokens² over items (a tower's cost: packer.cost)
+    row_image_items: list[np.ndarray] = field(default_factory=list)
+    row_image_tokens: list[np.ndarray] = field(default_factory=list)
+    row_image_square: list[np.ndarray] = field(default_factory=list)
+    row_audio_items: list[np.ndarray] = field(default_factory=list)
+    row_audio_tokens: list[np.ndarray] = field(default_factory=list)
+    row_audio_square: list[np.ndarray] = field(default_factory=list)
 
     def merge(self, other: ShardStats) -> ShardStats:
         per_modality = dict(self.per_modality)
@@ -70,6 +81,7 @@ class ShardStats:
             self.row_media_items + other.row_media_items, self.row_media_tokens + other.row_media_tokens,
             self.seg_lengths + other.seg_lengths, self.seg_modality + other.seg_modality,
             self.seg_identity + other.seg_identity, self.sample_ids + other.sample_ids,
+            *(getattr(self, f"row_{n}") + getattr(other, f"row_{n}") for n in ROW_FIELDS[4:]),
         )
 
     def samples(self) -> int:
@@ -134,6 +146,16 @@ def shard_stats(path: str | Path) -> ShardStats:
     stats.row_attention = [row_att]
     stats.row_media_items = [np.bincount(row_of_seg, weights=media_items, minlength=table.num_rows)]
     stats.row_media_tokens = [np.bincount(row_of_seg, weights=media_tokens, minlength=table.num_rows)]
+    span_kind, span_len = np.zeros(0, object), np.zeros(0)
+    if len(spans):
+        span_kind = pc.struct_field(spans, "kind").cast(pa.string()).to_numpy(zero_copy_only=False)
+        span_len = pc.struct_field(spans, "length").to_numpy().astype(np.float64)
+    for kind in ("image", "audio"):
+        k = span_kind == kind
+        per_row = lambda w, k=k: [np.bincount(span_row[k], weights=w, minlength=table.num_rows)]  # noqa: E731
+        setattr(stats, f"row_{kind}_items", per_row(np.ones(int(k.sum()))))
+        setattr(stats, f"row_{kind}_tokens", per_row(span_len[k]))
+        setattr(stats, f"row_{kind}_square", per_row(span_len[k] ** 2))
     stats.seg_lengths = [seg_len]
     stats.seg_modality = [modality.astype(object)]
     source = pc.list_flatten(table.column("segment_source")).to_numpy().astype(np.int64)

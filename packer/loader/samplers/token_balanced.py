@@ -1,12 +1,26 @@
-"""TokenBalancedSampler: packed rows to data-parallel ranks, cost balanced at every step.
+"""TokenBalancedSampler: packed rows to data-parallel ranks, cost balanced at every step,
+at any per-rank batch size including one row.
 
-Each epoch the rows are shuffled (seed + epoch) and cut into global steps of
-``num_replicas * batch_size`` rows; within a step, rows go to ranks greedily by cost
-(:class:`~packer.cost.CostModel`: tokens, attention work Σ seg², media),
-every rank getting exactly ``batch_size``. Every rank runs the same number of steps:
-with ``drop_last=False`` the last step is completed with rows from the start of the
-shuffled order (as ``DistributedSampler`` pads), with ``drop_last=True`` it is dropped.
-Pass the DataLoader's ``batch_size`` here too, so steps line up with batches.
+A step lasts as long as its slowest rank. Balancing within a random step can do nothing
+when each rank gets one row (the usual packed set-up), so the sampler also chooses which
+rows share a step (:func:`packer.balance.group_steps`). Each epoch: shuffle the rows
+(seed + epoch); cut them into windows of ``window`` global steps of
+``num_replicas * batch_size`` rows; sort each window's rows by cost
+(:class:`~packer.cost.CostModel`: tokens, attention work Σ seg², media towers) and cut it
+into consecutive steps, so a step's rows cost about the same; split each step over the
+ranks greedily (longest processing time first, ``batch_size`` rows each); shuffle the
+steps within the window. ``window`` trades randomness for balance: 1 is random steps
+(balanced within the step only), the whole epoch is the most even. Measured on generated
+4,096-token builds, one row per rank (``bench/bench_balance.py``, ``docs/BENCHMARKS.md``):
+per-step max / mean of attention work 1.88 in random order, 1.055 with the default window
+at 8 ranks and 270 rows, 1.031 at 2,656 rows (64 ranks: 1.046); under ``CostModel()``
+1.036 -> 1.001..1.005.
+
+Every rank runs the same number of steps: with ``drop_last=False`` the last step is
+completed with rows from the start of the shuffled order (as ``DistributedSampler`` pads),
+with ``drop_last=True`` it is dropped. Pass the DataLoader's ``batch_size`` here too, so
+steps line up with batches. The plan is a pure function of (seed, epoch), so
+``state_dict`` / ``load_state_dict`` resume exactly.
 """
 
 from __future__ import annotations
@@ -14,18 +28,23 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from packer.balance import balance
+from packer.balance import group_steps
 from packer.cost import CostModel
 from packer.loader.samplers._dist import ResumableMixin, world
+
+WINDOW = 64  # steps per sorting window: see the module docstring and docs/BENCHMARKS.md ("Step balance")
 
 
 class TokenBalancedSampler(ResumableMixin, torch.utils.data.Sampler):
     def __init__(self, dataset, *, num_replicas: int | None = None, rank: int | None = None, batch_size: int = 1,
-                 seed: int = 0, shuffle: bool = True, drop_last: bool = False, cost: CostModel | None = None):
+                 seed: int = 0, shuffle: bool = True, drop_last: bool = False, cost: CostModel | None = None,
+                 window: int = WINDOW):
         self.num_replicas, self.rank = world(num_replicas, rank)
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
-        self.batch_size, self.seed, self.shuffle, self.drop_last = batch_size, seed, shuffle, drop_last
+        if window < 1:
+            raise ValueError(f"window must be at least one step, got {window} (1: random steps, balanced within each)")
+        self.batch_size, self.seed, self.shuffle, self.drop_last, self.window = batch_size, seed, shuffle, drop_last, window
         self.cost = cost or CostModel()
         self.costs = self.cost(dataset.row_stats())
         n, per_step = len(self.costs), self.num_replicas * batch_size
@@ -37,11 +56,11 @@ class TokenBalancedSampler(ResumableMixin, torch.utils.data.Sampler):
         """``[steps, num_replicas, batch_size]`` row numbers for an epoch (every rank's view)."""
         epoch = self.epoch if epoch is None else epoch
         n = len(self.costs)
-        order = np.random.default_rng(self.seed + epoch).permutation(n) if self.shuffle else np.arange(n)
-        total = self.steps * self.num_replicas * self.batch_size
-        order = np.resize(order, total)  # repeats from the start when padding is needed
-        steps = order.reshape(self.steps, -1)
-        return np.stack([balance(s, self.costs[s], self.num_replicas, self.batch_size) for s in steps])
+        rng = np.random.default_rng(self.seed + epoch)
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        order = np.resize(order, self.steps * self.num_replicas * self.batch_size)  # repeats from the start to pad
+        return group_steps(order, self.costs, self.num_replicas, self.batch_size, self.window,
+                           rng if self.shuffle else None)
 
     def __iter__(self):
         return self._yield(self.assignment()[:, self.rank, :].reshape(-1))
