@@ -17,7 +17,7 @@ import os
 import shutil
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ class Encoded:
     quarantined: dict[str, int]
     quarantine: ShardEntry
     blank_lines: int
+    input_sources: list[int] = field(default_factory=list)  # the `input` entry each input file came from
 
 
 def build(config: BuildConfig, *, progress: bool = True) -> Manifest:
@@ -81,7 +82,8 @@ def build(config: BuildConfig, *, progress: bool = True) -> Manifest:
 @stop_on_signals()  # SIGTERM / SIGINT: workers killed, then Interrupted unwinds (lock released last)
 def _build(config: BuildConfig, progress: bool) -> Manifest:
     check_plan_options(config)
-    files = config.input_files()
+    inputs = config.input_sources()
+    files = [f for f, _ in inputs]
     engine = get_engine(config.engine, auto_workers(config.workers, files), address=config.ray_address,
                         cpus_per_task=config.cpus_per_task)
     media_root = media_base(config, files)
@@ -95,6 +97,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
         open_state(out, fingerprint(files, config.content_dict(), tokenizer), overwrite=config.overwrite)
         set_durable(config.durable)  # this process; the stages' worker setups get it too
         encoded = encode_inputs(out, files, config, spec, driver, engine, progress)
+        encoded.input_sources = [k for _, k in inputs]
         warn_no_encoder(out, config, encoded)
         check_bad_fraction(out, config, encoded, tokenizer)
         tokenizer_files = save_tokenizer(driver.encoder.tok, out)
@@ -241,7 +244,7 @@ def _repack_into(out: Path, source: Path, manifest: Manifest, config: BuildConfi
     acc = manifest.accounting
     by_file = {name: FileAccount(records=f.records, quarantined=f.quarantined) for name, f in acc.by_file.items()}
     encoded = Encoded(manifest.inputs, manifest.files.samples, by_file, acc.quarantined_by_reason, manifest.files.quarantine,
-                      acc.blank_lines)
+                      acc.blank_lines, manifest.input_sources)
     engine = get_engine(config.engine, config.workers or 1, address=config.ray_address, cpus_per_task=config.cpus_per_task)
     return plan_and_pack(out, config, encoded, manifest.tokenizer, engine, progress, media_root=manifest.media_root,
                          sections=manifest.sections, tokenizer_files=manifest.files.tokenizer,
@@ -294,7 +297,7 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     """Stages 2-4 over the samples in ``out/samples``."""
     samples = read_shards([out / e.file for e in encoded.sample_shards], SAMPLE_SCHEMA)
     stage = Stage("plan", "samples", enabled=progress)
-    p = plan_samples(samples, config)
+    p, m = plan_samples(samples, config, encoded.input_sources)
     dropped = {r: len(v) for r, v in p.dropped.items()}
     stage.done(f"{samples.num_rows:,} samples -> {p.n_bins:,} rows (lower bound {p.lower_bound:,}), "
                f"{sum(dropped.values()):,} dropped")
@@ -314,9 +317,10 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
                + (f"; {reused} of {len(packed)} shards reused from the interrupted run" if reused else ""))
 
     by_file = {k: dataclasses.replace(v) for k, v in encoded.by_file.items()}
-    _count_outcomes(by_file, encoded.inputs, samples, p)
+    _count_outcomes(by_file, encoded.inputs, samples, p, m)
     manifest = Manifest(
         config=config.content_dict(), tokenizer=tokenizer, inputs=encoded.inputs, media_root=media_root,
+        input_sources=list(encoded.input_sources),
         files=Files(samples=encoded.sample_shards, packed=packed, plan=plan_entry, quarantine=encoded.quarantine,
                     dropped=write_dropped(out, samples, p), tokenizer=list(tokenizer_files or [])),
         accounting=accounting(by_file, encoded.quarantined, dropped, encoded.blank_lines),
@@ -348,15 +352,21 @@ def write_dropped(out: Path, samples, p: Plan) -> ShardEntry:
     return ShardEntry(path.name, n, path.stat().st_size, sha256_file(path))
 
 
-def _count_outcomes(by_file: dict[str, FileAccount], inputs: list[str], samples, p: Plan) -> None:
-    """Packed and dropped per input file, from each sample's source_index."""
+def _count_outcomes(by_file: dict[str, FileAccount], inputs: list[str], samples, p: Plan, m) -> None:
+    """Packed, dropped, skipped (by the mix) and repeated per input file, from each sample's
+    source_index."""
     file_of_sample = samples.column("source_index").to_numpy().astype(np.int64) if samples.num_rows else np.zeros(0, np.int64)
     dropped = np.concatenate(list(p.dropped.values())) if p.dropped else np.zeros(0, np.int64)
+    extra = np.maximum(m.copies - 1, 0)
+    extra[dropped] = 0
     n_dropped = np.bincount(file_of_sample[dropped], minlength=len(inputs))
+    n_skipped = np.bincount(file_of_sample[m.skipped], minlength=len(inputs))
     n_samples = np.bincount(file_of_sample, minlength=len(inputs))
+    n_repeated = np.bincount(file_of_sample, weights=extra, minlength=len(inputs)) if len(extra) else np.zeros(len(inputs))
     for k, name in enumerate(inputs):
-        by_file[name].dropped = int(n_dropped[k])
-        by_file[name].packed = int(n_samples[k] - n_dropped[k])
+        acc = by_file[name]
+        acc.dropped, acc.skipped, acc.repeated = int(n_dropped[k]), int(n_skipped[k]), int(n_repeated[k])
+        acc.packed = int(n_samples[k] - n_dropped[k] - n_skipped[k])
 
 
 def _stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:

@@ -122,10 +122,10 @@ class BuildConfig:
     max_audio: int = _opt(0, "Most audio clips in one packed row (0: no limit).", stage="plan", group="packing")
     group_by: str = _opt("none", "Rows hold samples of one group only (modality: text, image, audio, ...).",
                          choices=("none", "modality"), stage="plan", group="packing")
-    shuffle_rows: bool = _opt(True, "Shuffle the order of packed rows with the seed (else planner order).",
-                              stage="plan", group="packing")
-    longest_first: bool = _opt(False, "Put the most expensive row first, so an out-of-memory error shows at step one.",
-                               stage="plan", group="packing")
+    order: str = _opt("shuffle", "Row order: shuffled with the seed; sequential (source order, for curricula: rows by "
+                                 "their earliest sample; exact with --algorithm next-fit); planner; longest-first (the "
+                                 "costliest row first, so an out-of-memory error shows at step one; the rest shuffled).",
+                      choices=("shuffle", "sequential", "planner", "longest-first"), stage="plan", group="packing")
     seed: int = _opt(0, "Seed for every random choice of the build.", stage="plan", group="packing")
     engine: str = _opt("local", "Where stages 1 and 3 run.", choices=("local", "ray"), stage="execution", group="execution")
     workers: int = _opt(0, "Worker processes for stages 1 and 3 (0: one per CPU core; in-process for inputs under 16 MiB).",
@@ -196,18 +196,30 @@ class BuildConfig:
     def execution_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in EXECUTION_KEYS}
 
+    def sources(self) -> list:
+        """One :class:`packer.mix.Source` per ``input`` entry (its weight and cap, if any)."""
+        from packer.mix import Source
+
+        return [Source.parse(spec) for spec in self.input]
+
     def input_files(self) -> list:
         """The input patterns expanded: sorted, de-duplicated, each pattern must match.
         Local files come back as ``Path``, fsspec URLs as ``str``."""
+        return [f for f, _ in self.input_sources()]
+
+    def input_sources(self) -> list[tuple]:
+        """``(file, source number)`` for every input file, in order; a file named by two
+        entries (however spelled) is read once, for the first."""
         from packer.io import fs
 
         files: list = []
-        for pattern in self.input:
+        for k, source in enumerate(self.sources()):
+            pattern = source.pattern
             if fs.is_url(pattern):
                 matched = fs.glob(pattern) if any(c in pattern for c in "*?[") else [pattern] if fs.exists(pattern) else []
                 if not matched:
                     raise ConfigError(f"input {pattern!r} matches no file")
-                files.extend(matched)
+                files.extend((f, k) for f in matched)
                 continue
             p = Path(pattern)
             if any(c in pattern for c in "*?["):
@@ -216,31 +228,27 @@ class BuildConfig:
                 matched = sorted(q for q in anchor.glob(rel) if q.is_file())
                 if not matched:
                     raise ConfigError(f"input pattern {pattern!r} matches no file")
-                files.extend(matched)
+                files.extend((f, k) for f in matched)
             elif p.is_file():
-                files.append(p)
+                files.append((p, k))
             else:
                 raise ConfigError(f"input file {pattern!r} does not exist")
         seen: set = set()
         unique = []
-        for f in files:  # one file once, however it is spelled (relative, absolute, through a link)
+        for f, k in files:  # one file once, however it is spelled (relative, absolute, through a link)
             key = f if isinstance(f, str) else f.resolve()
             if key not in seen:
                 seen.add(key)
-                unique.append(f)
+                unique.append((f, k))
         if not unique:
             raise ConfigError("no input given: set `input` in the pipeline or pass -i FILE.jsonl")
         return unique
-
 
     def media_caps(self) -> dict[str, int]:
         """The per-row media caps in force, as :func:`packer.pack.plan` takes them."""
         caps = {"total": self.max_media, "image": self.max_images, "audio": self.max_audio}
         return {k: v for k, v in caps.items() if v > 0}
 
-    @property
-    def row_order(self) -> str:
-        return "longest-first" if self.longest_first else ("shuffle" if self.shuffle_rows else "planner")
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(BuildConfig)}
@@ -265,10 +273,26 @@ def load_pipeline(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"pipeline file {str(path)!r} does not exist") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
-    unknown = sorted(set(data) - set(FIELDS))
+    unknown = sorted(set(data) - set(FIELDS) - {"sources"})
     if unknown:
-        raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(FIELDS)}")
+        raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(FIELDS)}, sources")
+    if "sources" in data:  # [[sources]] tables: more inputs, each with a weight and a cap
+        tables = data.pop("sources")
+        data["input"] = [*_as_list(data.get("input", [])), *(_source_spec(path, t) for t in tables)]
     return _relative_to(data, path.parent)
+
+
+def _as_list(value: Any) -> list:
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _source_spec(path: Path, table: Any) -> str:
+    """``{input = "a.jsonl", weight = 3, cap = 1000}`` -> ``"a.jsonl#weight=3.0,cap=1000"``."""
+    if not isinstance(table, dict) or not isinstance(table.get("input"), str) or set(table) - {"input", "weight", "cap"}:
+        raise ConfigError(f"{path}: each [[sources]] table needs input = \"FILE\" and may hold weight and cap, "
+                          f"got {table!r}")
+    params = [f"{k}={table[k]}" for k in ("weight", "cap") if k in table]
+    return table["input"] + (f"#{','.join(params)}" if params else "")
 
 
 PATH_KEYS = ("input", "output", "media_root", "staging_dir")  # paths in a pipeline file: relative to the file

@@ -42,6 +42,8 @@ def summarize(out: str | Path) -> dict[str, Any]:
         "samples_packed": acc.samples_packed,
         "quarantined": acc.quarantined,
         "dropped": acc.dropped,
+        "skipped": acc.skipped,
+        "repeated": acc.repeated,
         "quarantined_by_reason": acc.quarantined_by_reason,
         "dropped_by_reason": acc.dropped_by_reason,
         "truncated_samples": stats.get("truncated_samples", 0),
@@ -56,12 +58,15 @@ def summary_text(s: dict[str, Any]) -> str:
     lines = [
         f"{s['output']}",
         f"  records      {s['records_read']:,} read = {s['samples_packed']:,} packed + "
-        f"{s['quarantined']:,} quarantined + {s['dropped']:,} dropped",
+        f"{s['quarantined']:,} quarantined + {s['dropped']:,} dropped"
+        + (f" + {s['skipped']:,} skipped by the mix" if s.get("skipped") else ""),
         f"  rows         {s['rows']:,} in {s['shards']} shard(s); lower bound {s['lower_bound']:,} "
         f"(+{s['gap_to_lower_bound']:,})",
         f"  fill         {100 * s['fill']:.2f}% of {s['max_length']:,} tokens per row",
         f"  tokens       {s['tokens']:,} in {s['segments']:,} segments",
     ]
+    if s.get("repeated"):
+        lines.append(f"  repeated     {s['repeated']:,} extra copies (source weights over 1)")
     if s["truncated_samples"]:
         lines.append(f"  truncated    {s['truncated_samples']:,} samples ({s['truncated_tokens']:,} tokens cut)")
     if s["split_samples"]:

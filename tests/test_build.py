@@ -247,7 +247,7 @@ def test_all_bad_input_fails_and_says_so(tmp_path, write_jsonl):
 def test_row_constraints_end_to_end(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     config = resolve(ROOT / "pipelines" / "sample.toml", output=str(tmp_path / "c"), max_images=2, max_segments=6,
-                     group_by="modality", longest_first=True)
+                     group_by="modality", order="longest-first")
     m = build(config, progress=False).to_dict()
     tables = packed_tables(tmp_path / "c", m)
     all_rows = [r for t in tables for r in t.to_pylist()]

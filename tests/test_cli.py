@@ -52,10 +52,10 @@ def test_build_without_pipeline_runs_the_sample_job(run, tmp_path, monkeypatch):
 
 def test_boolean_flags(run, tmp_path, write_jsonl):
     f = write_jsonl("in.jsonl", [{"text": "a b c d e"}] * 2)
-    r = run("build", "-i", f, "-o", tmp_path / "o", "--tokenizer", TOKENIZER, "--no-append-eos", "--no-shuffle-rows")
+    r = run("build", "-i", f, "-o", tmp_path / "o", "--tokenizer", TOKENIZER, "--no-append-eos", "--order", "planner")
     assert r.exit_code == 0, r.output
     config = json.loads((tmp_path / "o" / "manifest.json").read_text())["config"]
-    assert config["append_eos"] is False and config["shuffle_rows"] is False
+    assert config["append_eos"] is False and config["order"] == "planner"
 
 
 @pytest.mark.parametrize(

@@ -71,7 +71,7 @@ def builds(media, tmp_path_factory):
         path.write_text("".join(json.dumps(r) + "\n" for r in _records(name, files, root)))
         dest = tmp_path_factory.mktemp(name) / "out"
         manifest = build(resolve(None, input=[str(path)], output=str(dest), tokenizer=TOKENIZER, max_length=2048,
-                                 shuffle_rows=False, max_bad_fraction=0.0, max_segments=4, **family.build), progress=False).to_dict()
+                                 order="planner", max_bad_fraction=0.0, max_segments=4, **family.build), progress=False).to_dict()
         assert manifest["accounting"]["quarantined"] == 0, manifest["accounting"]
         out[name] = dest
     return out

@@ -24,7 +24,7 @@ def _build(tmp_path, family: str, records: list[dict], **overrides):
     src.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / f"out-{family}"
     settings = {**FAMILIES[family].build, **overrides}
-    build(resolve(None, input=[str(src)], output=str(out), tokenizer=TOKENIZER, max_length=1024, shuffle_rows=False,
+    build(resolve(None, input=[str(src)], output=str(out), tokenizer=TOKENIZER, max_length=1024, order="planner",
                   **settings), progress=False)
     return out
 

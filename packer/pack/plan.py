@@ -16,7 +16,8 @@ The whole dataset is planned at once (no windows). Options, all keyword-only:
   per-row caps by kind, or ``"total"`` for all kinds together.
 - ``group_by``: a label per sample (e.g. its modality); every row holds one label only.
   (To mix groups with a limit instead, leave ``group_by`` out and cap the media kinds.)
-- ``order``: ``shuffle`` (seeded, the default) | ``planner`` (algorithm order) |
+- ``order``: ``shuffle`` (seeded, the default) | ``sequential`` (rows by their earliest
+  sample: source order, for curricula) | ``planner`` (algorithm order) |
   ``longest-first`` (the costliest row, by tokens then attention work, first; then shuffled).
 """
 
@@ -30,7 +31,7 @@ import numpy as np
 from packer.pack.oversize import resolve
 from packer.pack.registry import ALGORITHMS, Constraints, check_supported
 
-ORDERS = ("shuffle", "planner", "longest-first")
+ORDERS = ("shuffle", "sequential", "planner", "longest-first")
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,8 @@ def _check_plan(p: Plan) -> None:
 def _ordered(p: Plan, order: str, seed: int) -> Plan:
     if order == "planner" or p.n_bins < 2:
         return p
+    if order == "sequential":  # rows by their earliest sample: source order, for curricula
+        return p.reorder(np.argsort(np.minimum.reduceat(p.indices, p.offsets[:-1]), kind="stable"))
     perm = np.random.default_rng(seed).permutation(p.n_bins)
     if order == "longest-first":
         tokens, attention = p.bin_tokens(), p.bin_attention()

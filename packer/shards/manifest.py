@@ -35,16 +35,21 @@ class FileAccount:
     packed: int = 0
     quarantined: int = 0
     dropped: int = 0
+    skipped: int = 0  # weighted mixing gave the record no copy
+    repeated: int = 0  # extra copies packed (weights over 1); not records
 
 
 @dataclass
 class Accounting:
-    """``records_read = samples_packed + quarantined + dropped``, in total and per input file."""
+    """``records_read = samples_packed + quarantined + dropped + skipped``, in total and per
+    input file (``skipped``: left out by a source weight or cap; ``repeated``: extra copies)."""
 
     records_read: int = 0
     samples_packed: int = 0
     quarantined: int = 0
     dropped: int = 0
+    skipped: int = 0
+    repeated: int = 0
     quarantined_by_reason: dict[str, int] = field(default_factory=dict)
     dropped_by_reason: dict[str, int] = field(default_factory=dict)
     blank_lines: int = 0
@@ -57,15 +62,15 @@ class Accounting:
     def balanced(self) -> list[str]:
         """What does not add up (empty: the identity holds everywhere)."""
         out = []
-        if self.records_read != self.samples_packed + self.quarantined + self.dropped:
+        if self.records_read != self.samples_packed + self.quarantined + self.dropped + self.skipped:
             out.append(f"records_read {self.records_read} != samples_packed {self.samples_packed} + quarantined "
-                       f"{self.quarantined} + dropped {self.dropped}")
+                       f"{self.quarantined} + dropped {self.dropped} + skipped {self.skipped}")
         for name, a in self.by_file.items():
-            if a.records != a.packed + a.quarantined + a.dropped:
+            if a.records != a.packed + a.quarantined + a.dropped + a.skipped:
                 out.append(f"{name}: {a.records} records read but {a.packed} packed + {a.quarantined} quarantined + "
-                           f"{a.dropped} dropped")
+                           f"{a.dropped} dropped + {a.skipped} skipped")
         for key, total in (("records", "records_read"), ("packed", "samples_packed"), ("quarantined", "quarantined"),
-                           ("dropped", "dropped")):
+                           ("dropped", "dropped"), ("skipped", "skipped"), ("repeated", "repeated")):
             if self.by_file and sum(getattr(a, key) for a in self.by_file.values()) != getattr(self, total):
                 out.append(f"by_file {key} do not sum to {total}")
         return out
@@ -100,6 +105,7 @@ class Manifest:
     accounting: Accounting
     stats: dict[str, Any] = field(default_factory=dict)
     inputs: list[str] = field(default_factory=list)  # input files; segment_source indexes this list
+    input_sources: list[int] = field(default_factory=list)  # the `input` entry (source) each input file came from
     media_root: str = ""  # stored media refs are relative to it
     status: str = "complete"
     failure: str | None = None

@@ -20,6 +20,8 @@ def accounting(by_file: dict[str, FileAccount], quarantined: dict[str, int], dro
         samples_packed=sum(a.packed for a in by_file.values()),
         quarantined=sum(quarantined.values()),
         dropped=sum(dropped.values()),
+        skipped=sum(a.skipped for a in by_file.values()),
+        repeated=sum(a.repeated for a in by_file.values()),
         quarantined_by_reason=dict(sorted(quarantined.items())),
         dropped_by_reason=dict(sorted(dropped.items())),
         blank_lines=blank_lines,

@@ -9,11 +9,14 @@ train is left out) feed the oversize policy of :func:`packer.pack.plan`.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from packer.config import BuildConfig
+from packer.mix import Mix, mix
 from packer.pack import Plan, plan
 from packer.shards.schema import IGNORE, PLAN_SCHEMA
 
@@ -54,18 +57,37 @@ def oversize_inputs(samples: pa.Table, over: np.ndarray) -> tuple[dict[int, np.n
     return protected, trained
 
 
-def plan_samples(samples: pa.Table, config: BuildConfig) -> Plan:
+def plan_samples(samples: pa.Table, config: BuildConfig, source_of_file: list[int] | None = None) -> tuple[Plan, Mix]:
+    """The plan of ``samples`` under ``config``, after the sources' weights and caps
+    (:mod:`packer.mix`): the planner sees every copy; the plan names samples.
+    ``source_of_file[k]`` is the ``input`` entry input file ``k`` came from."""
     lengths = samples.column("length").to_numpy().astype(np.int64)
+    file_of_sample = samples.column("source_index").to_numpy().astype(np.int64) if samples.num_rows else np.zeros(0, np.int64)
+    sources = config.sources()
+    if source_of_file is not None and any(s.mixed for s in sources):
+        source_of_sample = np.asarray(source_of_file, np.int64)[file_of_sample]
+    else:
+        source_of_sample = np.zeros(len(lengths), np.int64)
+    m = mix(source_of_sample, sources, config.seed)
+    sel = m.selection
     over = np.flatnonzero(lengths > config.max_length) if config.oversize in ("truncate", "split") else np.zeros(0, np.int64)
     protected, trained = oversize_inputs(samples, over)
+    positions = {int(i): range(int(np.searchsorted(sel, i)), int(np.searchsorted(sel, i, "right"))) for i in over}
     caps = config.media_caps()
-    group_by = modality_codes(samples)[0] if config.group_by == "modality" else None
-    return plan(
-        lengths, config.max_length, algorithm=config.algorithm, seed=config.seed, order=config.row_order,
-        oversize=config.oversize, protected=protected, trained=trained,
-        max_segments=config.max_segments or None, media=media_counts(samples) if caps else None,
-        max_media=caps or None, group_by=group_by,
+    group_by = modality_codes(samples)[0][sel] if config.group_by == "modality" else None
+    media = {k: v[sel] for k, v in media_counts(samples).items()} if caps else None
+    p = plan(
+        lengths[sel], config.max_length, algorithm=config.algorithm, seed=config.seed, order=config.order,
+        oversize=config.oversize, max_segments=config.max_segments or None, media=media, max_media=caps or None,
+        group_by=group_by,
+        protected={int(q): protected[i] for i, qs in positions.items() for q in qs},
+        trained={int(q): trained[i] for i, qs in positions.items() for q in qs},
     )
+    if len(sel) == len(lengths) and np.array_equal(sel, np.arange(len(lengths))):  # no mixing: copy k is sample k
+        return p, m
+    return dataclasses.replace(
+        p, indices=sel[p.indices], dropped={r: np.unique(sel[v]) for r, v in p.dropped.items()},
+        truncated=np.unique(sel[p.truncated]), split=np.unique(sel[p.split])), m
 
 
 def plan_table(p: Plan) -> pa.Table:
