@@ -200,7 +200,7 @@ def test_decode_errors(line, reason, match):
         ({"messages": [{"role": "narrator", "content": "x"}]}, "unknown_role", "role = 'narrator'"),
         ({"messages": [{"role": 1, "content": "x"}]}, "wrong_type", "role must be a string"),
         ({"messages": [{"role": "user", "content": None}]}, "wrong_type", "content must be a string or a list"),
-        ({"messages": [{"role": "user", "content": [{"type": "video", "video": "v.mp4"}]}]}, "wrong_type", "unsupported part type 'video'"),
+        ({"messages": [{"role": "user", "content": [{"type": "hologram", "hologram": "v.glb"}]}]}, "wrong_type", "unsupported part type 'hologram'"),
         ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "wrong_type", r"\.text must be a string"),
         ({"conversations": [{"from": "robot", "value": "x"}]}, "unknown_role", "from = 'robot'"),
         ({"conversations": [{"from": "human", "value": 3}]}, "wrong_type", "needs string 'from' and 'value'"),

@@ -51,7 +51,7 @@ NEEDS = {"llava": (("conversations",),), "sharegpt": (("conversations", "message
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
                   "bard": "assistant", "model": "assistant", "function_call": "assistant", "system": "system",
                   "tool": "tool", "function": "tool", "observation": "tool"}
-MEDIA_KINDS = ("image", "audio")
+MEDIA_KINDS = ("image", "audio", "video")
 PATH_KEYS = ("path", "url", "file")
 
 
@@ -297,7 +297,7 @@ def _content_part(item: Any, where: str, media: _MediaQueue) -> list[Part]:
         ref = item.get(kind)
         if ref is None:
             ref = next((item[k] for k in PATH_KEYS if k in item), None)
-        return [media.take(kind, ref, where)]
+        return [media.take(kind, ref, where, fps=item.get("fps", 0.0))]
     raise BadRecord("wrong_type", f"{where} has unsupported part type {kind!r}")
 
 
@@ -309,17 +309,23 @@ class _MediaQueue:
         self.allow_outside_root = allow_outside_root
         self.tags = tags
         self.pending = {kind: self._listed(obj, kind) for kind in MEDIA_KINDS}
-        self.split = re.compile("(" + "|".join(re.escape(tags[k]) for k in MEDIA_KINDS) + ")")
-        self.kind_of_tag = {tags[k]: k for k in MEDIA_KINDS}
+        present = [k for k in MEDIA_KINDS if tags.get(k)]
+        self.split = re.compile("(" + "|".join(re.escape(tags[k]) for k in present) + ")")
+        self.kind_of_tag = {tags[k]: k for k in present}
 
     @staticmethod
-    def _listed(obj: dict[str, Any], kind: str) -> list[str]:
+    def _listed(obj: dict[str, Any], kind: str) -> list:
+        """The record's top-level list of ``kind`` items; a video item may be a list of frame paths."""
         for key in (kind + "s", kind):
             if key in obj and obj[key] is not None:
                 value = obj[key]
                 value = [value] if isinstance(value, str) else value
-                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                    raise BadRecord("wrong_type", f"'{key}' must be a path or a list of paths")
+                frames_ok = kind == "video"
+                if not isinstance(value, list) or not all(
+                        isinstance(v, str) or (frames_ok and isinstance(v, list) and all(isinstance(f, str) for f in v))
+                        for v in value):
+                    what = "a path, a list of paths, or lists of frame paths" if frames_ok else "a path or a list of paths"
+                    raise BadRecord("wrong_type", f"'{key}' must be {what}")
                 return list(value)
         return []
 
@@ -332,11 +338,18 @@ class _MediaQueue:
                 parts.append(Part("text", text=piece))
         return parts
 
-    def take(self, kind: str, ref: Any, where: str) -> Part:
+    def take(self, kind: str, ref: Any, where: str, fps: Any = 0.0) -> Part:
         if ref is None:
             if not self.pending[kind]:
                 raise BadRecord(f"{kind}_count_mismatch", f"{where} has no {kind} path left in the record's list")
             ref = self.pending[kind].pop(0)
+        if kind == "video" and isinstance(ref, list):  # a video given as its frame images
+            if not ref or not all(isinstance(r, str) and r for r in ref):
+                raise BadRecord("wrong_type", f"{where}: a video's frame list must hold non-empty paths")
+            if isinstance(fps, bool) or not isinstance(fps, (int, float)) or fps < 0:
+                raise BadRecord("wrong_type", f"{where}: fps must be a positive number, got {fps!r}")
+            paths = tuple(str(resolve_media(r, self.base_dir, kind, self.allow_outside_root)) for r in ref)
+            return Part(kind, ref=json.dumps(ref, ensure_ascii=False), path=paths[0], frames=paths, fps=float(fps))
         if not isinstance(ref, str) or not ref:
             raise BadRecord("wrong_type", f"{where}: {kind} path must be a non-empty string")
         return Part(kind, ref=ref, path=str(resolve_media(ref, self.base_dir, kind, self.allow_outside_root)))
@@ -346,7 +359,7 @@ class _MediaQueue:
             if left:
                 raise BadRecord(
                     f"{kind}_count_mismatch",
-                    f"{len(left)} listed {kind}(s) have no {self.tags[kind]} tag or part to go to",
+                    f"{len(left)} listed {kind}(s) have no {self.tags.get(kind, 'tag')} tag or part to go to",
                 )
 
 

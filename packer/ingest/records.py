@@ -19,10 +19,12 @@ ROLES = ("system", "user", "assistant", "tool")
 class Part:
     """A piece of a turn: text, or a media item (``ref`` as written, ``path`` resolved)."""
 
-    kind: str  # "text" | "image" | "audio"
+    kind: str  # "text" | "image" | "audio" | "video"
     text: str = ""
-    ref: str = ""
-    path: str = ""
+    ref: str = ""  # a video given as frame images: the JSON list of the frames' refs
+    path: str = ""  # a frame list: its first frame
+    frames: tuple[str, ...] = ()  # a video given as frame images: every frame, resolved
+    fps: float = 0.0  # a frame list's stated rate (0: the video policy's)
 
 
 @dataclass(frozen=True)

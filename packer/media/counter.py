@@ -17,9 +17,11 @@ from packer.media.probe import probe_audio, probe_image
 
 
 class MediaCounter:
-    def __init__(self, image_tokens: str, audio_tokens: str, image_check: str = "verify", cache_size: int = 65536):
+    def __init__(self, image_tokens: str, audio_tokens: str, image_check: str = "verify", cache_size: int = 65536,
+                 video_tokens: str = "qwen2vl"):
         self.image_policy = parse_policy(image_tokens, "image")
         self.audio_policy = parse_policy(audio_tokens, "audio")
+        self.video_policy = parse_policy(video_tokens, "video")
         self.image_check = image_check
         self.cache: OrderedDict[tuple, Count] = OrderedDict()
         self.cache_size = cache_size
@@ -32,7 +34,7 @@ class MediaCounter:
         except (OSError, ValueError) as e:  # a name too long, a symlink loop, a NUL byte: the path itself is bad
             raise BadRecord("bad_media_path", f"{part.kind} path {part.ref!r} cannot be looked up: "
                                               f"{type(e).__name__}: {e}") from None
-        key = (part.kind, part.path, size, mtime)
+        key = (part.kind, part.path, size, mtime, part.ref if part.frames else "", part.fps)
         hit = self.cache.get(key)
         if hit is not None:
             self.cache.move_to_end(key)
@@ -44,6 +46,12 @@ class MediaCounter:
         return result
 
     def _count(self, part: Part) -> Count:
+        if part.kind == "video":
+            from packer.media.video import count_frames, count_video
+
+            if part.frames:
+                return count_frames(part.frames, self.video_policy, part.fps, self.image_check)[1]
+            return count_video(part.path, self.video_policy)[1]
         if part.kind == "image":
             info = probe_image(part.path, self.image_check)
             try:
