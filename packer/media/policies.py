@@ -11,6 +11,7 @@ Worked numbers (tests check them, and HF's own processors, over many sizes):
     dynamic 448x448 -> 256, 1080x1920 -> 1222              (Qwen2-VL defaults)
     anyres  672x672 -> 2928, 480x640 -> 2340, 336x336 -> 1176  (LLaVA-NeXT)
     qwen2-audio 10 s -> 250, 30 s -> 750;  whisper 1500 per 30 s window
+    qwen2vl video 4 s at 30 fps, 200x120 -> 8 frames (2 fps), each 420x252 -> grid (4, 9, 15) -> 540
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from packer.specs import parse_spec
 
 IMAGE_POLICIES: dict[str, type] = {}
 AUDIO_POLICIES: dict[str, type] = {}
+VIDEO_POLICIES: dict[str, type] = {}
 
 
 @dataclass(frozen=True)
@@ -256,11 +258,140 @@ class Rate:
         return Count(max(1, math.ceil(frames * self.per_second / sample_rate - 1e-9)))
 
 
+# ---------------------------------------------------------------- video policies
+
+
+@dataclass(frozen=True)
+class VideoCount(Count):
+    """A video's count: ``length`` and the merged ``grid`` (t, h, w) as for images, plus the
+    number of frames the model's processor takes from the video (before the temporal padding
+    of an odd count) and Qwen2.5-VL's ``second_per_grid_t`` (seconds one temporal grid step
+    spans: temporal_patch_size / the rate of the sampled frames), which time-scaled mRoPE needs."""
+
+    frames: int = 0
+    second_per_grid_t: float = 0.0
+
+
+@_register(VIDEO_POLICIES)
+@dataclass(frozen=True)
+class Qwen2VLVideo:
+    """Qwen2-VL / Qwen2.5-VL videos, as transformers' ``Qwen2VLVideoProcessor`` (the video
+    processor of both families) samples, resizes and patches them.
+
+    Sampling (``sample=true``, the processor's ``do_sample_frames``) keeps
+    n = floor(min(max(frames / video_fps * fps, min_frames), max_frames', frames) / 2) * 2
+    frames (max_frames' = max_frames floored to a multiple of temporal_patch_size and to the
+    clip's frame count), or ``num_frames`` rounded to a multiple of 2 when set, at the indices
+    ``torch.arange(0, frames, frames / n).int()`` -- which holds n + 1 indices for some
+    (frames, n) (17 frames, n = 14 -> 15), an odd count the processor pads by repeating the
+    last frame; counted as it does. That extra index can round up to one past the last frame (17
+    frames, n = 14: 15 indices ending at 17): transformers' PyAV reader then returns n frames, and
+    so does packer's loader; ``second_per_grid_t`` still counts n + 1 (the processor's metadata
+    does). ``sample=false`` takes every frame given.
+    Each frame is smart-resized (``dynamic``'s rule, factor patch_size x merge_size = 28) into
+    [min_pixels, max_pixels] (the processor's ``size`` shortest_edge / longest_edge: 128 and
+    768 merged patches by default); ``cap_pixels_per_frame=true`` also bounds a frame by an even
+    share of ``max_video_tokens`` x 28^2 x 0.9 pixels, floored at 1.05 x min_pixels, as the
+    processor does with that option. Then t = ceil(frames / 2), tokens = t x (h / 28) x (w / 28).
+
+    ``fps`` is the video's frame rate; 0 (a list of frames that states none) means the frames
+    are taken as sampled at the policy's own ``fps``. Pure arithmetic: no transformers import.
+    ``ValueError`` where the processor cannot take the video (a 1-frame clip samples 0 frames;
+    an aspect ratio over 200): the counter quarantines it as ``unsupported_video``."""
+
+    name: ClassVar[str] = "qwen2vl"
+    fps: float = 2.0
+    min_frames: int = 4
+    max_frames: int = 768
+    num_frames: int = 0
+    sample: bool = True
+    temporal_patch_size: int = 2
+    patch_size: int = 14
+    merge_size: int = 2
+    min_pixels: int = 128 * 28 * 28
+    max_pixels: int = 768 * 28 * 28
+    cap_pixels_per_frame: bool = False
+    max_video_tokens: int = 128000
+
+    def __post_init__(self):
+        for key in ("fps", "temporal_patch_size", "patch_size", "merge_size", "min_pixels", "max_pixels", "max_video_tokens"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"qwen2vl: {key} must be positive, got {getattr(self, key)!r}")
+        if self.min_frames < 0 or self.max_frames < self.temporal_patch_size or self.num_frames < 0:
+            raise ConfigError(f"qwen2vl: need 0 <= min_frames, max_frames >= temporal_patch_size ({self.temporal_patch_size}) "
+                              f"and num_frames >= 0; got min_frames={self.min_frames}, max_frames={self.max_frames}, "
+                              f"num_frames={self.num_frames}")
+        if self.min_pixels > self.max_pixels:
+            raise ConfigError(f"qwen2vl: min_pixels {self.min_pixels} is over max_pixels {self.max_pixels}")
+
+    def sampled(self, frames: int, fps: float) -> int:
+        """How many frames the processor's ``sample_frames`` asks for (``n`` above)."""
+        tps = self.temporal_patch_size
+        if self.num_frames:
+            n = round(self.num_frames / tps) * tps
+        else:
+            top = math.floor(min(self.max_frames, frames) / tps) * tps
+            n = min(max(frames / (fps or self.fps) * self.fps, self.min_frames), top, frames)
+            n = math.floor(n / tps) * tps
+        if n > frames:
+            raise ValueError(f"{frames} frames cannot give the {n} the policy asks for (num_frames={self.num_frames})")
+        if n < 1:
+            raise ValueError(f"{frames} frame(s) sample to 0 frames (the processor keeps a multiple of "
+                             f"temporal_patch_size={tps}); use a longer clip, or sample=false")
+        return n
+
+    def sample_indices(self, frames: int, fps: float) -> list[int]:
+        """The processor's ``sample_frames``: ``torch.arange(0, frames, frames / n).int()`` (a float32
+        arange: values in double, rounded to float32, truncated), every frame with ``sample=false``.
+        Where that arange holds n + 1 values its last one can round up to ``frames``, one past the
+        last frame (17 frames, n = 14: ..., 15, 17)."""
+        if not self.sample:
+            return list(range(frames))
+        import numpy as np
+
+        n = self.sampled(frames, fps or self.fps)
+        return np.arange(0, frames, frames / n, dtype=np.float64).astype(np.float32).astype(np.int64).tolist()
+
+    def frame_indices(self, frames: int, fps: float) -> list[int]:
+        """The frames (decode order) a loader returns: :meth:`sample_indices` without an index past the
+        last frame, which transformers' PyAV reader skips (its metadata keeps it: ``second_per_grid_t``
+        counts it, as Qwen2.5-VL's processor does)."""
+        return [i for i in self.sample_indices(frames, fps) if i < frames]
+
+    def resize(self, frames: int, height: int, width: int) -> tuple[int, int]:
+        """The (height, width) every frame is resized to when ``frames`` frames reach the processor."""
+        factor = self.patch_size * self.merge_size
+        max_pixels = self.max_pixels
+        if self.cap_pixels_per_frame:
+            total_pixels = int(self.max_video_tokens * factor * factor * 0.9)
+            max_pixels = max(min(max_pixels, total_pixels * self.temporal_patch_size // frames), int(self.min_pixels * 1.05))
+        return Dynamic(self.patch_size, self.merge_size, self.min_pixels, max_pixels).resize(height, width)
+
+    def count(self, frames: int, fps: float, height: int, width: int) -> VideoCount:
+        """Tokens and merged grid of a video of ``frames`` frames at ``fps`` (0: unknown), each
+        ``height`` x ``width`` as displayed (rotation applied)."""
+        if frames < 1:
+            raise ValueError("the video holds no frames")
+        fps = fps or self.fps
+        sampled = self.sample_indices(frames, fps)
+        n = sum(1 for i in sampled if i < frames)
+        h, w = self.resize(n, height, width)
+        factor = self.patch_size * self.merge_size
+        t = -(-n // self.temporal_patch_size)
+        grid = (t, h // factor, w // factor)
+        return VideoCount(t * grid[1] * grid[2], grid, n, self.temporal_patch_size / (len(sampled) / frames * fps))
+
+
 # ---------------------------------------------------------------- specs
 
 
+POLICY_TABLES = {"image": IMAGE_POLICIES, "audio": AUDIO_POLICIES, "video": VIDEO_POLICIES}
+
+
 def parse_policy(spec: str, kind: str) -> Any:
-    """Build a policy from ``name[:key=value,...]``; ``kind`` is ``image`` or ``audio``."""
-    table = IMAGE_POLICIES if kind == "image" else AUDIO_POLICIES
+    """Build a policy from ``name[:key=value,...]``; ``kind`` is ``image``, ``audio`` or ``video``."""
+    if kind not in POLICY_TABLES:
+        raise ConfigError(f"unknown media kind {kind!r} for a token policy; known: {', '.join(POLICY_TABLES)}")
+    table = POLICY_TABLES[kind]
     name, kwargs = parse_spec(spec, table, what=f"{kind} token policy")
     return table[name](**kwargs)
