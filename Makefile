@@ -4,22 +4,39 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.packer-setup-stamp
+# Two install layers, each stamped: a second run installs nothing, and `make test` after
+# `make demo` adds only the test layer.
+DEMO_STAMP := $(VENV)/.packer-demo-stamp
+TEST_STAMP := $(VENV)/.packer-test-stamp
 
-.PHONY: setup demo test test-fast bench sample-data clean
+.PHONY: setup setup-demo demo test test-fast bench sample-data clean
 
-setup: $(STAMP)
+setup: $(TEST_STAMP)
+setup-demo: $(DEMO_STAMP)
 
-$(STAMP): requirements.lock pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.lock
-	$(BIN)/python -m pip install --quiet --no-deps -e .
-	touch $(STAMP)
 
-demo: setup
+# Layer 1, what `packer build` needs (requirements-demo.lock: no torch).
+$(DEMO_STAMP): requirements-demo.lock pyproject.toml | $(BIN)/python
+	@echo "== installing the build's pinned dependencies (requirements-demo.lock, no torch) into $(VENV)"
+	@start=$$(date +%s); \
+	$(BIN)/python -m pip install --progress-bar on -r requirements-demo.lock && \
+	$(BIN)/python -m pip install --quiet --no-deps -e . && \
+	echo "== build layer installed in $$(( $$(date +%s) - start )) s; $(VENV) is now $$(du -sh $(VENV) | cut -f1)"
+	@touch $@
+
+# Layer 2, everything the tests use (requirements.lock: torch, open_clip, Ray, pytest, ...).
+$(TEST_STAMP): requirements.lock $(DEMO_STAMP)
+	@echo "== installing the test layer (requirements.lock: torch, open_clip, Ray, datasets, pytest, ...) into $(VENV)"
+	@start=$$(date +%s); \
+	$(BIN)/python -m pip install --progress-bar on -r requirements.lock && \
+	echo "== test layer installed in $$(( $$(date +%s) - start )) s; $(VENV) is now $$(du -sh $(VENV) | cut -f1)"
+	@touch $@
+
+demo: $(DEMO_STAMP)
 	$(BIN)/packer build --overwrite
-	
 
 test: setup
 	$(BIN)/python -m pytest -q
@@ -34,7 +51,7 @@ bench: setup
 	@for f in bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
 
 # Regenerates sample_data/ (images, audio, JSONL, tokenizer) from its committed script.
-sample-data: setup
+sample-data: setup-demo
 	$(BIN)/python sample_data/make_sample_data.py
 
 clean:

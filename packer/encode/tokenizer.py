@@ -1,12 +1,28 @@
-"""Load any HF tokenizer (local folder or hub name), add the media placeholders, fingerprint it."""
+"""Load any HF tokenizer (local folder or hub name), add the media placeholders, fingerprint it.
+
+Loading does not import torch where transformers' own choice of class is decidable from the
+tokenizer files alone: a folder with ``tokenizer.json`` and a ``tokenizer_config.json`` naming
+its class, without ``config.json`` or ``auto_map`` (every ``OUT/tokenizer``, ``sample_data/tokenizer``;
+not LlamaTokenizer; for a hub-cache entry only the generic class). ``AutoTokenizer`` reads the
+model config, and transformers' config module imports torch whenever it is installed (5.x has
+no switch). Anything else goes through ``AutoTokenizer``, unchanged. A hub name is looked up in
+the local hub cache first; when it is not there the hub is tried once with a short timeout, so
+an offline machine fails in seconds.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 from packer.errors import PackerError
+
+HUB_TIMEOUT_S = 5.0  # the one reachability check before a hub download
+_GENERIC = {"TokenizersBackend", "PreTrainedTokenizer", "PythonBackend"}  # after removesuffix("Fast")
 
 
 def load_tokenizer(name_or_path: str, placeholders: list[str]) -> Any:
@@ -17,15 +33,12 @@ def load_tokenizer(name_or_path: str, placeholders: list[str]) -> Any:
     if not name_or_path:
         raise PackerError("no tokenizer given: set `tokenizer` in the pipeline or pass --tokenizer NAME_OR_PATH")
     from tokenizers import AddedToken
-    from transformers import AutoTokenizer
 
-    try:
-        tok = AutoTokenizer.from_pretrained(name_or_path, use_fast=True)
-    except Exception as e:  # HF raises OSError, ValueError, HTTP errors... all mean "cannot load"
-        raise PackerError(
-            f"cannot load tokenizer {name_or_path!r}: {e}. Pass a local folder with tokenizer.json, "
-            f"or a hub name on a machine with network access."
-        ) from None
+    folder = Path(name_or_path).expanduser()
+    if folder.is_dir():
+        tok = _load(str(folder), _files_in_folder(folder))
+    else:
+        tok = _load_hub(name_or_path)
     if not getattr(tok, "is_fast", False):
         raise PackerError(f"tokenizer {name_or_path!r} has no fast (Rust) implementation; packer needs offsets")
     tok.model_max_length = 1 << 62  # packer enforces lengths itself; silence HF's length warning
@@ -33,6 +46,126 @@ def load_tokenizer(name_or_path: str, placeholders: list[str]) -> Any:
     if missing:
         tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in missing], special_tokens=True)
     return tok
+
+
+def _cannot(name: str, why: object) -> PackerError:
+    return PackerError(f"cannot load tokenizer {name!r}: {why}. Pass a local folder with tokenizer.json, "
+                       f"or a hub name on a machine with network access.")
+
+
+def _load_hub(name: str) -> Any:
+    """A hub name: the local hub cache first, then (reachable hub only) a download."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise _cannot(name, "no such folder (and not a hub name)") from None
+    cached = _files_in_cache(name)
+    if cached("tokenizer_config.json") or cached("tokenizer.json"):
+        try:
+            return _load(name, cached, local_files_only=True)
+        except PackerError:
+            pass  # an incomplete cache entry: download what is missing below, if the hub answers
+    unreachable = _hub_unreachable()
+    if unreachable:
+        raise PackerError(f"cannot load tokenizer {name!r}: not in the local hub cache and the hub is unreachable "
+                          f"({unreachable}; offline?). Pass a local folder with tokenizer.json "
+                          f"(e.g. one saved with save_pretrained, or OUT/tokenizer of an earlier build).")
+    return _load(name, lambda _filename: None)
+
+
+def _hub_unreachable() -> str:
+    """Why the hub cannot be reached now ('' if it answers), in at most HUB_TIMEOUT_S seconds, no retries."""
+    from huggingface_hub import constants, get_session, is_offline_mode
+
+    if is_offline_mode():
+        return "HF_HUB_OFFLINE is set"
+    try:
+        get_session().head(constants.ENDPOINT, timeout=HUB_TIMEOUT_S)
+    except Exception as e:  # DNS failure, refused, timed out, proxy error: all mean "no hub"
+        return f"{constants.ENDPOINT}: {type(e).__name__}: {e}"
+    return ""
+
+
+# A finder maps a file name to its path, False where the file is known to be absent, None where unknown.
+def _files_in_folder(folder: Path):
+    def find(filename: str) -> str | bool | None:
+        return str(folder / filename) if (folder / filename).is_file() else False
+    return find
+
+
+def _files_in_cache(name: str):
+    from huggingface_hub import try_to_load_from_cache
+
+    def find(filename: str) -> str | bool | None:
+        hit = try_to_load_from_cache(name, filename)
+        if isinstance(hit, str):
+            return hit
+        return False if hit is not None else None  # _CACHED_NO_EXIST: the hub said the file does not exist
+    return find
+
+
+def _import_transformers_quietly() -> None:
+    """Without torch (``pip install packer``) transformers' import advises "PyTorch was not found. Models
+    won't be available...": true, and not a problem for a build, so it is not printed."""
+    if "transformers" in sys.modules:
+        return
+    before = os.environ.get("TRANSFORMERS_NO_ADVISORY_WARNINGS")
+    os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+    try:
+        import transformers  # noqa: F401
+    finally:
+        if before is None:
+            del os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"]
+        else:
+            os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = before
+
+
+def _load(name: str, find, **kwargs: Any) -> Any:
+    _import_transformers_quietly()
+    try:
+        cls = _declared_class(name, find)
+        if cls is None:
+            from transformers import AutoTokenizer  # imports torch if installed (transformers' config module)
+            cls = AutoTokenizer
+        return cls.from_pretrained(name, **kwargs)
+    except PackerError:
+        raise
+    except Exception as e:  # HF raises OSError, ValueError, HTTP errors... all mean "cannot load"
+        raise _cannot(name, e) from None
+
+
+def _declared_class(name: str, find) -> Any:
+    """The class AutoTokenizer picks, where tokenizer_config.json alone decides it; None otherwise.
+
+    Without config.json (and without auto_map) AutoTokenizer has no model type to override the
+    declared class with: it loads ``tokenizer_class`` (``XFast`` = ``X``; the generic and Python
+    classes become TokenizersBackend). LlamaTokenizer is left to AutoTokenizer (it checks
+    tokenizer.json for ByteLevel), as is any hub id (its allow-list of ids is keyed by name).
+    """
+    config = find("tokenizer_config.json")
+    if not config or not find("tokenizer.json") or find("config.json") is not False:
+        return None
+    try:
+        declared = json.loads(Path(config).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    cls_name = declared.get("tokenizer_class")
+    if not isinstance(cls_name, str) or "auto_map" in declared:
+        return None
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    base = cls_name.removesuffix("Fast")
+    if base in _GENERIC:
+        return TokenizersBackend
+    if base == "LlamaTokenizer" or not Path(name).expanduser().is_dir():
+        return None
+    import transformers
+
+    cls = getattr(transformers, base, None)
+    return cls if isinstance(cls, type) and issubclass(cls, TokenizersBackend) else None
 
 
 def fingerprint(tok: Any, name_or_path: str, placeholders: list[str]) -> dict[str, Any]:
