@@ -7,6 +7,7 @@ A row's cost is linear in a few per-row statistics (``PackedDataset.row_stats()`
          + media_item * items + media_token * media_tokens                 (every kind)
          + image_item * image_items + image_token * image_tokens + image_square * Σ image_tokens²
          + audio_item * audio_items + audio_token * audio_tokens + audio_square * Σ audio_tokens²
+         + video_item * video_items + video_token * video_tokens + video_square * Σ video_tokens² / t
 
 Only ratios matter to a sampler, so the units are the coefficients' own: ``CostModel()``
 counts in "one token through the LLM's dense layers", :meth:`CostModel.for_model` in FLOPs.
@@ -42,6 +43,12 @@ windowed layers attend within windows of W = (window_size / patch_size)² patche
 4w·p·min(p, W) there (edge windows are smaller: an upper bound). LLaVA's CLIP adds a class
 token (p + 1 positions; left out: under 0.2 %).
 
+Videos go through the same tower: a video's placeholder tokens are merged patches of
+temporal_patch_size frames each, as an image's (whose frame is repeated to fill the
+temporal patch), so ``video_item`` / ``video_token`` / ``video_square`` are the image
+coefficients. The tower attends within each temporal grid step (t steps of tokens / t
+tokens), so the square stat of a video is tokens² / t (``row_video_square``).
+
 Audio tower (Whisper / Qwen2-Audio encoder): every clip is padded to one 30 s window of
 ``max_source_positions`` positions, so each clip costs the same: the two input
 convolutions, ``encoder_layers`` layers over P positions (2·(4d² + 2d·ffn)·P + 4d·P²) and
@@ -60,7 +67,8 @@ from typing import Any
 
 import numpy as np
 
-KINDS = ("image", "audio")
+KINDS = ("image", "audio", "video")
+PER_KIND = ("image", "audio")  # stats holding these are read per kind; video's arrays count where present
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,9 @@ class CostModel:
     audio_item: float = 0.0
     audio_token: float = 0.0
     audio_square: float = 0.0
+    video_item: float = 0.0
+    video_token: float = 0.0
+    video_square: float = 0.0
 
     def __call__(self, stats: dict[str, np.ndarray]) -> np.ndarray:
         """Per-row cost. Stats without the per-kind arrays (``image_tokens``, ...) are read as
@@ -90,8 +101,9 @@ class CostModel:
 
     def _kinds(self, stats):
         charged = [k for k in KINDS if any(getattr(self, f"{k}_{t}") for t in ("item", "token", "square"))]
-        if all(f"{k}_tokens" in stats for k in KINDS):
-            return [(k, stats[f"{k}_items"], stats[f"{k}_tokens"], stats[f"{k}_square"]) for k in charged]
+        if all(f"{k}_tokens" in stats for k in PER_KIND):
+            return [(k, stats[f"{k}_items"], stats[f"{k}_tokens"], stats[f"{k}_square"]) for k in charged
+                    if f"{k}_tokens" in stats]
         if not charged:
             return []
         items, tokens = stats["media_items"], stats["media_tokens"]
@@ -122,8 +134,9 @@ class CostModel:
         tower = lambda name: 1 if (not training or name in frozen) else 3  # noqa: E731
         if cfg.get("vision_config"):
             item, token, square = _vision(cfg["vision_config"], h)
-            out |= {"image_item": tower("vision") * item, "image_token": tower("vision") * token,
-                    "image_square": tower("vision") * square}
+            for kind in ("image", "video"):  # one tower, the same cost per merged patch (module doc)
+                out |= {f"{kind}_item": tower("vision") * item, f"{kind}_token": tower("vision") * token,
+                        f"{kind}_square": tower("vision") * square}
         if cfg.get("audio_config"):
             out["audio_item"] = tower("audio") * _audio(cfg["audio_config"], h)
         return cls(**{f.name: float(out.get(f.name, 0.0)) for f in fields(cls)})

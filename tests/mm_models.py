@@ -42,7 +42,7 @@ def qwen2vl_model(ids: dict[str, int], vocab: int, impl: str, version: str = "2"
                                                          "rope_theta": 10000.0})
     vision = dict(depth=2, hidden_size=64, num_heads=4, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
     tokens = dict(image_token_id=ids["<|image_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-                  vision_end_token_id=ids["<|vision_end|>"], video_token_id=vocab - 1)
+                  vision_end_token_id=ids["<|vision_end|>"], video_token_id=ids.get("<|video_pad|>", vocab - 1))
     if version == "2":
         cfg = Qwen2VLConfig(text_config=text, vision_config=dict(vision, embed_dim=32, mlp_ratio=2), **tokens)
         cls = Qwen2VLForConditionalGeneration

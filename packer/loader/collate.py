@@ -17,12 +17,20 @@ token, int32, for Mamba-style layers), ``loss_weights`` and ``media``. Then the 
                 flash-attention kernels only, never under SDPA or eager
 =============== ===================================================================
 
-With ``image_processor`` / ``feature_extractor`` (or a ``processor`` holding them), or
-stored ``image_embeddings`` / ``audio_features``, the batch also holds what the HF model
-classes take (``pixel_values``, ``image_grid_thw``, ``image_sizes``, ``input_features``,
-``feature_attention_mask``, ...), in scatter order, every count checked against its
-span: see :mod:`packer.loader.media`. :func:`model_inputs` picks the keyword arguments
-for ``model(**...)``.
+With ``image_processor`` / ``feature_extractor`` / ``video_processor`` (or a ``processor``
+holding them), or stored ``image_embeddings`` / ``audio_features``, the batch also holds
+what the HF model classes take (``pixel_values``, ``image_grid_thw``, ``image_sizes``,
+``pixel_values_videos``, ``video_grid_thw``, ``input_features``, ``feature_attention_mask``,
+...), in scatter order, every count checked against its span: see :mod:`packer.loader.media`.
+:func:`model_inputs` picks the keyword arguments for ``model(**...)``.
+
+Videos and mRoPE: Qwen2-VL takes ``rope="mrope"``; Qwen2.5-VL also takes
+``tokens_per_second=model.config.vision_config.tokens_per_second``, which time-scales the
+videos' temporal positions (:mod:`packer.loader.mrope`) and adds ``second_per_grid_ts`` to
+the batch (Qwen2.5-VL's forward takes it, Qwen2-VL's does not). A Qwen2.5-VL ``processor``
+with a video in the batch and no ``tokens_per_second`` is refused rather than positioned
+the Qwen2-VL way. ``video_policy`` (a policy or a spec such as ``"qwen2vl:fps=1"``) names the
+build's frame sampling when it is not the one the video processor implies.
 
 Padding (``pad_to``, ``pad_to_multiple_of``) forms one more segment per row that
 nothing attends to or from and that attends only to itself, so no softmax row is
@@ -51,11 +59,22 @@ class PackedCollator:
     def __init__(self, *, attention: str = "sdpa", pad_to: int | None = None, pad_to_multiple_of: int | None = None,
                  pad_token_id: int = 0, rope: str = "default", loss: str = "token", mask_dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", image_processor=None, feature_extractor=None, processor=None,
-                 patch_size: int | None = None, image_embeddings=None, audio_features=None):
+                 patch_size: int | None = None, image_embeddings=None, audio_features=None, video_processor=None,
+                 video_policy=None, tokens_per_second: float | None = None):
         if attention not in ATTENTION:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
         if rope not in ("default", "mrope"):
             raise ValueError(f"rope must be default or mrope, got {rope!r}")
+        timed_processor = "second_per_grid_ts" in (getattr(processor, "model_input_names", None) or ())
+        if tokens_per_second is not None:
+            if rope != "mrope":
+                raise ValueError(f"tokens_per_second={tokens_per_second} time-scales mRoPE video positions: "
+                                 f"use it with rope='mrope' (Qwen2.5-VL)")
+            if tokens_per_second <= 0:
+                raise ValueError(f"tokens_per_second must be positive, got {tokens_per_second}")
+            if processor is not None and not timed_processor:
+                raise ValueError(f"tokens_per_second is Qwen2.5-VL's time-scaled mRoPE, but {type(processor).__name__} "
+                                 f"takes no second_per_grid_ts: leave tokens_per_second out for Qwen2-VL")
         if loss not in ("token", "sample", "sqrt"):
             raise ValueError(f"loss must be token, sample or sqrt, got {loss!r}")
         for name, value in (("pad_to", pad_to), ("pad_to_multiple_of", pad_to_multiple_of)):
@@ -69,8 +88,11 @@ class PackedCollator:
         self.attention, self.pad_to, self.multiple = attention, pad_to, pad_to_multiple_of
         self.pad_token_id, self.rope, self.loss = pad_token_id, rope, loss
         self.mask_dtype, self.device = mask_dtype, device
+        self.tokens_per_second = tokens_per_second
+        self._untimed = timed_processor and tokens_per_second is None and rope == "mrope"
         step = MediaStep(image_processor=image_processor, feature_extractor=feature_extractor, processor=processor,
-                         patch_size=patch_size, image_embeddings=image_embeddings, audio_features=audio_features)
+                         patch_size=patch_size, image_embeddings=image_embeddings, audio_features=audio_features,
+                         video_processor=video_processor, video_policy=video_policy, timed=tokens_per_second is not None)
         self.media_step = step if step.enabled else None
 
     def _length(self, n: int) -> int:
@@ -99,11 +121,16 @@ class PackedCollator:
         out: dict[str, Any] = {"input_ids": input_ids, "labels": labels, "seq_idx": segment.to(torch.int32)}
         out["loss_weights"] = loss_weights(labels, segment, self.loss)
         out["media"] = [{**m, "batch": b} for b, r in enumerate(rows) for m in r["media"]]
+        if self._untimed and any(m["kind"] == "video" for m in out["media"]):
+            raise ValueError("the batch holds a video and the processor is a Qwen2.5-VL one (time-scaled mRoPE), but the "
+                             "collator has no tokens_per_second: pass PackedCollator(rope='mrope', "
+                             "tokens_per_second=model.config.vision_config.tokens_per_second, ...)")
         if self.media_step is not None:
             out.update(self.media_step(out["media"]))
         if self.rope == "mrope":
             out["position_ids"] = torch.stack([
-                mrope_positions(length, list(zip(c[:-1].tolist(), c[1:].tolist(), strict=True)), r["media"])
+                mrope_positions(length, list(zip(c[:-1].tolist(), c[1:].tolist(), strict=True)), r["media"],
+                                self.tokens_per_second)
                 for c, r in zip(cu, rows, strict=True)], dim=1)
             pad = segment == torch.as_tensor([len(c) - 1 for c in cu])[:, None]
             out["position_ids"][:, pad] = position[pad]

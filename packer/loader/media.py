@@ -8,6 +8,8 @@ of a batch sorted by (row, start) and hands the processor outputs over in that o
 image processor                   batch keys
 ================================  ==================================================
 Qwen2-VL / Qwen2.5-VL             ``pixel_values`` (patches), ``image_grid_thw``
+Qwen2-VL video processor          ``pixel_values_videos`` (patches), ``video_grid_thw``;
+                                  ``second_per_grid_ts`` with time-scaled mRoPE (Qwen2.5-VL)
 LLaVA-NeXT (``image_grid_pinpoints``)  ``pixel_values`` ``[n, tiles, 3, H, W]``, ``image_sizes``
 CLIP-style (LLaVA-1.5)            ``pixel_values`` ``[n, 3, H, W]``
 Whisper feature extractor         ``input_features`` ``[n, mels, 3000]``, ``feature_attention_mask``
@@ -21,15 +23,29 @@ naming the file, both counts and the fix -- before the model's own "image featur
 image tokens do not match", which names nothing. Images and audio are loaded by
 :mod:`packer.media.load`, the convention the build counted with (EXIF orientation
 applied, HF's RGB conversion, librosa-equal resampling).
+
+Videos are loaded by :mod:`packer.media.video` the way the build counted them: the
+container probed, the frames the video policy samples (``frame_indices``) decoded and
+turned upright, then the video processor runs on them with ``do_sample_frames=False`` and
+the metadata of the sampling (:func:`~packer.media.video.video_metadata`). The policy is the
+one the processor implies (:func:`video_policy_for`: its fps, frame bounds, pixel bounds and
+patch sizes, frames sampled) unless ``video_policy=`` names the build's. Every video's grid
+must equal the stored one and its seconds per temporal grid step (``temporal_patch_size``
+over the rate of the sampled frames, what Qwen2.5-VL's processor puts in
+``second_per_grid_ts``) the stored ``second_per_grid_t``; ``second_per_grid_ts`` is handed
+over (float32, one per video) only when asked for (``timed=True``: Qwen2.5-VL's forward
+takes it, Qwen2-VL's does not).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import torch
 
+from packer.errors import BadRecord
 from packer.media.load import load_audio, load_image
 
 
@@ -44,6 +60,32 @@ def audio_output_length(frames: int) -> int:
     return (conv - 2) // 2 + 1
 
 
+def video_policy_for(video_processor, **overrides):
+    """The ``qwen2vl`` video policy a Qwen2-VL / Qwen2.5-VL video processor implies: its fps
+    (2 when unset), num_frames, frame bounds, pixel bounds (``size`` shortest / longest edge),
+    patch sizes and ``cap_pixels_per_frame`` / ``max_video_tokens``; frames sampled
+    (``sample=true``, the policy's default, what qwen-vl-utils does) unless overridden."""
+    from packer.media.policies import Qwen2VLVideo
+
+    vp = video_processor
+    size = vp.size
+    get = (lambda k: size.get(k)) if isinstance(size, dict) else (lambda k: getattr(size, k, None))  # noqa: E731
+    settings = dict(fps=float(vp.fps or 2.0), num_frames=int(vp.num_frames or 0), min_frames=int(vp.min_frames),
+                    max_frames=int(vp.max_frames), temporal_patch_size=int(vp.temporal_patch_size),
+                    patch_size=int(vp.patch_size), merge_size=int(vp.merge_size),
+                    min_pixels=int(get("shortest_edge") or vp.min_pixels), max_pixels=int(get("longest_edge") or vp.max_pixels),
+                    cap_pixels_per_frame=bool(vp.cap_pixels_per_frame), max_video_tokens=int(vp.max_video_tokens))
+    return Qwen2VLVideo(**{**settings, **overrides})
+
+
+def policy_spec(policy) -> str:
+    """``name:key=value,...`` of a policy, the settings that differ from its defaults (a spec
+    :func:`~packer.media.policies.parse_policy` reads back)."""
+    changed = [f"{f.name}={str(v).lower() if isinstance(v, bool) else format(v, 'g') if isinstance(v, float) else v}"
+               for f in dataclasses.fields(policy) if (v := getattr(policy, f.name)) != f.default]
+    return policy.name + (":" + ",".join(changed) if changed else "")
+
+
 def image_family(image_processor) -> str:
     if hasattr(image_processor, "merge_size") and hasattr(image_processor, "temporal_patch_size"):
         return "qwen2vl"
@@ -56,10 +98,11 @@ class MediaStep:
     """Loads and encodes a batch's media; see the module docstring. Picklable."""
 
     def __init__(self, *, image_processor=None, feature_extractor=None, processor=None, patch_size: int | None = None,
-                 image_embeddings=None, audio_features=None):
+                 image_embeddings=None, audio_features=None, video_processor=None, video_policy=None, timed: bool = False):
         if processor is not None:
             image_processor = image_processor or getattr(processor, "image_processor", None)
             feature_extractor = feature_extractor or getattr(processor, "feature_extractor", None)
+            video_processor = video_processor or getattr(processor, "video_processor", None)
             patch_size = patch_size or getattr(processor, "patch_size", None)
             strategy = getattr(processor, "vision_feature_select_strategy", "default")
             if strategy not in (None, "default"):
@@ -69,21 +112,32 @@ class MediaStep:
         self.image_embeddings, self.audio_features = image_embeddings, audio_features
         self.patch_size = patch_size or 14
         self.family = image_family(image_processor) if image_processor is not None else None
+        self.video_processor, self.timed = video_processor, timed
+        if isinstance(video_policy, str):
+            from packer.media.policies import parse_policy
+
+            video_policy = parse_policy(video_policy, "video")
+        if video_policy is None and video_processor is not None and image_family(video_processor) == "qwen2vl":
+            video_policy = video_policy_for(video_processor)
+        self.video_policy = video_policy
 
     @property
     def enabled(self) -> bool:
         return any(x is not None for x in (self.image_processor, self.feature_extractor, self.image_embeddings,
-                                           self.audio_features))
+                                           self.audio_features, self.video_processor))
 
     def __call__(self, media: list[dict[str, Any]]) -> dict[str, Any]:
         ordered = sorted(media, key=lambda m: (m.get("batch", 0), m["start"]))
         out: dict[str, Any] = {}
         images = [m for m in ordered if m["kind"] == "image"]
         audio = [m for m in ordered if m["kind"] == "audio"]
+        videos = [m for m in ordered if m["kind"] == "video"]
         if images:
             out.update(self._images(images))
         if audio:
             out.update(self._audio(audio))
+        if videos:
+            out.update(self._videos(videos))
         return out
 
     # ------------------------------------------------------------------ images
@@ -143,14 +197,64 @@ class MediaStep:
             _check(m, audio_output_length(int(frames)), f"{source} + the Qwen2-Audio encoder")
         return {"input_features": input_features, "feature_attention_mask": mask}
 
+    # ------------------------------------------------------------------ videos
+
+    def _videos(self, spans: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.video_processor is None:
+            raise ValueError(f"the batch holds {len(spans)} video(s) but the collator has no video processor: "
+                             f"pass PackedCollator(video_processor=...) or processor=... (a Qwen2-VL / Qwen2.5-VL one)")
+        if self.video_policy is None:
+            raise ValueError(f"{type(self.video_processor).__name__} is not a Qwen2-VL / Qwen2.5-VL video processor: packer "
+                             f"loads videos for the qwen2vl video policy only; pass video_policy=... and a Qwen2-VL one")
+        from transformers.video_utils import VideoMetadata
+
+        from packer.media.video import load_video, probe_video, video_metadata
+
+        policy, frames, metadata = self.video_policy, [], []
+        for m in spans:
+            path = m.get("path") or m["ref"]
+            try:
+                info = probe_video(path)
+            except BadRecord as e:
+                if e.reason == "missing_video":
+                    _missing(m, path)
+                raise
+            frames.append(load_video(path, policy.frame_indices(info.frames, info.fps)))
+            metadata.append(video_metadata(info, policy))
+        enc = self.video_processor(videos=frames, video_metadata=metadata, do_sample_frames=False, return_tensors="pt")
+        merge, tps = int(self.video_processor.merge_size), int(self.video_processor.temporal_patch_size)
+        by = f"{type(self.video_processor).__name__} (frames sampled by video policy {policy_spec(policy)})"
+        seconds = []
+        for m, grid, meta in zip(spans, enc["video_grid_thw"].tolist(), metadata, strict=True):
+            t, h, w = grid
+            _check(m, t * h * w // (merge * merge), by, stored_grid=(t, h // merge, w // merge))
+            implied = float(np.float32(tps / VideoMetadata(**meta).sampled_fps))  # Qwen2_5_VLProcessor._process_videos
+            stored = float(np.float32(m.get("second_per_grid_t") or 0.0))
+            if (stored or self.timed) and stored != implied:
+                path = m.get("path") or m["ref"]
+                raise MediaMismatchError(
+                    f"{path}: the build stored second_per_grid_t {stored:g} s but the frames video policy "
+                    f"{policy_spec(policy)} samples give {implied:g} s per temporal grid step (temporal_patch_size over "
+                    f"their rate); Qwen2.5-VL's time-scaled mRoPE positions would be wrong: rebuild with the video policy "
+                    f"of this processor, or give the collator the build's (video_policy=...)")
+            seconds.append(implied)
+        out = {"pixel_values_videos": enc["pixel_values_videos"], "video_grid_thw": enc["video_grid_thw"]}
+        if self.timed:
+            out["second_per_grid_ts"] = torch.tensor(seconds, dtype=torch.float32)
+        return out
+
+
+def _missing(span: dict[str, Any], path: str):
+    raise FileNotFoundError(f"{span['kind']} file {path} (ref {span['ref']!r}) not found; if the media moved, "
+                            f"open the build with PackedDataset(out, media_root=NEW_ROOT)") from None
+
 
 def _open(load, span: dict[str, Any], *args):
     path = span.get("path") or span["ref"]
     try:
         return load(path, *args)
     except FileNotFoundError:
-        raise FileNotFoundError(f"{span['kind']} file {path} (ref {span['ref']!r}) not found; if the media moved, "
-                                f"open the build with PackedDataset(out, media_root=NEW_ROOT)") from None
+        _missing(span, path)
 
 
 def _check(span: dict[str, Any], produced: int, by: str, stored_grid: tuple[int, ...] | None = None) -> None:
@@ -159,9 +263,9 @@ def _check(span: dict[str, Any], produced: int, by: str, stored_grid: tuple[int,
         raise MediaMismatchError(
             f"{path}: the build gave this {span['kind']} {span['length']} placeholder positions but {by} produces "
             f"{produced} features from it. The build's token policy and this processor disagree: rebuild with "
-            f"settings that match the processor (--image-tokens / --audio-tokens), or give the collator the "
+            f"settings that match the processor (--{span['kind']}-tokens), or give the collator the "
             f"processor the build was made for.")
     grid = tuple(int(g) for g in span.get("grid") or ())
     if stored_grid is not None and grid and grid != tuple(stored_grid):
         raise MediaMismatchError(f"{path}: the build stored grid {grid} but {by} makes {tuple(stored_grid)}; "
-                                 f"mRoPE positions would be wrong: rebuild with matching --image-tokens")
+                                 f"mRoPE positions would be wrong: rebuild with matching --{span['kind']}-tokens")

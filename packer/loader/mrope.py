@@ -4,18 +4,28 @@ Within a segment, text tokens take the same running position on all three axes; 
 image span with merged grid ``(t, h, w)`` takes ``(start + ti, start + hi, start + wi)``
 over its patches in row-major order, and text after it resumes at ``start + max(h, w)``
 -- what transformers' ``Qwen2VLModel.get_rope_index`` computes (the tests compare).
-Every segment starts again at 0, so a packed row gets the positions each sample would
-get alone. Spans without a grid (audio) are positioned like text.
+A video span is positioned the same way, its temporal index ``ti`` counting grid steps
+(Qwen2-VL); with ``tokens_per_second`` (Qwen2.5-VL, ``config.vision_config.tokens_per_second``)
+the temporal axis is time-scaled as ``Qwen2_5_VLModel.get_rope_index`` does:
+``start + int(ti * tokens_per_second * second_per_grid_t)``, in float32 (the dtype of the
+processor's ``second_per_grid_ts``). Text after a video resumes at ``start + max(h, w)``
+too, as the pinned transformers (5.24) does (4.x resumed after the grid's largest position,
+the temporal one included). Every segment starts again at 0, so a packed row gets the
+positions each sample would get alone. Spans without a grid (audio) are positioned like text.
 """
 
 from __future__ import annotations
 
 import torch
 
+VISUAL = ("image", "video")
 
-def mrope_positions(length: int, segments: list[tuple[int, int]], spans: list[dict]) -> torch.Tensor:
+
+def mrope_positions(length: int, segments: list[tuple[int, int]], spans: list[dict],
+                    tokens_per_second: float | None = None) -> torch.Tensor:
     """``[3, length]`` positions for one row: ``segments`` are (start, end) token ranges,
-    ``spans`` the row's media spans (absolute ``start``, ``length``, ``grid``)."""
+    ``spans`` the row's media spans (absolute ``start``, ``length``, ``grid``, and for videos
+    ``second_per_grid_t``); ``tokens_per_second`` time-scales videos (Qwen2.5-VL)."""
     pos = torch.zeros(3, length, dtype=torch.long)
     by_segment: dict[int, list[dict]] = {}
     for s in spans:
@@ -23,7 +33,7 @@ def mrope_positions(length: int, segments: list[tuple[int, int]], spans: list[di
     for k, (a, b) in enumerate(segments):
         cursor, current = a, 0
         for s in sorted(by_segment.get(k, []), key=lambda s: s["start"]):
-            if not s["grid"] or s["kind"] != "image":
+            if not s["grid"] or s["kind"] not in VISUAL:
                 continue  # positioned like text
             text = s["start"] - cursor
             pos[:, cursor : s["start"]] = torch.arange(current, current + text)
@@ -31,7 +41,15 @@ def mrope_positions(length: int, segments: list[tuple[int, int]], spans: list[di
             t, h, w = (int(x) for x in s["grid"])
             if t * h * w != s["length"]:
                 raise ValueError(f"media span of {s['length']} tokens has grid {tuple(s['grid'])} ({t * h * w} cells)")
-            tt, hh, ww = torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij")
+            steps = torch.arange(t)
+            if s["kind"] == "video" and tokens_per_second is not None:
+                seconds = float(s.get("second_per_grid_t") or 0.0)
+                if seconds <= 0:
+                    raise ValueError(f"video {s.get('path') or s['ref']} has no second_per_grid_t (stored {seconds}): "
+                                     f"time-scaled mRoPE (tokens_per_second={tokens_per_second}) needs it; rebuild with "
+                                     f"this packer, or leave tokens_per_second out for Qwen2-VL")
+                steps = (steps * (torch.tensor(seconds, dtype=torch.float32) * tokens_per_second)).long()
+            tt, hh, ww = torch.meshgrid(steps, torch.arange(h), torch.arange(w), indexing="ij")
             pos[:, s["start"] : s["start"] + s["length"]] = torch.stack([tt, hh, ww]).reshape(3, -1) + current
             current += max(h, w)
             cursor = s["start"] + s["length"]

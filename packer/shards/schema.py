@@ -65,11 +65,13 @@ def list_of(cls: type) -> pa.DataType:
 
 @dataclass(frozen=True)
 class MediaSpan:
-    """Placeholder positions of one image or audio clip.
+    """Placeholder positions of one image, audio clip or video.
 
     ``start`` is absolute within the row it is stored in (a sample row in
     ``samples/``, a packed row in ``packed/``); ``segment`` indexes the row's segments.
     ``grid`` is (t, h, w) after merging where the token-count policy knows it, else empty.
+    ``second_per_grid_t`` is a video's seconds per temporal grid step (what Qwen2.5-VL's
+    ``second_per_grid_ts`` holds; its time-scaled mRoPE needs it), 0.0 for every other kind.
     ``ref`` names the file relative to the build's media root (``Manifest.media_root``),
     or absolutely when it lies outside it (or a URL); the loader joins the two.
     """
@@ -80,6 +82,7 @@ class MediaSpan:
     length: Int32
     ref: Str
     grid: Int32List = ()
+    second_per_grid_t: Annotated[float, pa.float32()] = 0.0
 
 
 @dataclass(frozen=True)

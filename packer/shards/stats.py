@@ -20,7 +20,8 @@ from packer.shards.schema import IGNORE
 
 # Per-row arrays (``ShardStats.array(f"row_{name}")``): a sampler's cost model inputs (packer.cost).
 ROW_FIELDS = ("tokens", "attention", "media_items", "media_tokens", "image_items", "image_tokens", "image_square",
-              "audio_items", "audio_tokens", "audio_square")
+              "audio_items", "audio_tokens", "audio_square", "video_items", "video_tokens", "video_square")
+KINDS = ("image", "audio", "video")
 
 
 def length_edges(max_length: int) -> np.ndarray:
@@ -59,13 +60,17 @@ class ShardStats:
     seg_modality: list[np.ndarray] = field(default_factory=list)  # object arrays of names
     seg_identity: list[np.ndarray] = field(default_factory=list)  # int64 (input file << 40 | line) per segment
     sample_ids: list[np.ndarray] = field(default_factory=list)  # display id of each segment that starts a sample
-    # per row and media kind: items, placeholder tokens, Σ tokens² over items (a tower's cost: packer.cost)
+    # per row and media kind: items, placeholder tokens, Σ tokens² over items (a tower's cost: packer.cost);
+    # a video's square is tokens² / t: Qwen2-VL's tower attends within each temporal step
     row_image_items: list[np.ndarray] = field(default_factory=list)
     row_image_tokens: list[np.ndarray] = field(default_factory=list)
     row_image_square: list[np.ndarray] = field(default_factory=list)
     row_audio_items: list[np.ndarray] = field(default_factory=list)
     row_audio_tokens: list[np.ndarray] = field(default_factory=list)
     row_audio_square: list[np.ndarray] = field(default_factory=list)
+    row_video_items: list[np.ndarray] = field(default_factory=list)
+    row_video_tokens: list[np.ndarray] = field(default_factory=list)
+    row_video_square: list[np.ndarray] = field(default_factory=list)
 
     def merge(self, other: ShardStats) -> ShardStats:
         per_modality = dict(self.per_modality)
@@ -146,16 +151,21 @@ def shard_stats(path: str | Path) -> ShardStats:
     stats.row_attention = [row_att]
     stats.row_media_items = [np.bincount(row_of_seg, weights=media_items, minlength=table.num_rows)]
     stats.row_media_tokens = [np.bincount(row_of_seg, weights=media_tokens, minlength=table.num_rows)]
-    span_kind, span_len = np.zeros(0, object), np.zeros(0)
+    span_kind, span_len, span_steps = np.zeros(0, object), np.zeros(0), np.ones(0)
     if len(spans):
         span_kind = pc.struct_field(spans, "kind").cast(pa.string()).to_numpy(zero_copy_only=False)
         span_len = pc.struct_field(spans, "length").to_numpy().astype(np.float64)
-    for kind in ("image", "audio"):
+        span_steps = np.ones(len(spans))  # a video's temporal grid steps (grid[0]); 1 for the rest
+        grid = pc.struct_field(spans, "grid")
+        timed = (span_kind == "video") & (pc.list_value_length(grid).fill_null(0).to_numpy(zero_copy_only=False) > 0)
+        if timed.any():
+            span_steps[timed] = np.maximum(pc.list_element(grid.filter(pa.array(timed)), 0).to_numpy(), 1)
+    for kind in KINDS:
         k = span_kind == kind
         per_row = lambda w, k=k: [np.bincount(span_row[k], weights=w, minlength=table.num_rows)]  # noqa: E731
         setattr(stats, f"row_{kind}_items", per_row(np.ones(int(k.sum()))))
         setattr(stats, f"row_{kind}_tokens", per_row(span_len[k]))
-        setattr(stats, f"row_{kind}_square", per_row(span_len[k] ** 2))
+        setattr(stats, f"row_{kind}_square", per_row(span_len[k] ** 2 / span_steps[k]))
     stats.seg_lengths = [seg_len]
     stats.seg_modality = [modality.astype(object)]
     source = pc.list_flatten(table.column("segment_source")).to_numpy().astype(np.int64)
