@@ -27,6 +27,7 @@ from packer.errors import ConfigError
 from packer.media.probe import IMAGE_CHECKS
 
 DEFAULT_PIPELINE = Path("pipelines/sample.toml")
+MEDIA_KINDS = ("image", "audio", "video")
 
 
 # Every field is tagged once; the key sets at the bottom are derived from the tags.
@@ -67,12 +68,17 @@ class BuildConfig:
     train_on: str = _opt("assistant", "Which tokens get labels in conversations.", choices=("assistant", "all"),
                          stage="content", group="tokenizer")
     append_eos: bool = _opt(True, "End every text document with the tokenizer's EOS token.", stage="content", group="tokenizer")
+    train_on_empty_think: bool = _opt(False, "Train the empty <think></think> block a reasoning template (Qwen3) adds to an "
+                                      "assistant turn without reasoning (default: masked).", stage="content", group="tokenizer")
     image_tag: str = _opt("<image>", "Marker of an image's place in the input text (LLaVA's <image>).",
                           stage="content", group="input")
     audio_tag: str = _opt("<audio>", "Marker of an audio clip's place in the input text.", stage="content", group="input")
+    video_tag: str = _opt("<video>", "Marker of a video's place in the input text.", stage="content", group="input")
     image_token: str = _opt("<image>", "Placeholder token images expand to (added as a special token if absent).",
                             stage="content", group="tokenizer")
     audio_token: str = _opt("<audio>", "Placeholder token audio clips expand to (added as a special token if absent).",
+                            stage="content", group="tokenizer")
+    video_token: str = _opt("<video>", "Placeholder token videos expand to (e.g. <|video_pad|>; added if absent).",
                             stage="content", group="tokenizer")
     image_tokens: str = _opt("fixed:image_size=336,patch_size=14",
                              "Image token-count policy: fixed[:model=ViT-L-14-336], dynamic[:max_pixels=..], anyres.",
@@ -80,6 +86,13 @@ class BuildConfig:
     audio_tokens: str = _opt("qwen2-audio",
                              "Audio token-count policy: whisper[:windows=one], qwen2-audio[:long=split], rate[:per_second=25].",
                              stage="content", group="media")
+    video_tokens: str = _opt("qwen2vl", "Video token-count policy: qwen2vl[:fps=2,min_frames=4,max_frames=768,"
+                                        "min_pixels=..,max_pixels=..] (Qwen2-VL / Qwen2.5-VL's video processor).",
+                             stage="content", group="media")
+    video_begin: str = _opt("", "Token before each video's placeholders (e.g. <|vision_start|>); empty: none.",
+                            stage="content", group="tokenizer")
+    video_end: str = _opt("", "Token after each video's placeholders (e.g. <|vision_end|>); empty: none.",
+                          stage="content", group="tokenizer")
     image_begin: str = _opt("", "Token before each image's placeholders (e.g. <|vision_start|>); empty: none.",
                             stage="content", group="tokenizer")
     image_end: str = _opt("", "Token after each image's placeholders (e.g. <|vision_end|>); empty: none.",
@@ -88,7 +101,7 @@ class BuildConfig:
                             stage="content", group="tokenizer")
     audio_end: str = _opt("", "Token after each audio clip's placeholders (e.g. <|audio_eos|>); empty: none.",
                           stage="content", group="tokenizer")
-    modalities: tuple[str, ...] = _opt(("image", "audio"),
+    modalities: tuple[str, ...] = _opt(("image", "audio", "video"),
                                        "Media kinds the model has an encoder for; a record holding another kind is "
                                        "quarantined (no_encoder), or stops the build with --strict.",
                                        stage="content", group="media")
@@ -120,6 +133,7 @@ class BuildConfig:
                           stage="plan", group="packing")
     max_images: int = _opt(0, "Most images in one packed row (0: no limit).", stage="plan", group="packing")
     max_audio: int = _opt(0, "Most audio clips in one packed row (0: no limit).", stage="plan", group="packing")
+    max_videos: int = _opt(0, "Most videos in one packed row (0: no limit).", stage="plan", group="packing")
     group_by: str = _opt("none", "Rows hold samples of one group only (modality: text, image, audio, ...).",
                          choices=("none", "modality"), stage="plan", group="packing")
     order: str = _opt("shuffle", "Row order: shuffled with the seed; sequential (source order, for curricula: rows by "
@@ -160,23 +174,25 @@ class BuildConfig:
         for key in ("max_length", "chunk_records", "shard_rows", "shard_bytes", "embed_batch_size", "max_line_bytes"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be at least 1, got {getattr(self, key)}")
-        for key in ("max_segments", "max_media", "max_images", "max_audio"):
+        for key in ("max_segments", "max_media", "max_images", "max_audio", "max_videos"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key} must be 0 (no limit) or positive, got {getattr(self, key)}")
         if not 0.0 <= self.max_bad_fraction <= 1.0:
             raise ConfigError(f"max_bad_fraction must be between 0 and 1, got {self.max_bad_fraction}")
         if self.workers < 0:
             raise ConfigError(f"workers must be 0 (auto) or positive, got {self.workers}")
-        if any(m not in ("image", "audio") for m in self.modalities) or len(set(self.modalities)) != len(self.modalities):
-            raise ConfigError(f"modalities = {list(self.modalities)}: name each of image, audio at most once "
+        if any(m not in MEDIA_KINDS for m in self.modalities) or len(set(self.modalities)) != len(self.modalities):
+            raise ConfigError(f"modalities = {list(self.modalities)}: name each of image, audio, video at most once "
                               "(an empty list packs text only)")
-        for a, b in (("image_token", "audio_token"), ("image_tag", "audio_tag")):
-            if not getattr(self, a) or not getattr(self, b) or getattr(self, a) == getattr(self, b):
-                raise ConfigError(f"{a} and {b} must be two different non-empty strings")
+        for group in (("image_token", "audio_token", "video_token"), ("image_tag", "audio_tag", "video_tag")):
+            values = [getattr(self, k) for k in group]
+            if not all(values) or len(set(values)) != len(values):
+                raise ConfigError(f"{', '.join(group)} must be different non-empty strings, got {values}")
         from packer.media.policies import parse_policy
 
         parse_policy(self.image_tokens, "image")  # unknown policies and parameters fail here, before any work
         parse_policy(self.audio_tokens, "audio")
+        parse_policy(self.video_tokens, "video")
         if self.audio_features:
             from packer.media.features import FeatureSpec
 
@@ -246,7 +262,7 @@ class BuildConfig:
 
     def media_caps(self) -> dict[str, int]:
         """The per-row media caps in force, as :func:`packer.pack.plan` takes them."""
-        caps = {"total": self.max_media, "image": self.max_images, "audio": self.max_audio}
+        caps = {"total": self.max_media, "image": self.max_images, "audio": self.max_audio, "video": self.max_videos}
         return {k: v for k, v in caps.items() if v > 0}
 
 

@@ -227,6 +227,66 @@ def train_tokenizer(texts: list[str], out: Path) -> None:
     fast.save_pretrained(out)
 
 
+VIDEOS = [("orbit_96x64_2s.mp4", 96, 64, 10, 20, 0), ("rotated_64x48_1s.mp4", 64, 48, 12, 12, 90),
+          ("slow_80x60_3s.mp4", 80, 60, 8, 24, 0)]
+
+
+def video_frame(i: int, width: int, height: int):
+    """A gradient that moves with i and a bright top-left block (shows a rotation)."""
+    import numpy as np
+
+    y = np.linspace(0, 200, height, dtype=np.float32)[:, None]
+    x = np.linspace(0, 200, width, dtype=np.float32)[None, :]
+    img = np.stack(np.broadcast_arrays((y + x + 9 * i) % 256, y + 0 * x, x + 0 * y), axis=-1).astype(np.uint8)
+    img[: max(1, height // 4), : max(1, width // 4)] = 255
+    return img
+
+
+def video_files() -> list[str]:
+    """Tiny H.264 clips (PyAV), a video given as frame images, and video.jsonl. Written apart
+    from the tokenizer's corpus, so the other sample files and the tokenizer stay the same."""
+    try:
+        import av
+    except ImportError:
+        print("PyAV (pip install av) not installed: sample_data/videos left as they are")
+        return []
+    from PIL import Image
+
+    folder = ROOT / "videos"
+    (folder / "frames").mkdir(parents=True, exist_ok=True)
+    for name, w, h, fps, n, rotation in VIDEOS:
+        with av.open(str(folder / name), "w") as c:
+            stream = c.add_stream("libx264", rate=fps)
+            stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+            if rotation:
+                stream.set_display_rotation(rotation)
+            for k in range(n):
+                for packet in stream.encode(av.VideoFrame.from_ndarray(video_frame(k, w, h), format="rgb24")):
+                    c.mux(packet)
+            for packet in stream.encode():
+                c.mux(packet)
+    frames = [f"videos/frames/f{k}.png" for k in range(4)]
+    for k, ref in enumerate(frames):
+        Image.fromarray(video_frame(3 * k, 64, 48)).save(ROOT / ref)
+    q = ["What happens in this clip?", "Describe the motion.", "How long is the clip?"]
+    records = [
+        {"id": "video-0", "messages": [{"role": "user", "content": [{"type": "video", "video": "videos/orbit_96x64_2s.mp4"},
+                                                                     {"type": "text", "text": q[0]}]},
+                                       {"role": "assistant", "content": "A colour gradient slides across the frame."}]},
+        {"id": "video-1", "video": "videos/rotated_64x48_1s.mp4",
+         "conversations": [{"from": "human", "value": "<video>\n" + q[1]},
+                           {"from": "gpt", "value": "The gradient moves while a bright block stays in one corner."}]},
+        {"id": "video-2", "messages": [{"role": "user", "content": [{"type": "video", "video": "videos/slow_80x60_3s.mp4"},
+                                                                     {"type": "image", "image": "images/square_336.png"},
+                                                                     {"type": "text", "text": q[2]}]},
+                                       {"role": "assistant", "content": "About three seconds; the picture shows shapes."}]},
+        {"id": "video-frames", "messages": [{"role": "user", "content": [{"type": "video", "video": frames, "fps": 2},
+                                                                          {"type": "text", "text": q[1]}]},
+                                            {"role": "assistant", "content": "Four frames of a shifting gradient."}]},
+    ]
+    return [json.dumps(r) for r in records]
+
+
 def main() -> None:
     rng = random.Random(1)
     images = [draw_image(n, w, h, f, rng) for n, w, h, f in IMAGES]
@@ -236,6 +296,9 @@ def main() -> None:
         (ROOT / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
     corpus = SENTENCES + [t for qa in QA for t in qa] + [describe(i) for i in images] + [l for ls in files.values() for l in ls]
     train_tokenizer(corpus * 3, ROOT / "tokenizer")
+    videos = video_files()
+    if videos:
+        (ROOT / "video.jsonl").write_text("\n".join(videos) + "\n", encoding="utf-8")
     print(f"wrote {len(images)} images, {len(clips)} audio clips, "
           + ", ".join(f"{n} ({len(ls)} lines)" for n, ls in files.items()) + ", tokenizer/")
 

@@ -187,7 +187,7 @@ def test_oversize_drop_and_truncated_to_nothing(tmp_path, write_jsonl):
     m = build(small_config(tmp_path, f, max_length=64, oversize="truncate", overwrite=True), progress=False).to_dict()
     assert m["accounting"]["dropped_by_reason"] == {"nothing_trainable": 1}
     assert m["stats"]["truncated_samples"] == 1 and m["accounting"]["samples_packed"] == 2
-    assert m["accounting"]["by_file"][str(f)] == {"records": 3, "packed": 2, "quarantined": 0, "dropped": 1}
+    assert m["accounting"]["by_file"][str(f)] == {"records": 3, "packed": 2, "quarantined": 0, "dropped": 1, "skipped": 0, "repeated": 0}
 
 
 def test_strict_stops_at_the_first_bad_record(tmp_path):

@@ -20,7 +20,8 @@ from packer.media.probe import probe_audio, probe_image
 
 PIPELINES = sorted(p.name for p in (ROOT / "pipelines").glob("*.toml"))
 FAMILIES = {"llava15.toml": ("image",), "llava_next.toml": ("image",), "qwen2vl.toml": ("image",),
-            "qwen2audio.toml": ("audio",), "qwen25omni.toml": ("image", "audio"), "sample.toml": ("image", "audio")}
+            "qwen2audio.toml": ("audio",), "qwen25omni.toml": ("image", "audio"), "sample.toml": ("image", "audio"),
+            "qwen2vl_video.toml": ("image", "video")}
 OTHER_BAD = 8  # the deliberately broken records of sample_data
 
 
@@ -30,7 +31,7 @@ def media_kinds(obj) -> set[str]:
         return set().union(*map(media_kinds, obj)) if obj else set()
     if not isinstance(obj, dict):
         return set()
-    found = {k for k in ("image", "audio") if k in obj or obj.get("type") == k}
+    found = {k for k in ("image", "audio", "video") if k in obj or obj.get("type") == k}
     return found.union(*map(media_kinds, obj.values()))
 
 
@@ -80,11 +81,11 @@ def test_pipeline_builds(name, tmp_path, monkeypatch, capsys):
         t = pa.ipc.open_stream(pa.memory_map(str(out / e["file"]))).read_all()
         sources = zip(t.column("source_file").to_pylist(), t.column("source_line").to_pylist(), strict=True)
         assert not {(Path(f).name, line) for f, line in sources} & undeclared
-    policies = {"image": parse_policy(config.image_tokens, "image"), "audio": parse_policy(config.audio_tokens, "audio")}
+    policies = {k: parse_policy(getattr(config, f"{k}_tokens"), k) for k in ("image", "audio", "video")}
     ids_of = m["tokenizer"]["placeholders"]
-    pads = {"image": ids_of[config.image_token], "audio": ids_of[config.audio_token]}
-    begins = {"image": config.image_begin, "audio": config.audio_begin}
-    n_spans = {"image": 0, "audio": 0}
+    pads = {k: ids_of.get(getattr(config, f"{k}_token")) for k in ("image", "audio", "video")}
+    begins = {k: getattr(config, f"{k}_begin") for k in ("image", "audio", "video")}
+    n_spans = {"image": 0, "audio": 0, "video": 0}
     for e in m["files"]["packed"]:
         for row in pa.ipc.open_stream(pa.memory_map(str(out / e["file"]))).read_all().to_pylist():
             assert {k for mod in row["segment_modality"] for k in mod.split("+")} <= {"text", *config.modalities}
@@ -97,6 +98,15 @@ def test_pipeline_builds(name, tmp_path, monkeypatch, capsys):
                 if kind == "image":
                     info = probe_image(path)
                     assert span["length"] == policies[kind].count(info.height, info.width).length
+                elif kind == "video":
+                    from packer.media.video import count_frames, count_video
+
+                    if span["ref"].startswith("{"):
+                        listed = json.loads(span["ref"])
+                        count = count_frames([str(SAMPLE / f) for f in listed["frames"]], policies[kind], listed["fps"])[1]
+                    else:
+                        count = count_video(path, policies[kind])[1]
+                    assert (span["length"], tuple(span["grid"])) == (count.length, count.grid)
                 else:
                     info = probe_audio(path)
                     assert span["length"] == policies[kind].count(info.frames, info.sample_rate).length
@@ -147,8 +157,8 @@ def test_no_encoder_quarantines_or_refuses_under_strict(mixed_jsonl, tmp_path, m
 def test_modalities_are_checked():
     assert resolve(modalities=[]).modalities == ()  # a text-only model
     assert resolve(modalities="audio").modalities == ("audio",)
-    with pytest.raises(ConfigError, match=r"modalities = \['video'\]: name each of image, audio at most once"):
-        resolve(modalities=["video"])
+    with pytest.raises(ConfigError, match=r"modalities = \['smell'\]: name each of image, audio, video at most once"):
+        resolve(modalities=["smell"])
     with pytest.raises(ConfigError, match=r"modalities = \['image', 'image'\]"):
         resolve(modalities=["image", "image"])
 

@@ -21,7 +21,7 @@ class Part:
 
     kind: str  # "text" | "image" | "audio" | "video"
     text: str = ""
-    ref: str = ""  # a video given as frame images: the JSON list of the frames' refs
+    ref: str = ""  # a video given as frame images: the JSON list of the frames' refs as written
     path: str = ""  # a frame list: its first frame
     frames: tuple[str, ...] = ()  # a video given as frame images: every frame, resolved
     fps: float = 0.0  # a frame list's stated rate (0: the video policy's)

@@ -8,6 +8,7 @@ maps the shards itself on first access, so pickling is cheap and no memory is co
 from __future__ import annotations
 
 import bisect
+import json
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,12 @@ class _ShardedTable:
             out[name] = value
         if "media" in out:
             for m in out["media"]:
-                m["path"] = resolve_ref(m["ref"], self.media_root)
+                if m["ref"].startswith("{"):  # a video given as frame images: {"frames": [refs], "fps": rate}
+                    listed = json.loads(m["ref"])
+                    m["frames"] = [resolve_ref(r, self.media_root) for r in listed["frames"]]
+                    m["path"], m["fps"] = m["frames"][0], float(listed.get("fps") or 0.0)
+                else:
+                    m["path"] = resolve_ref(m["ref"], self.media_root)
         return out
 
     @property

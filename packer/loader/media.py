@@ -208,18 +208,20 @@ class MediaStep:
                              f"loads videos for the qwen2vl video policy only; pass video_policy=... and a Qwen2-VL one")
         from transformers.video_utils import VideoMetadata
 
-        from packer.media.video import load_video, probe_video, video_metadata
+        from packer.media.video import load_frames, load_video, probe_frames, probe_video, video_metadata
 
         policy, frames, metadata = self.video_policy, [], []
         for m in spans:
             path = m.get("path") or m["ref"]
+            listed = m.get("frames")  # a video given as frame images (PackedDataset resolves each)
             try:
-                info = probe_video(path)
+                info = probe_frames(listed, m.get("fps") or 0.0) if listed else probe_video(path)
             except BadRecord as e:
                 if e.reason == "missing_video":
                     _missing(m, path)
                 raise
-            frames.append(load_video(path, policy.frame_indices(info.frames, info.fps)))
+            indices = policy.frame_indices(info.frames, info.fps)
+            frames.append(load_frames(listed, indices) if listed else load_video(path, indices))
             metadata.append(video_metadata(info, policy))
         enc = self.video_processor(videos=frames, video_metadata=metadata, do_sample_frames=False, return_tensors="pt")
         merge, tps = int(self.video_processor.merge_size), int(self.video_processor.temporal_patch_size)

@@ -20,7 +20,7 @@ from packer.mix import Mix, mix
 from packer.pack import Plan, plan
 from packer.shards.schema import IGNORE, PLAN_SCHEMA
 
-MEDIA_KINDS = ("image", "audio")
+MEDIA_KINDS = ("image", "audio", "video")
 
 
 def media_counts(samples: pa.Table) -> dict[str, np.ndarray]:
