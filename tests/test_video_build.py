@@ -10,9 +10,9 @@ import json
 
 import pytest
 import torch
-from conftest import ROOT
 from mm_models import QWEN_IMAGE, qwen2vl_model, qwen2vl_processor
 
+from conftest import ROOT
 from packer.build import build
 from packer.config import resolve
 from packer.loader import PackedCollator, PackedDataset, model_inputs
