@@ -55,7 +55,8 @@ def test_fsspec_input_and_output(tmp_path):
     mem.pipe("/data/chat.jsonl", (SAMPLE / "chat.jsonl").read_bytes())
     for p in (SAMPLE / "audio").iterdir():
         mem.pipe(f"/data/audio/{p.name}", p.read_bytes())
-    config = BuildConfig(input=("memory://data/*.jsonl",), output="memory://builds/b1", tokenizer=TOKENIZER, workers=1)
+    config = BuildConfig(input=("memory://data/*.jsonl",), output="memory://builds/b1", tokenizer=TOKENIZER, workers=1,
+                         max_bad_fraction=1.0)  # the chat images were not copied: quarantined on purpose
     m = build(config, progress=False).to_dict()
     assert m["execution"]["output"] == "memory://builds/b1"
     assert m["accounting"]["records_read"] == 50 + 81 and m["accounting"]["samples_packed"] == 48 + 65  # 13 chats with images
