@@ -31,7 +31,7 @@ from packer.errors import PackerError
 from packer.io.files import sha256_file
 from packer.shards.io import read_shard
 from packer.shards.manifest import Accounting, Manifest
-from packer.shards.schema import IGNORE, ShardEntry
+from packer.shards.schema import IGNORE, MEDIA_KINDS, ShardEntry
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def verify(out: str | Path) -> tuple[list[Problem], dict[str, int]]:
     for entry in listed:
         problems += _check_file(out, entry)
     placeholders = set(manifest.placeholders.values())
-    kind_ids = {k: manifest.placeholder_id(k) for k in ("image", "audio")}
+    kind_ids = {k: manifest.placeholder_id(k) for k in MEDIA_KINDS}
     rows = tokens = 0
     samples: set[tuple[int, int]] = set()
     for entry in manifest.files.packed:

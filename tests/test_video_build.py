@@ -16,6 +16,7 @@ from conftest import ROOT
 from packer.build import build
 from packer.config import resolve
 from packer.loader import PackedCollator, PackedDataset, model_inputs
+from packer.verify import verify
 
 pytestmark = pytest.mark.slow  # two tiny VLMs over every video of sample_data
 
@@ -38,6 +39,7 @@ def test_the_build_stores_video_spans_with_grids_and_time_steps(video_build):
     assert len(listed) == 1 and len(listed[0]["frames"]) == 4 and json.loads(listed[0]["ref"])["fps"] == 2
     rotated = next(m for m in spans if "rotated" in m["ref"])
     assert rotated["grid"][1] > rotated["grid"][2]  # stored 64x48, shown upright 48x64: taller than wide
+    assert not verify(video_build)[0]  # video spans cover only <|video_pad|>, and nothing else does
 
 
 @pytest.mark.parametrize("version", ["2", "2.5"])

@@ -33,6 +33,7 @@ import pyarrow as pa
 from packer.errors import SchemaVersionError
 
 SCHEMA_VERSION = 2  # 2: integer segment identity (segment_source / _line / _start), sample source_index
+MEDIA_KINDS = ("image", "audio", "video")  # what a media span's ``kind`` may be
 IGNORE = -100  # label of a position that is not trained (the HF / PyTorch ignore_index)
 VERSION_KEY = b"packer.schema_version"
 KIND_KEY = b"packer.kind"

@@ -16,12 +16,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packer.shards.io import read_shard
-from packer.shards.schema import IGNORE
+from packer.shards.schema import IGNORE, MEDIA_KINDS
 
 # Per-row arrays (``ShardStats.array(f"row_{name}")``): a sampler's cost model inputs (packer.cost).
 ROW_FIELDS = ("tokens", "attention", "media_items", "media_tokens", "image_items", "image_tokens", "image_square",
               "audio_items", "audio_tokens", "audio_square", "video_items", "video_tokens", "video_square")
-KINDS = ("image", "audio", "video")
+KINDS = MEDIA_KINDS
 
 
 def length_edges(max_length: int) -> np.ndarray:
