@@ -178,22 +178,20 @@ def media_passes(out: Path, config: BuildConfig, encoded: Encoded, embedder, ext
                  media_root: str = "") -> dict[str, Any]:
     if embedder is None and extractor is None:
         return {}
-    if media_root:  # stored refs are relative to the build's media root
-        config = dataclasses.replace(config, media_root=media_root)
     from packer.stages import media_pass
 
     samples = read_shards([out / e.file for e in encoded.sample_shards], SAMPLE_SCHEMA)
     extra = {}
     if embedder is not None and config.engine == "ray":  # one task on a worker with embed_gpus GPUs
         extra["embeddings"] = engine.run_once(media_pass.embeddings_task, str(out), [e.file for e in encoded.sample_shards],
-                                              config, num_gpus=config.embed_gpus)
+                                              config, media_root, num_gpus=config.embed_gpus)
     elif embedder is not None:
         stage = Stage("embed", "images", enabled=progress)
-        extra["embeddings"] = media_pass.image_embeddings(out, samples, embedder, config, stage)
+        extra["embeddings"] = media_pass.image_embeddings(out, samples, embedder, config, stage, media_root)
         stage.done(f"{stage.count:,} images")
     if extractor is not None:
         stage = Stage("features", "clips", enabled=progress)
-        extra["audio_features"] = media_pass.audio_features(out, samples, extractor, config, stage)
+        extra["audio_features"] = media_pass.audio_features(out, samples, extractor, config, stage, media_root)
         stage.done(f"{stage.count:,} clips")
     return extra
 

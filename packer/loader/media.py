@@ -47,6 +47,7 @@ import torch
 
 from packer.errors import BadRecord
 from packer.media.load import load_audio, load_image
+from packer.media.policies import Qwen2Audio
 
 
 class MediaMismatchError(ValueError):
@@ -55,9 +56,8 @@ class MediaMismatchError(ValueError):
 
 def audio_output_length(frames: int) -> int:
     """Positions a Qwen2-Audio / Qwen2.5-Omni audio encoder produces from ``frames`` valid
-    mel frames: a stride-2 conv, then a 2x pool (``_get_feat_extract_output_lengths``)."""
-    conv = (frames - 1) // 2 + 1
-    return (conv - 2) // 2 + 1
+    mel frames: the build's own formula (:meth:`packer.media.policies.Qwen2Audio.tokens_for_frames`)."""
+    return Qwen2Audio.tokens_for_frames(frames)
 
 
 def video_policy_for(video_processor, **overrides):

@@ -18,24 +18,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from packer.errors import PackerError
+from packer.media.load import resolve_ref
 from packer.shards.io import write_shard
 from packer.shards.schema import AUDIO_FEATURE_SCHEMA, FEATURE_SCHEMA, ShardEntry
 
 
-def media_paths(samples: pa.Table, kind: str, media_root: str | None) -> dict[str, str]:
-    """ref -> resolved path for every media item of ``kind``, in order of first use."""
+def media_paths(samples: pa.Table, kind: str, media_root: str) -> dict[str, str]:
+    """ref -> file for every media item of ``kind``, in order of first use. Stored refs are
+    relative to the build's media root (or absolute), so one ref names one file."""
     with_media = samples.filter(pc.greater(pc.list_value_length(samples.column("media")), 0))
     refs: dict[str, str] = {}
-    for row in with_media.select(["source_file", "media"]).to_pylist():
-        base = Path(media_root) if media_root else Path(row["source_file"]).parent
-        for m in row["media"]:
-            if m["kind"] != kind:
-                continue
-            path = str(Path(m["ref"]) if Path(m["ref"]).is_absolute() else base / m["ref"])
-            if refs.setdefault(m["ref"], path) != path:
-                raise PackerError(f"{kind} ref {m['ref']!r} names two files ({refs[m['ref']]} and {path}); "
-                                  f"features are keyed by ref: use --media-root or absolute paths")
+    for spans in with_media.column("media").to_pylist():
+        for m in spans:
+            if m["kind"] == kind and m["ref"] not in refs:
+                refs[m["ref"]] = resolve_ref(m["ref"], media_root)
     return refs
 
 
@@ -84,15 +80,15 @@ def run_pass(out: Path, folder: str, refs: dict[str, str], compute: Callable[[li
     return shards
 
 
-def image_embeddings(out: Path, samples: pa.Table, embedder, config, bar) -> dict[str, Any]:
-    refs = media_paths(samples, "image", config.media_root)
+def image_embeddings(out: Path, samples: pa.Table, embedder, config, bar, media_root: str) -> dict[str, Any]:
+    refs = media_paths(samples, "image", media_root)
     files = run_pass(out, "embeddings", refs, lambda paths: [{"values": a} for a in embedder.embed(paths)],
                      config.embed_batch_size, config.shard_bytes, bar)
     return {**embedder.describe(), "images": len(refs), "files": [dataclasses.asdict(e) for e in files]}
 
 
-def audio_features(out: Path, samples: pa.Table, extractor, config, bar) -> dict[str, Any]:
-    refs = media_paths(samples, "audio", config.media_root)
+def audio_features(out: Path, samples: pa.Table, extractor, config, bar, media_root: str) -> dict[str, Any]:
+    refs = media_paths(samples, "audio", media_root)
     files = run_pass(out, "audio_features", refs, lambda paths: [_audio_item(extractor, p) for p in paths], 8,
                      config.shard_bytes, bar, AUDIO_FEATURE_SCHEMA)
     return {**extractor.describe(), "clips": len(refs), "files": [dataclasses.asdict(e) for e in files]}
@@ -108,7 +104,7 @@ class _NoBar:
         pass
 
 
-def embeddings_task(out: str, sample_files: list[str], config) -> dict[str, Any]:
+def embeddings_task(out: str, sample_files: list[str], config, media_root: str) -> dict[str, Any]:
     """The embedding pass as one self-contained task (what the Ray engine ships to a GPU worker)."""
     from packer.media.embed import EmbedSpec, ImageEmbedder
     from packer.shards.io import read_shards
@@ -116,4 +112,4 @@ def embeddings_task(out: str, sample_files: list[str], config) -> dict[str, Any]
 
     embedder = ImageEmbedder(EmbedSpec.from_config(config))
     samples = read_shards([Path(out) / f for f in sample_files], SAMPLE_SCHEMA)
-    return image_embeddings(Path(out), samples, embedder, config, _NoBar())
+    return image_embeddings(Path(out), samples, embedder, config, _NoBar(), media_root)
