@@ -27,7 +27,6 @@ from packer.errors import ConfigError
 from packer.media.probe import IMAGE_CHECKS
 
 DEFAULT_PIPELINE = Path("pipelines/sample.toml")
-MEDIA_KINDS = ("image", "audio", "video")
 
 
 # Every field is tagged once; the key sets at the bottom are derived from the tags.
@@ -181,6 +180,8 @@ class BuildConfig:
             raise ConfigError(f"max_bad_fraction must be between 0 and 1, got {self.max_bad_fraction}")
         if self.workers < 0:
             raise ConfigError(f"workers must be 0 (auto) or positive, got {self.workers}")
+        from packer.shards.schema import MEDIA_KINDS  # here, not at import: `packer --help` loads no pyarrow
+
         if any(m not in MEDIA_KINDS for m in self.modalities) or len(set(self.modalities)) != len(self.modalities):
             raise ConfigError(f"modalities = {list(self.modalities)}: name each of image, audio, video at most once "
                               "(an empty list packs text only)")

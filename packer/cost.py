@@ -67,7 +67,9 @@ from typing import Any
 
 import numpy as np
 
-KINDS = ("image", "audio", "video")
+from packer.shards.schema import MEDIA_KINDS
+
+KINDS = MEDIA_KINDS
 PER_KIND = ("image", "audio")  # stats holding these are read per kind; video's arrays count where present
 
 

@@ -33,9 +33,9 @@ from packer.ingest.reader import RawLine
 from packer.ingest.records import Conversation, Document
 from packer.io.fs import is_url
 from packer.media.counter import MediaCounter
-from packer.shards.schema import IGNORE, MediaSpan, Sample
+from packer.shards.schema import IGNORE, MEDIA_KINDS, MediaSpan, Sample
 
-MEDIA_ORDER = ("image", "audio", "video")
+MEDIA_ORDER = MEDIA_KINDS  # the order a modality name lists its kinds in
 TOKENIZE_BATCH = 1000  # texts per tokenizer call: the wrapper's cost is paid per call, memory grows with the batch
 
 

@@ -43,6 +43,7 @@ from typing import Any
 from packer.errors import BadRecord
 from packer.ingest.records import ROLES, Conversation, Document, Part, Turn
 from packer.io import fs
+from packer.shards.schema import MEDIA_KINDS
 
 FORMATS = ("llava", "sharegpt", "messages", "prompt_completion", "alpaca", "text")
 # The fields a forced --format needs: one inner tuple per field, holding the names it may go by.
@@ -51,7 +52,6 @@ NEEDS = {"llava": (("conversations",),), "sharegpt": (("conversations", "message
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
                   "bard": "assistant", "model": "assistant", "function_call": "assistant", "system": "system",
                   "tool": "tool", "function": "tool", "observation": "tool"}
-MEDIA_KINDS = ("image", "audio", "video")
 PATH_KEYS = ("path", "url", "file")
 
 

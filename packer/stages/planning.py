@@ -18,9 +18,7 @@ import pyarrow.compute as pc
 from packer.config import BuildConfig
 from packer.mix import Mix, mix
 from packer.pack import Plan, plan
-from packer.shards.schema import IGNORE, PLAN_SCHEMA
-
-MEDIA_KINDS = ("image", "audio", "video")
+from packer.shards.schema import IGNORE, MEDIA_KINDS, PLAN_SCHEMA
 
 
 def media_counts(samples: pa.Table) -> dict[str, np.ndarray]:
