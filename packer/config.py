@@ -141,7 +141,8 @@ class BuildConfig:
                       choices=("shuffle", "sequential", "planner", "longest-first"), stage="plan", group="packing")
     seed: int = _opt(0, "Seed for every random choice of the build.", stage="plan", group="packing")
     engine: str = _opt("local", "Where stages 1 and 3 run.", choices=("local", "ray"), stage="execution", group="execution")
-    workers: int = _opt(0, "Worker processes for stages 1 and 3 (0: one per CPU core; in-process for inputs under 16 MiB).",
+    workers: int = _opt(0, "Processes for stages 1 and 3 (0: one per CPU core; in-process for inputs under 16 MiB); "
+                           "in stage 1 the build's own process is one of them.",
                         stage="execution", group="execution")
     chunk_records: int = _opt(10_000, "Input records per stage-1 task; also the rows of one samples/ shard.",
                               stage="content", group="execution")

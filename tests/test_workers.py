@@ -1,5 +1,5 @@
-"""Worker processes die with their build: kill -9, SIGTERM and Ctrl-C of a ``--workers 2``
-build leave no worker running, no shard written after the lock is released, no pipe held
+"""Worker processes die with their build: kill -9, SIGTERM and Ctrl-C of a ``--workers 3``
+build (the build's own process and two workers in stage 1) leave no worker running, no shard written after the lock is released, no pipe held
 open; SIGTERM and SIGINT stop the build within seconds and a rerun resumes to the same bytes.
 An error in a task, or an abandoned ``map``, kills the running tasks instead of waiting for them.
 
@@ -97,7 +97,7 @@ def alive(kids: dict[int, str]) -> list[int]:
 
 
 def wait_mid_stage_1(proc: subprocess.Popen, out: Path, tasks: int = 2) -> dict[int, str]:
-    """Wait until the build's two workers are up and stage 1 has finished ``tasks`` tasks; its children."""
+    """Wait until the build's two worker processes are up and stage 1 has finished ``tasks`` tasks; its children."""
     deadline = time.time() + 180
     while time.time() < deadline and proc.poll() is None:
         if len(workers_of(proc.pid)) >= 2 and len(list((out / ".state").glob("encode-*.json"))) >= tasks:
@@ -170,9 +170,26 @@ def test_an_error_or_an_abandoned_map_kills_running_tasks_instead_of_waiting(tmp
     assert workers and all(stat_fields(pid) is None for pid in workers), "a worker is still running"
 
 
+def _where(state: str, task: int) -> tuple[int, str, int]:
+    return task, state, os.getpid()
+
+
+def test_the_callers_process_is_one_of_the_workers_when_it_has_the_state():
+    """With ``in_process_state`` this process runs every ``workers``-th task on that state and
+    ``workers - 1`` processes run the rest (each with the state ``setup`` built); results in order."""
+    from packer.engine.local import LocalEngine
+
+    got = list(LocalEngine(3).map(_where, range(8), str, ("built by setup",), in_process_state="given"))
+    assert [t for t, _, _ in got] == list(range(8))
+    here = [t for t, state, pid in got if pid == os.getpid()]
+    assert here == [0, 3, 6] and all(state == "given" for t, state, _ in got if t in here)
+    others = {pid for t, state, pid in got if t not in here}
+    assert 1 <= len(others) <= 2 and all(state == "built by setup" for t, state, _ in got if t not in here)
+
+
 def test_kill_9_of_the_build_kills_its_workers_and_frees_its_pipes(data, tmp_path):
     out = tmp_path / "out"
-    proc = start(data, out, workers=2, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start(data, out, workers=3, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     eof = {name: threading.Event() for name in ("stdout", "stderr")}
     for name, ev in eof.items():
         read_to_eof(getattr(proc, name), ev)
@@ -191,14 +208,14 @@ def test_kill_9_of_the_build_kills_its_workers_and_frees_its_pipes(data, tmp_pat
 
 
 def interrupt(data: Path, out: Path, how: str, tmp_path: Path, tasks: int) -> None:
-    """Start a ``--workers 2`` build of ``out``, stop it with ``how`` once ``tasks`` stage-1 tasks are done, check it stopped
+    """Start a ``--workers 3`` build of ``out``, stop it with ``how`` once ``tasks`` stage-1 tasks are done, check it stopped
     at once, workers and all, with the lock free and nothing written after. SIGTERM goes to the build alone; SIGINT to its
     whole process group, as Ctrl-C in a terminal sends it."""
     from packer.stages.state import BuildLock
 
     log = tmp_path / f"{how}.stderr"
     with log.open("wb") as f:
-        proc = start(data, out, workers=2, stdout=subprocess.DEVNULL, stderr=f)
+        proc = start(data, out, workers=3, stdout=subprocess.DEVNULL, stderr=f)
     kids = wait_mid_stage_1(proc, out, tasks)
     sent = time.time()
     if how == "SIGTERM":
@@ -225,7 +242,7 @@ def test_sigterm_and_ctrl_c_stop_the_build_at_once_and_a_rerun_resumes(data, ref
     out = tmp_path / "out"
     interrupt(data, out, "SIGTERM", tmp_path, tasks=2)
     interrupt(data, out, "SIGINT", tmp_path, tasks=len(list((out / ".state").glob("encode-*.json"))) + 2)
-    rerun = start(data, out, workers=2, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # a pool that finishes
+    rerun = start(data, out, workers=3, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # a pool that finishes
     _, err = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, err.decode()
     assert content(out) == reference

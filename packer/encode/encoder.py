@@ -140,7 +140,15 @@ class Encoder:
 
         ``failure`` turns an exception met by one record into that record's BadRecord (or
         raises it, to stop the task); stage 1 passes its quarantine classifier. Results are
-        in input order and equal to :meth:`encode_line` on each line."""
+        in input order and equal to :meth:`encode_line` on each line. Lines go through in
+        chunks of ``TOKENIZE_BATCH``, so the tokens waiting for their records never outgrow one chunk."""
+        results: list[Sample | BadRecord] = []
+        for at in range(0, len(raws), TOKENIZE_BATCH):
+            results += self._encode_chunk(raws[at : at + TOKENIZE_BATCH], file, file_dir, source_index, failure)
+        return results
+
+    def _encode_chunk(self, raws: list[RawLine], file: str, file_dir: Path | str, source_index: int,
+                      failure: Callable[[Exception], BadRecord]) -> list[Sample | BadRecord]:
         results: list[Any] = [None] * len(raws)
         prepared: list[Any] = [None] * len(raws)
         for j, raw in enumerate(raws):

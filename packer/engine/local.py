@@ -67,7 +67,11 @@ class LocalEngine:
         """Yield ``fn(state, task)`` for each task, in order.
 
         ``setup(*setup_args)`` builds the per-process state (a tokenizer, an open
-        table) once per worker; ``in_process_state`` reuses one the caller has.
+        table) once per worker; ``in_process_state`` reuses one the caller has. With it,
+        this process is one of the ``workers``: it runs every ``workers``-th task itself
+        and ``workers - 1`` processes are started, so the state it already built is not
+        built again and no core idles while the workers start (stage 1: the driver has
+        loaded the tokenizer to fingerprint it before any task runs).
         """
         tasks = iter(tasks)
         first = next(tasks, None)
@@ -79,18 +83,21 @@ class LocalEngine:
             for task in _chain(first, second, tasks):
                 yield fn(state, task)
             return
+        here = in_process_state is not None
+        processes = self.workers - 1 if here else self.workers
         ctx = _TrackingContext()  # spawn: no fork after Rust tokenizers start threads
-        pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init, initargs=(os.getpid(), setup, setup_args))
+        pool = ProcessPoolExecutor(processes, mp_context=ctx, initializer=_init, initargs=(os.getpid(), setup, setup_args))
         _LIVE.append(ctx)
         finished = False
         try:
-            pending: deque = deque()
-            for task in _chain(first, second, tasks):
-                pending.append(pool.submit(_call, fn, task))
+            pending: deque = deque()  # futures, and (task,) for the tasks this process runs when their turn comes
+            for k, task in enumerate(_chain(first, second, tasks)):
+                mine = here and k % self.workers == 0
+                pending.append((task,) if mine else pool.submit(_call, fn, task))
                 if len(pending) >= 2 * self.workers:
-                    yield pending.popleft().result()
+                    yield _result(pending.popleft(), fn, in_process_state)
             while pending:
-                yield pending.popleft().result()
+                yield _result(pending.popleft(), fn, in_process_state)
             finished = True
         finally:  # an error, an interrupt or an abandoned generator must not wait for running tasks
             if not finished:
@@ -163,6 +170,11 @@ def stop_on_signals():
 def _on_signal(signum: int, frame: Any) -> None:
     kill_workers()
     raise Interrupted(signum)
+
+
+def _result(item, fn: Callable[[Any, Any], Any], state: Any) -> Any:
+    """A pool future's result, or the task run here (a 1-tuple holding it)."""
+    return fn(state, item[0]) if isinstance(item, tuple) else item.result()
 
 
 def _chain(first, second, rest):

@@ -28,6 +28,7 @@ import typing
 from dataclasses import dataclass
 from typing import Annotated
 
+import numpy as np
 import pyarrow as pa
 
 from packer.errors import SchemaVersionError
@@ -193,8 +194,26 @@ def to_table(records: typing.Sequence, schema: pa.Schema) -> pa.Table:
         values = [getattr(r, field.name) for r in records]
         if pa.types.is_list(field.type) and pa.types.is_struct(field.type.value_type):
             values = [[dataclasses.asdict(v) for v in vs] for vs in values]
-        columns[field.name] = pa.array(values, type=field.type)
+        columns[field.name] = _numeric_lists(values, field.type) or pa.array(values, type=field.type)
     return pa.table(columns, schema=schema)
+
+
+def _numeric_lists(values: list, type_: pa.DataType) -> pa.Array | None:
+    """A list column whose cells are all numpy arrays (token ids, labels), as one offsets
+    array over their concatenation; None for any other column. The same array as
+    ``pa.array(values, type=type_)``, without a Python-level pass over every cell's items
+    (and without the pandas import pyarrow makes on meeting a numpy array in a list)."""
+    if not (values and pa.types.is_list(type_) and pa.types.is_integer(type_.value_type)):
+        return None
+    dtype = np.dtype(type_.value_type.to_pandas_dtype())
+    if not all(type(v) is np.ndarray and v.ndim == 1 and v.dtype == dtype for v in values):
+        return None
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum([len(v) for v in values], out=offsets[1:])
+    if offsets[-1] > np.iinfo(np.int32).max:
+        return None  # past a list array's int32 offsets: pyarrow's own error, from the general path
+    flat = np.concatenate(values)
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(flat, type=type_.value_type), type=type_)
 
 
 @dataclass(frozen=True)
