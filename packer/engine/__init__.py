@@ -1,8 +1,10 @@
 """Engines decide where a stage function runs; the stage functions are the same everywhere.
 
-An engine has one method, ``map(fn, tasks, setup, setup_args, in_process_state=None)``,
-yielding ``fn(state, task)`` for every task in task order, where ``state`` is built once
-per worker by ``setup(*setup_args)``.
+An engine has ``map(fn, tasks, setup, setup_args, in_process_state=None)``, yielding
+``fn(state, task)`` for every task in task order, where ``state`` is built once per worker
+by ``setup(*setup_args)`` (with ``in_process_state``, the local engine's own process is one
+of the workers), and ``started(setup, setup_args)``, a context in which the workers of that
+map are started ahead of it (the local engine's; Ray starts its actors with the map).
 
 A build holds :func:`stop_on_signals` while it runs: SIGTERM and SIGINT then kill the
 local workers and raise :class:`Interrupted` (a ``KeyboardInterrupt``), so the build's

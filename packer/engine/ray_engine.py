@@ -15,6 +15,7 @@ Without ``address`` a local Ray is started (``ray.init(num_cpus=workers)``); wit
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -42,6 +43,10 @@ class RayEngine:
         logging.getLogger("ray.data").setLevel(logging.WARNING)
         total = int(ray.cluster_resources().get("CPU", 1))
         self.workers = workers or max(1, int(total // max(cpus_per_task, 1e-9)))
+
+    def started(self, setup: Callable[..., Any], setup_args: tuple = ()):
+        """Nothing to start ahead: Ray Data starts its actors with the map."""
+        return contextlib.nullcontext()
 
     def run_once(self, fn: Callable[..., Any], *args: Any, num_gpus: float = 0) -> Any:
         """One task on a worker with ``num_gpus`` GPUs (the embedding pass)."""
