@@ -3,10 +3,10 @@
 The :class:`Encoder` is built once per worker process from a small picklable
 :class:`EncoderSpec`, so the local and the Ray engine construct it the same way.
 
-Stage 1 hands the encoder a whole task (:meth:`Encoder.encode_lines`): every record is
-parsed and its chat template rendered, then all texts go to the fast tokenizer in two
-calls (documents, conversations), then each record is finished (labels, media counts,
-checks). Per record the HF tokenizer call costs ~160 µs of wrapper on top of the Rust
+Stage 1 hands the encoder a whole task (:meth:`Encoder.encode_lines`), which goes through
+it in chunks of ``TOKENIZE_BATCH`` records: every record is parsed and its chat template
+rendered, then the chunk's texts go to the fast tokenizer in two calls (documents,
+conversations), then each record is finished (labels, media counts, checks). Per record the HF tokenizer call costs ~160 µs of wrapper on top of the Rust
 encode (Qwen2 vocabulary, ~160-token chats, measured on 2 shared cores); batched, that
 overhead is paid once per task. Everything that can fail for one record stays per record,
 so a bad record is quarantined alone; if a batched tokenizer call itself raises, the

@@ -123,8 +123,9 @@ def shard_stats(path: str | Path) -> ShardStats:
     seg_len = cu_values[first + 1] - cu_values[first]
     token_base = np.concatenate([[0], np.cumsum(n_tokens)])[:-1]
     seg_start = token_base[row_of_seg] + cu_values[first]  # in the shard's flattened tokens
-    labels = table.column("labels").combine_chunks().values.to_numpy()
-    mask = (labels != IGNORE).view(np.int8)
+    # A byte per token, chunk by chunk: the labels themselves (4 bytes a token) are never copied whole
+    mask = np.concatenate([np.asarray(c) != IGNORE for c in pc.list_flatten(table.column("labels")).chunks]
+                          or [np.zeros(0, bool)]).view(np.int8)
     trained = np.add.reduceat(mask, seg_start, dtype=np.int64) if len(seg_start) else np.zeros(0, np.int64)
     modality = pc.list_flatten(table.column("segment_modality")).cast(pa.string()).to_numpy(zero_copy_only=False)
     media = table.column("media").combine_chunks()
