@@ -10,6 +10,9 @@ step: within a window of ``window`` steps of shuffled rows, it sorts the rows by
 cuts them into consecutive steps, so a step's rows cost about the same; then it shuffles
 the window's steps. ``window=1`` is plain random steps; a larger window is more balance
 and less randomness (rows meet rows of similar cost; the order still spans the epoch).
+:func:`imbalance` measures a plan; :func:`imbalance_floor` is a floor no plan of the same
+rows goes below (the optimum at one row per rank), so what is left above 1 can be told
+apart as the sampler's or the data's.
 
 Worked example, 2 ranks x 1 row, window of 2 steps, costs of the shuffled rows::
 
@@ -67,8 +70,34 @@ def group_steps(order: np.ndarray, costs: np.ndarray, ranks: int, per_rank: int,
 
 def imbalance(costs: np.ndarray, assignment: np.ndarray, weighted: bool = False) -> float:
     """Mean over steps of (slowest rank / mean rank) for ``assignment[steps, ranks, per_rank]``;
-    ``weighted``: Σ slowest / Σ mean instead, the epoch's time against a perfectly balanced one."""
+    ``weighted``: Σ slowest / Σ mean instead, the epoch's time against a perfectly balanced one.
+
+    The weighted figure is the one that measures ranks waiting: the time lost is Σ (slowest -
+    mean) = (weighted - 1) x the balanced epoch's time. The mean over steps weighs a near-free
+    step of cheap rows (where a ratio of 2 costs almost nothing) as much as an expensive one."""
     load = costs[assignment].sum(-1)
     if weighted:
         return float(load.max(1).sum() / max(load.mean(1).sum(), 1e-12))
     return float(np.mean(load.max(1) / np.maximum(load.mean(1), 1e-12)))
+
+
+def imbalance_floor(costs: np.ndarray, ranks: int, per_rank: int = 1) -> float:
+    """The lowest ``imbalance(..., weighted=True)`` (Σ slowest rank / Σ mean rank) that any
+    assignment of these rows (all of them, len a multiple of ``ranks * per_rank``) into steps of
+    ``ranks`` x ``per_rank`` can reach: exact at one row per rank, a lower bound above it.
+
+    Why. Σ of the step means is Σ costs / ``ranks`` whatever the assignment, so only Σ of the
+    slowest ranks can move. Sort the costs c_1 >= c_2 >= ... and let P = ranks * per_rank; in any
+    assignment, order the steps by their costliest row, m_1 >= m_2 >= ... The (k-1)P + 1
+    costliest rows do not fit in k - 1 steps, so one of them is in a step j >= k:
+    m_k >= m_j >= c_((k-1)P+1). A step's slowest rank carries at least its costliest row (and
+    at least the step's mean), so Σ slowest >= max(Σ_k c_((k-1)P+1), Σ costs / ranks).
+    At one row per rank a rank's load is its row, and cutting the sorted rows into consecutive
+    steps (:func:`group_steps` with a window of the whole epoch) makes m_k = c_((k-1)P+1): the
+    bound is attained, so it is the optimum. With more rows per rank a load is a sum of rows
+    (even the best split of one step is a partition problem) and the bound may not be attained."""
+    per_step = ranks * per_rank
+    if len(costs) % per_step:
+        raise ValueError(f"{len(costs)} rows are not whole steps of {ranks} x {per_rank}")
+    c = np.sort(np.asarray(costs, dtype=np.float64))[::-1]
+    return float(max(1.0, c[::per_step].sum() / max(c.sum() / ranks, 1e-12)))

@@ -47,7 +47,7 @@ def _default_text(f, kept: tuple[str, ...] = ()) -> str:
     if isinstance(value, bool):
         return f" [default: {'' if value else 'no-'}{f.name.replace('_', '-')}]"
     if isinstance(value, tuple):
-        value = ", ".join(value)
+        value = ", ".join(map(str, value))
     return "" if value in ("", None) else f" [default: {value}]"
 
 
@@ -60,6 +60,9 @@ def _add_options(fn, fields, kept: tuple[str, ...] = ()):
             flag = f"{flag}/--no-{f.name.replace('_', '-')}"
             names = [flag]
             fn = click.option(*names, f.name, default=None, help=help_text)(fn)
+        elif f.type == "tuple[int, ...]":
+            fn = click.option(*names, f.name, multiple=True, default=None, help=help_text, callback=_int_list,
+                              metavar="N[,N...]")(fn)
         elif isinstance(f.default, tuple):
             fn = click.option(*names, f.name, multiple=True, default=None, help=help_text)(fn)
         else:
@@ -71,6 +74,15 @@ def _add_options(fn, fields, kept: tuple[str, ...] = ()):
                 kind = int if isinstance(f.default, int) else str
             fn = click.option(*names, f.name, type=kind, default=None, help=help_text)(fn)
     return fn
+
+
+def _int_list(ctx, param, values: tuple[str, ...]) -> tuple[int, ...] | None:
+    """``--report-ranks 8,64`` or the flag given twice: one tuple of integers; None when not
+    given, so the pipeline's value or the default stands."""
+    try:
+        return tuple(int(v) for value in values for v in value.split(",")) or None
+    except ValueError:
+        raise click.BadParameter(f"{', '.join(values)!r}: write integers separated by commas, e.g. 8,64") from None
 
 
 def _run(fn, *args, **kwargs):

@@ -164,6 +164,13 @@ class BuildConfig:
                                    stage="execution", group="execution")
     cpus_per_task: float = _opt(1.0, "With --engine ray: CPUs reserved by each stage-1 / stage-3 worker.",
                                 stage="execution", group="execution")
+    # The report's step-balance table describes the trainer's TokenBalancedSampler: it changes no shard, so execution.
+    report_ranks: tuple[int, ...] = _opt((8, 64), "Data-parallel ranks the report's step imbalance is shown for, "
+                                         "comma-separated (e.g. 8,64,256).", stage="execution", group="output")
+    report_batch: int = _opt(1, "Rows per rank per step in the report's step imbalance (the sampler's batch_size).",
+                             stage="execution", group="output")
+    report_window: int = _opt(64, "Steps per sorting window in the report's step imbalance (the sampler's window).",
+                              stage="execution", group="output")
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -171,7 +178,8 @@ class BuildConfig:
             value = getattr(self, f.name)
             if choices and value not in choices:
                 raise ConfigError(f"{f.name} = {value!r} is not one of {', '.join(choices)}")
-        for key in ("max_length", "chunk_records", "shard_rows", "shard_bytes", "embed_batch_size", "max_line_bytes"):
+        for key in ("max_length", "chunk_records", "shard_rows", "shard_bytes", "embed_batch_size", "max_line_bytes",
+                    "report_batch", "report_window"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be at least 1, got {getattr(self, key)}")
         for key in ("max_segments", "max_media", "max_images", "max_audio", "max_videos"):
@@ -181,6 +189,8 @@ class BuildConfig:
             raise ConfigError(f"max_bad_fraction must be between 0 and 1, got {self.max_bad_fraction}")
         if self.workers < 0:
             raise ConfigError(f"workers must be 0 (auto) or positive, got {self.workers}")
+        if not self.report_ranks or min(self.report_ranks) < 1:
+            raise ConfigError(f"report_ranks must be one or more positive rank counts, got {list(self.report_ranks)}")
         from packer.shards.schema import MEDIA_KINDS  # here, not at import: `packer --help` loads no pyarrow
 
         if any(m not in MEDIA_KINDS for m in self.modalities) or len(set(self.modalities)) != len(self.modalities):
@@ -356,6 +366,10 @@ def resolve(pipeline: str | Path | None = None, **overrides: Any) -> BuildConfig
 
 def _coerce(key: str, value: Any) -> Any:
     default = FIELDS[key].default
+    if FIELDS[key].type == "tuple[int, ...]":
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{key} must be a list of integers, got {value!r}")
+        return tuple(value)
     if isinstance(default, tuple):
         if isinstance(value, str):
             value = [value]

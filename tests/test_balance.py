@@ -3,11 +3,13 @@ and the balance targets of ``TokenBalancedSampler`` on generated builds (costs, 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
 
-from packer.balance import balance, group_steps, imbalance
+from packer.balance import balance, group_steps, imbalance, imbalance_floor
 from packer.cost import CostModel
 from packer.loader import TokenBalancedSampler
 from packer.loader.masks import allowed, segments_and_positions
@@ -186,3 +188,71 @@ def test_group_steps_worked_example():
     plan = group_steps(np.arange(4), costs, 2, 1, window=2)
     assert [sorted(costs[s.ravel()].tolist()) for s in plan] == [[8.0, 9.0], [1.0, 2.0]]
     assert imbalance(costs, plan, weighted=True) == pytest.approx((9 + 2) / (8.5 + 1.5))
+
+
+def groups(rows: tuple[int, ...], size: int):
+    """Every split of ``rows`` into unordered groups of ``size``."""
+    if not rows:
+        yield []
+        return
+    first, rest = rows[0], rows[1:]
+    for mates in itertools.combinations(rest, size - 1):
+        left = tuple(r for r in rest if r not in mates)
+        for tail in groups(left, size):
+            yield [(first, *mates), *tail]
+
+
+def assignments(n: int, ranks: int, per_rank: int):
+    """Every ``[steps, ranks, per_rank]`` assignment of rows 0..n-1 (up to the order of steps,
+    of ranks in a step and of rows on a rank, which no imbalance figure sees)."""
+    for steps in groups(tuple(range(n)), ranks * per_rank):
+        for split in itertools.product(*(list(groups(step, per_rank)) for step in steps)):
+            yield np.array(split)
+
+
+def small_costs(n: int, seed: int) -> np.ndarray:
+    """Continuous costs for even seeds, few distinct integers (ties) for odd ones."""
+    rng = np.random.default_rng(seed)
+    return rng.lognormal(0, 1.5, n) if seed % 2 == 0 else rng.integers(1, 5, n).astype(np.float64)
+
+
+@pytest.mark.parametrize(("n", "ranks"), [(6, 2), (6, 3), (8, 2), (8, 4)])
+def test_imbalance_floor_is_the_optimum_at_one_row_per_rank(n, ranks):
+    """Against every partition of the rows into steps; the sampler's sort-and-cut over a
+    whole-epoch window attains it."""
+    for seed in range(30):
+        costs = small_costs(n, seed)
+        best = min(imbalance(costs, a, weighted=True) for a in assignments(n, ranks, 1))
+        assert imbalance_floor(costs, ranks) == pytest.approx(best, rel=1e-12)
+        rng = np.random.default_rng(seed)
+        plan = group_steps(rng.permutation(n), costs, ranks, 1, window=n // ranks, rng=rng)
+        assert imbalance(costs, plan, weighted=True) == pytest.approx(best, rel=1e-12)
+
+
+@pytest.mark.parametrize(("n", "ranks", "per_rank"), [(8, 2, 2), (8, 4, 2)])
+def test_imbalance_floor_bounds_every_assignment_above_one_row_per_rank(n, ranks, per_rank):
+    for seed in range(30):
+        costs = small_costs(n, seed)
+        best = min(imbalance(costs, a, weighted=True) for a in assignments(n, ranks, per_rank))
+        assert 1.0 <= imbalance_floor(costs, ranks, per_rank) <= best * (1 + 1e-12)
+
+
+def test_imbalance_floor_of_the_worked_example_and_its_errors():
+    costs = np.array([9.0, 1.0, 8.0, 2.0])  # steps (9, 8) (2, 1): what the window-2 plan above reaches
+    assert imbalance_floor(costs, 2) == pytest.approx((9 + 2) / (8.5 + 1.5))
+    assert imbalance_floor(costs, 1, 4) == 1.0  # one rank: nothing to wait for
+    with pytest.raises(ValueError, match="3 rows are not whole steps of 2 x 1"):
+        imbalance_floor(costs[:3], 2)
+
+
+@pytest.mark.parametrize("ranks", [8, 64])
+def test_sampler_with_a_whole_epoch_window_is_at_the_floor_at_one_row_per_rank(ranks):
+    """On a generated build (attention work alone: many rows tie at a full segment's cost)."""
+    cost = CostModel(token=0, attention=1)
+    stats = generated_stats(265)
+    plan = TokenBalancedSampler(Rows(stats), num_replicas=ranks, rank=0, drop_last=True, cost=cost,
+                                window=10**6).assignment()
+    costs = cost(stats)
+    floor = imbalance_floor(costs[plan.ravel()], ranks)
+    assert imbalance(costs, plan, weighted=True) == pytest.approx(floor, rel=1e-12)
+    assert floor < imbalance(costs, random_steps(265, ranks, 1, 0), weighted=True)

@@ -17,6 +17,14 @@ def test_flags_override_the_pipeline_and_replace_inputs():
     assert c.tokenizer == "sample_data/tokenizer"  # kept from the pipeline
 
 
+def test_report_ranks_from_a_pipeline_file(tmp_path):
+    p = tmp_path / "p.toml"
+    p.write_text("report_ranks = [16, 128]\nreport_batch = 2\n")
+    c = resolve(p)
+    assert (c.report_ranks, c.report_batch, c.report_window) == ((16, 128), 2, 64)
+    assert BuildConfig().report_ranks == (8, 64)
+
+
 def test_none_overrides_are_ignored():
     assert resolve(ROOT / "pipelines" / "sample.toml", max_length=None).max_length == 4096
 
@@ -38,6 +46,11 @@ def test_unknown_pipeline_key(tmp_path):
         ("input = [1]", "input must be a list of strings"),
         ("workers = -1", "workers must be 0"),
         ("max_length = [", "not valid TOML"),
+        ("report_ranks = [8, 'x']", "report_ranks must be a list of integers, got \\[8, 'x'\\]"),
+        ("report_ranks = 8", "report_ranks must be a list of integers, got 8"),
+        ("report_ranks = []", "report_ranks must be one or more positive rank counts, got \\[\\]"),
+        ("report_ranks = [8, 0]", "report_ranks must be one or more positive rank counts"),
+        ("report_batch = 0", "report_batch must be at least 1, got 0"),
     ],
 )
 def test_bad_values(tmp_path, text, match):
@@ -97,11 +110,13 @@ def test_execution_keys_stay_out_of_the_manifest_config_and_the_fingerprint():
 
     # Pinned: moving a key in or out of execution changes every build's fingerprint (a resume would be refused).
     assert set(EXECUTION_KEYS) == {"output", "engine", "workers", "overwrite", "durable", "staging_dir", "ray_address",
-                                   "cpus_per_task", "embed_gpus"}
+                                   "cpus_per_task", "embed_gpus", "report_ranks", "report_batch", "report_window"}
     c = BuildConfig(workers=3, overwrite=True)
     assert not set(c.content_dict()) & set(EXECUTION_KEYS)
     assert set(PLAN_KEYS) <= set(c.content_dict())  # the plan decides the packed rows: it is content of the build
     assert c.execution_dict()["workers"] == 3 and set(c.execution_dict()) == set(EXECUTION_KEYS)
+    # the report's sampler settings change no shard: the same content, so the same fingerprint
+    assert BuildConfig(report_ranks=(16,), report_batch=4, report_window=1).content_dict() == BuildConfig().content_dict()
 
 
 def test_an_untagged_or_mistagged_field_fails_at_definition():

@@ -59,8 +59,12 @@ def test_report_equals_an_independent_recomputation(sample_build):
     acc = manifest["accounting"]
     assert r["accounting"]["records_read"] == acc["records_read"] and r["accounting"]["quarantined_by_reason"] == acc["quarantined_by_reason"]
     assert [q["reason"] for q in r["quarantine_top"]] and all(re.fullmatch(r".+:\d+", e) for q in r["quarantine_top"] for e in q["examples"])
-    eight = r["rank_imbalance"]["8"]  # 26 rows: 3 steps of 8 ranks x 1 row; 64 ranks: none
-    assert eight["steps"] == 3 and eight["rows_per_rank"] == 1 and r["rank_imbalance"]["64"] is None
+    balance = r["rank_imbalance"]  # the defaults: 8 and 64 ranks x 1 row, window 64
+    assert (balance["ranks"], balance["rows_per_rank"], balance["window"], balance["best_is_bound"]) == ([8, 64], 1, 64, False)
+    eight = balance["by_ranks"]["8"]  # 26 rows: 3 steps of 8 ranks x 1 row; 64 ranks: none
+    assert eight["steps"] == 3 and balance["by_ranks"]["64"] is None
+    # one row per rank, a window over the whole epoch: the sampler is at the optimum
+    assert eight["sampler_weighted"] == pytest.approx(eight["best_weighted"]) and eight["best_weighted"] >= 1.0
 
 
 def test_rank_imbalance_is_reported_when_there_are_enough_rows(sample_build, tmp_path):
@@ -69,9 +73,39 @@ def test_rank_imbalance_is_reported_when_there_are_enough_rows(sample_build, tmp
     src, _ = sample_build
     repack(src, output=str(tmp_path / "short"), max_length=512, oversize="split", max_bad_fraction=1.0, progress=False)
     r = report(tmp_path / "short")
-    eight = r["rank_imbalance"]["8"]
+    eight = r["rank_imbalance"]["by_ranks"]["8"]
     assert r["rows"] >= 64 and eight["steps"] == r["rows"] // 8
-    assert 1.0 <= eight["balanced"] < eight["round_robin"]
+    assert 1.0 <= eight["sampler"] < eight["random"]
+    assert 1.0 <= eight["best_weighted"] <= eight["sampler_weighted"] * (1 + 1e-12) < eight["random_weighted"]
+
+
+def test_step_balance_follows_the_recorded_sampler_settings(sample_build, tmp_path):
+    """--report-ranks / --report-batch / --report-window are recorded with how the build ran
+    (not in its config: no shard changes), and `packer report` regenerates with them."""
+    from packer.config import FIELDS
+    from packer.loader.samplers.token_balanced import WINDOW
+
+    src, _ = sample_build
+    out = tmp_path / "ranks"
+    r = CliRunner().invoke(main, ["repack", str(src), "-o", str(out), "--report-ranks", "2,3", "--report-ranks", "30",
+                                  "--report-batch", "2", "--report-window", "1"])
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["execution"]["report_ranks"], manifest["execution"]["report_batch"]) == ([2, 3, 30], 2)
+    assert not {"report_ranks", "report_batch", "report_window"} & set(manifest["config"])
+    balance = json.loads((out / "report.json").read_text())["rank_imbalance"]
+    assert (balance["ranks"], balance["rows_per_rank"], balance["window"], balance["best_is_bound"]) == ([2, 3, 30], 2, 1, True)
+    two, three = balance["by_ranks"]["2"], balance["by_ranks"]["3"]
+    assert (two["steps"], three["steps"], balance["by_ranks"]["30"]) == (6, 4, None)  # 26 rows in steps of 4 and 6
+    assert 1.0 <= two["best_weighted"] <= two["sampler_weighted"] * (1 + 1e-12)  # a bound at 2 rows per rank
+    (out / "report.json").unlink()
+    assert CliRunner().invoke(main, ["report", str(out)]).exit_code == 0
+    assert json.loads((out / "report.json").read_text())["rank_imbalance"] == balance
+    page = (out / "report.html").read_text()
+    assert "2 x 2" in page and "too few rows for one step" in page and "&ge; " in page
+    r = CliRunner().invoke(main, ["repack", str(src), "-o", str(tmp_path / "bad"), "--report-ranks", "2,x"])
+    assert r.exit_code == 2 and "write integers separated by commas" in r.output
+    assert FIELDS["report_window"].default == WINDOW  # the report's default is the sampler's
 
 
 def test_pad_cost():
@@ -96,9 +130,10 @@ def test_html_has_every_section_embeds_its_plots_and_no_url(sample_build):
     for section in ("Accounting", "Modalities", "Sample length distribution", "Fill per row", "Segments per row", "imbalance",
                     "Tokens computed for the same samples", "Top quarantine reasons",
                     "Resolved config", "speed-up vs padding", "lower bound", "Padding saved by packing", "padding saved",
-                    "Truncated samples", "Dropped samples", "No sample was dropped", "<h1>sample</h1>"):
+                    "Truncated samples", "Dropped samples", "No sample was dropped", "<h1>sample</h1>",
+                    "Step balance across data-parallel ranks", "best possible", "8 x 1 rows"):
         assert section in page, section
-    assert page.count("<svg") >= 4  # the imbalance panel says "too few rows" on a 26-row build
+    assert page.count("<svg") >= 5  # 26 rows: 3 steps of 8 ranks x 1 row, charted
     assert not re.search(r"(https?:)?//[a-z0-9.-]+\.[a-z]{2,}/", page.replace('xmlns="http://www.w3.org/2000/svg"', ""))
     assert "<script" not in page and "src=" not in page and "<link" not in page
 

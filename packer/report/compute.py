@@ -11,8 +11,10 @@ All numbers come from the packed shards (and the manifest's accounting), so
   longest, (b) batches of B are length-grouped within a modality (mega-batches of 50 B
   sorted by length, as HF's LengthGroupedSampler / Prismatic's split-modality sampler),
   (c) packed -- as the share of real tokens and the speed-up of packing;
-- per-step cost imbalance (slowest rank / mean rank) across 8 and 64 data-parallel ranks,
-  one row per rank per step: round-robin vs :class:`TokenBalancedSampler`'s assignment;
+- per-step cost imbalance (slowest rank / mean rank) for the sampler the build records
+  (``report_ranks`` x ``report_batch`` rows, ``report_window``; default 8 and 64 ranks x 1
+  row, window 64): random order vs :class:`TokenBalancedSampler`'s assignment, by the mean
+  over steps and weighted by step time, against the best any assignment of the rows reaches;
 - padding saved by packing, in tokens and in GPU-hours at a stated throughput
   (``tokens_per_gpu_second``, default :data:`TOKENS_PER_GPU_SECOND`);
 - which samples were truncated (from the packed shards against the samples shards), which
@@ -32,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from packer.balance import group_steps, imbalance
+from packer.balance import group_steps, imbalance, imbalance_floor
+from packer.config import FIELDS
 from packer.cost import CostModel
 from packer.io.files import write_text_atomic
 from packer.shards.io import read_shards
@@ -41,9 +44,6 @@ from packer.shards.schema import SAMPLE_SCHEMA
 from packer.shards.stats import ShardStats, length_edges, shard_stats
 
 MEGABATCH = 50
-RANKS = (8, 64)
-ROWS_PER_RANK = 1  # rows each rank takes per step: packed training's usual micro-batch
-WINDOW = 64  # TokenBalancedSampler's default window (steps sorted together)
 # Training throughput the GPU-hour figures assume: about a 7B dense model (6 x 7e9 FLOP per token) on one
 # H100-class GPU at ~40% MFU. A linear cost per token: attention's quadratic term is left out.
 TOKENS_PER_GPU_SECOND = 10_000
@@ -78,11 +78,13 @@ def _pad_cost(lengths: np.ndarray, batch: int) -> int:
     return cost
 
 
-def rank_imbalance(stats: dict[str, np.ndarray], ranks: int, seed: int, per_rank: int = ROWS_PER_RANK,
-                   window: int = WINDOW) -> dict[str, float] | None:
-    """Mean per-step slowest-rank / mean-rank cost (the default cost model) of one epoch: in
-    random order (``round_robin``) and as :class:`~packer.loader.TokenBalancedSampler` with
-    this ``per_rank`` batch and ``window`` deals the rows (``balanced``)."""
+def rank_imbalance(stats: dict[str, np.ndarray], ranks: int, seed: int, per_rank: int, window: int) -> dict[str, float] | None:
+    """Slowest-rank / mean-rank cost (the default cost model) of one epoch at ``ranks`` x
+    ``per_rank`` rows: in random order (``random``: row k of a step to rank k mod R) and as
+    :class:`~packer.loader.TokenBalancedSampler` with this ``window`` deals the rows
+    (``sampler``); each as the mean over steps and, ``_weighted``, as Σ slowest / Σ mean (the
+    one that measures ranks waiting). ``best_weighted``: :func:`~packer.balance.imbalance_floor`
+    of the same rows, the optimum at one row per rank and a lower bound above it."""
     costs = CostModel()(stats)
     per_step = ranks * per_rank
     steps = len(costs) // per_step
@@ -90,10 +92,23 @@ def rank_imbalance(stats: dict[str, np.ndarray], ranks: int, seed: int, per_rank
         return None
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(costs))[: steps * per_step]
-    round_robin = order.reshape(steps, per_rank, ranks).transpose(0, 2, 1)  # row k of a step to rank k mod R
-    balanced = group_steps(order, costs, ranks, per_rank, window, rng)
-    return {"steps": int(steps), "rows_per_rank": per_rank, "window": window, "round_robin": imbalance(costs, round_robin),
-            "balanced": imbalance(costs, balanced)}
+    plans = {"random": order.reshape(steps, per_rank, ranks).transpose(0, 2, 1),
+             "sampler": group_steps(order, costs, ranks, per_rank, window, rng)}
+    return {"steps": int(steps), **{k: imbalance(costs, v) for k, v in plans.items()},
+            **{f"{k}_weighted": imbalance(costs, v, weighted=True) for k, v in plans.items()},
+            "best_weighted": imbalance_floor(costs[order], ranks, per_rank)}
+
+
+def step_balance(stats: dict[str, np.ndarray], manifest: Manifest, seed: int) -> dict[str, Any]:
+    """:func:`rank_imbalance` for the sampler the build records (``report_ranks``,
+    ``report_batch``, ``report_window``: report-only settings, kept in the manifest's
+    ``execution``), so ``packer report OUT`` shows the same set-up; packer's defaults for a
+    build that predates them. ``by_ranks`` holds ``null`` where the rows fill no step."""
+    recorded = {k: manifest.execution.get(k, FIELDS[k].default) for k in ("report_ranks", "report_batch", "report_window")}
+    ranks = [int(r) for r in recorded["report_ranks"]]
+    per_rank, window = int(recorded["report_batch"]), int(recorded["report_window"])
+    return {"ranks": ranks, "rows_per_rank": per_rank, "window": window, "best_is_bound": per_rank > 1,
+            "by_ranks": {str(r): rank_imbalance(stats, r, seed, per_rank, window) for r in ranks}}
 
 
 def title(out: Path, manifest: Manifest) -> str:
@@ -255,7 +270,7 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
             "speedup_vs_length_grouped": schemes["length_grouped"] / max(1, packed_cost),
         },
         "padding": padding_saved(schemes, real, tokens_per_gpu_second),
-        "rank_imbalance": {str(r): rank_imbalance(row_stats, r, seed) for r in RANKS},
+        "rank_imbalance": step_balance(row_stats, manifest, seed),
         "config": manifest.config,
     }
 

@@ -14,7 +14,10 @@ steps within the window. ``window`` trades randomness for balance: 1 is random s
 4,096-token builds, one row per rank (``bench/bench_balance.py``, ``docs/BENCHMARKS.md``):
 per-step max / mean of attention work 1.88 in random order, 1.055 with the default window
 at 8 ranks and 270 rows, 1.031 at 2,656 rows (64 ranks: 1.046); under ``CostModel()``
-1.036 -> 1.001..1.005.
+1.036 -> 1.001..1.005. Weighted by step time (Σ slowest / Σ mean, what the ranks wait) the
+attention figures are 1.022, 1.014 and 1.020. At one row per rank a window of the whole
+epoch is optimal (:func:`packer.balance.imbalance_floor`): 1.022 and 1.020 are the rows'
+floor, not the sampler's; 1.014 against 1.002 is what the window of 64 steps costs.
 
 Every rank runs the same number of steps: with ``drop_last=False`` the last step is
 completed with rows from the start of the shuffled order (as ``DistributedSampler`` pads),
