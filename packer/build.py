@@ -12,6 +12,7 @@ plan without re-tokenizing a record or re-reading a media file.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ from packer import reasons
 from packer.config import FIELDS, REPACK_KEYS, BuildConfig
 from packer.encode import EncoderSpec
 from packer.encode.encoder import media_base
-from packer.engine import get_engine, stop_on_signals
+from packer.engine import freeze_collector, get_engine, stop_on_signals
 from packer.errors import BuildFailedError, ConfigError
 from packer.io import fs
 from packer.io.files import atomic_open, set_durable, sha256_file
@@ -94,6 +95,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
         embedder, extractor = media_models(config)  # and the embedding weights, before an old build is touched
         out = Path(config.output)
         lock = BuildLock(out)
+        freeze_collector()  # for this build only: unfrozen below
         try:
             tokenizer = driver.encoder.fingerprint()  # hashes the serialized tokenizer: once
             open_state(out, fingerprint(files, config.content_dict(), tokenizer), overwrite=config.overwrite)
@@ -107,6 +109,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
             return plan_and_pack(out, config, encoded, tokenizer, engine, progress, media_root=media_root,
                                  sections=sections, tokenizer_files=tokenizer_files)
         finally:
+            gc.unfreeze()
             lock.release()
 
 

@@ -257,3 +257,14 @@ def test_row_constraints_end_to_end(tmp_path, monkeypatch):
         assert len(set(r["segment_modality"])) == 1
     assert all_rows[0]["n_tokens"] == max(r["n_tokens"] for r in all_rows)
     assert m["accounting"]["samples_packed"] == 223 and m["config"]["max_images"] == 2
+
+
+def test_a_build_leaves_the_cyclic_collector_as_it_found_it(tmp_path, write_jsonl):
+    """The build freezes its process's objects out of the collector while it runs (stage 1's
+    speed) and unfreezes them at the end, so a process that runs many builds collects them."""
+    import gc
+
+    f = write_jsonl("in.jsonl", [{"text": "hello world"}] * 3)
+    assert gc.get_freeze_count() == 0
+    build(small_config(tmp_path, f), progress=False)
+    assert gc.get_freeze_count() == 0

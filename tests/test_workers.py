@@ -187,6 +187,37 @@ def test_the_callers_process_is_one_of_the_workers_when_it_has_the_state():
     assert 1 <= len(others) <= 2 and all(state == "built by setup" for t, state, _ in got if t not in here)
 
 
+def _refuse(*args):
+    raise ValueError("this setup cannot load its tokenizer")
+
+
+def test_a_worker_whose_setup_fails_raises_that_error_in_the_caller():
+    from packer.engine.local import LocalEngine
+
+    with pytest.raises(ValueError, match="cannot load its tokenizer"):
+        list(LocalEngine(2).map(_where, range(4), _refuse, (), in_process_state="given"))
+
+
+def test_workers_started_ahead_are_taken_by_their_map_or_closed():
+    """``started`` starts the map's workers before it; a map with no task or one task (run
+    here) closes them at once; leaving ``started`` closes what no map took."""
+    from packer.engine import local
+
+    for tasks in ([], [7]):
+        engine = local.LocalEngine(3)
+        with engine.started(str, ("built by setup",)):
+            assert len(local._LIVE) == 1
+            assert [t for t, _, _ in engine.map(_where, tasks, str, ("built by setup",), in_process_state="s")] == tasks
+            assert engine._early is None and local._LIVE == []
+    engine = local.LocalEngine(3)
+    with engine.started(str, ("built by setup",)):
+        got = list(engine.map(_where, range(6), str, ("built by setup",), in_process_state="s"))
+        assert [t for t, _, _ in got] == list(range(6)) and local._LIVE == []
+    with engine.started(str, ("never used",)):
+        assert len(local._LIVE) == 1
+    assert local._LIVE == []
+
+
 def test_kill_9_of_the_build_kills_its_workers_and_frees_its_pipes(data, tmp_path):
     out = tmp_path / "out"
     proc = start(data, out, workers=3, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

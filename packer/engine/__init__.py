@@ -13,9 +13,9 @@ local workers and raise :class:`Interrupted` (a ``KeyboardInterrupt``), so the b
 
 from __future__ import annotations
 
-from packer.engine.local import Interrupted, kill_workers, stop_on_signals
+from packer.engine.local import Interrupted, freeze_collector, kill_workers, stop_on_signals
 
-__all__ = ["Interrupted", "get_engine", "kill_workers", "stop_on_signals"]
+__all__ = ["Interrupted", "freeze_collector", "get_engine", "kill_workers", "stop_on_signals"]
 
 
 def get_engine(name: str, workers: int, *, address: str | None = None, cpus_per_task: float = 1.0):
