@@ -311,7 +311,7 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     packed, reused = [], 0
     stage = Stage("pack", "rows", total=p.n_bins, enabled=progress)
     state = (str(out), [e.file for e in encoded.sample_shards], plan_entry.sha256, config.durable)
-    here = materialize.setup(*state) if config.engine == "local" else None  # memory maps: this process is a worker too
+    here = materialize.setup(*state)  # memory maps, cheap: with the local engine this process is a worker too
     for res in engine.map(materialize.materialize_task, tasks, materialize.setup, state, in_process_state=here):
         packed.append(res.shard)
         reused += res.reused

@@ -6,9 +6,10 @@ The :class:`Encoder` is built once per worker process from a small picklable
 Stage 1 hands the encoder a whole task (:meth:`Encoder.encode_lines`), which goes through
 it in chunks of ``TOKENIZE_BATCH`` records: every record is parsed and its chat template
 rendered, then the chunk's texts go to the fast tokenizer in two calls (documents,
-conversations), then each record is finished (labels, media counts, checks). Per record the HF tokenizer call costs ~160 µs of wrapper on top of the Rust
-encode (Qwen2 vocabulary, ~160-token chats, measured on 2 shared cores); batched, that
-overhead is paid once per task. Everything that can fail for one record stays per record,
+conversations), then each record is finished (labels, media counts, checks). Per record
+the HF tokenizer call costs ~160 µs of wrapper on top of the Rust encode (Qwen2
+vocabulary, ~160-token chats, measured on 2 shared cores); batched, that overhead is paid
+once per chunk. Everything that can fail for one record stays per record,
 so a bad record is quarantined alone; if a batched tokenizer call itself raises, the
 task's records are tokenized one by one instead. The tokens are the same either way
 (``tests/test_stage1_speed.py``).
@@ -177,21 +178,17 @@ class Encoder:
         docs = list(dict.fromkeys(rec.text for _, rec, _ in prepared if isinstance(rec, Document)))
         chats = list(dict.fromkeys(chat.text for _, _, chat in prepared if chat is not None))
         memo: dict = {}
-        for at in range(0, len(docs), TOKENIZE_BATCH):
-            part = docs[at : at + TOKENIZE_BATCH]
-            try:
-                for text, enc in zip(part, self._encode_batch(part, special=True, split=True), strict=True):
-                    memo["doc", text] = enc.ids
-            except Exception:  # noqa: BLE001 -- per record below
-                pass
-        for at in range(0, len(chats), TOKENIZE_BATCH):
-            part = chats[at : at + TOKENIZE_BATCH]
-            try:
-                for text, enc in zip(part, self._encode_batch(part, special=False, split=self.tok.split_special_tokens),
-                                     strict=True):
-                    memo["chat", text] = (enc.ids, enc.offsets)
-            except Exception:  # noqa: BLE001 -- per record below
-                pass
+        try:  # a chunk holds at most TOKENIZE_BATCH records: one call per kind
+            for text, enc in zip(docs, self._encode_batch(docs, special=True, split=True), strict=True):
+                memo["doc", text] = enc.ids
+        except Exception:  # noqa: BLE001 -- per record below
+            pass
+        try:
+            for text, enc in zip(chats, self._encode_batch(chats, special=False, split=self.tok.split_special_tokens),
+                                 strict=True):
+                memo["chat", text] = (enc.ids, enc.offsets)
+        except Exception:  # noqa: BLE001 -- per record below
+            pass
         self._memo = memo
 
     def _encode_batch(self, texts: list[str], *, special: bool, split: bool) -> list:

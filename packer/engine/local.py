@@ -72,6 +72,13 @@ class LocalEngine:
                 _close_pool(*self._early[2:], finished=False)
                 self._early = None
 
+    def _take_early(self, setup: Callable[..., Any], setup_args: tuple):
+        """``(ctx, pool)`` started by :meth:`started` for this setup, now the caller's; else None."""
+        if self._early is None or self._early[0] is not setup or self._early[1] != setup_args:
+            return None
+        early, self._early = self._early[2:], None
+        return early
+
     def run_once(self, fn: Callable[..., Any], *args: Any, num_gpus: float = 0) -> Any:
         """One task, here (the local engine has no placement to choose)."""
         return fn(*args)
@@ -100,24 +107,19 @@ class LocalEngine:
         tasks = iter(tasks)
         first = next(tasks, None)
         second = next(tasks, None) if first is not None else None
-        if second is None and self._early is not None and self._early[0] is setup:  # started for this map: not needed
-            _close_pool(*self._early[2:], finished=False)
-            self._early = None
+        here = in_process_state is not None
+        early = self._take_early(setup, setup_args)  # another stage's is left for its own map (or for ``started``)
+        if early is not None and (second is None or not here):  # no task for it here
+            _close_pool(*early, finished=False)
+            early = None
         if first is None:
             return
         if self.workers == 1 or second is None:
-            state = in_process_state if in_process_state is not None else setup(*setup_args)
+            state = in_process_state if here else setup(*setup_args)
             for task in _chain(first, second, tasks):
                 yield fn(state, task)
             return
-        here = in_process_state is not None
-        early, self._early = self._early, None
-        if here and early is not None and early[0] is setup and early[1] == setup_args:
-            ctx, pool = early[2:]
-        else:
-            if early is not None:
-                self._early = early  # another stage's: left for its own map (or for ``started`` to close)
-            ctx, pool = _open_pool(self.workers - 1 if here else self.workers, setup, setup_args)
+        ctx, pool = early or _open_pool(self.workers - 1 if here else self.workers, setup, setup_args)
         finished = False
         try:
             pending: deque = deque()  # futures, and (task,) for the tasks this process runs when their turn comes

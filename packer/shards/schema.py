@@ -31,6 +31,7 @@ from typing import Annotated
 import numpy as np
 import pyarrow as pa
 
+from packer._ranges import csr_offsets
 from packer.errors import SchemaVersionError
 
 SCHEMA_VERSION = 2  # 2: integer segment identity (segment_source / _line / _start), sample source_index
@@ -208,8 +209,7 @@ def _numeric_lists(values: list, type_: pa.DataType) -> pa.Array | None:
     dtype = np.dtype(type_.value_type.to_pandas_dtype())
     if not all(type(v) is np.ndarray and v.ndim == 1 and v.dtype == dtype for v in values):
         return None
-    offsets = np.zeros(len(values) + 1, dtype=np.int64)
-    np.cumsum([len(v) for v in values], out=offsets[1:])
+    offsets = csr_offsets([len(v) for v in values])
     if offsets[-1] > np.iinfo(np.int32).max:
         return None  # past a list array's int32 offsets: pyarrow's own error, from the general path
     flat = np.concatenate(values)
