@@ -22,6 +22,7 @@ includes everything after tokenizing too; the floor writes nothing.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import random
@@ -150,6 +151,9 @@ def main() -> None:
     ap.add_argument("--keep", default="", help="build into this folder (kept) instead of a temporary one")
     args = ap.parse_args()
     tokenizer = args.tokenizer or qwen_tokenizer()
+    # Bytecode for packer's own modules, as an installed package has it (pip compiles on install);
+    # a checkout run with PYTHONDONTWRITEBYTECODE would otherwise recompile them in every process.
+    compileall.compile_dir(str(ROOT / "packer"), quiet=1)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
