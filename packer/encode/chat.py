@@ -47,7 +47,6 @@ the fallback when that mask is unavailable.
 
 from __future__ import annotations
 
-import bisect
 import os
 import re
 import weakref
@@ -356,12 +355,12 @@ def render_conversation(tok: Any, conv: Conversation, placeholders: dict[str, st
     return RenderedChat(full, messages, train_on, assistant, trained, train_on_empty_think)
 
 
-def conversation_labels(tok: Any, chat: RenderedChat, ids: np.ndarray, offsets: list) -> np.ndarray:
-    """The bool mask of ``ids`` (the tokens of ``chat.text``, with their character offsets) to train on."""
+def conversation_labels(tok: Any, chat: RenderedChat, ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The bool mask of ``ids`` (the tokens of ``chat.text``) to train on; ``starts[t]`` is the character token ``t``
+    starts at (the fast tokenizer's offsets, :func:`token_starts`, or :class:`~packer.encode.offsets.ByteStarts`)."""
     if chat.train_on == "all":
         return np.ones(len(ids), dtype=bool)
     if has_generation_markers(tok):
-        starts = _starts(offsets)
         mask = _generation_mask(tok, chat.messages, ids)
         if mask is not None:
             context = set(chat.assistant) - chat.trained
@@ -370,16 +369,16 @@ def conversation_labels(tok: Any, chat: RenderedChat, ids: np.ndarray, offsets: 
             return mask
     spans = assistant_char_spans(tok, chat.messages, chat.text, chat.trained,
                                  train_on_empty_think=chat.train_on_empty_think)
-    offsets = list(offsets)
-    if offsets == sorted(offsets):  # starts in order (byte-level BPE): each span is one run of tokens, found by bisection
+    if len(starts) < 2 or (starts[1:] >= starts[:-1]).all():  # starts in order (byte-level BPE): a span is one run
         mask = np.zeros(len(ids), dtype=bool)
         for s, e in spans:
-            mask[bisect.bisect_left(offsets, (s, -1)) : bisect.bisect_left(offsets, (e, -1))] = True
+            mask[np.searchsorted(starts, s) : np.searchsorted(starts, e)] = True
         return mask
-    return _span_mask(_starts(offsets), spans)
+    return _span_mask(starts, spans)
 
 
-def _starts(offsets) -> np.ndarray:
+def token_starts(offsets) -> np.ndarray:
+    """The start character of each token, from the fast tokenizer's ``(start, end)`` offsets."""
     return np.fromiter((s for s, _ in offsets), dtype=np.int64, count=len(offsets))
 
 
@@ -389,7 +388,7 @@ def tokenize_conversation(tok: Any, conv: Conversation, placeholders: dict[str, 
     chat = render_conversation(tok, conv, placeholders, train_on, train_on_empty_think)
     enc = tok(chat.text, add_special_tokens=False, return_offsets_mapping=True)
     ids = np.asarray(enc["input_ids"], dtype=np.int32)
-    return ids, conversation_labels(tok, chat, ids, enc["offset_mapping"])
+    return ids, conversation_labels(tok, chat, ids, token_starts(enc["offset_mapping"]))
 
 
 def _span_mask(starts: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:

@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from packer.encode.chat import RenderedChat, conversation_labels, render_conversation
+from packer.encode.chat import RenderedChat, conversation_labels, render_conversation, token_starts
+from packer.encode.offsets import ByteStarts
 from packer.encode.tokenizer import fingerprint, load_tokenizer
 from packer.errors import BadRecord
 from packer.ingest.formats import decode_json, parse_record, record_id
@@ -38,12 +39,6 @@ from packer.shards.schema import IGNORE, MEDIA_KINDS, MediaSpan, Sample
 
 MEDIA_ORDER = MEDIA_KINDS  # the order a modality name lists its kinds in
 TOKENIZE_BATCH = 1000  # texts per tokenizer call: the wrapper's cost is paid per call, memory grows with the batch
-
-
-@dataclass(frozen=True)
-class _Encoding:
-    ids: list[int]
-    offsets: list[tuple[int, int]]
 
 
 def _isin(a: np.ndarray, values: list[int]) -> np.ndarray:
@@ -126,6 +121,7 @@ class Encoder:
         self.reserved_list = list(self.reserved_ids)
         self.placeholder_list = list(self.placeholder_ids.values())
         self.counter = MediaCounter(spec.image_tokens, spec.audio_tokens, spec.image_check, video_tokens=spec.video_tokens)
+        self.byte_starts = ByteStarts.for_tokenizer(self.tok)  # None: token starts come from the tokenizer's offsets
         self._memo: dict = {}  # texts tokenized in a batch, for the records of one encode_lines call
 
     def fingerprint(self) -> dict:
@@ -179,42 +175,57 @@ class Encoder:
         chats = list(dict.fromkeys(chat.text for _, _, chat in prepared if chat is not None))
         memo: dict = {}
         try:  # a chunk holds at most TOKENIZE_BATCH records: one call per kind
-            for text, enc in zip(docs, self._encode_batch(docs, special=True, split=True), strict=True):
-                memo["doc", text] = enc.ids
+            for text, (ids, _) in zip(docs, self._encode_batch(docs, special=True, split=True, offsets=False), strict=True):
+                memo["doc", text] = ids
         except Exception:  # noqa: BLE001 -- per record below
             pass
         try:
-            for text, enc in zip(chats, self._encode_batch(chats, special=False, split=self.tok.split_special_tokens),
-                                 strict=True):
-                memo["chat", text] = (enc.ids, enc.offsets)
+            encoded = self._encode_batch(chats, special=False, split=self.tok.split_special_tokens, offsets=True)
+            for text, hit in zip(chats, encoded, strict=True):
+                memo["chat", text] = hit
         except Exception:  # noqa: BLE001 -- per record below
             pass
         self._memo = memo
 
-    def _encode_batch(self, texts: list[str], *, special: bool, split: bool) -> list:
-        """The Rust tokenizer's ``encode_batch``, as the HF call runs it (same ids and offsets), without the HF
-        wrapper's per-text conversion into Python dicts (~40 µs a text, measured). Only where that call would
-        set nothing else: a backend with truncation or padding configured goes through the HF call."""
+    def _encode_batch(self, texts: list[str], *, special: bool, split: bool,
+                      offsets: bool) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """``(ids, start character of each token)`` of each text (starts None unless ``offsets``), equal to what the
+        HF call gives, through the Rust tokenizer's batch call without the HF wrapper's per-text conversion into
+        Python dicts (~40 µs a text, measured). A backend with truncation or padding configured goes through the
+        HF call. Offsets cost ~20% of the encode and ~25 µs a chat to convert: where token byte lengths give the
+        same starts (:class:`ByteStarts`), they are not asked for."""
         backend = self.tok.backend_tokenizer
         if backend.truncation is not None or backend.padding is not None:
-            enc = self.tok(texts, add_special_tokens=special, split_special_tokens=split, return_offsets_mapping=True)
-            return [_Encoding(ids, offsets) for ids, offsets in zip(enc["input_ids"], enc["offset_mapping"], strict=True)]
+            enc = self.tok(texts, add_special_tokens=special, split_special_tokens=split, return_offsets_mapping=offsets)
+            return [(np.asarray(ids, dtype=np.int32), token_starts(enc["offset_mapping"][k]) if offsets else None)
+                    for k, ids in enumerate(enc["input_ids"])]
         before = backend.encode_special_tokens
         backend.encode_special_tokens = split
         try:
-            return backend.encode_batch(texts, add_special_tokens=special)
+            if not offsets or self.byte_starts is None:
+                run = backend.encode_batch if offsets else backend.encode_batch_fast  # fast: no offsets tracked
+                return [(np.array(e.ids, dtype=np.int32), token_starts(e.offsets) if offsets else None)
+                        for e in run(texts, add_special_tokens=special)]
+            out = []
+            for text, e in zip(texts, backend.encode_batch_fast(texts, add_special_tokens=special), strict=True):
+                ids = np.array(e.ids, dtype=np.int32)
+                out.append((ids, self.byte_starts.starts(ids, text)))
+            redo = [k for k, (_, starts) in enumerate(out) if starts is None]  # not exact from bytes: real offsets
+            for k, e in zip(redo, backend.encode_batch([texts[k] for k in redo], add_special_tokens=special), strict=True):
+                out[k] = (np.array(e.ids, dtype=np.int32), token_starts(e.offsets))
+            return out
         finally:
             backend.encode_special_tokens = before
 
-    def _document_tokens(self, text: str) -> list[int]:
+    def _document_tokens(self, text: str) -> np.ndarray:
         # Literal "<image>" in a document is text, not a placeholder: split special tokens.
-        return self.tok(text, add_special_tokens=True, split_special_tokens=True)["input_ids"]
+        return np.asarray(self.tok(text, add_special_tokens=True, split_special_tokens=True)["input_ids"], dtype=np.int32)
 
-    def _chat_tokens(self, text: str) -> tuple[list[int], list]:
+    def _chat_tokens(self, text: str) -> tuple[np.ndarray, np.ndarray]:
         hit = self._memo.get(("chat", text))
         if hit is None:
             enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
-            hit = enc["input_ids"], enc["offset_mapping"]
+            hit = np.asarray(enc["input_ids"], dtype=np.int32), token_starts(enc["offset_mapping"])
         return hit
 
     def _prepare(self, raw: RawLine, file_dir: Path | str) -> tuple[dict, Conversation | Document, RenderedChat | None]:
@@ -301,14 +312,13 @@ class Encoder:
         if ids is None:
             ids = self._document_tokens(doc.text)
         eos = self.tok.eos_token_id
-        if self.spec.append_eos and eos is not None and (not ids or ids[-1] != eos):
-            ids = [*ids, eos]
-        return np.array(ids, dtype=np.int32), None, []  # None: every token trained
+        if self.spec.append_eos and eos is not None and (not len(ids) or ids[-1] != eos):
+            ids = np.append(ids, np.int32(eos))
+        return ids, None, []  # None: every token trained
 
     def _encode_conversation(self, conv: Conversation, chat: RenderedChat) -> tuple[np.ndarray, np.ndarray, list[MediaSpan]]:
-        token_ids, offsets = self._chat_tokens(chat.text)
-        ids = np.asarray(token_ids, dtype=np.int32)
-        trained = conversation_labels(self.tok, chat, ids, offsets)
+        ids, starts = self._chat_tokens(chat.text)
+        trained = conversation_labels(self.tok, chat, ids, starts)
         items = conv.media
         positions = np.flatnonzero(_isin(ids, self.placeholder_list))
         found = [k for i in positions for k, pid in self.placeholder_ids.items() if ids[i] == pid]
