@@ -177,3 +177,36 @@ def test_batched_stage1_labels_unicode_chats_as_the_per_record_path(path):
             single.append(outcome(e))
     assert batched == single
     assert sum(b[0] != "bad" for b in batched) > 250
+
+
+def test_texts_already_normal_skip_the_normalizer_with_the_same_tokens(monkeypatch):
+    """Qwen2's NFC normalizer is skipped for NFC texts (ASCII always) and kept for the rest: the same ids and
+    offsets as the full tokenizer gives; the normalizer is back in place after each call, a raising one included."""
+    encoder = Encoder(EncoderSpec(tokenizer=QWEN))
+    backend = encoder.tok.backend_tokenizer
+    assert encoder.normal_form == "NFC"
+    batch = ["plain ascii", "e\u0301 not NFC", "é NFC", "\u212b", "", "ﬁ１２"]
+    got = encoder._encode_rust(batch, False, offsets=True)
+    for text, e in zip(batch, got, strict=True):
+        want = backend.encode(text, add_special_tokens=False)
+        assert (e.ids, e.offsets) == (want.ids, want.offsets)
+    assert got[1].ids == backend.encode("é not NFC", add_special_tokens=False).ids  # composed by the normalizer
+    state = backend.normalizer.__getstate__()
+
+    class Refusing:  # the backend, with a batch call that raises
+        def __init__(self, inner):
+            self.__dict__["inner"] = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def __setattr__(self, name, value):
+            setattr(self.inner, name, value)
+
+        def encode_batch_fast(self, *args, **kwargs):
+            raise RuntimeError("refused")
+
+    monkeypatch.setattr(encoder.tok, "_tokenizer", Refusing(backend))
+    with pytest.raises(RuntimeError):
+        encoder._encode_rust(["ascii"], False, offsets=False)
+    assert backend.normalizer is not None and backend.normalizer.__getstate__() == state

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from packer.encode.chat import RenderedChat, conversation_labels, render_conversation, token_starts
-from packer.encode.offsets import ByteStarts
+from packer.encode.offsets import ByteStarts, normal_form
 from packer.encode.tokenizer import fingerprint, load_tokenizer
 from packer.errors import BadRecord
 from packer.ingest.formats import decode_json, parse_record, record_id
@@ -121,7 +122,8 @@ class Encoder:
         self.reserved_list = list(self.reserved_ids)
         self.placeholder_list = list(self.placeholder_ids.values())
         self.counter = MediaCounter(spec.image_tokens, spec.audio_tokens, spec.image_check, video_tokens=spec.video_tokens)
-        self.byte_starts = ByteStarts.for_tokenizer(self.tok)  # None: token starts come from the tokenizer's offsets
+        self.byte_starts = ByteStarts.for_tokenizer(self.tok)
+        self.normal_form = normal_form(self.tok)  # None: token starts come from the tokenizer's offsets
         self._memo: dict = {}  # texts tokenized in a batch, for the records of one encode_lines call
 
     def fingerprint(self) -> dict:
@@ -203,19 +205,38 @@ class Encoder:
         backend.encode_special_tokens = split
         try:
             if not offsets or self.byte_starts is None:
-                run = backend.encode_batch if offsets else backend.encode_batch_fast  # fast: no offsets tracked
                 return [(np.array(e.ids, dtype=np.int32), token_starts(e.offsets) if offsets else None)
-                        for e in run(texts, add_special_tokens=special)]
+                        for e in self._encode_rust(texts, special, offsets=offsets)]
             out = []
-            for text, e in zip(texts, backend.encode_batch_fast(texts, add_special_tokens=special), strict=True):
+            for text, e in zip(texts, self._encode_rust(texts, special, offsets=False), strict=True):
                 ids = np.array(e.ids, dtype=np.int32)
                 out.append((ids, self.byte_starts.starts(ids, text)))
             redo = [k for k, (_, starts) in enumerate(out) if starts is None]  # not exact from bytes: real offsets
-            for k, e in zip(redo, backend.encode_batch([texts[k] for k in redo], add_special_tokens=special), strict=True):
+            for k, e in zip(redo, self._encode_rust([texts[k] for k in redo], special, offsets=True), strict=True):
                 out[k] = (np.array(e.ids, dtype=np.int32), token_starts(e.offsets))
             return out
         finally:
             backend.encode_special_tokens = before
+
+    def _encode_rust(self, texts: list[str], special: bool, *, offsets: bool) -> list:
+        """The backend's batch encodings of ``texts`` in order (``encode_batch_fast``, which tracks no offsets, unless
+        ``offsets``). A normalizer that is one Unicode normal form leaves a text already in that form as it is, so
+        such texts (ASCII always) skip it: the same ids and offsets, ~10% less encode for Qwen2's NFC."""
+        backend = self.tok.backend_tokenizer
+        run = backend.encode_batch if offsets else backend.encode_batch_fast
+        form = self.normal_form
+        plain = [t.isascii() or unicodedata.is_normalized(form, t) for t in texts] if form else []
+        if not any(plain):
+            return run(texts, add_special_tokens=special)
+        normalizer = backend.normalizer
+        backend.normalizer = None
+        try:
+            skipped = iter(run([t for t, p in zip(texts, plain, strict=True) if p], add_special_tokens=special))
+        finally:
+            backend.normalizer = normalizer
+        rest = iter(run([t for t, p in zip(texts, plain, strict=True) if not p], add_special_tokens=special)
+                    if not all(plain) else ())
+        return [next(skipped) if p else next(rest) for p in plain]
 
     def _document_tokens(self, text: str) -> np.ndarray:
         # Literal "<image>" in a document is text, not a placeholder: split special tokens.

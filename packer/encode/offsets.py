@@ -22,6 +22,9 @@ and for a text that is NFC already (when the normalizer is NFC) and whose tokens
 up to its own; :meth:`ByteStarts.starts` returns None for any other text, and the caller
 asks the tokenizer for offsets. Qwen2 / Qwen2.5 / Qwen3, Llama 3 and GPT-2-style tokenizers
 qualify. ``tests/test_offsets.py`` compares the two on generated Unicode text.
+
+:func:`normal_form` names the Unicode form a tokenizer's normalizer is, for the same reason:
+a text already in that form comes out of it unchanged, so stage 1 lets such texts skip it.
 """
 
 from __future__ import annotations
@@ -59,6 +62,17 @@ def _post_processor_ok(state: dict) -> bool:
         if step.get("type") not in ("ByteLevel", "TemplateProcessing", "BertProcessing"):
             return False  # RobertaProcessing trims offsets; anything unknown is not trusted
     return True
+
+
+NORMAL_FORMS = ("NFC", "NFD", "NFKC", "NFKD")
+
+
+def normal_form(tok: Any) -> str | None:
+    """The Unicode normal form ``tok``'s normalizer is ("NFC", ...), None for no normalizer or any other.
+
+    A text already in that form (``unicodedata.is_normalized``) comes out of it unchanged."""
+    form = _state(tok.backend_tokenizer.normalizer).get("type")
+    return form if form in NORMAL_FORMS else None
 
 
 class ByteStarts:
