@@ -380,3 +380,71 @@ def test_register_a_custom_algorithm():
 def test_concat_ranges():
     assert concat_ranges(np.array([10, 3, 7]), np.array([2, 0, 3])).tolist() == [10, 11, 7, 8, 9]
     assert concat_ranges(np.array([], dtype=np.int64), np.array([], dtype=np.int64)).tolist() == []
+
+
+# -- the numba-free twins of the default plan (packer.pack._small) against the numba kernels -----------------------
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_small_bfd_twin_takes_the_numba_kernels_steps(data):
+    """Same bins, same order, for any lengths, segment limit, media caps (bin classes) and needs."""
+    from packer.pack import _small
+    from packer.pack._bfd_numba import bfd as kernel
+
+    capacity = data.draw(st.integers(1, 300))
+    n = data.draw(st.integers(0, 400))
+    lengths = np.asarray(data.draw(st.lists(st.integers(1, capacity), min_size=n, max_size=n)), np.int64)
+    caps = np.asarray(data.draw(st.lists(st.integers(0, 3), max_size=2)), np.int64)
+    need = np.asarray(data.draw(st.lists(st.lists(st.integers(0, 2), min_size=len(caps), max_size=len(caps)),
+                                         min_size=n, max_size=n)), np.int64).reshape(n, len(caps))
+    need = np.minimum(need, caps)  # the planner drops a sample over a cap before packing
+    sizes = caps + 1
+    stride = np.ones(len(caps), np.int64)
+    for k in range(len(caps) - 2, -1, -1):
+        stride[k] = stride[k + 1] * sizes[k + 1]
+    n_classes = int(np.prod(sizes)) if len(caps) else 1
+    class_rem = ((np.arange(n_classes)[:, None] // stride[None, :]) % sizes[None, :]).astype(np.int64)
+    max_segments = data.draw(st.sampled_from([0, 1, 2, 5]))
+    order = _small.decreasing_order(lengths, capacity)
+    args = (lengths[order], capacity, max_segments, np.ascontiguousarray(need[order]), caps, class_rem, stride)
+    assign, n_bins = _small.bfd(*args)
+    want_assign, want_bins = kernel(*args)
+    assert n_bins == want_bins and assign.tolist() == want_assign.tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=st.lists(st.integers(1, 6), max_size=60), seed=st.integers(0, 10**6))
+def test_small_csr_and_reorder_twins_equal_the_numba_ones(sizes, seed):
+    from packer.pack import _bits, _small
+
+    rng = np.random.default_rng(seed)
+    n_bins = len(sizes)
+    assign = rng.permutation(np.repeat(np.arange(n_bins), sizes)).astype(np.int32)
+    order = rng.permutation(len(assign)).astype(np.int64)
+    got, want = _small.csr_from_assignment(order, assign, n_bins), _bits.csr_from_assignment(order, assign, n_bins)
+    assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
+    offsets = got[0]
+    perm = rng.permutation(n_bins).astype(np.int64)
+    new_offsets = np.zeros(n_bins + 1, np.int64)
+    np.cumsum(np.diff(offsets)[perm], out=new_offsets[1:])
+    values = rng.integers(0, 1000, len(assign))
+    assert _small.reorder_values(offsets, new_offsets, perm, values).tolist() == \
+        _bits.reorder_values(offsets, new_offsets, perm, values).tolist()
+
+
+@pytest.mark.parametrize("caps", [None, {"image": 2}])
+def test_plans_through_either_path_are_equal(monkeypatch, caps):
+    """The planner's own switch: a plan below SMALL (Python twins) equals the same plan forced through numba."""
+    from packer.pack import _small
+
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(1, 700, 3000)
+    images = rng.integers(0, 3, 3000)
+    kwargs = dict(algorithm="bfd", seed=3, order="shuffle", max_segments=6, oversize="split",
+                  media={"image": images} if caps else None, max_media=caps)
+    small = plan(lengths, 512, **kwargs)
+    monkeypatch.setattr(_small, "SMALL", 0)
+    large = plan(lengths, 512, **kwargs)
+    for name in ("offsets", "indices", "starts", "lengths"):
+        assert getattr(small, name).tolist() == getattr(large, name).tolist(), name
+    assert small.n_bins > 10

@@ -104,12 +104,6 @@ def csr_from_assignment(order, assign, n_bins):
     return counts, indices
 
 
-def decreasing_order(lengths: np.ndarray, capacity: int) -> np.ndarray:
-    """Indices by decreasing length, ties by index; a radix sort when lengths fit 16 bits."""
-    key = (capacity - lengths).astype(np.uint16 if capacity < 2**16 else np.int64)
-    return np.argsort(key, kind="stable")
-
-
 @njit(cache=True)
 def reorder_values(offsets, new_offsets, perm, values):
     """CSR ``values`` with bin ``perm[k]`` moved to position ``k``, copied block by block."""

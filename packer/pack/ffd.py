@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from packer.pack._bits import decreasing_order
 from packer.pack._first_fit import first_fit
+from packer.pack._small import decreasing_order
 from packer.pack.registry import NO_CONSTRAINTS, Constraints
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from packer.pack import _small
 from packer.pack.oversize import resolve
 from packer.pack.registry import ALGORITHMS, Constraints, check_supported
 
@@ -89,7 +90,10 @@ class Plan:
 
     def reorder(self, order: np.ndarray) -> Plan:
         """The same bins in another order (``order`` is a permutation of bin numbers)."""
-        from packer.pack._bits import reorder_values
+        if len(self.indices) < _small.SMALL:
+            reorder_values = _small.reorder_values
+        else:
+            from packer.pack._bits import reorder_values
 
         order = np.asarray(order, np.int64)
         offsets = np.zeros(len(order) + 1, np.int64)
