@@ -133,7 +133,10 @@ def _set(path: list, value):
     _set(["model", "byte_fallback"], True),
     _set(["added_tokens", 1, "lstrip"], True),  # <|im_start|> eating the spaces before it
     _set(["pre_tokenizer"], {"type": "Whitespace"}),
-], ids=["prefix-space", "trim-offsets", "lowercase", "nfkc", "byte-fallback", "lstrip", "not-byte-level"])
+    _set(["pre_tokenizer"], {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"String": " "}, "behavior": "Removed", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": True}]}),
+], ids=["prefix-space", "trim-offsets", "lowercase", "nfkc", "byte-fallback", "lstrip", "not-byte-level", "split-removes"])
 def test_tokenizers_where_bytes_are_not_offsets_get_no_helper(tmp_path, change):
     assert ByteStarts.for_tokenizer(_variant(tmp_path, change)) is None
 

@@ -14,7 +14,8 @@ That holds for a tokenizer that has (checked once, :meth:`ByteStarts.for_tokeniz
 - a BPE model with no byte fallback, no unknown token, no subword prefix or word suffix,
   and a vocabulary spelled in the byte-level alphabet;
 - no normalizer, or NFC;
-- a ``ByteLevel`` pre-tokenizer that adds no prefix space, alone or after ``Split`` steps;
+- a ``ByteLevel`` pre-tokenizer that adds no prefix space, alone or after ``Split`` steps
+  that keep what they match;
 - no post-processor that trims offsets (``ByteLevel`` with ``trim_offsets``, ``RobertaProcessing``);
 - added tokens that strip nothing around them.
 
@@ -51,7 +52,8 @@ def _pre_tokenizer_ok(state: dict) -> bool:
     steps = state.get("pretokenizers", []) if state.get("type") == "Sequence" else [state]
     if not steps or steps[-1].get("type") != "ByteLevel" or steps[-1].get("add_prefix_space"):
         return False
-    return all(step.get("type") == "Split" for step in steps[:-1])  # Split only cuts the text, never changes it
+    # A Split step cuts the text and keeps every piece, unless its behaviour removes the matches.
+    return all(step.get("type") == "Split" and step.get("behavior") != "Removed" for step in steps[:-1])
 
 
 def _post_processor_ok(state: dict) -> bool:
