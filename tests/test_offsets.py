@@ -16,6 +16,7 @@ import json
 import random
 import unicodedata
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -213,3 +214,28 @@ def test_texts_already_normal_skip_the_normalizer_with_the_same_tokens(monkeypat
     with pytest.raises(RuntimeError):
         encoder._encode_rust(["ascii"], False, offsets=False)
     assert backend.normalizer is not None and backend.normalizer.__getstate__() == state
+
+
+def test_no_normalizer_skip_when_an_added_token_is_not_in_the_normal_form(tmp_path):
+    """An added token matched on normalized text whose content NFC would change (``e`` + combining acute) is
+    stored composed while the normalizer is set, and as it is without one: skipping the normalizer would
+    change the ids, so the tokenizer is not given the skip (found in review)."""
+    folder = tmp_path / "qwen"
+    folder.mkdir()
+    for f in Path(QWEN).iterdir():
+        folder.joinpath(f.name).write_bytes(f.read_bytes())
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    new_id = max(t["id"] for t in spec["added_tokens"]) + 1
+    spec["added_tokens"].append({"id": new_id, "content": "e\u0301x", "single_word": False, "lstrip": False,
+                                 "rstrip": False, "normalized": True, "special": False})
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.setdefault("added_tokens_decoder", {})[str(new_id)] = {k: v for k, v in spec["added_tokens"][-1].items()
+                                                                  if k != "id"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    encoder = Encoder(EncoderSpec(tokenizer=str(folder)))
+    assert encoder.normal_form is None
+    text = "caf\u00e9x"
+    want = encoder.tok(text, add_special_tokens=False)["input_ids"]
+    assert new_id in want
+    assert encoder._encode_rust([text], False, offsets=False)[0].ids == want

@@ -72,9 +72,17 @@ NORMAL_FORMS = ("NFC", "NFD", "NFKC", "NFKD")
 def normal_form(tok: Any) -> str | None:
     """The Unicode normal form ``tok``'s normalizer is ("NFC", ...), None for no normalizer or any other.
 
-    A text already in that form (``unicodedata.is_normalized``) comes out of it unchanged."""
-    form = _state(tok.backend_tokenizer.normalizer).get("type")
-    return form if form in NORMAL_FORMS else None
+    A text already in that form (``unicodedata.is_normalized``) comes out of it unchanged. None
+    too where an added token is matched on normalized text and its content is not in that form:
+    the backend stores such a token normalized, by whatever normalizer is set at the time."""
+    backend = tok.backend_tokenizer
+    form = _state(backend.normalizer).get("type")
+    if form not in NORMAL_FORMS:
+        return None
+    if any(t.normalized and not unicodedata.is_normalized(form, t.content)
+           for t in backend.get_added_tokens_decoder().values()):
+        return None
+    return form
 
 
 class ByteStarts:
