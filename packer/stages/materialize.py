@@ -52,25 +52,57 @@ class SampleStore:
 
     A take over one concatenated table would let Arrow combine the chunks (copying every
     sample into memory); taking from each shard separately touches only the rows asked for.
+    Token columns are not taken row by row at all: :meth:`gather_tokens` copies just the
+    tokens a segment keeps, straight from each shard's flat values.
     """
 
     def __init__(self, tables: list[pa.Table]):
         self.tables = tables
         self.starts = np.concatenate([[0], np.cumsum([t.num_rows for t in tables])]).astype(np.int64)
+        self._flat: dict[tuple[int, str], list[tuple[int, np.ndarray, np.ndarray]]] = {}
 
-    def take(self, indices: np.ndarray) -> pa.Table:
+    def take(self, indices: np.ndarray, columns: list[str] | None = None) -> pa.Table:
         shard = np.searchsorted(self.starts, indices, side="right") - 1
         order = np.argsort(shard, kind="stable")
         parts = []
         for k in np.unique(shard):
             local = indices[shard == k] - self.starts[k]
-            parts.append(self.tables[k].take(pa.array(local)))
+            table = self.tables[k] if columns is None else self.tables[k].select(columns)
+            parts.append(table.take(pa.array(local)))
         if not parts:
-            return SAMPLE_SCHEMA.empty_table()
+            empty = SAMPLE_SCHEMA.empty_table()
+            return empty if columns is None else empty.select(columns)
         grouped = pa.concat_tables(parts).combine_chunks()
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(order))
         return grouped.take(pa.array(inverse))
+
+    def gather_tokens(self, column: str, indices: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Tokens ``starts[j] : starts[j] + lengths[j]`` of sample ``indices[j]``'s ``column``, concatenated in ``j`` order."""
+        out_at = csr_offsets(lengths)
+        out = np.empty(int(out_at[-1]), dtype=np.int32)
+        shard = np.searchsorted(self.starts, indices, side="right") - 1
+        for k in np.unique(shard).tolist():
+            in_shard = np.flatnonzero(shard == k)
+            local = indices[in_shard] - self.starts[k]
+            for first, offsets, values in self._flat_column(k, column):
+                sel = in_shard[(local >= first) & (local < first + len(offsets) - 1)]
+                if not len(sel):
+                    continue
+                rows = indices[sel] - self.starts[k] - first
+                out[concat_ranges(out_at[sel], lengths[sel])] = values[concat_ranges(offsets[rows] + starts[sel], lengths[sel])]
+        return out
+
+    def _flat_column(self, k: int, column: str) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """``(first row, offsets, flat values)`` of each record batch of shard ``k``'s list column (zero-copy views)."""
+        key = (k, column)
+        if key not in self._flat:
+            parts, row = [], 0
+            for chunk in self.tables[k].column(column).chunks:
+                parts.append((row, chunk.offsets.to_numpy().astype(np.int64), chunk.values.to_numpy()))
+                row += len(chunk)
+            self._flat[key] = parts
+        return self._flat[key]
 
 
 @dataclass(frozen=True)
@@ -121,15 +153,13 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
     seg_len = bins.column("lengths").combine_chunks().flatten().to_numpy().astype(np.int64)
     row_seg = members.offsets.to_numpy().astype(np.int64)
     row_seg -= row_seg[0]
-    sub = samples.take(seg_idx)
+    sub = samples.take(seg_idx, ["key", "modality", "source_index", "source_line", "media"])
     tok_off = csr_offsets(seg_len)  # segment j occupies tok_off[j]:tok_off[j+1] of the shard's tokens
     row_tok = tok_off[row_seg]
     seg_start_in_row = tok_off[:-1] - np.repeat(row_tok[:-1], np.diff(row_seg))
 
     def gather(column: str) -> np.ndarray:
-        lists = sub.column(column).combine_chunks()
-        offsets = lists.offsets.to_numpy().astype(np.int64)
-        return lists.values.to_numpy()[concat_ranges(offsets[:-1] + seg_from, seg_len)]
+        return samples.gather_tokens(column, seg_idx, seg_from, seg_len)
 
     labels = gather("labels")
     labels[tok_off[:-1]] = IGNORE
