@@ -22,13 +22,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_stage1_speed import one_by_one, outcome
 
 from conftest import SAMPLE, TOKENIZER
 from packer.encode import Encoder, EncoderSpec
 from packer.encode.chat import token_starts
 from packer.encode.offsets import ByteStarts
 from packer.encode.tokenizer import load_tokenizer
-from packer.errors import BadRecord
 from packer.ingest.reader import RawLine
 from packer.stages import encode as stage
 
@@ -167,19 +167,8 @@ def test_batched_stage1_labels_unicode_chats_as_the_per_record_path(path):
     assert encoder.byte_starts is not None
     raws = [RawLine(i + 1, json.dumps(r, ensure_ascii=False).encode()) for i, r in enumerate(unicode_records(300))]
 
-    def outcome(result):
-        if isinstance(result, BadRecord):
-            return ("bad", result.reason)
-        return (result.key, result.input_ids.tolist(), result.labels.tolist())
-
-    batched = [outcome(r) for r in stage.encode_records(encoder, raws, "u.jsonl", SAMPLE)]
-    single = []
-    for raw in raws:
-        try:
-            single.append(outcome(stage.encode_record(encoder, raw, "u.jsonl", SAMPLE)))
-        except BadRecord as e:
-            single.append(outcome(e))
-    assert batched == single
+    batched = [outcome(r) for r in stage.encode_records(encoder, raws, "t.jsonl", SAMPLE)]
+    assert batched == one_by_one(encoder, raws)
     assert sum(b[0] != "bad" for b in batched) > 250
 
 
