@@ -122,8 +122,8 @@ class Encoder:
         self.reserved_list = list(self.reserved_ids)
         self.placeholder_list = list(self.placeholder_ids.values())
         self.counter = MediaCounter(spec.image_tokens, spec.audio_tokens, spec.image_check, video_tokens=spec.video_tokens)
-        self.byte_starts = ByteStarts.for_tokenizer(self.tok)
-        self.normal_form = normal_form(self.tok)  # None: token starts come from the tokenizer's offsets
+        self.byte_starts = ByteStarts.for_tokenizer(self.tok)  # None: token starts come from the tokenizer's offsets
+        self.normal_form = normal_form(self.tok)  # None: every text goes through the tokenizer's normalizer
         self._memo: dict = {}  # texts tokenized in a batch, for the records of one encode_lines call
 
     def fingerprint(self) -> dict:

@@ -1,11 +1,12 @@
 """The default plan (``bfd``, any row order) without numba, for inputs where numba's start costs more than the work.
 
 Importing numba and loading the cached kernels costs ~0.45 s of CPU in every process that
-plans, and the first build after an install compiles each kernel (~5 s). A plan of
-20,000 samples takes ~25 ms in plain Python (~1 µs a segment). So below ``SMALL`` segments the planner runs
-these twins instead: :func:`bfd` is :func:`packer.pack._bfd_numba.bfd` step for step (same
-stacks, same ties, so the same bins), and the CSR helpers are numpy. ``tests/test_plan.py``
-compares every twin with its kernel on random inputs, media caps and segment limits included.
+plans, and the first build after an install compiles each kernel (~5 s). A plan of 20,000
+samples takes ~25 ms in plain Python (~1 µs a segment). So below ``SMALL`` segments x bin
+classes the planner runs these twins instead: :func:`bfd` is :func:`packer.pack._bfd_numba.bfd`
+step for step (same stacks, same ties, so the same bins), and the CSR helpers are numpy.
+``tests/test_plan.py`` compares every twin with its kernel on random inputs, media caps and
+segment limits included.
 """
 
 from __future__ import annotations

@@ -86,10 +86,10 @@ class SampleStore:
             in_shard = np.flatnonzero(shard == k)
             local = indices[in_shard] - self.starts[k]
             for first, offsets, values in self._flat_column(k, column):
-                sel = in_shard[(local >= first) & (local < first + len(offsets) - 1)]
-                if not len(sel):
+                in_batch = (local >= first) & (local < first + len(offsets) - 1)
+                if not in_batch.any():
                     continue
-                rows = indices[sel] - self.starts[k] - first
+                sel, rows = in_shard[in_batch], local[in_batch] - first
                 out[concat_ranges(out_at[sel], lengths[sel])] = values[concat_ranges(offsets[rows] + starts[sel], lengths[sel])]
         return out
 
