@@ -119,7 +119,7 @@ class PackedCollator:
             labels[b, torch.as_tensor(cu[b][:-1])] = IGNORE  # no segment's first token is a target
         segment, position = masks.segments_and_positions(cu, length)
         out: dict[str, Any] = {"input_ids": input_ids, "labels": labels, "seq_idx": segment.to(torch.int32)}
-        out["loss_weights"] = loss_weights(labels, segment, self.loss)
+        out["loss_weights"] = loss_weights(labels, segment, self.loss, _stored_counts(rows, int(segment.max()) + 1))
         out["media"] = [{**m, "batch": b} for b, r in enumerate(rows) for m in r["media"]]
         if self._untimed and any(m["kind"] == "video" for m in out["media"]):
             raise ValueError("the batch holds a video and the processor is a Qwen2.5-VL one (time-scaled mRoPE), but the "
@@ -150,11 +150,25 @@ class PackedCollator:
         return out
 
 
+def _stored_counts(rows: list[dict[str, Any]], n_segments: int) -> torch.Tensor | None:
+    """``[B, n_segments]`` supervised tokens per segment as the shards store them (0 for the
+    padding segment), or None when a row lacks them (the weights then count the labels)."""
+    if not all("segment_trained" in r for r in rows):
+        return None
+    counts = torch.zeros(len(rows), n_segments, dtype=torch.long)
+    for b, r in enumerate(rows):
+        stored = torch.as_tensor(np.asarray(r["segment_trained"], dtype=np.int64))
+        counts[b, : len(stored)] = stored
+    return counts
+
+
 def _concatenate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """All rows of a batch as one long row (the flattened forms)."""
     offsets = np.cumsum([0] + [int(r["n_tokens"]) for r in rows])
     segments = np.cumsum([0] + [len(r["cu_seqlens"]) - 1 for r in rows])
-    return {
+    stored = {"segment_trained": np.concatenate([np.asarray(r["segment_trained"], dtype=np.int64) for r in rows])} \
+        if all("segment_trained" in r for r in rows) else {}
+    return {**stored,
         "input_ids": np.concatenate([np.asarray(r["input_ids"]) for r in rows]),
         "labels": np.concatenate([np.asarray(r["labels"]) for r in rows]),
         "cu_seqlens": np.concatenate([[0]] + [np.asarray(r["cu_seqlens"][1:]) + o for r, o in zip(rows, offsets, strict=False)]),

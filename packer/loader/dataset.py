@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from packer.media.load import resolve_ref
 from packer.shards.io import read_shard
+from packer.shards.schema import IGNORE
 from packer.shards.manifest import Manifest
 from packer.shards.stats import ROW_FIELDS, shard_stats
 
@@ -70,6 +71,8 @@ class _ShardedTable:
         row = self._table(k).slice(int(index - self.starts[k]), 1).to_pylist()[0]
         out = {}
         for name in self.columns:
+            if name not in row:  # a column newer than the build (supervised counts): derived by the subclass
+                continue
             value = row[name]
             if name in ARRAY_COLUMNS:
                 value = np.asarray(value, dtype=np.int32)
@@ -107,7 +110,15 @@ class PackedDataset(_ShardedTable):
     or onto ``media_root=`` when the media moved; a moved build folder needs nothing."""
 
     kind = "packed"
-    columns = ("input_ids", "labels", "cu_seqlens", "segment_ids", "segment_modality", "media", "n_tokens")
+    columns = ("input_ids", "labels", "cu_seqlens", "segment_ids", "segment_modality", "media", "n_tokens",
+               "segment_trained", "n_trained")
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        row = super().__getitem__(index)
+        if "segment_trained" not in row:  # a build from before the stored counts: count them here
+            counts = supervised_counts(row["labels"], row["cu_seqlens"])
+            row["segment_trained"], row["n_trained"] = counts.tolist(), int(counts.sum())
+        return row
 
     def row_stats(self) -> dict[str, np.ndarray]:
         """Per row: tokens, sum of squared segment lengths, media items and media tokens
@@ -116,6 +127,14 @@ class PackedDataset(_ShardedTable):
         stats = [shard_stats(self.out / e.file) for e in self.entries]
         return {name: np.concatenate([s.array(f"row_{name}") for s in stats]) if stats else np.zeros(0)
                 for name in ROW_FIELDS}
+
+
+def supervised_counts(labels, cu_seqlens) -> np.ndarray:
+    """Supervised tokens (label != -100, a segment's first token never) of each segment, int64."""
+    trained = np.asarray(labels) != IGNORE
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    trained[cu[:-1][cu[:-1] < len(trained)]] = False
+    return np.asarray([int(trained[a:b].sum()) for a, b in zip(cu[:-1], cu[1:], strict=True)], dtype=np.int64)
 
 
 class SampleDataset(_ShardedTable):
@@ -135,6 +154,8 @@ class SampleDataset(_ShardedTable):
             row["input_ids"], row["labels"] = row["input_ids"][: self.max_length], row["labels"][: self.max_length]
             row["cu_seqlens"][-1] = row["n_tokens"] = self.max_length
             row["media"] = [m for m in row["media"] if m["start"] + m["length"] <= self.max_length]
+        counts = supervised_counts(row["labels"], row["cu_seqlens"])
+        row["segment_trained"], row["n_trained"] = counts.tolist(), int(counts.sum())
         return row
 
     @property
