@@ -60,7 +60,7 @@ class PackedCollator:
                  pad_token_id: int = 0, rope: str = "default", loss: str = "token", mask_dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", image_processor=None, feature_extractor=None, processor=None,
                  patch_size: int | None = None, image_embeddings=None, audio_features=None, video_processor=None,
-                 video_policy=None, tokens_per_second: float | None = None):
+                 video_policy=None, tokens_per_second: float | None = None, dummy_media=None):
         if attention not in ATTENTION:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
         if rope not in ("default", "mrope"):
@@ -94,20 +94,26 @@ class PackedCollator:
                          patch_size=patch_size, image_embeddings=image_embeddings, audio_features=audio_features,
                          video_processor=video_processor, video_policy=video_policy, timed=tokens_per_second is not None)
         self.media_step = step if step.enabled else None
+        self.dummy_media = dummy_media  # packer.loader.dummy.MediaDummies: every tower runs on every rank
 
-    def _length(self, n: int) -> int:
+    def _length(self, n: int, grow: bool = False) -> int:
         if self.pad_to is not None:
-            if n > self.pad_to:
+            if n > self.pad_to and not grow:
                 raise ValueError(f"a batch needs {n} positions but pad_to is {self.pad_to}; raise pad_to")
-            n = self.pad_to
+            n = max(n, self.pad_to)
         if self.multiple:
             n = -(-n // self.multiple) * self.multiple
         return n
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        dummy_inputs: dict[str, Any] = {}
+        if self.dummy_media is not None:  # may grow one row past pad_to by its few positions
+            sizes = [int(r["n_tokens"]) for r in rows]
+            self._length(sum(sizes) if self.attention in FLATTENED else max(sizes))  # the real rows must fit
+            rows, dummy_inputs = self.dummy_media.add(rows)
         if self.attention in FLATTENED:
             rows = [_concatenate(rows)]
-        length = self._length(max(int(r["n_tokens"]) for r in rows))
+        length = self._length(max(int(r["n_tokens"]) for r in rows), grow=bool(dummy_inputs))
         cu = [np.asarray(r["cu_seqlens"], dtype=np.int64) for r in rows]
         batch = len(rows)
         input_ids = torch.full((batch, length), self.pad_token_id, dtype=torch.long)
@@ -121,12 +127,13 @@ class PackedCollator:
         out: dict[str, Any] = {"input_ids": input_ids, "labels": labels, "seq_idx": segment.to(torch.int32)}
         out["loss_weights"] = loss_weights(labels, segment, self.loss, _stored_counts(rows, int(segment.max()) + 1))
         out["media"] = [{**m, "batch": b} for b, r in enumerate(rows) for m in r["media"]]
-        if self._untimed and any(m["kind"] == "video" for m in out["media"]):
+        if self._untimed and any(m["kind"] == "video" and not m.get("dummy") for m in out["media"]):
             raise ValueError("the batch holds a video and the processor is a Qwen2.5-VL one (time-scaled mRoPE), but the "
                              "collator has no tokens_per_second: pass PackedCollator(rope='mrope', "
                              "tokens_per_second=model.config.vision_config.tokens_per_second, ...)")
         if self.media_step is not None:
-            out.update(self.media_step(out["media"]))
+            out.update(self.media_step([m for m in out["media"] if not m.get("dummy")]))
+        out.update(dummy_inputs)
         if self.rope == "mrope":
             out["position_ids"] = torch.stack([
                 mrope_positions(length, list(zip(c[:-1].tolist(), c[1:].tolist(), strict=True)), r["media"],
