@@ -17,8 +17,8 @@ import pyarrow as pa
 
 from packer.media.load import resolve_ref
 from packer.shards.io import read_shard
-from packer.shards.schema import IGNORE
 from packer.shards.manifest import Manifest
+from packer.shards.schema import IGNORE
 from packer.shards.stats import ROW_FIELDS, shard_stats
 
 ARRAY_COLUMNS = ("input_ids", "labels", "cu_seqlens")
