@@ -19,6 +19,15 @@ from packer.loader.samplers import CostModel, SplitModalitySampler, TokenBalance
 from packer.loader.sequence_parallel import local_media_rows, shard_for_sequence_parallel
 from packer.loader.stored import StoredFeatures
 
-__all__ = ["ATTENTION", "CostModel", "MediaDummies", "MediaMismatchError", "PackedCollator", "PackedDataset", "SampleDataset",
-           "SplitModalitySampler", "StoredFeatures", "TokenBalancedSampler", "local_media_rows", "loss_norm", "loss_weights",
-           "media_dummies", "model_inputs", "mrope_positions", "packed_loss", "shard_for_sequence_parallel"]
+
+def __getattr__(name: str):
+    if name == "PackedTrainer":  # imports transformers' Trainer (and Accelerate): only when asked for
+        from packer.loader.trainer import PackedTrainer
+
+        return PackedTrainer
+    raise AttributeError(f"module 'packer.loader' has no attribute {name!r}")
+
+
+__all__ = ["ATTENTION", "CostModel", "MediaDummies", "MediaMismatchError", "PackedCollator", "PackedDataset", "PackedTrainer",
+           "SampleDataset", "SplitModalitySampler", "StoredFeatures", "TokenBalancedSampler", "local_media_rows", "loss_norm",
+           "loss_weights", "media_dummies", "model_inputs", "mrope_positions", "packed_loss", "shard_for_sequence_parallel"]

@@ -190,8 +190,10 @@ MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "pixel_values", "im
               "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
-def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+def model_inputs(batch: dict[str, Any], model=None) -> dict[str, Any]:
     """The keyword arguments for ``model(**...)`` of the HF causal-LM / VLM / audio-LM classes.
+    Given the ``model``, first refuses a mask form its attention implementation would ignore
+    (:func:`packer.loader.checks.check_attention`: a flattened ``varlen`` batch under SDPA).
 
     Leaves out what only packer uses (``labels`` -- use :func:`~packer.loader.packed_loss` -- ``media``,
     ``seq_idx``, ``loss_weights``) and ``cu_seqlens`` / ``max_seqlen``, names the
@@ -199,6 +201,10 @@ def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
     as ``cu_seq_lens_q/k`` and ``max_length_q/k``. ``use_cache=False``: training builds
     no KV cache.
     """
+    if model is not None:
+        from packer.loader.checks import attention_form, check_attention
+
+        check_attention(model, attention_form(batch))
     out = {k: batch[k] for k in MODEL_KEYS if k in batch}
     out["use_cache"] = False
     return out
