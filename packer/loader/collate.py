@@ -107,6 +107,7 @@ class PackedCollator:
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         dummy_inputs: dict[str, Any] = {}
+        indices = [int(r["index"]) for r in rows] if all("index" in r for r in rows) else None
         if self.dummy_media is not None:  # may grow one row past pad_to by its few positions
             sizes = [int(r["n_tokens"]) for r in rows]
             self._length(sum(sizes) if self.attention in FLATTENED else max(sizes))  # the real rows must fit
@@ -125,6 +126,8 @@ class PackedCollator:
             labels[b, torch.as_tensor(cu[b][:-1])] = IGNORE  # no segment's first token is a target
         segment, position = masks.segments_and_positions(cu, length)
         out: dict[str, Any] = {"input_ids": input_ids, "labels": labels, "seq_idx": segment.to(torch.int32)}
+        if indices is not None:
+            out["rows"] = indices  # the dataset rows of this batch (PackedDataset's index)
         out["loss_weights"] = loss_weights(labels, segment, self.loss, _stored_counts(rows, int(segment.max()) + 1))
         out["media"] = [{**m, "batch": b} for b, r in enumerate(rows) for m in r["media"]]
         if self._untimed and any(m["kind"] == "video" and not m.get("dummy") for m in out["media"]):

@@ -24,6 +24,18 @@ from packer.shards.stats import ROW_FIELDS, shard_stats
 ARRAY_COLUMNS = ("input_ids", "labels", "cu_seqlens")
 
 
+def resolve_span(m: dict[str, Any], media_root: str) -> dict[str, Any]:
+    """Give a media span its file: ``path`` (its ``ref`` joined onto ``media_root``), and for a
+    video given as frame images (``ref`` a JSON ``{"frames": [refs], "fps": rate}``) ``frames`` and ``fps``."""
+    if m["ref"].startswith("{"):
+        listed = json.loads(m["ref"])
+        m["frames"] = [resolve_ref(r, media_root) for r in listed["frames"]]
+        m["path"], m["fps"] = m["frames"][0], float(listed.get("fps") or 0.0)
+    else:
+        m["path"] = resolve_ref(m["ref"], media_root)
+    return m
+
+
 class _ShardedTable:
     kind = ""
     columns: tuple[str, ...] = ()
@@ -83,12 +95,7 @@ class _ShardedTable:
             out[name] = value
         if "media" in out:
             for m in out["media"]:
-                if m["ref"].startswith("{"):  # a video given as frame images: {"frames": [refs], "fps": rate}
-                    listed = json.loads(m["ref"])
-                    m["frames"] = [resolve_ref(r, self.media_root) for r in listed["frames"]]
-                    m["path"], m["fps"] = m["frames"][0], float(listed.get("fps") or 0.0)
-                else:
-                    m["path"] = resolve_ref(m["ref"], self.media_root)
+                resolve_span(m, self.media_root)
         return out
 
     @property
@@ -105,7 +112,8 @@ class _ShardedTable:
 
 class PackedDataset(_ShardedTable):
     """Packed rows: ``input_ids``, ``labels``, ``cu_seqlens`` (arrays), ``segment_ids``,
-    ``segment_modality``, ``media`` (lists) and ``n_tokens``. Each media span gets a
+    ``segment_modality``, ``media``, ``segment_trained`` (lists), ``n_tokens``, ``n_trained`` and
+    ``index`` (the row's number). Each media span gets a
     ``path``: its ``ref`` joined onto the build's media root (``Manifest.media_root``),
     or onto ``media_root=`` when the media moved; a moved build folder needs nothing."""
 
@@ -115,10 +123,33 @@ class PackedDataset(_ShardedTable):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         row = super().__getitem__(index)
+        row["index"] = index if index >= 0 else index + len(self)  # which row: the batch lists them (``rows``)
         if "segment_trained" not in row:  # a build from before the stored counts: count them here
             counts = supervised_counts(row["labels"], row["cu_seqlens"])
             row["segment_trained"], row["n_trained"] = counts.tolist(), int(counts.sum())
         return row
+
+    def to_hf_dataset(self):
+        """The packed rows as a ``datasets.Dataset``: the shards memory-mapped (``Dataset.from_file``,
+        nothing copied), with a transform that gives each media span its ``path`` as this dataset
+        does. For trainers that take only HF datasets (TRL's ``SFTTrainer``, docs/training.md);
+        rows keep every column, so give the trainer :class:`PackedCollator` and
+        ``remove_unused_columns=False``."""
+        import datasets
+
+        if not self.entries:
+            raise ValueError(f"{self.out} holds no packed rows")
+        parts = [datasets.Dataset.from_file(str(self.out / e.file)) for e in self.entries]
+        table = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+        root = self.media_root
+
+        def with_paths(batch: dict[str, list]) -> dict[str, list]:
+            if "media" in batch:
+                batch["media"] = [[resolve_span(dict(m), root) for m in spans] for spans in batch["media"]]
+            return batch
+
+        table.set_transform(with_paths)
+        return table
 
     def row_stats(self) -> dict[str, np.ndarray]:
         """Per row: tokens, sum of squared segment lengths, media items and media tokens
