@@ -240,3 +240,45 @@ def test_stateful_dataloader_resumes_exactly_under_prefetch(workers):
     fresh.set_epoch(0)  # the saved state brings its epoch back
     resumed.load_state_dict(state)
     assert head + [b.tolist() for b in resumed] == full
+
+
+def test_to_hf_dataset_gives_the_same_rows_with_their_files(sample_build):
+    out, _ = sample_build
+    ds = PackedDataset(out)
+    hf = ds.to_hf_dataset()
+    assert len(hf) == len(ds)
+    with_media = next(i for i in range(len(ds)) if ds[i]["media"])
+    for i in (0, with_media, len(ds) - 1):
+        ours, theirs = ds[i], hf[i]
+        for key in ("input_ids", "labels", "cu_seqlens", "segment_trained"):
+            assert list(ours[key]) == list(theirs[key]), key
+        assert ours["n_tokens"] == theirs["n_tokens"] and ours["segment_ids"] == theirs["segment_ids"]
+        assert [m["path"] for m in ours["media"]] == [m["path"] for m in theirs["media"]]
+    batch = PackedCollator(pad_to_multiple_of=64)([hf[0], hf[1]])
+    assert torch.equal(batch["input_ids"], PackedCollator(pad_to_multiple_of=64)([ds[0], ds[1]])["input_ids"])
+
+
+@pytest.mark.slow
+def test_trl_sft_recipe_trains_and_counts_the_true_tokens(small_build, tmp_path):
+    """docs/examples/trl_sft.py: SFTTrainer on to_hf_dataset(); TRL's own num_tokens would sum the
+    4-D mask; the recipe's is the rows' tokens. Its loss is packer's token mean."""
+    pytest.importorskip("trl", reason="trl is a test-layer package (requirements.lock); the recipe needs it")
+    import sys
+
+    sys.path.insert(0, str(ROOT / "docs" / "examples"))
+    from trl_sft import train
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    ds = PackedDataset(small_build)
+    report = train(str(small_build), 3, str(tmp_path), order="sequential")  # rows 0-1, 2-3, 4-5
+    assert report["num_tokens"] == [sum(int(ds[i]["n_tokens"]) for i in range(2 * (k + 1))) for k in range(3)]
+    cfg = LlamaConfig(vocab_size=ds.manifest.tokenizer["vocab_size"], hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=ds.max_length)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)  # the recipe's model before its first step
+    batch = PackedCollator(attention="sdpa", pad_to_multiple_of=64)([ds[0], ds[1]])
+    with torch.no_grad():
+        first = packed_loss(model(**model_inputs(batch)).logits, batch).item()
+    assert report["losses"][0] == pytest.approx(first, abs=1e-3)  # logged to 4 significant digits
+    assert report["losses"][-1] < report["losses"][0]
