@@ -58,6 +58,7 @@ class Encoded:
     quarantine: ShardEntry
     blank_lines: int
     input_sources: list[int] = field(default_factory=list)  # the `input` entry each input file came from
+    audio_truncated: int = 0  # clips of the samples cut to the audio encoder's window (--long-audio truncate)
 
 
 def build(config: BuildConfig, *, progress: bool = True) -> Manifest:
@@ -85,6 +86,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
     check_plan_options(config)
     inputs = config.input_sources()
     files = [f for f, _ in inputs]
+    warn_sample_tokenizer(config, files)
     engine = get_engine(config.engine, auto_workers(config.workers, files), address=config.ray_address,
                         cpus_per_task=config.cpus_per_task)
     media_root = media_base(config, files)
@@ -111,6 +113,28 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
         finally:
             gc.unfreeze()
             lock.release()
+
+
+def sample_tokenizer(tokenizer: str) -> Path | None:
+    """The ``sample_data`` folder when ``tokenizer`` is its toy tokenizer (the pipelines' own), else None."""
+    path = Path(tokenizer)
+    if "://" in tokenizer or not path.is_dir():
+        return None
+    path = path.resolve()
+    return path.parent if path.parts[-2:] == ("sample_data", "tokenizer") else None
+
+
+def warn_sample_tokenizer(config: BuildConfig, files: list) -> None:
+    """One line on stderr when data from outside ``sample_data`` is built with the sample tokenizer
+    (a pipeline file run with -i / -o keeps it): the build would be useless for a real model."""
+    folder = sample_tokenizer(config.tokenizer)
+    if folder is None:
+        return
+    outside = [f for f in files if fs.is_url(f) or folder not in Path(f).resolve().parents]
+    if outside:
+        print(f"packer: warning: {outside[0]}{f' and {len(outside) - 1:,} more' if len(outside) > 1 else ''} built with "
+              f"{config.tokenizer}, the toy tokenizer the pipelines ship with for sample_data: pass --tokenizer with your "
+              f"model's (a hub name or a folder)", file=sys.stderr)
 
 
 def warn_no_encoder(out: Path, config: BuildConfig, encoded: Encoded) -> None:
@@ -247,7 +271,7 @@ def _repack_into(out: Path, source: Path, manifest: Manifest, config: BuildConfi
     acc = manifest.accounting
     by_file = {name: FileAccount(records=f.records, quarantined=f.quarantined) for name, f in acc.by_file.items()}
     encoded = Encoded(manifest.inputs, manifest.files.samples, by_file, acc.quarantined_by_reason, manifest.files.quarantine,
-                      acc.blank_lines, manifest.input_sources)
+                      acc.blank_lines, manifest.input_sources, audio_truncated=int(manifest.stats.get("audio_truncated", 0)))
     engine = get_engine(config.engine, config.workers or 1, address=config.ray_address, cpus_per_task=config.cpus_per_task)
     return plan_and_pack(out, config, encoded, manifest.tokenizer, engine, progress, media_root=manifest.media_root,
                          sections=manifest.sections, tokenizer_files=manifest.files.tokenizer,
@@ -275,7 +299,7 @@ def encode_inputs(out: Path, files: list[Path], config: BuildConfig, setup_args:
     tasks = encode.make_tasks(files, config.chunk_records, counts, config.max_line_bytes)
     qpath = out / "quarantine.jsonl"
     stage = Stage("encode", "records", bytes_total=sum(fs.stat(f)[0] for f in files), enabled=progress)
-    reused = n_tasks = 0
+    reused = n_tasks = cut = 0
     with atomic_open(qpath, "w") as qf:
         for res in engine.map(encode.encode_task, tasks, encode.setup, setup_args, in_process_state=driver):
             for entry in res.quarantine:
@@ -285,12 +309,13 @@ def encode_inputs(out: Path, files: list[Path], config: BuildConfig, setup_args:
             by_file[res.file].quarantined += len(res.quarantine)
             if res.shard is not None:
                 shards.append(res.shard)
-            reused, n_tasks = reused + res.reused, n_tasks + 1
+            reused, n_tasks, cut = reused + res.reused, n_tasks + 1, cut + res.audio_truncated
             stage.advance(res.records, res.nbytes)
     resumed = f"; {reused} of {n_tasks} tasks reused from the interrupted run" if reused else ""
     stage.done(f"{stage.count:,} records ({sum(quarantined.values()):,} quarantined){resumed}")
     quarantine = ShardEntry(qpath.name, sum(quarantined.values()), qpath.stat().st_size, sha256_file(qpath))
-    return Encoded(list(by_file), shards, by_file, dict(quarantined), quarantine, counts.get("blank_lines", 0))
+    return Encoded(list(by_file), shards, by_file, dict(quarantined), quarantine, counts.get("blank_lines", 0),
+                   audio_truncated=cut)
 
 
 def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any], engine, progress, *,
@@ -327,7 +352,7 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
         files=Files(samples=encoded.sample_shards, packed=packed, plan=plan_entry, quarantine=encoded.quarantine,
                     dropped=write_dropped(out, samples, p), tokenizer=list(tokenizer_files or [])),
         accounting=accounting(by_file, encoded.quarantined, dropped, encoded.blank_lines),
-        stats=_stats(config, samples, p), execution=config.execution_dict(), sections=dict(sections or {}),
+        stats={**_stats(config, samples, p), "audio_truncated": encoded.audio_truncated}, execution=config.execution_dict(), sections=dict(sections or {}),
         repacked_from=repacked_from,
     )
     from packer.report import write_report

@@ -119,6 +119,10 @@ class BuildConfig:
     embed_batch_size: int = _opt(32, "Images per batch in the embedding pass.", stage="content", group="media")
     embed_gpus: float = _opt(0.0, "With --engine ray: GPUs reserved by the embedding pass task.",
                              stage="execution", group="execution")
+    long_audio: str = _opt("truncate", "A clip longer than the audio encoder's window (Qwen2-Audio: 30 s): truncate counts "
+                                       "the window the model sees (its processor cuts the rest; counted as audio_truncated), "
+                                       "drop quarantines the record (audio_too_long).", choices=("truncate", "drop"),
+                           stage="content", group="media")
     audio_features: str = _opt("", "Store audio features: whisper[:feature_size=128] (WhisperFeatureExtractor's "
                                    "input_features, 30 s padded, float32); empty: off.", stage="content", group="media")
     max_length: int = _opt(4096, "Capacity of a packed row, in tokens.", stage="plan", group="packing")

@@ -35,7 +35,7 @@ from packer.ingest.formats import decode_json, parse_record, record_id
 from packer.ingest.reader import RawLine
 from packer.ingest.records import Conversation, Document
 from packer.io.fs import is_url
-from packer.media.counter import MediaCounter
+from packer.media.counter import CutCount, MediaCounter
 from packer.shards.schema import IGNORE, MEDIA_KINDS, MediaSpan, Sample
 
 MEDIA_ORDER = MEDIA_KINDS  # the order a modality name lists its kinds in
@@ -81,6 +81,7 @@ class EncoderSpec:
     modalities: tuple[str, ...] = MEDIA_ORDER  # media kinds the model has an encoder for
     media_base: str = ""  # stored refs are relative to this folder (the build's media root); "": as resolved
     train_on_empty_think: bool = False  # train the empty <think></think> a template adds to a turn without reasoning
+    long_audio: str = "truncate"  # a clip over the encoder's window: count its first window, or quarantine the record
 
     @classmethod
     def from_config(cls, config, media_base: str = "") -> EncoderSpec:
@@ -121,7 +122,10 @@ class Encoder:
         self.reserved_ids = {self.tok.convert_tokens_to_ids(t): t for t in spec.special_tokens()}
         self.reserved_list = list(self.reserved_ids)
         self.placeholder_list = list(self.placeholder_ids.values())
-        self.counter = MediaCounter(spec.image_tokens, spec.audio_tokens, spec.image_check, video_tokens=spec.video_tokens)
+        self.counter = MediaCounter(spec.image_tokens, spec.audio_tokens, spec.image_check, video_tokens=spec.video_tokens,
+                                    long_audio=spec.long_audio)
+        self.clips_cut = 0  # clips of the encoded samples cut to the encoder's window (audio_truncated)
+        self._record_cut = 0
         self.byte_starts = ByteStarts.for_tokenizer(self.tok)  # None: token starts come from the tokenizer's offsets
         self.normal_form = normal_form(self.tok)  # None: every text goes through the tokenizer's normalizer
         self._memo: dict = {}  # texts tokenized in a batch, for the records of one encode_lines call
@@ -267,6 +271,7 @@ class Encoder:
     def _finish(self, raw: RawLine, file: str, source_index: int, obj: dict, record: Conversation | Document,
                 chat: RenderedChat | None) -> Sample:
         """Everything after rendering: tokens (from the batch when there is one), labels, media, checks."""
+        self._record_cut = 0
         if isinstance(record, Document):
             ids, trained, media = self._encode_document(record)
         else:
@@ -280,6 +285,7 @@ class Encoder:
             raise BadRecord("no_trainable_tokens", "the record has no token to train on (no assistant turn?)")
         kinds = [k for k in MEDIA_ORDER if any(m.kind == k for m in media)]
         rid = record_id(obj)
+        self.clips_cut += self._record_cut  # counted once the record is a sample
         return Sample(
             key=rid if rid is not None else f"{file}:{raw.line}",
             source_file=file,
@@ -356,6 +362,7 @@ class Encoder:
         cursor, out_pos = 0, 0
         for pos, part in zip(positions, items, strict=True):
             count = self.counter.count(part)
+            self._record_cut += isinstance(count, CutCount)
             begin, end = self.begin_ids[part.kind], self.end_ids[part.kind]
             expanded = np.asarray([*begin, *[self.placeholder_ids[part.kind]] * count.length, *end], dtype=np.int32)
             pieces_ids += [ids[cursor:pos], expanded]

@@ -54,6 +54,7 @@ class EncodeResult:
     shard: ShardEntry | None
     reused: bool = False  # found finished in the journal (a resumed build)
     nbytes: int = 0  # input bytes the task covered (progress)
+    audio_truncated: int = 0  # clips of the task's samples cut to the audio encoder's window
 
 
 def make_tasks(files: list, chunk_records: int, counts: dict[str, int],
@@ -93,7 +94,7 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
     if done is not None:
         shard = ShardEntry(**done["shard"]) if done["shard"] else None
         return EncodeResult(task.index, task.file, task.records, [QuarantineEntry(**q) for q in done["quarantine"]],
-                            shard, reused=True, nbytes=task.end - task.start)
+                            shard, reused=True, nbytes=task.end - task.start, audio_truncated=done.get("audio_truncated", 0))
     samples, bad = [], []
     file_dir = parent(task.file)
     try:
@@ -104,6 +105,7 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
         raise PackerError(f"{task.file} changed while it was read (task {task.index} expected {task.records} records)")
     # One call for the task: records are parsed and rendered one by one, tokenized together,
     # then finished one by one; each failure is that record's (see Encoder.encode_lines).
+    cut_before = state.encoder.clips_cut
     for raw, result in zip(lines, encode_records(state.encoder, lines, task.file, file_dir, task.file_index), strict=True):
         if isinstance(result, BadRecord):
             if state.strict:
@@ -111,16 +113,17 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
             bad.append(quarantine_entry(task.file, raw, result))
         else:
             samples.append(result)
-    shard = None
+    shard, cut = None, state.encoder.clips_cut - cut_before
     target = state.out / "samples" / f"part-{task.index:05d}.arrow"
     try:  # output I/O (disk full, permissions) stops the build with the path, not a traceback
         if samples:
             shard = write_shard(target, to_table(samples, SAMPLE_SCHEMA), state.out)
-        state.journal.record("encode", task.index, shard_payload(shard, quarantine=[asdict(q) for q in bad], **identity))
+        state.journal.record("encode", task.index, shard_payload(shard, quarantine=[asdict(q) for q in bad],
+                                                                 audio_truncated=cut, **identity))
     except OSError as e:
         raise PackerError(f"cannot write stage-1 output for task {task.index} under {state.out}: {e}; check the "
                           f"free space and permissions there") from e
-    return EncodeResult(task.index, task.file, task.records, bad, shard, nbytes=task.end - task.start)
+    return EncodeResult(task.index, task.file, task.records, bad, shard, nbytes=task.end - task.start, audio_truncated=cut)
 
 
 def encode_records(encoder: Encoder, lines: list[RawLine], file: str, file_dir,
