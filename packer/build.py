@@ -352,7 +352,8 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
         files=Files(samples=encoded.sample_shards, packed=packed, plan=plan_entry, quarantine=encoded.quarantine,
                     dropped=write_dropped(out, samples, p), tokenizer=list(tokenizer_files or [])),
         accounting=accounting(by_file, encoded.quarantined, dropped, encoded.blank_lines),
-        stats={**_stats(config, samples, p), "audio_truncated": encoded.audio_truncated}, execution=config.execution_dict(), sections=dict(sections or {}),
+        stats={**_stats(config, samples, p), **_row_lengths(config, p), "audio_truncated": encoded.audio_truncated},
+        execution=config.execution_dict(), sections=dict(sections or {}),
         repacked_from=repacked_from,
     )
     from packer.report import write_report
@@ -416,6 +417,20 @@ def _stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:
         "split_lost_media": int(p.pieces_lost_media),
         "samples_by_modality": {n: int(c) for n, c in sorted(zip(names, counts, strict=True)) if c},
     }
+
+
+def _row_lengths(config: BuildConfig, p: Plan) -> dict[str, Any]:
+    """``--row-lengths``: the lengths (chosen from the planned rows for ``auto``), rows per length and the padding."""
+    from packer.pack import buckets
+
+    k, given = buckets.parse(config.row_lengths, config.max_length)
+    if k is None and given is None:
+        return {}
+    tokens = p.bin_tokens()
+    lengths = given if given is not None else buckets.choose_lengths(tokens, k, config.max_length)
+    rows = np.bincount(buckets.bucket_of(tokens, lengths), minlength=len(lengths))
+    return {"row_lengths": [int(x) for x in lengths], "rows_by_length": [int(x) for x in rows],
+            "row_length_padding": buckets.padding(tokens, lengths)}
 
 
 def auto_workers(workers: int, files: list) -> int:

@@ -137,6 +137,10 @@ class BuildConfig:
     max_images: int = _opt(0, "Most images in one packed row (0: no limit).", stage="plan", group="packing")
     max_audio: int = _opt(0, "Most audio clips in one packed row (0: no limit).", stage="plan", group="packing")
     max_videos: int = _opt(0, "Most videos in one packed row (0: no limit).", stage="plan", group="packing")
+    row_lengths: str = _opt("", "A few fixed row lengths for compiled training: auto (4 the planner chooses from the rows, "
+                                "least padding), auto:K, or N,N,... (max_length added); the collator pads each batch to "
+                                "the smallest that holds it (PackedCollator(row_lengths=ds.row_lengths)). Empty: off.",
+                            stage="plan", group="packing")
     group_by: str = _opt("none", "Rows hold samples of one group only (modality: text, image, audio, ...).",
                          choices=("none", "modality"), stage="plan", group="packing")
     order: str = _opt("shuffle", "Row order: shuffled with the seed; sequential (source order, for curricula: rows by "
@@ -204,6 +208,12 @@ class BuildConfig:
             values = [getattr(self, k) for k in group]
             if not all(values) or len(set(values)) != len(values):
                 raise ConfigError(f"{', '.join(group)} must be different non-empty strings, got {values}")
+        from packer.pack.buckets import parse
+
+        try:
+            parse(self.row_lengths, self.max_length)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         from packer.media.policies import parse_policy
 
         parse_policy(self.image_tokens, "image")  # unknown policies and parameters fail here, before any work

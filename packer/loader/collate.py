@@ -60,7 +60,8 @@ class PackedCollator:
                  pad_token_id: int = 0, rope: str = "default", loss: str = "token", mask_dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", image_processor=None, feature_extractor=None, processor=None,
                  patch_size: int | None = None, image_embeddings=None, audio_features=None, video_processor=None,
-                 video_policy=None, tokens_per_second: float | None = None, dummy_media=None):
+                 video_policy=None, tokens_per_second: float | None = None, dummy_media=None,
+                 row_lengths: list[int] | None = None):
         if attention not in ATTENTION:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
         if rope not in ("default", "mrope"):
@@ -80,6 +81,11 @@ class PackedCollator:
         for name, value in (("pad_to", pad_to), ("pad_to_multiple_of", pad_to_multiple_of)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be positive, got {value}")
+        if row_lengths is not None and (pad_to is not None or pad_to_multiple_of is not None):
+            raise ValueError("row_lengths fixes the padded lengths: give it without pad_to / pad_to_multiple_of")
+        # A build's fixed row lengths (--row-lengths): each batch padded to the smallest that holds it, so a
+        # compiled model sees a few shapes; flattened batches to one of them times the rows.
+        self.row_lengths = sorted(int(x) for x in row_lengths) if row_lengths else None
         if attention == "position_ids":
             warnings.warn(
                 "attention='position_ids' isolates packed segments only under flash-attention kernels "
@@ -96,7 +102,15 @@ class PackedCollator:
         self.media_step = step if step.enabled else None
         self.dummy_media = dummy_media  # packer.loader.dummy.MediaDummies: every tower runs on every rank
 
-    def _length(self, n: int, grow: bool = False) -> int:
+    def _length(self, n: int, grow: bool = False, rows: int = 1) -> int:
+        if self.row_lengths is not None:
+            fits = [x * rows for x in self.row_lengths if x * rows >= n]
+            if fits:
+                return fits[0]
+            if not grow:
+                raise ValueError(f"a batch needs {n} positions, more than the longest row length {self.row_lengths[-1]} "
+                                 f"x {rows} row(s): these rows are not from the build whose row_lengths these are")
+            return n
         if self.pad_to is not None:
             if n > self.pad_to and not grow:
                 raise ValueError(f"a batch needs {n} positions but pad_to is {self.pad_to}; raise pad_to")
@@ -110,11 +124,14 @@ class PackedCollator:
         indices = [int(r["index"]) for r in rows] if all("index" in r for r in rows) else None
         if self.dummy_media is not None:  # may grow one row past pad_to by its few positions
             sizes = [int(r["n_tokens"]) for r in rows]
-            self._length(sum(sizes) if self.attention in FLATTENED else max(sizes))  # the real rows must fit
+            flat = self.attention in FLATTENED
+            self._length(sum(sizes) if flat else max(sizes), rows=len(rows) if flat else 1)  # the real rows must fit
             rows, dummy_inputs = self.dummy_media.add(rows)
+        n_rows = len(rows)
         if self.attention in FLATTENED:
             rows = [_concatenate(rows)]
-        length = self._length(max(int(r["n_tokens"]) for r in rows), grow=bool(dummy_inputs))
+        length = self._length(max(int(r["n_tokens"]) for r in rows), grow=bool(dummy_inputs),
+                              rows=n_rows if self.attention in FLATTENED else 1)
         cu = [np.asarray(r["cu_seqlens"], dtype=np.int64) for r in rows]
         batch = len(rows)
         input_ids = torch.full((batch, length), self.pad_token_id, dtype=torch.long)
@@ -153,8 +170,14 @@ class PackedCollator:
             out["attention_mask"] = masks.block_mask(segment, self.device)
         elif self.attention == "varlen":
             bounds = cu[0] if length == cu[0][-1] else np.append(cu[0], length)
+            if self.row_lengths is not None:  # padding in pieces of at most a row length: max_seqlen is one of them
+                top = self.row_lengths[-1]
+                bounds = np.concatenate([cu[0], np.arange(int(cu[0][-1]) + top, length, top), [length]]) \
+                    if length > cu[0][-1] else cu[0]
             cu_t = torch.as_tensor(bounds, dtype=torch.int32)
             max_len = int(np.diff(bounds).max()) if len(bounds) > 1 else 0
+            if self.row_lengths is not None:
+                max_len = next((x for x in self.row_lengths if x >= max_len), max_len)  # a Python int of a few values
             out.update(cu_seqlens=cu_t, max_seqlen=max_len, cu_seq_lens_q=cu_t, cu_seq_lens_k=cu_t,
                        max_length_q=max_len, max_length_k=max_len)
         return out

@@ -129,6 +129,11 @@ class PackedDataset(_ShardedTable):
             row["segment_trained"], row["n_trained"] = counts.tolist(), int(counts.sum())
         return row
 
+    @property
+    def row_lengths(self) -> list[int] | None:
+        """The build's fixed row lengths (``--row-lengths``), for ``PackedCollator(row_lengths=...)``; None without."""
+        return self.manifest.stats.get("row_lengths")
+
     def to_hf_dataset(self):
         """The packed rows as a ``datasets.Dataset``: the shards memory-mapped (``Dataset.from_file``,
         nothing copied), with a transform that gives each media span its ``path`` as this dataset
