@@ -217,3 +217,10 @@ def test_vlm_example_with_text_only_batches(qwen2vl_build, tmp_path, mode):
     assert any(a == 0 or b == 0 for a, b in zip(*images)) and sum(map(sum, images)) > 0  # a rank without images, some step
     losses = reports[0]["losses"]
     assert losses == reports[1]["losses"] and all(x == x for x in losses) and losses[-1] < losses[0]
+
+
+def test_plain_loop_example(small_build):
+    result = run([sys.executable, str(EXAMPLES / "train_loop.py"), str(small_build), "--steps", "4", "--loss", "sample"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = [float(line.split()[3]) for line in result.stdout.splitlines() if line.startswith("step")]
+    assert len(losses) == 4 and all(x == x for x in losses) and losses[-1] < losses[0]

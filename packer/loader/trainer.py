@@ -91,6 +91,7 @@ class PackedTrainer(Trainer):
             check_attention(model, collator.attention)
         super().__init__(model=model, args=args, train_dataset=train_dataset, data_collator=collator, **kwargs)
         self.cost, self.window = cost, window
+        self._sampler: TokenBalancedSampler | None = None
         self.loss_is_scaled_for_ga = True  # compute_loss divides by the whole step's weights: no further division
         if self._wants_dummies(dummy_media, model, train_dataset) and collator.dummy_media is None:
             collator = copy.copy(collator)  # the caller's collator is left as it was
@@ -109,10 +110,13 @@ class PackedTrainer(Trainer):
     # ------------------------------------------------------------------ data
 
     def sampler(self) -> TokenBalancedSampler:
-        args = self.args
-        return TokenBalancedSampler(self.train_dataset, num_replicas=args.world_size, rank=args.process_index,
-                                    batch_size=args.per_device_train_batch_size, seed=_data_seed(args),
-                                    drop_last=args.dataloader_drop_last, cost=self.cost, window=self.window)
+        """This rank's sampler (built once: its costs read every shard's row statistics)."""
+        if self._sampler is None:
+            args = self.args
+            self._sampler = TokenBalancedSampler(self.train_dataset, num_replicas=args.world_size, rank=args.process_index,
+                                                 batch_size=args.per_device_train_batch_size, seed=_data_seed(args),
+                                                 drop_last=args.dataloader_drop_last, cost=self.cost, window=self.window)
+        return self._sampler
 
     def get_train_dataloader(self) -> PackedLoader:
         if self.train_dataset is None:
