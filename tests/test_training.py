@@ -266,8 +266,8 @@ def test_trl_sft_recipe_trains_and_counts_the_true_tokens(small_build, tmp_path)
     import sys
 
     sys.path.insert(0, str(ROOT / "docs" / "examples"))
-    from trl_sft import train
     from transformers import LlamaConfig, LlamaForCausalLM
+    from trl_sft import train
 
     ds = PackedDataset(small_build)
     report = train(str(small_build), 3, str(tmp_path), order="sequential")  # rows 0-1, 2-3, 4-5

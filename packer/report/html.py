@@ -377,7 +377,7 @@ def media_panels(r: dict[str, Any]) -> list[str]:
 
 
 def render(r: dict[str, Any]) -> str:
-    b, h, pad = r["batching"], r["histograms"], r["padding"]
+    b, h = r["batching"], r["histograms"]
     edges = h["length_edges"]
     length_bins = [f"{edges[i]}" for i in range(len(edges) - 1)]
     card_html = "".join(_card(*c) for c in headline(r))
