@@ -173,11 +173,12 @@ def plain_two_rank_loop(build, steps, *, batch_size=2, accumulation=2, loss="tok
     return losses, rows, model
 
 
-def test_packed_trainer_over_two_processes_equals_a_plain_loop(small_build, tmp_path):
+def test_packed_trainer_over_two_processes_equals_a_plain_loop_and_resumes(small_build, tmp_path):
     out = small_build
-    steps = 4
-    result = run([*TORCHRUN, str(EXAMPLES / "hf_trainer.py"), str(out), "--steps", str(steps), "--loss", "sample",
-                  "--report-dir", str(tmp_path)])
+    steps = 4  # 2 ranks x 2 micro-batches x 2 rows a step: 16 of the ~50 rows, mid-epoch
+    common = [*TORCHRUN, str(EXAMPLES / "hf_trainer.py"), str(out), "--steps", str(steps), "--loss", "sample",
+              "--output-dir", str(tmp_path / "ckpt")]
+    result = run([*common, "--save-steps", "2", "--report-dir", str(tmp_path)])
     assert result.returncode == 0, result.stderr[-4000:]
     reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
     losses, rows, model = plain_two_rank_loop(out, steps, loss="sample")
@@ -186,6 +187,14 @@ def test_packed_trainer_over_two_processes_equals_a_plain_loop(small_build, tmp_
     trained = torch.load(tmp_path / "model.pt")
     for name, p in model.state_dict().items():
         assert (trained[name] - p).abs().max() < 1e-5, name
+    (tmp_path / "resumed").mkdir()  # stopped after step 2, mid-epoch: the same remaining rows on each rank
+    result = run([*common, "--resume", str(tmp_path / "ckpt" / "checkpoint-2"), "--report-dir", str(tmp_path / "resumed")])
+    assert result.returncode == 0, result.stderr[-4000:]
+    resumed = [json.loads((tmp_path / "resumed" / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert [r["rows"] for r in resumed] == [r[len(r) // 2 :] for r in rows]
+    again = torch.load(tmp_path / "resumed" / "model.pt")
+    for name, p in trained.items():
+        assert torch.allclose(again[name], p, atol=1e-6), name
 
 
 def test_accelerate_prepare_sees_each_row_once_per_epoch(small_build, tmp_path):

@@ -4,6 +4,8 @@ ranks included) and exact mid-epoch resume. One process, or any number under tor
 
     python docs/examples/hf_trainer.py out/sample --steps 10
     torchrun --standalone --nproc_per_node 2 docs/examples/hf_trainer.py out/sample --steps 10   # CPU: gloo
+    torchrun ... hf_trainer.py out/sample --steps 10 --output-dir ckpt --save-steps 4   # checkpoints
+    torchrun ... hf_trainer.py out/sample --steps 10 --output-dir ckpt --resume ckpt/checkpoint-4   # mid-epoch resume
 
 On GPUs drop --cpu (the default backend is then NCCL). --report-dir writes each rank's logged
 losses and the rows it trained (and rank 0 the final weights), for tests/test_distributed.py.
@@ -43,15 +45,17 @@ class Recording(PackedTrainer):
 
 
 def train(build: str, steps: int, output_dir: str, *, batch_size: int = 2, accumulation: int = 2, loss: str = "token",
-          lr: float = 3e-3, cpu: bool = True, report_dir: str | None = None) -> list[float]:
+          lr: float = 3e-3, cpu: bool = True, report_dir: str | None = None, save_steps: int = 0,
+          resume: str | None = None) -> list[float]:
     ds = PackedDataset(build)
     args = TrainingArguments(output_dir=output_dir, max_steps=steps, per_device_train_batch_size=batch_size,
                              gradient_accumulation_steps=accumulation, learning_rate=lr, lr_scheduler_type="constant",
-                             logging_steps=1, report_to=[], use_cpu=cpu, seed=0, disable_tqdm=True, save_strategy="no")
+                             logging_steps=1, report_to=[], use_cpu=cpu, seed=0, disable_tqdm=True,
+                             save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500)
     collate = PackedCollator(attention="sdpa", loss=loss, pad_to_multiple_of=64)
     trainer = Recording(model=tiny_llama(ds), args=args, train_dataset=ds, data_collator=collate)
     trainer.rows = rows = []
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     if report_dir:
         rank = trainer.args.process_index
@@ -70,10 +74,14 @@ def main() -> None:
     ap.add_argument("--loss", default="token", choices=["token", "sample", "sqrt"])
     ap.add_argument("--gpu", action="store_true", help="train on GPUs (NCCL under torchrun)")
     ap.add_argument("--report-dir")
+    ap.add_argument("--output-dir", help="where checkpoints go (default: a temporary folder)")
+    ap.add_argument("--save-steps", type=int, default=0, help="a checkpoint every N optimizer steps")
+    ap.add_argument("--resume", help="a checkpoint folder to resume from (mid-epoch: the next unseen rows)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        losses = train(args.build, args.steps, tmp, batch_size=args.batch_size, accumulation=args.accumulation,
-                       loss=args.loss, cpu=not args.gpu, report_dir=args.report_dir)
+        losses = train(args.build, args.steps, args.output_dir or tmp, batch_size=args.batch_size,
+                       accumulation=args.accumulation, loss=args.loss, cpu=not args.gpu, report_dir=args.report_dir,
+                       save_steps=args.save_steps, resume=args.resume)
     print("losses:", " ".join(f"{x:.3f}" for x in losses), flush=True)
 
 
