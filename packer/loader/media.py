@@ -220,9 +220,10 @@ class MediaStep:
                 if e.reason == "missing_video":
                     _missing(m, path)
                 raise
-            indices = policy.frame_indices(info.frames, info.fps)
+            used = dataclasses.replace(policy, sample=False) if listed else policy  # a frame list: every frame
+            indices = used.frame_indices(info.frames, info.fps)
             frames.append(load_frames(listed, indices) if listed else load_video(path, indices))
-            metadata.append(video_metadata(info, policy))
+            metadata.append(video_metadata(info, used))
         enc = self.video_processor(videos=frames, video_metadata=metadata, do_sample_frames=False, return_tensors="pt")
         merge, tps = int(self.video_processor.merge_size), int(self.video_processor.temporal_patch_size)
         by = f"{type(self.video_processor).__name__} (frames sampled by video policy {policy_spec(policy)})"
@@ -261,13 +262,15 @@ def _open(load, span: dict[str, Any], *args):
 
 def _check(span: dict[str, Any], produced: int, by: str, stored_grid: tuple[int, ...] | None = None) -> None:
     path = span.get("path") or span["ref"]
-    if produced != span["length"]:
+    stored = int(span.get("tokens", span["length"]))
+    if produced != stored:
         raise MediaMismatchError(
-            f"{path}: the build gave this {span['kind']} {span['length']} placeholder positions but {by} produces "
+            f"{path}: the build gave this {span['kind']} {stored} placeholder positions but {by} produces "
             f"{produced} features from it. The build's token policy and this processor disagree: rebuild with "
             f"settings that match the processor (--{span['kind']}-tokens), or give the collator the "
             f"processor the build was made for.")
-    grid = tuple(int(g) for g in span.get("grid") or ())
+    grid = tuple(int(g) for g in span.get("llm_grid") or ())
     if stored_grid is not None and grid and grid != tuple(stored_grid):
-        raise MediaMismatchError(f"{path}: the build stored grid {grid} but {by} makes {tuple(stored_grid)}; "
+        raise MediaMismatchError(f"{path}: the build stored llm_grid {grid} (after the spatial merge) but {by} makes "
+                                 f"{tuple(stored_grid)}; "
                                  f"mRoPE positions would be wrong: rebuild with matching --{span['kind']}-tokens")
