@@ -82,6 +82,7 @@ class Family:
     structured: ClassVar[bool] = True
     processor_class: ClassVar[str] = ""  # the HF processor class the family reproduces
     rope: ClassVar[str] = "default"  # "mrope": Qwen-style 3-D positions from llm_grid
+    model_inputs: ClassVar[tuple[str, ...]] = ()  # extra keyword arguments the model class takes (mm_token_type_ids)
 
     def __init__(self, kinds: tuple[str, ...]):
         self.kinds = kinds
@@ -110,4 +111,5 @@ class Family:
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "processor_class": self.processor_class, "modalities": list(self.kinds),
                 "runs": {k: v for k, v in self.run_tokens().items() if k in self.kinds}, "rope": self.rope,
+                "model_inputs": list(self.model_inputs),
                 "settings": self.settings()}

@@ -21,9 +21,10 @@ Videos (``Qwen3VLVideoProcessor``):
   at the video's own rate) and ``<|vision_start|>``, after it ``<|vision_end|>``: that text is
   counted in the row and never trained.
 
-A video given as a list of frame images is taken whole (the processor cannot sample a list),
-at the record's ``fps`` or, when it states none, at 24 fps for the timestamps (what the
-processor assumes, with a warning, for frames without metadata).
+A video given as a list of frame images is a video of those frames at the record's ``fps`` or,
+when it states none, at 24 fps (what the processor assumes, with a warning, for frames without
+metadata): sampled like a file when the checkpoint samples (``do_sample_frames``, the class
+default: 5 frames at 24 fps keep 4), every frame otherwise.
 """
 
 from __future__ import annotations
@@ -155,6 +156,7 @@ class Qwen3VL(Family):
     name = "qwen3vl"
     processor_class = "Qwen3VLProcessor"
     rope = "mrope"
+    model_inputs = ("mm_token_type_ids",)
     settings_class: ClassVar[type] = Qwen3VLSettings
 
     def __init__(self, kinds: tuple[str, ...], settings: Qwen3VLSettings):
@@ -180,15 +182,11 @@ class Qwen3VL(Family):
             return Expansion((Run(s.image_token, grid[1] * grid[2]),), grid)
         return self._video(info, part)
 
-    def video_plan(self, info: Any, listed: bool) -> tuple[list[int], float, tuple[int, int]]:
+    def video_plan(self, info: Any) -> tuple[list[int], float, tuple[int, int]]:
         """(decode indices kept, the rate timestamps use, resized (h, w)) of a video."""
         s = self.s
-        if listed:  # a frame list: every frame, in order
-            indices = list(range(info.frames))
-            rate = info.fps or FRAMES_WITHOUT_FPS
-        else:
-            rate = info.fps
-            indices = sample_indices(info.frames, rate, s).tolist() if s.video_sample else list(range(info.frames))
+        rate = info.fps or FRAMES_WITHOUT_FPS  # a file always states one; a frame list may not
+        indices = sample_indices(info.frames, rate, s).tolist() if s.video_sample else list(range(info.frames))
         n = len(indices)
         factor = s.video_patch_size * s.video_merge_size
         max_pixels = s.video_max_pixels
@@ -202,7 +200,7 @@ class Qwen3VL(Family):
 
     def _video(self, info: Any, part: Any) -> Expansion:
         s = self.s
-        indices, rate, (h, w) = self.video_plan(info, bool(part.frames))
+        indices, rate, (h, w) = self.video_plan(info)
         factor = s.video_patch_size * s.video_merge_size
         t = -(-len(indices) // s.video_temporal_patch_size)
         per_group = (h // factor) * (w // factor)

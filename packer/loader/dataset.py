@@ -98,6 +98,15 @@ class _ShardedTable:
         return {k: self.manifest.placeholder_id(k) for k in ("image", "audio", "video")}
 
     @property
+    def family(self) -> dict[str, Any] | None:
+        """The model family the build reproduces (the manifest's), with each kind's placeholder id
+        (``run_ids``): ``PackedCollator(family=ds.family, ...)`` gives the family's model inputs."""
+        family = self.manifest.tokenizer.get("family")
+        if not family:
+            return None
+        return {**family, "run_ids": {k: v for k, v in self._run_ids.items() if v is not None}}
+
+    @property
     def placeholder_ids(self) -> dict[str, int]:
         """Token string -> id of every placeholder / begin / end token the build added."""
         return self.manifest.placeholders

@@ -98,7 +98,8 @@ class MediaStep:
     """Loads and encodes a batch's media; see the module docstring. Picklable."""
 
     def __init__(self, *, image_processor=None, feature_extractor=None, processor=None, patch_size: int | None = None,
-                 image_embeddings=None, audio_features=None, video_processor=None, video_policy=None, timed: bool = False):
+                 image_embeddings=None, audio_features=None, video_processor=None, video_policy=None, timed: bool = False,
+                 family=None):
         if processor is not None:
             image_processor = image_processor or getattr(processor, "image_processor", None)
             feature_extractor = feature_extractor or getattr(processor, "feature_extractor", None)
@@ -113,6 +114,7 @@ class MediaStep:
         self.patch_size = patch_size or 14
         self.family = image_family(image_processor) if image_processor is not None else None
         self.video_processor, self.timed = video_processor, timed
+        self.model_family = family  # a packer.families.Family whose loading differs from the generic policies (Qwen3-VL)
         if isinstance(video_policy, str):
             from packer.media.policies import parse_policy
 
@@ -203,6 +205,8 @@ class MediaStep:
         if self.video_processor is None:
             raise ValueError(f"the batch holds {len(spans)} video(s) but the collator has no video processor: "
                              f"pass PackedCollator(video_processor=...) or processor=... (a Qwen2-VL / Qwen2.5-VL one)")
+        if self.model_family is not None and hasattr(self.model_family, "video_plan"):
+            return self._family_videos(spans)
         if self.video_policy is None:
             raise ValueError(f"{type(self.video_processor).__name__} is not a Qwen2-VL / Qwen2.5-VL video processor: packer "
                              f"loads videos for the qwen2vl video policy only; pass video_policy=... and a Qwen2-VL one")
@@ -245,6 +249,33 @@ class MediaStep:
         if self.timed:
             out["second_per_grid_ts"] = torch.tensor(seconds, dtype=torch.float32)
         return out
+
+
+    def _family_videos(self, spans: list[dict[str, Any]]) -> dict[str, Any]:
+        """Videos of a family that plans its own frames (``family.video_plan``: Qwen3-VL): the frames it keeps
+        decoded, handed to the video processor with that sampling's metadata and ``do_sample_frames=False``."""
+        from packer.media.video import load_frames, load_video, probe_frames, probe_video
+
+        frames, metadata = [], []
+        for m in spans:
+            path = m.get("path") or m["ref"]
+            listed = m.get("frames")
+            try:
+                info = probe_frames(listed, m.get("fps") or 0.0) if listed else probe_video(path)
+            except BadRecord as e:
+                if e.reason == "missing_video":
+                    _missing(m, path)
+                raise
+            indices, rate, _ = self.model_family.video_plan(info)
+            frames.append(load_frames(listed, indices) if listed else load_video(path, indices))
+            metadata.append({"total_num_frames": info.frames, "fps": rate, "width": info.width, "height": info.height,
+                             "duration": info.frames / rate, "video_backend": "pyav", "frames_indices": list(indices)})
+        enc = self.video_processor(videos=frames, video_metadata=metadata, do_sample_frames=False, return_tensors="pt")
+        merge = int(self.video_processor.merge_size)
+        by = f"{type(self.video_processor).__name__} (frames planned by family {self.model_family.name})"
+        for m, (t, h, w) in zip(spans, enc["video_grid_thw"].tolist(), strict=True):
+            _check(m, t * h * w // (merge * merge), by, stored_grid=(t, h // merge, w // merge))
+        return {"pixel_values_videos": enc["pixel_values_videos"], "video_grid_thw": enc["video_grid_thw"]}
 
 
 def _missing(span: dict[str, Any], path: str):
