@@ -108,6 +108,18 @@ class Family:
         """The resolved settings (JSON-able): recorded in the manifest and the build fingerprint."""
         return {}
 
+    # Loader hooks (train time, torch imported inside), optional: a family defines the ones whose loading
+    # differs from the generic media step (packer.loader.media.MediaStep), which calls them when present.
+    #
+    #   image_inputs(image_processor, pictures, spans, check) -> dict   pixel values etc. of a batch's images
+    #   video_inputs(video_processor, spans, check) -> dict              ... of its videos (frames decoded here)
+    #   audio_inputs(feature_extractor, waves, spans, check) -> dict     ... of its clips
+    #   row_inputs(input_ids, run_ids) -> dict                           per-token model inputs (token_type_ids)
+    #
+    # ``spans`` are the batch's media spans of that kind in scatter order (row, then position), each with
+    # ``path`` / ``frames`` resolved; ``check(span, produced, by, stored_grid=None)`` raises a named
+    # MediaMismatchError unless the features the model will get equal the span's stored ``tokens``.
+
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "processor_class": self.processor_class, "modalities": list(self.kinds),
                 "runs": {k: v for k, v in self.run_tokens().items() if k in self.kinds}, "rope": self.rope,

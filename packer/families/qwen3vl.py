@@ -211,3 +211,33 @@ class Qwen3VL(Family):
 
     def settings(self) -> dict[str, Any]:
         return asdict(self.s)
+
+    # ---------------------------------------------------------------- loader hooks (train time)
+
+    def video_inputs(self, video_processor: Any, spans: list[dict[str, Any]], check: Any) -> dict[str, Any]:
+        """``pixel_values_videos`` / ``video_grid_thw`` of a batch's videos: the frames :meth:`video_plan` keeps,
+        decoded upright, handed to the video processor with that sampling's metadata and ``do_sample_frames=False``."""
+        from packer.errors import BadRecord
+        from packer.loader.media import missing
+        from packer.media.video import load_frames, load_video, probe_frames, probe_video
+
+        frames, metadata = [], []
+        for m in spans:
+            path = m.get("path") or m["ref"]
+            listed = m.get("frames")
+            try:
+                info = probe_frames(listed, m.get("fps") or 0.0) if listed else probe_video(path)
+            except BadRecord as e:
+                if e.reason == "missing_video":
+                    missing(m, path)
+                raise
+            indices, rate, _ = self.video_plan(info)
+            frames.append(load_frames(listed, indices) if listed else load_video(path, indices))
+            metadata.append({"total_num_frames": info.frames, "fps": rate, "width": info.width, "height": info.height,
+                             "duration": info.frames / rate, "video_backend": "pyav", "frames_indices": list(indices)})
+        enc = video_processor(videos=frames, video_metadata=metadata, do_sample_frames=False, return_tensors="pt")
+        merge = int(video_processor.merge_size)
+        by = f"{type(video_processor).__name__} (frames planned by family {self.name})"
+        for m, (t, h, w) in zip(spans, enc["video_grid_thw"].tolist(), strict=True):
+            check(m, t * h * w // (merge * merge), by, stored_grid=(t, h // merge, w // merge))
+        return {"pixel_values_videos": enc["pixel_values_videos"], "video_grid_thw": enc["video_grid_thw"]}

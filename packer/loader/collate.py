@@ -71,6 +71,7 @@ class PackedCollator:
             if rope == "default" and family.get("rope") == "mrope":
                 rope = "mrope"  # the family's positions: PackedCollator(family=ds.family) needs nothing more
         self.family = family
+        self._family = family_obj
         self._type_ids = {k: v for k, v in (family or {}).get("run_ids", {}).items() if v is not None} \
             if "mm_token_type_ids" in (family or {}).get("model_inputs", ()) else None
         if rope not in ("default", "mrope"):
@@ -137,6 +138,9 @@ class PackedCollator:
                 if kind in self._type_ids:
                     types[input_ids == self._type_ids[kind]] = value
             out["mm_token_type_ids"] = types
+        hook = getattr(self._family, "row_inputs", None)
+        if hook is not None:
+            out.update(hook(input_ids, self.family.get("run_ids", {})))
         out["media"] = [{**m, "batch": b} for b, r in enumerate(rows) for m in r["media"]]
         if self._untimed and any(m["kind"] == "video" for m in out["media"]):
             raise ValueError("the batch holds a video and the processor is a Qwen2.5-VL one (time-scaled mRoPE), but the "
