@@ -102,3 +102,28 @@ def _unpadded(global_index, batch, mode):
         base, a = max(p for p in padded if p[0] <= g)
         out.append(a + g - base)
     return torch.tensor(out, dtype=torch.long)
+
+
+@pytest.mark.slow  # the real processor on ~20 records, videos decoded
+def test_verify_against_processor_passes_on_the_build_and_names_a_changed_setting(built, tmp_path):
+    from click.testing import CliRunner
+
+    from packer.against_processor import verify_against_processor
+    from packer.cli import main
+
+    root, _, _, _ = built
+    mismatches, checked = verify_against_processor(root / "out", str(root / "checkpoint"), sample=6)
+    assert checked == 6 and mismatches == [], [str(m) for m in mismatches]
+    ok = CliRunner().invoke(main, ["verify", str(root / "out"), "--against-processor", str(root / "checkpoint"),
+                                   "--sample", "3"])
+    assert ok.exit_code == 0 and "ids equal" in ok.output, ok.output
+
+    other = ASSETS.processor(tmp_path / "other", fps=2)  # another sampling rate: other frames, other timestamps
+    other.image_processor.size = {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 24}  # another max_pixels
+    other.save_pretrained(str(tmp_path / "other"))
+    mismatches, checked = verify_against_processor(root / "out", str(tmp_path / "other"), sample=12)
+    assert mismatches and all(m.packer_tokens != m.processor_tokens or m.first_difference >= 0 for m in mismatches)
+    assert {"image", "video"} <= {k for m in mismatches for k in ("image", "video") if k in m.detail}
+    bad = CliRunner().invoke(main, ["verify", str(root / "out"), "--against-processor", str(tmp_path / "other"),
+                                    "--sample", "12"])
+    assert bad.exit_code == 6 and "differ from" in bad.output and "first difference at token" in bad.output, bad.output
