@@ -19,6 +19,7 @@ from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.generic import Generic
 from packer.families.qwen3vl import Qwen3VL
 from packer.families.qwen35 import Qwen35
+from packer.families.hf import HFProcessor
 
 ALL_KINDS = ("image", "audio", "video")
 
@@ -27,6 +28,7 @@ FAMILIES: dict[str, tuple[type[Family], tuple[str, ...]]] = {
     "generic": (Generic, ALL_KINDS),
     "qwen3vl": (Qwen3VL, ("image", "video")),
     "qwen35": (Qwen35, ("image", "video")),
+    "hf": (HFProcessor, ("image", "audio")),  # any other processor, asked for each item's text
 }
 
 
