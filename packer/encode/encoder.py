@@ -425,13 +425,13 @@ class Encoder:
         else:
             spans = self.labeller.trained_spans(chat.messages, chat.full, chat.assistant, chat.trained,
                                                 chat.train_on_empty_think)
-            mask = span_mask(starts, [(_shift(s, chat.edits), _shift(e, chat.edits)) for s, e in spans])
+            mask = span_mask(starts, [(_shift(s, chat.edits), _shift(e, chat.edits)) for s, e in spans], len(chat.text))
         if chat.edits:
             inserted, delta = [], 0
             for at, old, new in chat.edits:
                 inserted.append((at + delta, at + delta + new))
                 delta += new - old
-            mask &= ~span_mask(starts, inserted)
+            mask &= ~span_mask(starts, inserted, len(chat.text))
         return mask
 
 
