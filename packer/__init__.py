@@ -6,7 +6,7 @@
   ``packer.engine``); ``packer.pack`` is the pure planner; ``packer.media`` counts and
   loads images and audio; ``packer.encode`` / ``packer.ingest`` read and tokenize records.
 - ``packer.shards`` is the on-disk format (schemas, shard reader / writer, the typed
-  ``Manifest``, row statistics): what the loader, ``packer.report``, ``packer.inspect``
+  ``Manifest``, row statistics): what the loader, ``packer.report``, ``packer.summary``
   and ``packer.verify`` read.
 - ``packer.loader`` (imports torch) turns a build into batches for a trainer.
 """

@@ -113,7 +113,7 @@ def build(pipeline, **options):
     """Build packed shards. PIPELINE defaults to pipelines/sample.toml; flags override its keys."""
     from packer.build import build as run_build
     from packer.config import resolve
-    from packer.inspect import summarize, summary_text
+    from packer.summary import summarize, summary_text
 
     options = {k: (v or None) if isinstance(v, tuple) else v for k, v in options.items()}
     if pipeline is None and DEFAULT_PIPELINE.is_file():
@@ -137,7 +137,7 @@ def inspect(out, row, as_json):
     """Summarise a build (rows, tokens, fill, lower bound, quarantine by reason), or one row."""
     import json
 
-    from packer.inspect import row_detail, row_text, summarize, summary_text
+    from packer.summary import row_detail, row_text, summarize, summary_text
 
     if row is not None:
         d = _run(row_detail, out, row)
@@ -156,7 +156,7 @@ def repack(source, **options):
     and shard sizes not given keep SOURCE's values. An OUT2 that holds an earlier repack of
     SOURCE is replaced; any other build there needs --overwrite."""
     from packer.build import repack as run_repack
-    from packer.inspect import summarize, summary_text
+    from packer.summary import summarize, summary_text
 
     manifest = _run(run_repack, source, **options)
     click.echo(summary_text(summarize(manifest.execution["output"])))
