@@ -162,14 +162,17 @@ def repack(source, **options):
     click.echo(summary_text(summarize(manifest.execution["output"])))
 
 
-@main.command()
+@main.command(cls=ConfigCommand)
 @click.argument("out", type=click.Path(file_okay=False))
 @click.option("--html", help="Where to write the HTML report (default: OUT/report.html).")
-def report(out, html):
-    """Recompute OUT/report.json and the HTML report from the build's shards."""
-    from packer.report import write_report
+@_config_options(("report_ranks", "report_batch", "report_window"), kept=("execution",))
+def report(out, html, **settings):
+    """Recompute OUT/report.json and the HTML report from the build's shards. Report settings not
+    given keep the build's; those given are recorded in its manifest."""
+    from packer.report import refresh_report
 
-    r = _run(write_report, out, html_path=html)
+    settings = {k: (v or None) if isinstance(v, tuple) else v for k, v in settings.items()}
+    r = _run(refresh_report, out, html_path=html, **settings)
     b = r["batching"]
     click.echo(f"{out}/report.json, {html or out + '/report.html'}: fill {100 * r['fill']:.2f}%, rows {r['rows']:,} "
                f"(L1 {r['lower_bound']:,}), {b['speedup_vs_padded_random']:.2f}x fewer tokens computed than padding")
@@ -177,11 +180,16 @@ def report(out, html):
 
 @main.command()
 @click.argument("out", type=click.Path(file_okay=False))
-def verify(out):
-    """Check every file against the manifest, every row's invariants and the accounting."""
+@click.option("--media", type=click.Choice(["stat", "hash"]), is_flag=False, flag_value="stat", default=None,
+              help="Also check every media file against the build's media index: size and modification time (stat, "
+                   "the default of --media), or content (hash: sha256; needs a build made with --media-hash).")
+@click.option("--media-root", default=None, help="With --media: the folder the media now live in (default: the build's).")
+def verify(out, media, media_root):
+    """Check every file of the build folder against the manifest (nothing missing, changed or extra),
+    every row's invariants and the accounting; with --media, every media file too."""
     from packer.verify import verify_or_raise
 
-    click.echo(_run(verify_or_raise, out))
+    click.echo(_run(verify_or_raise, out, media=media, media_root=media_root))
 
 
 if __name__ == "__main__":

@@ -81,6 +81,7 @@ class EncoderSpec:
     modalities: tuple[str, ...] = MEDIA_ORDER  # media kinds the model has an encoder for
     media_base: str = ""  # stored refs are relative to this folder (the build's media root); "": as resolved
     train_on_empty_think: bool = False  # train the empty <think></think> a template adds to a turn without reasoning
+    video_check: str = "header"  # how hard to check videos (packer.media.video.probe_video)
 
     @classmethod
     def from_config(cls, config, media_base: str = "") -> EncoderSpec:
@@ -121,7 +122,8 @@ class Encoder:
         self.reserved_ids = {self.tok.convert_tokens_to_ids(t): t for t in spec.special_tokens()}
         self.reserved_list = list(self.reserved_ids)
         self.placeholder_list = list(self.placeholder_ids.values())
-        self.counter = MediaCounter(spec.image_tokens, spec.audio_tokens, spec.image_check, video_tokens=spec.video_tokens)
+        self.counter = MediaCounter(spec.image_tokens, spec.audio_tokens, spec.image_check, video_tokens=spec.video_tokens,
+                                    video_check=spec.video_check)
         self.byte_starts = ByteStarts.for_tokenizer(self.tok)  # None: token starts come from the tokenizer's offsets
         self.normal_form = normal_form(self.tok)  # None: every text goes through the tokenizer's normalizer
         self._memo: dict = {}  # texts tokenized in a batch, for the records of one encode_lines call

@@ -44,7 +44,7 @@ class RayEngine:
         total = int(ray.cluster_resources().get("CPU", 1))
         self.workers = workers or max(1, int(total // max(cpus_per_task, 1e-9)))
 
-    def started(self, setup: Callable[..., Any], setup_args: tuple = ()):
+    def started(self, setup: Callable[..., Any], setup_args: tuple = (), *, tasks: int | None = None):
         """Nothing to start ahead: Ray Data starts its actors with the map."""
         return contextlib.nullcontext()
 

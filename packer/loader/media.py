@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from packer.errors import BadRecord
-from packer.media.load import load_audio, load_image
+from packer.media.load import MediaLoadError, load_audio, load_image
 from packer.media.policies import Qwen2Audio
 
 
@@ -188,7 +188,8 @@ class MediaStep:
                 raise ValueError(f"the batch holds {len(spans)} audio clip(s) but the collator has no feature extractor: "
                                  f"pass PackedCollator(feature_extractor=...) or processor=...")
             rate = int(self.feature_extractor.sampling_rate)
-            waves = [_open(load_audio, m, rate) for m in spans]
+            keep = getattr(self.feature_extractor, "n_samples", None)  # issue 24: decode no more than the extractor keeps
+            waves = [_open(load_audio, m, rate, keep / rate if keep else None) for m in spans]
             enc = self.feature_extractor(waves, sampling_rate=rate, padding="max_length", return_attention_mask=True,
                                          return_tensors="pt")
             input_features, mask = enc["input_features"], enc["attention_mask"]
@@ -221,7 +222,7 @@ class MediaStep:
                     _missing(m, path)
                 raise
             indices = policy.frame_indices(info.frames, info.fps)
-            frames.append(load_frames(listed, indices) if listed else load_video(path, indices))
+            frames.append(_open(lambda p, i: load_frames(listed, i) if listed else load_video(p, i), m, indices))
             metadata.append(video_metadata(info, policy))
         enc = self.video_processor(videos=frames, video_metadata=metadata, do_sample_frames=False, return_tensors="pt")
         merge, tps = int(self.video_processor.merge_size), int(self.video_processor.temporal_patch_size)
@@ -257,6 +258,10 @@ def _open(load, span: dict[str, Any], *args):
         return load(path, *args)
     except FileNotFoundError:
         _missing(span, path)
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- issue 24: every load error names its file (PIL's truncated-image error names none)
+        raise MediaLoadError(span["kind"], path, span["ref"], e) from e
 
 
 def _check(span: dict[str, Any], produced: int, by: str, stored_grid: tuple[int, ...] | None = None) -> None:

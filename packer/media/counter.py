@@ -18,11 +18,12 @@ from packer.media.probe import probe_audio, probe_image
 
 class MediaCounter:
     def __init__(self, image_tokens: str, audio_tokens: str, image_check: str = "verify", cache_size: int = 65536,
-                 video_tokens: str = "qwen2vl"):
+                 video_tokens: str = "qwen2vl", video_check: str = "header"):
         self.image_policy = parse_policy(image_tokens, "image")
         self.audio_policy = parse_policy(audio_tokens, "audio")
         self.video_policy = parse_policy(video_tokens, "video")
         self.image_check = image_check
+        self.video_check = video_check
         self.cache: OrderedDict[tuple, Count] = OrderedDict()
         self.cache_size = cache_size
 
@@ -51,7 +52,7 @@ class MediaCounter:
 
             if part.frames:
                 return count_frames(part.frames, self.video_policy, part.fps, self.image_check)[1]
-            return count_video(part.path, self.video_policy)[1]
+            return count_video(part.path, self.video_policy, self.video_check)[1]
         if part.kind == "image":
             info = probe_image(part.path, self.image_check)
             try:

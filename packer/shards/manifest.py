@@ -25,6 +25,7 @@ from packer.shards.schema import SCHEMA_VERSION, ShardEntry, version_message
 
 SECTIONS = ("embeddings", "audio_features")  # optional media passes, each {..., "files": [ShardEntry]}
 MANIFEST = "manifest.json"
+REPORT_FILES = ("report.json", "report.html")  # written before the manifest, listed in it (files.report)
 
 
 @dataclass
@@ -84,17 +85,19 @@ class Files:
     quarantine: ShardEntry | None = None
     dropped: ShardEntry | None = None  # dropped.jsonl: every dropped sample, like the quarantine
     tokenizer: list[ShardEntry] = field(default_factory=list)  # OUT/tokenizer/*, placeholder tokens included
+    media: ShardEntry | None = None  # media.arrow: every media file's size, mtime (and sha256) at build time
+    report: list[ShardEntry] = field(default_factory=list)  # report.json, report.html (packer report rewrites them)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Files:
         one = lambda e: ShardEntry(**e) if e else None  # noqa: E731
         many = lambda key: [ShardEntry(**e) for e in d.get(key, [])]  # noqa: E731
         return cls(many("samples"), many("packed"), one(d.get("plan")), one(d.get("quarantine")), one(d.get("dropped")),
-                   many("tokenizer"))
+                   many("tokenizer"), one(d.get("media")), many("report"))
 
     def listed(self) -> list[ShardEntry]:
-        singles = (self.plan, self.quarantine, self.dropped)
-        return [*self.samples, *self.packed, *(e for e in singles if e is not None), *self.tokenizer]
+        singles = (self.plan, self.quarantine, self.dropped, self.media)
+        return [*self.samples, *self.packed, *(e for e in singles if e is not None), *self.tokenizer, *self.report]
 
 
 @dataclass
@@ -112,6 +115,7 @@ class Manifest:
     execution: dict[str, Any] = field(default_factory=dict)  # how the build ran (engine, workers, output)
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)  # embeddings / audio_features
     repacked_from: dict[str, Any] | None = None
+    code: dict[str, Any] = field(default_factory=dict)  # packer_code (sha256 of its source), libraries (versions)
     schema_version: int = SCHEMA_VERSION
     packer_version: str = __version__
     created_at: str = field(default_factory=lambda: datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
