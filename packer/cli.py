@@ -119,8 +119,12 @@ def build(pipeline, **options):
     if pipeline is None and DEFAULT_PIPELINE.is_file():
         pipeline = DEFAULT_PIPELINE
     elif pipeline is None and not options.get("input"):
-        click.echo(f"packer: error: no pipeline and no input: {DEFAULT_PIPELINE} is not here ({Path.cwd()}); run in the "
-                   f"packer repository, or give a pipeline file, or -i FILE.jsonl -o OUT --tokenizer NAME", err=True)
+        click.echo(f"packer: error: no pipeline and no input: {DEFAULT_PIPELINE} is not here ({Path.cwd()}). `packer build` "
+                   f"alone runs the repository's sample job. To build your data, run\n"
+                   f"    packer build -i data.jsonl -o out/data --tokenizer Qwen/Qwen2.5-0.5B-Instruct\n"
+                   f"(any tokenizer folder or hub name), or give a pipeline file: packer build job.toml (its keys are the "
+                   f"flags of packer build --help). To see the sample job, run `make demo` in the packer repository.",
+                   err=True)
         sys.exit(2)
     if pipeline is not None and (options.get("input") or options.get("output")) and options.get("name") is None:
         options["name"] = ""  # another job than the pipeline's: its title comes from the output folder

@@ -125,5 +125,5 @@ def test_locks_and_layers_agree():
     extras = {e: {re.split(r"[<>=\[ ]", d)[0].lower().replace("_", "-") for d in ds}
               for e, ds in project["optional-dependencies"].items()}
     assert "torch" in extras["train"] and "torch" in extras["embed"] and "ray" in extras["ray"]
-    every = set().union(*extras.values()) - {"packer"}
+    every = set().union(*extras.values()) - {"packer-multimodal"}
     assert every <= set(full), every - set(full)

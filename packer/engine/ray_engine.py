@@ -30,7 +30,7 @@ class RayEngine:
         try:
             import ray
         except ImportError:
-            raise PackerError("--engine ray needs Ray Data: pip install 'packer[ray]' (or 'ray[data]')") from None
+            raise PackerError("--engine ray needs Ray Data: pip install 'packer-multimodal[ray]' (or 'ray[data]')") from None
         self.ray = ray
         self.cpus_per_task = cpus_per_task
         if not ray.is_initialized():
