@@ -345,7 +345,8 @@ def check_plan_options(config: BuildConfig) -> None:
         classes = int(np.prod([c + 1 for c in caps.values()])) if caps else 1
         if classes * (config.max_length + 1) > MAX_CLASS_CELLS:
             caps_text = f" and media caps {', '.join(f'{k} {v}' for k, v in sorted(caps.items()))} ({classes:,} bin classes)"
-            raise ConfigError(f"--max-length {config.max_length:,}{caps_text if caps else ''} need{'' if caps else 's'} {classes:,} x "
+            needs = f"{caps_text} need" if caps else " needs"
+            raise ConfigError(f"--max-length {config.max_length:,}{needs} {classes:,} x "
                               f"{config.max_length + 1:,} planner cells, over bfd's {MAX_CLASS_CELLS:,}: lower "
                               f"--max-length{' or the caps' if caps else ''}, or use --algorithm next-fit")
 

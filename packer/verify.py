@@ -42,8 +42,8 @@ from packer.errors import PackerError
 from packer.io.files import sha256_file
 from packer.shards.io import read_shard
 from packer.shards.manifest import MANIFEST, REPORT_FILES, Accounting, Manifest
-from packer.stages.state import LOCK_FILE, STATE_DIR
 from packer.shards.schema import IGNORE, MEDIA_KINDS, ShardEntry
+from packer.stages.state import LOCK_FILE, STATE_DIR
 
 
 @dataclass(frozen=True)

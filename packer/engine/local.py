@@ -266,8 +266,9 @@ class WorkerDied(PackerError):
     """A worker process ended without returning its task (killed, or crashed in native code)."""
 
     def __init__(self, cause: str):
+        hint = " (with fewer --workers, or a lower --max-line-bytes, if memory is short)" if "memory" in cause else ""
         super().__init__(f"a worker process died ({cause}); finished shards are kept: run the same command again to "
-                         f"resume{'' if 'memory' not in cause else ' (with fewer --workers, or a lower --max-line-bytes, if memory is short)'}")
+                         f"resume{hint}")
 
 
 _STATE: Any = None

@@ -424,6 +424,6 @@ def _resolve_media(ref: str, base_dir: Path | str, kind: str, allow_outside_root
     except (FileNotFoundError, NotADirectoryError):
         raise BadRecord(f"missing_{kind}", f"{kind} file {ref!r} not found (looked at {path})") from None
     if not stat.S_ISREG(mode):  # a folder, a FIFO (reading it would block), a device
-        raise BadRecord(f"missing_{kind}", f"{kind} file {ref!r} is not a regular file ({path} is a "
-                                           f"{'folder' if stat.S_ISDIR(mode) else 'FIFO' if stat.S_ISFIFO(mode) else 'special file'})")
+        what = "folder" if stat.S_ISDIR(mode) else "FIFO" if stat.S_ISFIFO(mode) else "special file"
+        raise BadRecord(f"missing_{kind}", f"{kind} file {ref!r} is not a regular file ({path} is a {what})")
     return path

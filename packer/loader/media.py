@@ -222,7 +222,8 @@ class MediaStep:
                     _missing(m, path)
                 raise
             indices = policy.frame_indices(info.frames, info.fps)
-            frames.append(_open(lambda p, i: load_frames(listed, i) if listed else load_video(p, i), m, indices))
+            load = (lambda _, i, paths=listed: load_frames(paths, i)) if listed else load_video
+            frames.append(_open(load, m, indices))
             metadata.append(video_metadata(info, policy))
         enc = self.video_processor(videos=frames, video_metadata=metadata, do_sample_frames=False, return_tensors="pt")
         merge, tps = int(self.video_processor.merge_size), int(self.video_processor.temporal_patch_size)

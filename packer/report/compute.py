@@ -294,7 +294,8 @@ def refresh_report(out: str | Path, *, html_path: str | Path | None = None, **se
         BuildConfig(**given)  # the build's own checks (ConfigError): ranks >= 1, batch >= 1, window >= 1
         manifest.execution = {**manifest.execution, **{k: list(v) if isinstance(v, tuple) else v for k, v in given.items()}}
     data = write_report(out, manifest, html_path=html_path)
-    written = [n for n in REPORT_FILES if n == "report.json" or html_path is None or Path(html_path).resolve() == (out / n).resolve()]
+    here = html_path is None or Path(html_path).resolve() == (out / "report.html").resolve()
+    written = [n for n in REPORT_FILES if n == "report.json" or here]
     entries = {e.file: e for e in manifest.files.report}
     for name in written:
         entries[name] = ShardEntry(name, 0, (out / name).stat().st_size, sha256_file(out / name))
