@@ -104,7 +104,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
         embedder, extractor = media_models(config)  # and the embedding weights, before an old build is touched
         out = Path(config.output)
         lock = BuildLock(out)
-        freeze_collector()  # for this build only: unfrozen below
+        frozen = freeze_collector()  # for this build only: unfrozen below (never when the process had frozen objects)
         try:
             tokenizer = driver.encoder.fingerprint()  # hashes the serialized tokenizer: once
             try:
@@ -125,7 +125,8 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
             return plan_and_pack(out, config, encoded, tokenizer, engine, progress, media_root=media_root,
                                  sections=sections, tokenizer_files=tokenizer_files, media_index=media_index)
         finally:
-            gc.unfreeze()
+            if frozen:
+                gc.unfreeze()
             lock.release()
 
 

@@ -334,7 +334,7 @@ def _call(fn: Callable[[Any, Any], Any], task: Any) -> Any:
     return fn(_STATE, task)
 
 
-def freeze_collector() -> None:
+def freeze_collector() -> bool:
     """Move every object alive now out of reach of Python's cyclic collector (``gc.freeze``).
 
     Stage 1 makes millions of short-lived lists and tuples (token ids, offsets), and each
@@ -343,5 +343,9 @@ def freeze_collector() -> None:
     Frozen, they are never walked again. A worker freezes after its setup, for good; a build
     freezes its own process for its duration and unfreezes at the end (``gc.unfreeze``),
     so that a process which runs many builds (a notebook, a test session) still collects
-    the cycles of the earlier ones."""
+    the cycles of the earlier ones. A process that froze objects itself is left alone (an
+    unfreeze would undo its freeze too): False, nothing frozen."""
+    if gc.get_freeze_count():
+        return False
     gc.freeze()
+    return True

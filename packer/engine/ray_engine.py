@@ -58,9 +58,17 @@ class RayEngine:
         items = [{"task": pickle.dumps(t)} for t in tasks]
         if not items:
             return
-        ctx = ray.data.DataContext.get_current()
+        ctx = ray.data.DataContext.get_current()  # the process's own: what this map sets is put back when it ends
+        before = ctx.execution_options.preserve_order, ctx.enable_progress_bars
         ctx.execution_options.preserve_order = True
         ctx.enable_progress_bars = False
+        try:
+            yield from self._map(fn, items, setup, setup_args)
+        finally:
+            ctx.execution_options.preserve_order, ctx.enable_progress_bars = before
+
+    def _map(self, fn, items, setup, setup_args) -> Iterator[Any]:
+        ray = self.ray
         ds = ray.data.from_items(items, override_num_blocks=len(items))
         # Ray Data restarts a dead actor and retries its task (actor max_restarts / max_task_retries
         # default to unlimited for system failures), so a lost worker costs time, not records.
