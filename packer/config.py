@@ -157,8 +157,8 @@ class BuildConfig:
                                       "depend on the input only, never on --workers.",
                               stage="content", group="execution")
     max_line_bytes: int = _opt(8 * 2**20, "A longer input line is quarantined (line_too_long) without being held in memory. "
-                                          "Tokenizing a line costs up to ~170x its bytes (docs/reliability.md): the default "
-                                          "keeps one record under ~1.5 GB per worker.",
+                                          "Tokenizing a line costs about 140x its bytes (docs/reliability.md): the default "
+                                          "keeps one record near 1.2 GB per worker.",
                                stage="content", group="input")
     shard_rows: int = _opt(8192, "Most packed rows in one packed/ shard.", stage="plan", group="output")
     shard_bytes: int = _opt(256 * 2**20, "Approximate most bytes in one packed/ shard.", stage="plan", group="output")
