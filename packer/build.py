@@ -421,7 +421,7 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
 
     stage = Stage("report", "", enabled=progress)
     write_report(out, manifest)  # report.json and report.html, from the shards just written
-    manifest.files.report = [file_entry(out, name) for name in REPORT_FILES]
+    manifest.execution["report_files"] = [dataclasses.asdict(file_entry(out, name)) for name in REPORT_FILES]
     manifest.write(out)  # last: the build is done
     stage.done("report.json, report.html, manifest.json")
     return manifest

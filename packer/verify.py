@@ -104,7 +104,7 @@ JOURNAL_NAME = re.compile(r"(encode|pack)-\d{5}\.json")
 def _check_folder(out: Path, manifest: Manifest) -> list[Problem]:
     """Every file of ``out`` is the manifest's, the lock, or resume state that agrees with the manifest."""
     known = {e.file for e in manifest.all_files()} | {MANIFEST, LOCK_FILE}
-    if not manifest.files.report:  # a build by a packer that did not list its report files
+    if not manifest.report_files:  # a build by a packer that did not list its report files
         known |= set(REPORT_FILES)
     problems = []
     for path in sorted(p for p in out.rglob("*") if not p.is_dir()):

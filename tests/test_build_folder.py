@@ -46,7 +46,7 @@ def problems(out, **kw) -> list[str]:
 def test_verify_covers_every_file_of_the_folder(media_build):
     data, src, out = media_build
     m = built(src, out)
-    assert {e.file for e in m.files.report} == {"report.json", "report.html"} and m.files.media.file == "media.arrow"
+    assert {e.file for e in m.report_files} == {"report.json", "report.html"} and m.files.media.file == "media.arrow"
     assert problems(out) == [] and problems(out, media="stat") == []
     for name in ("report.json", "report.html"):  # tampered report files
         saved = (out / name).read_bytes()

@@ -296,10 +296,10 @@ def refresh_report(out: str | Path, *, html_path: str | Path | None = None, **se
     data = write_report(out, manifest, html_path=html_path)
     here = html_path is None or Path(html_path).resolve() == (out / "report.html").resolve()
     written = [n for n in REPORT_FILES if n == "report.json" or here]
-    entries = {e.file: e for e in manifest.files.report}
+    entries = {e.file: e for e in manifest.report_files}
     for name in written:
         entries[name] = ShardEntry(name, 0, (out / name).stat().st_size, sha256_file(out / name))
-    manifest.files = dataclasses.replace(manifest.files, report=[entries[n] for n in REPORT_FILES if n in entries])
+    manifest.execution["report_files"] = [dataclasses.asdict(entries[n]) for n in REPORT_FILES if n in entries]
     manifest.write(out)
     return data
 
