@@ -237,13 +237,13 @@ sys.path.insert(0, {root!r})
 from packer.encode import Encoder, EncoderSpec
 from packer.ingest.reader import RawLine
 from packer.stages.encode import encode_records
-enc = Encoder(EncoderSpec(tokenizer={tok!r}))
+enc = Encoder(EncoderSpec.of(tokenizer={tok!r}))
 encode_records(enc, [RawLine(1, json.dumps({{"text": "warm up " * 200}}).encode())], "f", ".")
 line = open({path!r}, "rb").read().rstrip(b"\\n")
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 result = encode_records(enc, [RawLine(1, line)], "f", ".")[0]
-print(json.dumps({{"seconds": time.perf_counter() - start,
+print(json.dumps({{"seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu,
                   "mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024,
                   "bad": getattr(result, "reason", None)}}))
 """
@@ -261,10 +261,11 @@ def measure_line(tmp_path, line: bytes) -> dict:
 @pytest.mark.slow  # subprocesses, megabyte lines
 @pytest.mark.parametrize("kind, size", [("text", 2**20), ("chat", 2**20), ("text", 256 * 2**10), ("chat", 64 * 2**10)])
 def test_one_record_costs_time_and_memory_linear_in_its_size(tmp_path, kind, size):
-    """The stated bound (docs/reliability.md): a record of B bytes costs at most ~170 B of peak memory per byte
-    (the tokenizer's own; measured 140-170) and well under 2 s per MB on one core: a 1 MB line <= 200 MB and 2 s."""
+    """The stated bound (docs/reliability.md): a record of B bytes costs about 140 B of peak memory per byte (the
+    tokenizer's own) and well under 2 s of CPU per MB: a 1 MB line <= 200 MB and 2 s. CPU time, not wall time: the
+    machine is shared, and a bound on the record's own work is what must hold."""
     m = measure_line(tmp_path, long_line(size, kind))
     assert m["bad"] is None
     mb = size / 2**20
     assert m["mb"] <= 200 * mb + 16, m
-    assert m["seconds"] <= 2 * mb + 0.25, m
+    assert m["cpu"] <= 2 * mb + 0.25, m

@@ -60,9 +60,20 @@ class PackedCollator:
                  pad_token_id: int = 0, rope: str = "default", loss: str = "token", mask_dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", image_processor=None, feature_extractor=None, processor=None,
                  patch_size: int | None = None, image_embeddings=None, audio_features=None, video_processor=None,
-                 video_policy=None, tokens_per_second: float | None = None):
+                 video_policy=None, tokens_per_second: float | None = None, family: dict[str, Any] | None = None):
         if attention not in ATTENTION:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
+        family_obj = None
+        if family is not None and family.get("name", "generic") != "generic":
+            from packer.families import family_from_state
+
+            family_obj = family_from_state(family, None)
+            if rope == "default" and family.get("rope") == "mrope":
+                rope = "mrope"  # the family's positions: PackedCollator(family=ds.family) needs nothing more
+        self.family = family
+        self._family = family_obj
+        self._type_ids = {k: v for k, v in (family or {}).get("run_ids", {}).items() if v is not None} \
+            if "mm_token_type_ids" in (family or {}).get("model_inputs", ()) else None
         if rope not in ("default", "mrope"):
             raise ValueError(f"rope must be default or mrope, got {rope!r}")
         timed_processor = "second_per_grid_ts" in (getattr(processor, "model_input_names", None) or ())
@@ -92,7 +103,8 @@ class PackedCollator:
         self._untimed = timed_processor and tokens_per_second is None and rope == "mrope"
         step = MediaStep(image_processor=image_processor, feature_extractor=feature_extractor, processor=processor,
                          patch_size=patch_size, image_embeddings=image_embeddings, audio_features=audio_features,
-                         video_processor=video_processor, video_policy=video_policy, timed=tokens_per_second is not None)
+                         video_processor=video_processor, video_policy=video_policy, timed=tokens_per_second is not None,
+                         family=family_obj)
         self.media_step = step if step.enabled else None
 
     def _length(self, n: int) -> int:
@@ -120,6 +132,15 @@ class PackedCollator:
         segment, position = masks.segments_and_positions(cu, length)
         out: dict[str, Any] = {"input_ids": input_ids, "labels": labels, "seq_idx": segment.to(torch.int32)}
         out["loss_weights"] = loss_weights(labels, segment, self.loss)
+        if self._type_ids is not None:  # 0 text, 1 image, 2 video, 3 audio placeholders (the processors' own values)
+            types = torch.zeros_like(input_ids)
+            for kind, value in (("image", 1), ("video", 2), ("audio", 3)):
+                if kind in self._type_ids:
+                    types[input_ids == self._type_ids[kind]] = value
+            out["mm_token_type_ids"] = types
+        hook = getattr(self._family, "row_inputs", None)
+        if hook is not None:
+            out.update(hook(input_ids, self.family.get("run_ids", {})))
         out["media"] = [{**m, "batch": b} for b, r in enumerate(rows) for m in r["media"]]
         if self._untimed and any(m["kind"] == "video" for m in out["media"]):
             raise ValueError("the batch holds a video and the processor is a Qwen2.5-VL one (time-scaled mRoPE), but the "
@@ -164,7 +185,7 @@ def _concatenate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "pixel_values", "image_grid_thw", "image_sizes",
+MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw", "image_sizes",
               "pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "input_features", "feature_attention_mask",
               "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 

@@ -64,8 +64,10 @@ def shard_for_sequence_parallel(batch: dict[str, Any], rank: int, size: int, *, 
     Returns:
         The local tensors (see the module docstring) and ``media``: one piece per run of a
         span's placeholders on this rank, sorted by (``batch``, ``start``), with the span's
-        keys plus ``start`` / ``length`` (local), ``offset`` (within the span), ``span_start``
-        and ``span_length`` (the span in the unsliced batch). Spans outside the slice are absent.
+        keys plus ``start`` / ``length`` (local), ``offset`` (the piece's first feature within the
+        span), ``span_start``, ``span_length`` and ``span_tokens`` (the span in the unsliced batch).
+        Spans outside the slice are absent; text a family writes between a span's runs (Qwen3-VL's
+        timestamps) is in no piece.
     """
     if not 0 <= rank < size:
         raise ValueError(f"rank {rank} is not in [0, {size})")
@@ -86,7 +88,7 @@ def local_media_rows(pieces: Sequence[dict[str, Any]], encoded: Sequence[dict[st
 
     The encoder's output is taken as every span of ``encoded`` in (``batch``, ``start``)
     order -- the order of the collator's ``pixel_values`` / ``input_features`` and of the
-    model's scatter -- each giving ``length`` rows. ``encoded`` defaults to the spans the
+    model's scatter -- each giving ``tokens`` rows (its placeholders). ``encoded`` defaults to the spans the
     pieces come from (a rank that encodes only what it holds); pass the unsliced
     ``batch["media"]`` when the encoder ran on the whole batch. ``kind`` keeps only the
     pieces and spans of one kind (the encoder's). Example, a rank holding pieces
@@ -98,13 +100,13 @@ def local_media_rows(pieces: Sequence[dict[str, Any]], encoded: Sequence[dict[st
     """
     pieces = [p for p in pieces if kind is None or p["kind"] == kind]
     if encoded is None:
-        held = {(p.get("batch", 0), p["span_start"]): p["span_length"] for p in pieces}
-        encoded = [{"batch": b, "start": s, "length": n} for (b, s), n in held.items()]
+        held = {(p.get("batch", 0), p["span_start"]): p.get("span_tokens", p["span_length"]) for p in pieces}
+        encoded = [{"batch": b, "start": s, "length": n, "tokens": n} for (b, s), n in held.items()]
     first, row = {}, 0
     for span in sorted((m for m in encoded if kind is None or m.get("kind", kind) == kind),
                        key=lambda m: (m.get("batch", 0), int(m["start"]))):
         first[(span.get("batch", 0), int(span["start"]))] = row
-        row += int(span["length"])
+        row += int(span.get("tokens", span["length"]))  # the span's features: its placeholders
     rows = []
     for p in sorted(pieces, key=lambda p: (p.get("batch", 0), p["start"])):
         key = (p.get("batch", 0), p["span_start"])
@@ -134,20 +136,34 @@ def _pad_last(t: torch.Tensor, n: int, value) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, n), value=value) if n else t
 
 
+def span_runs(span: dict[str, Any]) -> list[tuple[int, int]]:
+    """A span's runs of placeholders as (offset in the span, length); one run covering the span unless the
+    row says otherwise (:class:`~packer.loader.PackedDataset` adds ``runs`` where the family writes text
+    between a media item's runs)."""
+    runs = span.get("runs")
+    return [(int(o), int(n)) for o, n in runs] if runs else [(0, int(span["length"]))]
+
+
 def _pieces(span: dict[str, Any], windows: list[tuple[int, int, int]]) -> list[dict[str, Any]]:
-    """The runs of ``span`` inside ``windows`` -- (row_lo, row_hi, local_lo), in local order --
-    merged where two runs adjoin both locally and within the span."""
+    """The runs of ``span``'s placeholders inside ``windows`` -- (row_lo, row_hi, local_lo), in local order --
+    merged where two runs adjoin both locally and in the span's features. ``offset`` counts features (the
+    encoder's rows of the span), which is the position in the span when the span is one run."""
     s, n = int(span["start"]), int(span["length"])
+    tokens = int(span.get("tokens", n))
     out: list[dict[str, Any]] = []
     for lo, hi, local in windows:
-        a, b = max(s, lo), min(s + n, hi)
-        if a >= b:
-            continue
-        start, offset = local + a - lo, a - s
-        if out and out[-1]["start"] + out[-1]["length"] == start and out[-1]["offset"] + out[-1]["length"] == offset:
-            out[-1]["length"] += b - a
-        else:
-            out.append({**span, "start": start, "length": b - a, "offset": offset, "span_start": s, "span_length": n})
+        feature = 0
+        for run_offset, run_length in span_runs(span):
+            rs = s + run_offset
+            a, b = max(rs, lo), min(rs + run_length, hi)
+            if a < b:
+                start, offset = local + a - lo, feature + a - rs
+                if out and out[-1]["start"] + out[-1]["length"] == start and out[-1]["offset"] + out[-1]["length"] == offset:
+                    out[-1]["length"] += b - a
+                else:
+                    out.append({**span, "start": start, "length": b - a, "offset": offset, "span_start": s,
+                                "span_length": n, "span_tokens": tokens})
+            feature += run_length
     return out
 
 
