@@ -187,13 +187,23 @@ def report(out, html, **settings):
 @click.option("--media", type=click.Choice(["stat", "hash"]), is_flag=False, flag_value="stat", default=None,
               help="Also check every media file against the build's media index: size and modification time (stat, "
                    "the default of --media), or content (hash: sha256; needs a build made with --media-hash).")
-@click.option("--media-root", default=None, help="With --media: the folder the media now live in (default: the build's).")
-def verify(out, media, media_root):
+@click.option("--against-processor", "processor", metavar="PROC",
+              help="Also re-run this HF processor (a folder or hub id) on sampled records, from their own lines and "
+                   "files, and compare its ids with the build's token for token.")
+@click.option("--sample", type=click.IntRange(min=1), default=32, show_default=True,
+              help="How many records --against-processor re-runs (media records first).")
+@click.option("--media-root", default=None, help="Where the media are now, when they moved since the build (--media, "
+                                                 "--against-processor; default: the build's).")
+def verify(out, media, processor, sample, media_root):
     """Check every file of the build folder against the manifest (nothing missing, changed or extra),
     every row's invariants and the accounting; with --media, every media file too."""
     from packer.verify import verify_or_raise
 
     click.echo(_run(verify_or_raise, out, media=media, media_root=media_root))
+    if processor:
+        from packer.against_processor import verify_against_processor_or_raise
+
+        click.echo(_run(verify_against_processor_or_raise, out, processor, sample=sample, media_root=media_root))
 
 
 if __name__ == "__main__":
