@@ -83,7 +83,8 @@ def test_dummy_runs_every_tower_and_changes_nothing(family, attention):
 def test_dummy_only_for_the_missing_kinds_and_after_the_real_tokens():
     dummies = media_dummies(CASES["qwen2_vl"][0]().config, kinds=["image", "video"], placeholders={"image": 90, "video": 95})
     rows = text_rows(lengths=([7, 5], [3]))
-    rows[0]["media"] = [{"segment": 0, "kind": "image", "start": 2, "length": 1, "ref": "a.png", "grid": [1, 1, 1]}]
+    rows[0]["media"] = [{"segment": 0, "kind": "image", "start": 2, "length": 1, "tokens": 1, "ref": "a.png",
+                         "llm_grid": [1, 1, 1]}]
     grown, inputs = dummies.add(rows)
     assert set(inputs) == {"pixel_values_videos", "video_grid_thw"} and inputs["video_grid_thw"].tolist() == [[1, 2, 2]]
     assert grown[0] is rows[0] and rows[1]["n_tokens"] == 3  # the shortest row grows; the rows given are untouched

@@ -14,7 +14,7 @@ from media_fixtures import write_audio
 from conftest import ROOT, SAMPLE, TOKENIZER
 from packer.build import build
 from packer.config import resolve
-from packer.inspect import summarize, summary_text
+from packer.summary import summarize, summary_text
 
 CLIPS = ["1s_48k_stereo.wav", "31s_24k.flac", "45s_8k.flac", "29.99s_16k.flac"]  # two over Qwen2-Audio's 30 s
 
@@ -45,7 +45,7 @@ def test_clips_over_the_window_are_counted_or_quarantined(clips, tmp_path, long_
         assert manifest.stats["audio_truncated"] == 0
         assert manifest.accounting.quarantined_by_reason == {"audio_too_long": 2}
         lines = [json.loads(x) for x in (out / "quarantine.jsonl").read_text().splitlines()]
-        assert sorted(x["id"] for x in lines) == ["clip-1", "clip-2"] and "keeps 30 s" in lines[0]["detail"]
+        assert sorted(x["id"] for x in lines) == ["clip-1", "clip-2"] and "sees 30 s" in lines[0]["detail"]
         assert "audio_too_long 2" in text
 
 

@@ -10,7 +10,7 @@
 """
 
 from packer.loader.collate import ATTENTION, PackedCollator, model_inputs
-from packer.loader.dataset import PackedDataset, SampleDataset
+from packer.loader.dataset import MediaChangedError, PackedDataset, SampleDataset
 from packer.loader.dummy import MediaDummies, media_dummies
 from packer.loader.loss import loss_norm, loss_weights, packed_loss
 from packer.loader.media import MediaMismatchError
@@ -18,6 +18,7 @@ from packer.loader.mrope import mrope_positions
 from packer.loader.samplers import CostModel, SplitModalitySampler, TokenBalancedSampler
 from packer.loader.sequence_parallel import local_media_rows, shard_for_sequence_parallel
 from packer.loader.stored import StoredFeatures
+from packer.media.load import MediaLoadError
 
 
 def __getattr__(name: str):
@@ -28,6 +29,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'packer.loader' has no attribute {name!r}")
 
 
-__all__ = ["ATTENTION", "CostModel", "MediaDummies", "MediaMismatchError", "PackedCollator", "PackedDataset", "PackedTrainer",
-           "SampleDataset", "SplitModalitySampler", "StoredFeatures", "TokenBalancedSampler", "local_media_rows", "loss_norm",
-           "loss_weights", "media_dummies", "model_inputs", "mrope_positions", "packed_loss", "shard_for_sequence_parallel"]
+__all__ = ["ATTENTION", "CostModel", "MediaChangedError", "MediaDummies", "MediaLoadError", "MediaMismatchError",
+           "PackedCollator", "PackedDataset", "PackedTrainer", "SampleDataset", "SplitModalitySampler", "StoredFeatures",
+           "TokenBalancedSampler", "local_media_rows", "loss_norm", "loss_weights", "media_dummies", "model_inputs",
+           "mrope_positions", "packed_loss", "shard_for_sequence_parallel"]

@@ -15,32 +15,27 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from packer.io.fs import stat as fs_stat
 from packer.media.load import resolve_ref
 from packer.shards.io import read_shard
 from packer.shards.manifest import Manifest
+from packer.shards.media_index import MediaIndex
 from packer.shards.schema import IGNORE
 from packer.shards.stats import ROW_FIELDS, shard_stats
 
 ARRAY_COLUMNS = ("input_ids", "labels", "cu_seqlens")
 
 
-def resolve_span(m: dict[str, Any], media_root: str) -> dict[str, Any]:
-    """Give a media span its file: ``path`` (its ``ref`` joined onto ``media_root``), and for a
-    video given as frame images (``ref`` a JSON ``{"frames": [refs], "fps": rate}``) ``frames`` and ``fps``."""
-    if m["ref"].startswith("{"):
-        listed = json.loads(m["ref"])
-        m["frames"] = [resolve_ref(r, media_root) for r in listed["frames"]]
-        m["path"], m["fps"] = m["frames"][0], float(listed.get("fps") or 0.0)
-    else:
-        m["path"] = resolve_ref(m["ref"], media_root)
-    return m
+class MediaChangedError(ValueError):
+    """A media file differs from the one the build counted (size, or modification time)."""
 
 
 class _ShardedTable:
     kind = ""
     columns: tuple[str, ...] = ()
 
-    def __init__(self, out: str | Path, *, format: str = "numpy", media_root: str | Path | None = None):
+    def __init__(self, out: str | Path, *, format: str = "numpy", media_root: str | Path | None = None,
+                 check_media: bool = True):
         if format not in ("numpy", "torch"):
             raise ValueError(f"format must be numpy or torch, got {format!r}")
         self.out = Path(out)
@@ -48,6 +43,9 @@ class _ShardedTable:
         self.manifest = Manifest.read(self.out)  # raises SchemaVersionError on an unknown version
         # Stored refs are relative to the build's media root; another root when the media moved.
         self.media_root = str(media_root) if media_root is not None else self.manifest.media_root
+        self.moved = self.media_root != self.manifest.media_root
+        entry = self.manifest.files.media
+        self.media_index = MediaIndex(self.out / entry.file) if entry is not None and check_media else None
         self.entries = getattr(self.manifest.files, self.kind)
         self.starts = np.concatenate([[0], np.cumsum([e.rows for e in self.entries])]).astype(np.int64)
         self._tables: dict[int, pa.Table] = {}
@@ -94,9 +92,61 @@ class _ShardedTable:
                     value = torch.from_numpy(value.astype(np.int64))
             out[name] = value
         if "media" in out:
+            cache: dict[str, np.ndarray] = {}
             for m in out["media"]:
-                resolve_span(m, self.media_root)
+                self._resolve(m, row["input_ids"], cache)
         return out
+
+    def _resolve(self, m: dict[str, Any], input_ids, cache: dict[str, np.ndarray]) -> dict[str, Any]:
+        """Give a media span its file (``path``; ``frames`` and ``fps`` for a video given as frame images),
+        checked against the build's media index, and its ``runs`` where text lies between them."""
+        if m["tokens"] != m["length"]:  # text between the item's runs: where each run is
+            if "ids" not in cache:
+                cache["ids"] = np.asarray(input_ids, dtype=np.int64)
+            m["runs"] = _runs(cache["ids"][m["start"] : m["start"] + m["length"]] == self._run_ids[m["kind"]])
+        if m["ref"].startswith("{"):  # a video given as frame images: {"frames": [refs], "fps": rate}
+            listed = json.loads(m["ref"])
+            m["frames"] = [resolve_ref(r, self.media_root) for r in listed["frames"]]
+            m["path"], m["fps"] = m["frames"][0], float(listed.get("fps") or 0.0)
+            for ref, path in zip(listed["frames"], m["frames"], strict=True):
+                self._check_media(ref, path)
+        else:
+            m["path"] = resolve_ref(m["ref"], self.media_root)
+            self._check_media(m["ref"], m["path"])
+        return m
+
+    def _check_media(self, ref: str, path: str) -> None:
+        """The file as the build read it (``media.arrow``): the same size, and the same modification
+        time while the media root is the build's (a copy elsewhere changes the time). A missing file
+        is left to the collator, whose error names the media root to give."""
+        if self.media_index is None:
+            return
+        recorded = self.media_index.get(ref)
+        if recorded is None or recorded.bytes < 0:
+            return
+        try:
+            size, mtime = fs_stat(path)
+        except OSError:
+            return
+        if size != recorded.bytes or (not self.moved and mtime != recorded.mtime_ns):
+            what = f"{size:,} bytes, the build read {recorded.bytes:,}" if size != recorded.bytes else \
+                "the same size but a later modification time than the build read"
+            raise MediaChangedError(f"{path} (ref {ref!r}) changed since the build ({what}): its placeholder count "
+                                    f"may no longer match. Rebuild, or check it with packer verify {self.out} --media "
+                                    f"hash; PackedDataset(..., check_media=False) trains on the files as they are")
+
+    @property
+    def _run_ids(self) -> dict[str, int | None]:
+        return {k: self.manifest.placeholder_id(k) for k in ("image", "audio", "video")}
+
+    @property
+    def family(self) -> dict[str, Any] | None:
+        """The model family the build reproduces (the manifest's), with each kind's placeholder id
+        (``run_ids``): ``PackedCollator(family=ds.family, ...)`` gives the family's model inputs."""
+        family = self.manifest.tokenizer.get("family")
+        if not family:
+            return None
+        return {**family, "run_ids": {k: v for k, v in self._run_ids.items() if v is not None}}
 
     @property
     def placeholder_ids(self) -> dict[str, int]:
@@ -110,12 +160,22 @@ class _ShardedTable:
         return AutoTokenizer.from_pretrained(str(self.out / "tokenizer"))
 
 
+def _runs(is_placeholder: np.ndarray) -> list[list[int]]:
+    """[offset, length] of each run of True in ``is_placeholder`` (a span's placeholders)."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], is_placeholder.astype(np.int8), [0]])))
+    return [[int(a), int(b - a)] for a, b in zip(edges[::2], edges[1::2], strict=True)]
+
+
 class PackedDataset(_ShardedTable):
     """Packed rows: ``input_ids``, ``labels``, ``cu_seqlens`` (arrays), ``segment_ids``,
     ``segment_modality``, ``media``, ``segment_trained`` (lists), ``n_tokens``, ``n_trained`` and
     ``index`` (the row's number). Each media span gets a
     ``path``: its ``ref`` joined onto the build's media root (``Manifest.media_root``),
-    or onto ``media_root=`` when the media moved; a moved build folder needs nothing."""
+    or onto ``media_root=`` when the media moved; a moved build folder needs nothing.
+    Each media file is checked against the build's media index when a row is read (one
+    ``stat``): a file replaced since the build -- same size included, while the media root
+    is the build's -- raises :class:`MediaChangedError` instead of training silently
+    (``check_media=False`` turns the check off)."""
 
     kind = "packed"
     columns = ("input_ids", "labels", "cu_seqlens", "segment_ids", "segment_modality", "media", "n_tokens",
@@ -146,11 +206,11 @@ class PackedDataset(_ShardedTable):
             raise ValueError(f"{self.out} holds no packed rows")
         parts = [datasets.Dataset.from_file(str(self.out / e.file)) for e in self.entries]
         table = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
-        root = self.media_root
 
         def with_paths(batch: dict[str, list]) -> dict[str, list]:
             if "media" in batch:
-                batch["media"] = [[resolve_span(dict(m), root) for m in spans] for spans in batch["media"]]
+                batch["media"] = [[self._resolve(dict(m), ids, {}) for m in spans]
+                                  for spans, ids in zip(batch["media"], batch["input_ids"], strict=True)]
             return batch
 
         table.set_transform(with_paths)

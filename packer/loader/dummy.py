@@ -188,8 +188,8 @@ class MediaDummies:
         segment = len(row["cu_seqlens"]) - 1
         for d in needed:
             ids += [self.placeholders[d.kind]] * d.length
-            spans.append({"segment": segment, "kind": d.kind, "start": at, "length": d.length, "ref": f"<dummy {d.kind}>",
-                          "grid": list(d.grid), "dummy": True, **d.span})
+            spans.append({"segment": segment, "kind": d.kind, "start": at, "length": d.length, "tokens": d.length,
+                          "ref": f"<dummy {d.kind}>", "llm_grid": list(d.grid), "dummy": True, **d.span})
             at += d.length
         grown = {**row,
                  "input_ids": np.concatenate([np.asarray(row["input_ids"], np.int64)[:n], ids]),
@@ -234,11 +234,6 @@ def media_dummies(model, dataset=None, *, kinds=None, placeholders: dict[str, in
 
 
 def build_placeholders(dataset) -> dict[str, int]:
-    """``{kind: token id}`` of the placeholder each media kind expands to in ``dataset``'s build."""
-    config, ids = dataset.manifest.config, dataset.placeholder_ids
-    out = {}
-    for kind in ("image", "audio", "video"):
-        token = config.get(f"{kind}_token")
-        if token in ids:
-            out[kind] = ids[token]
-    return out
+    """``{kind: token id}`` of the placeholder each media kind expands to in ``dataset``'s build (its family's run token)."""
+    ids = {kind: dataset.manifest.placeholder_id(kind) for kind in ("image", "audio", "video")}
+    return {kind: i for kind, i in ids.items() if i is not None}
