@@ -75,7 +75,7 @@ class PackedTrainer(Trainer):
     """A ``transformers.Trainer`` for :class:`~packer.loader.PackedDataset`; see the module docstring.
 
     ``data_collator`` defaults to ``PackedCollator`` with the mask form of the model's attention
-    implementation (text builds; give one with ``processor=`` for media). ``cost`` / ``window``
+    implementation and the build's family (text builds; give one with ``processor=`` for media). ``cost`` / ``window``
     go to :class:`TokenBalancedSampler`. Other arguments are the Trainer's.
     """
 
@@ -84,7 +84,8 @@ class PackedTrainer(Trainer):
         if train_dataset is not None and not hasattr(train_dataset, "row_stats"):
             raise TypeError(f"PackedTrainer trains on a PackedDataset (its rows' costs balance the ranks), got "
                             f"{type(train_dataset).__name__}; for other datasets use transformers.Trainer")
-        collator = data_collator if data_collator is not None else PackedCollator(attention=default_attention(model))
+        collator = data_collator if data_collator is not None else PackedCollator(
+            attention=default_attention(model), family=getattr(train_dataset, "family", None))
         if not isinstance(collator, PackedCollator):
             raise TypeError(f"data_collator must be a PackedCollator, got {type(collator).__name__}")
         if model is not None:
