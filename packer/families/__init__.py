@@ -17,6 +17,8 @@ from typing import Any
 from packer.errors import ConfigError
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.generic import Generic
+from packer.families.internvl import InternVL
+from packer.families.llama4 import Llama4
 from packer.families.qwen3vl import Qwen3VL
 
 ALL_KINDS = ("image", "audio", "video")
@@ -25,6 +27,8 @@ ALL_KINDS = ("image", "audio", "video")
 FAMILIES: dict[str, tuple[type[Family], tuple[str, ...]]] = {
     "generic": (Generic, ALL_KINDS),
     "qwen3vl": (Qwen3VL, ("image", "video")),
+    "internvl": (InternVL, ("image", "video")),
+    "llama4": (Llama4, ("image",)),
 }
 
 

@@ -60,7 +60,8 @@ class PackedCollator:
                  pad_token_id: int = 0, rope: str = "default", loss: str = "token", mask_dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", image_processor=None, feature_extractor=None, processor=None,
                  patch_size: int | None = None, image_embeddings=None, audio_features=None, video_processor=None,
-                 video_policy=None, tokens_per_second: float | None = None, family: dict[str, Any] | None = None):
+                 video_policy=None, tokens_per_second: float | None = None, family: dict[str, Any] | None = None,
+                 model_config: Any = None):
         if attention not in ATTENTION:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
         family_obj = None
@@ -71,6 +72,7 @@ class PackedCollator:
             if rope == "default" and family.get("rope") == "mrope":
                 rope = "mrope"  # the family's positions: PackedCollator(family=ds.family) needs nothing more
         self.family = family
+        self.model_config = model_config  # the model's config, for a family whose masks depend on it (Llama 4)
         self._family = family_obj
         self._type_ids = {k: v for k, v in (family or {}).get("run_ids", {}).items() if v is not None} \
             if "mm_token_type_ids" in (family or {}).get("model_inputs", ()) else None
@@ -168,6 +170,10 @@ class PackedCollator:
             max_len = int(np.diff(bounds).max()) if len(bounds) > 1 else 0
             out.update(cu_seqlens=cu_t, max_seqlen=max_len, cu_seq_lens_q=cu_t, cu_seq_lens_k=cu_t,
                        max_length_q=max_len, max_length_k=max_len)
+        layer_masks = getattr(self._family, "attention_masks", None)  # a mask per layer type (Llama 4)
+        if layer_masks is not None:
+            out.update(layer_masks(cu, segment, position, self.attention, base=out.get("attention_mask"),
+                                   mask_dtype=self.mask_dtype, device=self.device, model_config=self.model_config))
         return out
 
 

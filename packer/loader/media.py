@@ -140,7 +140,8 @@ class MediaStep:
             out.update(self._audio(audio))
         if videos:
             out.update(self._videos(videos))
-        return out
+        merge = getattr(self.model_family, "merge_inputs", None)  # a family whose kinds share one input (InternVL)
+        return merge(out, ordered) if merge is not None else out
 
     # ------------------------------------------------------------------ images
 
