@@ -287,6 +287,59 @@ def video_files() -> list[str]:
     return [json.dumps(r) for r in records]
 
 
+# ---------------------------------------------------------------- processor checkpoints: InternVL3, Llama 4
+
+INTERNVL3_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<IMG_CONTEXT>\n' }}{% elif part['type'] == 'video' %}{{ '<video>\n' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}{{ '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def internvl3_processor(out: Path = ROOT / "processors" / "internvl3") -> None:
+    """``pipelines/internvl3.toml``'s processor checkpoint: ``InternVLProcessor`` around the sample tokenizer (InternVL's
+    named image tokens added), with the published InternVL3 checkpoints' settings -- 448-px tiles of 256 features,
+    1 to 12 tiles and a thumbnail, ImageNet normalisation -- and the video processor's class defaults (every frame
+    one tile), saved with ``save_pretrained``."""
+    from transformers import AutoTokenizer, GotOcr2ImageProcessor, InternVLProcessor, InternVLVideoProcessor
+
+    tok = AutoTokenizer.from_pretrained(ROOT / "tokenizer", extra_special_tokens={
+        "start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+        "video_token": "<video>"})
+    imagenet = {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
+    image = GotOcr2ImageProcessor(size={"height": 448, "width": 448}, min_patches=1, max_patches=12, **imagenet)
+    video = InternVLVideoProcessor(size={"height": 448, "width": 448}, **imagenet)
+    InternVLProcessor(image_processor=image, tokenizer=tok, video_processor=video, image_seq_length=256,
+                      chat_template=INTERNVL3_TEMPLATE).save_pretrained(out)
+
+
+LLAMA4_TEMPLATE = (
+    "{{ bos_token }}{% set body = messages %}{% if messages[0]['role'] == 'system' %}"
+    "{{ '<|header_start|>system<|header_end|>\n\n' + messages[0]['content'] | trim + '<|eot|>' }}"
+    "{% set body = messages[1:] %}{% endif %}{% for message in body %}"
+    "{{ '<|header_start|>' + message['role'] + '<|header_end|>\n\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|image|>' }}{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{{ '<|eot|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|header_start|>assistant<|header_end|>\n\n' }}{% endif %}"
+)
+
+
+def llama4_processor(out: Path = ROOT / "processors" / "llama4") -> None:
+    """``pipelines/llama4.toml``'s processor checkpoint: ``Llama4Processor`` around the sample tokenizer (Llama 4's image,
+    tile and header tokens added, ``<|begin_of_text|>`` as bos) with the processor classes' defaults -- 336-px tiles
+    of 144 features, up to 16 tiles and a global tile -- saved with ``save_pretrained``."""
+    from transformers import AutoTokenizer, Llama4ImageProcessor, Llama4Processor
+
+    tok = AutoTokenizer.from_pretrained(ROOT / "tokenizer", bos_token="<|begin_of_text|>", extra_special_tokens=[
+        "<|image_start|>", "<|image_end|>", "<|image|>", "<|patch|>", "<|tile_x_separator|>", "<|tile_y_separator|>",
+        "<|header_start|>", "<|header_end|>", "<|eot|>"])
+    Llama4Processor(image_processor=Llama4ImageProcessor(), tokenizer=tok,
+                    chat_template=LLAMA4_TEMPLATE).save_pretrained(out)
+
+
 def main() -> None:
     rng = random.Random(1)
     images = [draw_image(n, w, h, f, rng) for n, w, h, f in IMAGES]
@@ -299,6 +352,8 @@ def main() -> None:
     videos = video_files()
     if videos:
         (ROOT / "video.jsonl").write_text("\n".join(videos) + "\n", encoding="utf-8")
+    internvl3_processor()
+    llama4_processor()
     print(f"wrote {len(images)} images, {len(clips)} audio clips, "
           + ", ".join(f"{n} ({len(ls)} lines)" for n, ls in files.items()) + ", tokenizer/")
 

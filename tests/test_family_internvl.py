@@ -18,7 +18,7 @@ pytest.importorskip("av")
 pytest.importorskip("torchvision")
 
 from assets_internvl import ASSETS, SEQ, internvl_processor  # noqa: E402
-from family_harness import build_family, check_equivalence, check_ids, write_media, write_records  # noqa: E402
+from family_harness import build_family, check_equivalence, check_ids, check_pipeline_ids, write_media, write_records  # noqa: E402
 
 from packer.families.checkpoint import read_checkpoint  # noqa: E402
 from packer.families.internvl import InternVLSettings, number_of_tiles, record_max_patches, video_indices  # noqa: E402
@@ -209,3 +209,11 @@ def test_loader_merges_tiles_and_frames_in_placeholder_order(built):
     before = sum(m["tokens"] for m in batch["media"] if m["segment"] < k) // SEQ
     got = batch["pixel_values"][before : before + expected.shape[0]]
     assert got.shape == expected.shape and np.allclose(got.numpy(), expected.numpy(), atol=1e-6)
+
+
+@pytest.mark.slow  # builds the sample pipeline
+def test_sample_pipeline_ids_equal_its_processor(tmp_path):
+    """``pipelines/internvl3.toml`` over sample_data: its records' ids equal the sample processor folder's processor's."""
+    from conftest import ROOT
+
+    assert check_pipeline_ids(ROOT / "pipelines" / "internvl3.toml", tmp_path / "out") >= 10

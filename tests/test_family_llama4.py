@@ -19,7 +19,16 @@ import torch
 pytest.importorskip("torchvision")
 
 from assets_llama4 import ASSETS, CHUNK, PER_TILE, llama4_processor  # noqa: E402
-from family_harness import build_family, check_equivalence, check_ids, hf_inputs, segments, write_media, write_records  # noqa: E402
+from family_harness import (  # noqa: E402
+    build_family,
+    check_equivalence,
+    check_ids,
+    check_pipeline_ids,
+    hf_inputs,
+    segments,
+    write_media,
+    write_records,
+)
 
 from packer.families.base import Run  # noqa: E402
 from packer.families.checkpoint import read_checkpoint  # noqa: E402
@@ -323,3 +332,11 @@ def test_flex_masks_equal_the_sdpa_masks():
 
         ref = create_block_mask(rule, 2, None, 203, 203, device="cpu")
         assert torch.equal(block.to_dense(), ref.to_dense()) and torch.equal(block.full_kv_num_blocks, ref.full_kv_num_blocks)
+
+
+@pytest.mark.slow  # builds the sample pipeline
+def test_sample_pipeline_ids_equal_its_processor(tmp_path):
+    """``pipelines/llama4.toml`` over sample_data: its records' ids equal the sample processor folder's processor's."""
+    from conftest import ROOT
+
+    assert check_pipeline_ids(ROOT / "pipelines" / "llama4.toml", tmp_path / "out") >= 10
