@@ -217,3 +217,26 @@ def test_sample_pipeline_ids_equal_its_processor(tmp_path):
     from conftest import ROOT
 
     assert check_pipeline_ids(ROOT / "pipelines" / "internvl3.toml", tmp_path / "out") >= 10
+
+
+@pytest.mark.parametrize("mode, attention", [("ulysses", "sdpa"), ("ring", "varlen")])
+def test_sequence_parallel_pieces_scatter_tiles_and_frames(built, mode, attention):
+    """Under SP each rank's ``<IMG_CONTEXT>`` placeholders take the rows of the merged image-and-frame features the
+    unsliced batch gives them: ``local_media_rows`` over every span, images and videos together (one placeholder)."""
+    import torch
+    from test_sequence_parallel import global_position
+
+    from packer.loader import local_media_rows, shard_for_sequence_parallel
+
+    root, _, processor, _, _ = built
+    ds = PackedDataset(root / "out")
+    batch = PackedCollator(attention=attention, family=ds.family)([ds[i] for i in range(len(ds))])
+    ctx = processor.tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>")
+    where = batch["input_ids"] == ctx
+    feature = (where.flatten().cumsum(0) - 1).reshape(where.shape)  # the row-major scatter: k-th placeholder, k-th row
+    assert int(where.sum()) == sum(m["tokens"] for m in batch["media"])
+    for rank in range(3):
+        part = shard_for_sequence_parallel(batch, rank, 3, mode=mode)
+        local = torch.nonzero(part["input_ids"] == ctx).tolist()
+        at = [(b, int(part["global_index"][t]) if mode == "ulysses" else global_position(part, mode, t)) for b, t in local]
+        assert local_media_rows(part["media"], batch["media"]).tolist() == [int(feature[b, g]) for b, g in at]

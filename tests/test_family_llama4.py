@@ -340,3 +340,36 @@ def test_sample_pipeline_ids_equal_its_processor(tmp_path):
     from conftest import ROOT
 
     assert check_pipeline_ids(ROOT / "pipelines" / "llama4.toml", tmp_path / "out") >= 10
+
+
+def test_sequence_parallel_pieces_scatter_tiles(built):
+    """Ulysses: each rank's ``<|patch|>`` placeholders (tile runs split by separators, cut anywhere) take the rows of
+    the unsliced batch's tile features, and the per-layer-type masks stay global."""
+    from packer.loader import local_media_rows
+
+    root, _, processor, _ = built
+    ds = PackedDataset(root / "out")
+    batch = PackedCollator(family=ds.family, model_config=_config())([ds[i] for i in range(len(ds))])
+    patch = processor.tokenizer.convert_tokens_to_ids("<|patch|>")
+    where = batch["input_ids"] == patch
+    feature = (where.flatten().cumsum(0) - 1).reshape(where.shape)
+    for rank in range(3):
+        part = shard_for_sequence_parallel(batch, rank, 3)
+        assert set(part["attention_mask"]) == {"chunked_attention", "full_attention"}
+        local = torch.nonzero(part["input_ids"] == patch).tolist()
+        expected = [int(feature[b, int(part["global_index"][t])]) for b, t in local]
+        assert local_media_rows(part["media"], batch["media"], kind="image").tolist() == expected
+
+
+def test_loader_names_a_file_the_processor_tiles_otherwise(built):
+    """A collator given another processor setting than the build's (max_patches 2 instead of 6) raises naming the file."""
+    from transformers import Llama4ImageProcessor
+
+    from packer.loader import MediaMismatchError
+
+    root, _, _, _ = built
+    ds = PackedDataset(root / "out")
+    other = Llama4ImageProcessor(size={"height": 56, "width": 56}, max_patches=2)
+    with pytest.raises(MediaMismatchError, match=r"img/\S+: the build gave this image \d+ placeholder positions but "
+                                                 r"Llama4ImageProcessor .* produces \d+ features"):
+        PackedCollator(image_processor=other, family=ds.family, model_config=_config())([ds[i] for i in range(len(ds))])
