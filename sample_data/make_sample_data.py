@@ -287,57 +287,95 @@ def video_files() -> list[str]:
     return [json.dumps(r) for r in records]
 
 
-# ---------------------------------------------------------------- processor checkpoints: InternVL3, Llama 4
-
-INTERNVL3_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' %}{{ '<IMG_CONTEXT>\n' }}{% elif part['type'] == 'video' %}{{ '<video>\n' }}"
-    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}{{ '<|im_end|>\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+TEMPLATES = ROOT.parent / "tests" / "fixtures" / "templates"
 
 
-def internvl3_processor(out: Path = ROOT / "processors" / "internvl3") -> None:
-    """``pipelines/internvl3.toml``'s processor checkpoint: ``InternVLProcessor`` around the sample tokenizer (InternVL's
-    named image tokens added), with the published InternVL3 checkpoints' settings -- 448-px tiles of 256 features,
-    1 to 12 tiles and a thumbnail, ImageNet normalisation -- and the video processor's class defaults (every frame
-    one tile), saved with ``save_pretrained``."""
-    from transformers import AutoTokenizer, GotOcr2ImageProcessor, InternVLProcessor, InternVLVideoProcessor
+def processor_folder(name: str, processor: dict, extra_special: list[str], template: str) -> Path:
+    """``processors/<name>/``: a processor checkpoint as ``save_pretrained`` writes one (``processor_config.json``
+    with each sub-processor's settings), around the sample tokenizer with the family's special tokens, and the
+    family's chat template: what ``--processor`` reads, no model code needed to write it."""
+    from tokenizers import AddedToken, Tokenizer
 
-    tok = AutoTokenizer.from_pretrained(ROOT / "tokenizer", extra_special_tokens={
-        "start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
-        "video_token": "<video>"})
-    imagenet = {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
-    image = GotOcr2ImageProcessor(size={"height": 448, "width": 448}, min_patches=1, max_patches=12, **imagenet)
-    video = InternVLVideoProcessor(size={"height": 448, "width": 448}, **imagenet)
-    InternVLProcessor(image_processor=image, tokenizer=tok, video_processor=video, image_seq_length=256,
-                      chat_template=INTERNVL3_TEMPLATE).save_pretrained(out)
-
-
-LLAMA4_TEMPLATE = (
-    "{{ bos_token }}{% set body = messages %}{% if messages[0]['role'] == 'system' %}"
-    "{{ '<|header_start|>system<|header_end|>\n\n' + messages[0]['content'] | trim + '<|eot|>' }}"
-    "{% set body = messages[1:] %}{% endif %}{% for message in body %}"
-    "{{ '<|header_start|>' + message['role'] + '<|header_end|>\n\n' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' %}{{ '<|image|>' }}{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}{{ '<|eot|>' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|header_start|>assistant<|header_end|>\n\n' }}{% endif %}"
-)
+    folder = ROOT / "processors" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer.from_file(str(ROOT / "tokenizer" / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in extra_special])
+    tok.save(str(folder / "tokenizer.json"))
+    config = json.loads((ROOT / "tokenizer" / "tokenizer_config.json").read_text())
+    config["extra_special_tokens"] = list(dict.fromkeys([*config.get("extra_special_tokens", []), *extra_special]))
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (folder / "processor_config.json").write_text(json.dumps(processor, indent=2, sort_keys=True) + "\n")
+    (folder / "chat_template.jinja").write_text(template)
+    return folder
 
 
-def llama4_processor(out: Path = ROOT / "processors" / "llama4") -> None:
-    """``pipelines/llama4.toml``'s processor checkpoint: ``Llama4Processor`` around the sample tokenizer (Llama 4's image,
-    tile and header tokens added, ``<|begin_of_text|>`` as bos) with the processor classes' defaults -- 336-px tiles
-    of 144 features, up to 16 tiles and a global tile -- saved with ``save_pretrained``."""
-    from transformers import AutoTokenizer, Llama4ImageProcessor, Llama4Processor
+QWEN3VL_PROCESSOR = {  # Qwen3-VL's published budgets (patch 16 x merge 2 = 32 px per token); the video processor's defaults
+    "processor_class": "Qwen3VLProcessor",
+    "image_processor": {"image_processor_type": "Qwen2VLImageProcessor", "patch_size": 16, "merge_size": 2,
+                        "temporal_patch_size": 2, "size": {"shortest_edge": 65536, "longest_edge": 16777216},
+                        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True,
+                        "do_normalize": True, "do_rescale": True, "do_resize": True, "resample": 3},
+    "video_processor": {"video_processor_type": "Qwen3VLVideoProcessor", "patch_size": 16, "merge_size": 2,
+                        "temporal_patch_size": 2, "size": {"shortest_edge": 131072, "longest_edge": 786432},
+                        "fps": 2, "min_frames": 4, "max_frames": 768, "do_sample_frames": True,
+                        "cap_pixels_per_frame": False, "max_video_tokens": 768,
+                        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
+}
+QWEN_VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 
-    tok = AutoTokenizer.from_pretrained(ROOT / "tokenizer", bos_token="<|begin_of_text|>", extra_special_tokens=[
-        "<|image_start|>", "<|image_end|>", "<|image|>", "<|patch|>", "<|tile_x_separator|>", "<|tile_y_separator|>",
-        "<|header_start|>", "<|header_end|>", "<|eot|>"])
-    Llama4Processor(image_processor=Llama4ImageProcessor(), tokenizer=tok,
-                    chat_template=LLAMA4_TEMPLATE).save_pretrained(out)
+
+# InternVL3's published settings (448-px tiles of 256 features, 1-12 tiles and a thumbnail, ImageNet normalisation);
+# the video processor's class defaults (every frame one tile)
+IMAGENET = {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
+INTERNVL3_PROCESSOR = {
+    "processor_class": "InternVLProcessor", "image_seq_length": 256,
+    "image_processor": {"image_processor_type": "GotOcr2ImageProcessor", "size": {"height": 448, "width": 448},
+                        "crop_to_patches": False, "min_patches": 1, "max_patches": 12, "do_convert_rgb": True,
+                        "do_normalize": True, "do_rescale": True, "do_resize": True, "resample": 3,
+                        "rescale_factor": 1 / 255, **IMAGENET},
+    "video_processor": {"video_processor_type": "InternVLVideoProcessor", "size": {"height": 448, "width": 448},
+                        "do_sample_frames": False, "initial_shift": True, "do_convert_rgb": True, "do_normalize": True,
+                        "do_rescale": True, "do_resize": True, "resample": 3, "rescale_factor": 1 / 255,
+                        "return_metadata": False, **IMAGENET},
+}
+# InternVL's tokenizer names its image tokens (InternVLProcessor reads tokenizer.start_image_token, ...)
+INTERNVL_NAMED = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+                  "video_token": "<video>"}
+# Llama4Processor's and Llama4ImageProcessor's defaults (336-px tiles of 144 features, up to 16 tiles + a global one)
+LLAMA4_PROCESSOR = {
+    "processor_class": "Llama4Processor", "patch_size": 14, "image_token": "<|image|>", "fake_image_token": "<|image|>",
+    "image_processor": {"image_processor_type": "Llama4ImageProcessor", "size": {"height": 336, "width": 336},
+                        "max_patches": 16, "resize_to_max_canvas": False, "do_convert_rgb": True, "do_normalize": True,
+                        "do_rescale": True, "do_resize": True, "resample": 2, "rescale_factor": 1 / 255,
+                        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
+}
+LLAMA4_TOKENS = ["<|begin_of_text|>", "<|image_start|>", "<|image_end|>", "<|image|>", "<|patch|>", "<|tile_x_separator|>",
+                 "<|tile_y_separator|>", "<|header_start|>", "<|header_end|>", "<|eot|>"]
+
+
+def internvl3_processor() -> Path:
+    """``processors/internvl3/`` (``pipelines/internvl3.toml``): the sample tokenizer with InternVL's named image tokens."""
+    folder = processor_folder("internvl3", INTERNVL3_PROCESSOR, list(INTERNVL_NAMED.values()),
+                              (TEMPLATES / "internvl.jinja").read_text())
+    path = folder / "tokenizer_config.json"
+    config = {**json.loads(path.read_text()), **INTERNVL_NAMED, "model_specific_special_tokens": INTERNVL_NAMED}
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return folder
+
+
+def llama4_processor() -> Path:
+    """``processors/llama4/`` (``pipelines/llama4.toml``): the sample tokenizer with Llama 4's image, tile and header
+    tokens, ``<|begin_of_text|>`` as bos."""
+    folder = processor_folder("llama4", LLAMA4_PROCESSOR, LLAMA4_TOKENS, (TEMPLATES / "llama4.jinja").read_text())
+    path = folder / "tokenizer_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "bos_token": "<|begin_of_text|>"}, indent=2,
+                               sort_keys=True) + "\n")
+    return folder
+
+
+def family_processors() -> list[Path]:
+    return [processor_folder("qwen3vl", QWEN3VL_PROCESSOR, QWEN_VISION_TOKENS, (TEMPLATES / "qwen3vl.jinja").read_text()),
+            internvl3_processor(), llama4_processor()]
 
 
 def main() -> None:
@@ -349,11 +387,10 @@ def main() -> None:
         (ROOT / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
     corpus = SENTENCES + [t for qa in QA for t in qa] + [describe(i) for i in images] + [l for ls in files.values() for l in ls]
     train_tokenizer(corpus * 3, ROOT / "tokenizer")
+    family_processors()
     videos = video_files()
     if videos:
         (ROOT / "video.jsonl").write_text("\n".join(videos) + "\n", encoding="utf-8")
-    internvl3_processor()
-    llama4_processor()
     print(f"wrote {len(images)} images, {len(clips)} audio clips, "
           + ", ".join(f"{n} ({len(ls)} lines)" for n, ls in files.items()) + ", tokenizer/")
 

@@ -17,9 +17,11 @@ from typing import Any
 from packer.errors import ConfigError
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.generic import Generic
+from packer.families.hf import HFProcessor
 from packer.families.internvl import InternVL
 from packer.families.llama4 import Llama4
 from packer.families.qwen3vl import Qwen3VL
+from packer.families.qwen35 import Qwen35
 
 ALL_KINDS = ("image", "audio", "video")
 
@@ -29,6 +31,8 @@ FAMILIES: dict[str, tuple[type[Family], tuple[str, ...]]] = {
     "qwen3vl": (Qwen3VL, ("image", "video")),
     "internvl": (InternVL, ("image", "video")),
     "llama4": (Llama4, ("image",)),
+    "qwen35": (Qwen35, ("image", "video")),
+    "hf": (HFProcessor, ("image", "audio")),  # any other processor, asked for each item's text
 }
 
 
