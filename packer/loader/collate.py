@@ -32,6 +32,10 @@ with a video in the batch and no ``tokens_per_second`` is refused rather than po
 the Qwen2-VL way. ``video_policy`` (a policy or a spec such as ``"qwen2vl:fps=1"``) names the
 build's frame sampling when it is not the one the video processor implies.
 
+A family whose text model takes a mask per layer type (Llama 4: chunked-attention and full-attention
+layers) builds ``attention_mask`` as ``{layer_type: mask}`` from the model's config:
+``PackedCollator(family=ds.family, model_config=model.config)``; see :mod:`packer.families.llama4`.
+
 Padding (``pad_to``, ``pad_to_multiple_of``) forms one more segment per row that
 nothing attends to or from and that attends only to itself, so no softmax row is
 empty and no NaN appears. See :mod:`packer.loader.masks` for a worked example.
