@@ -62,7 +62,7 @@ def llama4_model(processor, impl: str, seed: int = 0, **text: Any):
     """The tiny model; its vision tower takes the processor's bfloat16 pixels (Llama4ImageProcessor normalises in
     bfloat16) as float32, in the reference and the packed runs alike, and its forward gets past a transformers
     5.24 bug (``Llama4ForConditionalGeneration.forward`` reads ``image_outputs`` from the text model's output, which
-    has none: every return_dict call raises AttributeError; return_dict=False does not)."""
+    has none: every call raises AttributeError, return_dict=False included)."""
     from transformers import Llama4ForConditionalGeneration
 
     model = _init(Llama4ForConditionalGeneration(llama4_config(processor, impl, **text)), seed)
