@@ -17,6 +17,7 @@ from typing import Any
 from packer.errors import ConfigError
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.generic import Generic
+from packer.families.llava_onevision import LlavaOnevision
 from packer.families.qwen3vl import Qwen3VL
 
 ALL_KINDS = ("image", "audio", "video")
@@ -25,6 +26,7 @@ ALL_KINDS = ("image", "audio", "video")
 FAMILIES: dict[str, tuple[type[Family], tuple[str, ...]]] = {
     "generic": (Generic, ALL_KINDS),
     "qwen3vl": (Qwen3VL, ("image", "video")),
+    "llava_onevision": (LlavaOnevision, ("image", "video")),
 }
 
 

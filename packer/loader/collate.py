@@ -186,6 +186,7 @@ def _concatenate(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw", "image_sizes",
+              "batch_num_images",  # LLaVA-OneVision: the images of each record (which were tiled)
               "pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "input_features", "feature_attention_mask",
               "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
