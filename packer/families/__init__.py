@@ -18,6 +18,7 @@ from packer.errors import ConfigError
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.generic import Generic
 from packer.families.llava_onevision import LlavaOnevision
+from packer.families.qwen3omni import Qwen3Omni
 from packer.families.qwen3vl import Qwen3VL
 
 ALL_KINDS = ("image", "audio", "video")
@@ -27,6 +28,7 @@ FAMILIES: dict[str, tuple[type[Family], tuple[str, ...]]] = {
     "generic": (Generic, ALL_KINDS),
     "qwen3vl": (Qwen3VL, ("image", "video")),
     "llava_onevision": (LlavaOnevision, ("image", "video")),
+    "qwen3omni": (Qwen3Omni, ("image", "audio", "video")),
 }
 
 
