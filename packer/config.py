@@ -349,8 +349,8 @@ PATH_KEYS = ("input", "output", "media_root", "staging_dir")  # paths in a pipel
 
 def _relative_to(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     """Paths written in a pipeline file are relative to the file's folder, wherever packer
-    runs; they are shown relative to the current folder when inside it. ``tokenizer`` is
-    a path only when that folder holds it (else a hub name)."""
+    runs; they are shown relative to the current folder when inside it. ``tokenizer`` and
+    ``processor`` are paths only when that folder holds them (else hub names)."""
 
     def place(value: Any, must_exist: bool = False) -> Any:
         if not isinstance(value, str) or not value or "://" in value or Path(value).is_absolute():
@@ -368,8 +368,9 @@ def _relative_to(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     for key in PATH_KEYS:
         if key in out:
             out[key] = [place(v) for v in out[key]] if isinstance(out[key], list) else place(out[key])
-    if "tokenizer" in out:
-        out["tokenizer"] = place(out["tokenizer"], must_exist=True)
+    for key in ("tokenizer", "processor"):  # a folder when the file's folder holds it, else a hub name
+        if key in out:
+            out[key] = place(out[key], must_exist=True)
     return out
 
 

@@ -287,6 +287,62 @@ def video_files() -> list[str]:
     return [json.dumps(r) for r in records]
 
 
+# ---------------------------------------------------------------- LLaVA-OneVision / Qwen3-Omni processor checkpoints
+
+LLAVA_ONEVISION_TEMPLATE = (
+    "{%- for message in messages -%}{{- '<|im_start|>' + message.role + '\n' -}}"
+    "{%- if message.content is string -%}{{- message.content -}}{%- else -%}"
+    "{%- for part in message.content if part.type == 'image' -%}{{- '<image>\n' -}}{%- endfor -%}"
+    "{%- for part in message.content if part.type == 'video' -%}{{- '<video>\n' -}}{%- endfor -%}"
+    "{%- for part in message.content if part.type == 'text' -%}{{- part.text -}}{%- endfor -%}"
+    "{%- endif -%}{{- '<|im_end|>\n' -}}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
+)
+QWEN3OMNI_TEMPLATE = (
+    "{%- for message in messages -%}{{- '<|im_start|>' + message.role + '\n' -}}"
+    "{%- if message.content is string -%}{{- message.content -}}{%- else -%}{%- for part in message.content -%}"
+    "{%- if part.type == 'image' -%}{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part.type == 'video' -%}{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
+    "{%- elif part.type == 'audio' -%}{{- '<|audio_start|><|audio_pad|><|audio_end|>' -}}"
+    "{%- elif part.type == 'text' -%}{{- part.text -}}{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\n' -}}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
+)
+
+
+def llava_onevision_processor() -> None:
+    """processors/llava_onevision/: LlavaOnevisionProcessor at its classes' defaults (384 px tiles, 36 grid
+    pinpoints, anyres_max_9, every video frame) with SigLIP's 729 features a tile, around the sample tokenizer
+    (``<image>`` / ``<video>`` added), saved by save_pretrained."""
+    from transformers import (AutoTokenizer, LlavaOnevisionImageProcessor, LlavaOnevisionProcessor,
+                              LlavaOnevisionVideoProcessor)
+
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "tokenizer"),
+                                        extra_special_tokens={"image_token": "<image>", "video_token": "<video>"})
+    proc = LlavaOnevisionProcessor(image_processor=LlavaOnevisionImageProcessor(), tokenizer=tok,
+                                   video_processor=LlavaOnevisionVideoProcessor(), num_image_tokens=729,
+                                   vision_feature_select_strategy="full", chat_template=LLAVA_ONEVISION_TEMPLATE)
+    proc.save_pretrained(str(ROOT / "processors" / "llava_onevision"))
+
+
+def qwen3omni_processor() -> None:
+    """processors/qwen3omni/: Qwen3OmniMoeProcessor at its classes' defaults but Qwen3-Omni's 16 px patches
+    (Qwen2-VL image and video processors, a 128-bin Whisper feature extractor), around the sample tokenizer with
+    the thinker's tokens added, saved by save_pretrained."""
+    from transformers import (AutoTokenizer, Qwen2VLImageProcessor, Qwen2VLVideoProcessor, Qwen3OmniMoeProcessor,
+                              WhisperFeatureExtractor)
+
+    special = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "audio_token": "<|audio_pad|>",
+               "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>",
+               "audio_bos_token": "<|audio_start|>", "audio_eos_token": "<|audio_end|>"}
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "tokenizer"), extra_special_tokens=special)
+    proc = Qwen3OmniMoeProcessor(image_processor=Qwen2VLImageProcessor(patch_size=16),
+                                 video_processor=Qwen2VLVideoProcessor(patch_size=16, cap_pixels_per_frame=False),
+                                 feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tok,
+                                 chat_template=QWEN3OMNI_TEMPLATE)
+    proc.save_pretrained(str(ROOT / "processors" / "qwen3omni"))
+
+
 def main() -> None:
     rng = random.Random(1)
     images = [draw_image(n, w, h, f, rng) for n, w, h, f in IMAGES]
@@ -299,6 +355,8 @@ def main() -> None:
     videos = video_files()
     if videos:
         (ROOT / "video.jsonl").write_text("\n".join(videos) + "\n", encoding="utf-8")
+    llava_onevision_processor()
+    qwen3omni_processor()
     print(f"wrote {len(images)} images, {len(clips)} audio clips, "
           + ", ".join(f"{n} ({len(ls)} lines)" for n, ls in files.items()) + ", tokenizer/")
 

@@ -49,17 +49,42 @@ def test_packed_rows_equal_each_record_alone(built, impl):
     check_equivalence(model, ds, processor, records, root, impl, rows=rows, nest_images=True)
 
 
+def assert_settings(s: dict, processor) -> None:
+    """Every setting the family uses equals the loaded processor's."""
+    ip, vp = processor.image_processor, processor.video_processor
+    assert s["image_size"] == ip.size["height"] == ip.size["width"] and s["video_size"] == vp.size["height"]
+    assert s["pinpoints"] == "/".join(f"{h}x{w}" for h, w in ip.image_grid_pinpoints)
+    assert (s["num_image_tokens"], s["vision_feature_select_strategy"], s["vision_aspect_ratio"]) == (
+        processor.num_image_tokens, processor.vision_feature_select_strategy, processor.vision_aspect_ratio)
+    assert (s["video_sample"], s["video_num_frames"], s["video_fps"]) == (vp.do_sample_frames, vp.num_frames or 0,
+                                                                         vp.fps or 0.0)
+    assert (s["image_token"], s["video_token"]) == (processor.image_token, processor.video_token)
+
+
 def test_settings_are_the_checkpoints(built):
     _, _, processor, manifest = built
     family = manifest["tokenizer"]["family"]
     assert family["name"] == "llava_onevision" and family["processor_class"] == "LlavaOnevisionProcessor"
-    s, ip, vp = family["settings"], processor.image_processor, processor.video_processor
-    assert s["image_size"] == ip.size["height"] == 32 and s["video_size"] == vp.size["height"] == 32
-    assert s["pinpoints"] == "/".join(f"{h}x{w}" for h, w in ip.image_grid_pinpoints)
-    assert (s["num_image_tokens"], s["vision_feature_select_strategy"], s["vision_aspect_ratio"]) == (
-        processor.num_image_tokens, processor.vision_feature_select_strategy, processor.vision_aspect_ratio)
-    assert (s["video_sample"], s["video_num_frames"], s["video_fps"]) == (vp.do_sample_frames, vp.num_frames, 0.0)
-    assert (s["image_token"], s["video_token"]) == (processor.image_token, processor.video_token)
+    assert_settings(family["settings"], processor)
+    assert family["settings"]["image_size"] == 32 and family["settings"]["video_num_frames"] == 3
+
+
+def test_the_sample_checkpoint_is_the_processors():
+    """sample_data/processors/llava_onevision (written by make_sample_data.py): loads as the real processor, and the
+    family reads the same settings from it."""
+    from dataclasses import asdict
+
+    from conftest import SAMPLE
+    from transformers import AutoProcessor
+
+    from packer.families.checkpoint import read_checkpoint
+    from packer.families.llava_onevision import LlavaOnevisionSettings
+
+    folder = SAMPLE / "processors" / "llava_onevision"
+    processor = AutoProcessor.from_pretrained(str(folder))
+    settings = asdict(LlavaOnevisionSettings.resolve(read_checkpoint(str(folder))))
+    assert_settings(settings, processor)
+    assert settings["num_image_tokens"] == 729 and settings["vision_aspect_ratio"] == "anyres_max_9"
 
 
 def test_defaults_are_the_processor_classes():

@@ -133,17 +133,15 @@ def test_positions_equal_get_rope_index(built, case):
         assert (batch["position_ids"] % 1 != 0).any()
 
 
-def test_settings_are_the_checkpoints(built):
-    _, _, _, processor, manifest = built
-    family = manifest["tokenizer"]["family"]
-    assert family["name"] == "qwen3omni" and family["processor_class"] == "Qwen3OmniMoeProcessor"
-    s, ip, vp, fe = family["settings"], processor.image_processor, processor.video_processor, processor.feature_extractor
+def assert_settings(s: dict, processor) -> None:
+    """Every setting the family uses equals the loaded processor's."""
+    ip, vp, fe = processor.image_processor, processor.video_processor, processor.feature_extractor
     assert (s["image_patch_size"], s["image_merge_size"], s["image_min_pixels"], s["image_max_pixels"]) == (
         ip.patch_size, ip.merge_size, ip.size["shortest_edge"], ip.size["longest_edge"])
     assert (s["video_patch_size"], s["video_merge_size"], s["video_temporal_patch_size"]) == (
         vp.patch_size, vp.merge_size, vp.temporal_patch_size)
     assert (s["video_sample"], s["video_fps"], s["video_min_frames"], s["video_max_frames"], s["video_num_frames"]) == (
-        vp.do_sample_frames, vp.fps, vp.min_frames, vp.max_frames, vp.num_frames or 0)
+        vp.do_sample_frames, vp.fps or 0.0, vp.min_frames, vp.max_frames, vp.num_frames or 0)
     assert (s["cap_pixels_per_frame"], s["max_video_tokens"]) == (bool(vp.cap_pixels_per_frame), vp.max_video_tokens)
     size = processor.videos_kwargs["size"]  # the processor's, passed to the video processor on every call
     assert (s["video_min_pixels"], s["video_max_pixels"]) == (size["shortest_edge"], size["longest_edge"])
@@ -154,6 +152,32 @@ def test_settings_are_the_checkpoints(built):
         processor.image_token, processor.video_token, processor.audio_token)
     assert (s["vision_start"], s["vision_end"], s["audio_start"], s["audio_end"]) == (
         processor.vision_bos_token, processor.vision_eos_token, processor.audio_bos_token, processor.audio_eos_token)
+
+
+def test_settings_are_the_checkpoints(built):
+    _, _, _, processor, manifest = built
+    family = manifest["tokenizer"]["family"]
+    assert family["name"] == "qwen3omni" and family["processor_class"] == "Qwen3OmniMoeProcessor"
+    assert_settings(family["settings"], processor)
+    assert family["settings"]["video_fps"] == 2 and family["settings"]["image_patch_size"] == 16
+
+
+def test_the_sample_checkpoint_is_the_processors():
+    """sample_data/processors/qwen3omni (written by make_sample_data.py): loads as the real processor, and the family
+    reads the same settings from it."""
+    from dataclasses import asdict
+
+    from conftest import SAMPLE
+    from transformers import AutoProcessor
+
+    from packer.families.checkpoint import read_checkpoint
+    from packer.families.qwen3omni import Qwen3OmniSettings
+
+    folder = SAMPLE / "processors" / "qwen3omni"
+    processor = AutoProcessor.from_pretrained(str(folder))
+    settings = asdict(Qwen3OmniSettings.resolve(read_checkpoint(str(folder))))
+    assert_settings(settings, processor)
+    assert settings["image_patch_size"] == 16 and not settings["video_sample"]
 
 
 def test_defaults_are_the_processor_classes():
