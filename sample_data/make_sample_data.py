@@ -287,50 +287,80 @@ def video_files() -> list[str]:
     return [json.dumps(r) for r in records]
 
 
-# ---------------------------------------------------------------- LLaVA-OneVision / Qwen3-Omni processor checkpoints
-
-LLAVA_ONEVISION_TEMPLATE = (
-    "{%- for message in messages -%}{{- '<|im_start|>' + message.role + '\n' -}}"
-    "{%- if message.content is string -%}{{- message.content -}}{%- else -%}"
-    "{%- for part in message.content if part.type == 'image' -%}{{- '<image>\n' -}}{%- endfor -%}"
-    "{%- for part in message.content if part.type == 'video' -%}{{- '<video>\n' -}}{%- endfor -%}"
-    "{%- for part in message.content if part.type == 'text' -%}{{- part.text -}}{%- endfor -%}"
-    "{%- endif -%}{{- '<|im_end|>\n' -}}{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
-)
-QWEN3OMNI_TEMPLATE = (
-    "{%- for message in messages -%}{{- '<|im_start|>' + message.role + '\n' -}}"
-    "{%- if message.content is string -%}{{- message.content -}}{%- else -%}{%- for part in message.content -%}"
-    "{%- if part.type == 'image' -%}{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
-    "{%- elif part.type == 'video' -%}{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
-    "{%- elif part.type == 'audio' -%}{{- '<|audio_start|><|audio_pad|><|audio_end|>' -}}"
-    "{%- elif part.type == 'text' -%}{{- part.text -}}{%- endif -%}{%- endfor -%}{%- endif -%}"
-    "{{- '<|im_end|>\n' -}}{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
-)
+TEMPLATES = ROOT.parent / "tests" / "fixtures" / "templates"
 
 
-def llava_onevision_processor() -> None:
+def processor_folder(name: str, processor: dict, extra_special: list[str], template: str) -> Path:
+    """``processors/<name>/``: a processor checkpoint as ``save_pretrained`` writes one (``processor_config.json``
+    with each sub-processor's settings), around the sample tokenizer with the family's special tokens, and the
+    family's chat template: what ``--processor`` reads, no model code needed to write it."""
+    from tokenizers import AddedToken, Tokenizer
+
+    folder = ROOT / "processors" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer.from_file(str(ROOT / "tokenizer" / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in extra_special])
+    tok.save(str(folder / "tokenizer.json"))
+    config = json.loads((ROOT / "tokenizer" / "tokenizer_config.json").read_text())
+    config["extra_special_tokens"] = list(dict.fromkeys([*config.get("extra_special_tokens", []), *extra_special]))
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (folder / "processor_config.json").write_text(json.dumps(processor, indent=2, sort_keys=True) + "\n")
+    (folder / "chat_template.jinja").write_text(template)
+    return folder
+
+
+QWEN3VL_PROCESSOR = {  # Qwen3-VL's published budgets (patch 16 x merge 2 = 32 px per token); the video processor's defaults
+    "processor_class": "Qwen3VLProcessor",
+    "image_processor": {"image_processor_type": "Qwen2VLImageProcessor", "patch_size": 16, "merge_size": 2,
+                        "temporal_patch_size": 2, "size": {"shortest_edge": 65536, "longest_edge": 16777216},
+                        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True,
+                        "do_normalize": True, "do_rescale": True, "do_resize": True, "resample": 3},
+    "video_processor": {"video_processor_type": "Qwen3VLVideoProcessor", "patch_size": 16, "merge_size": 2,
+                        "temporal_patch_size": 2, "size": {"shortest_edge": 131072, "longest_edge": 786432},
+                        "fps": 2, "min_frames": 4, "max_frames": 768, "do_sample_frames": True,
+                        "cap_pixels_per_frame": False, "max_video_tokens": 768,
+                        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
+}
+QWEN_VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+
+
+def family_processors() -> list[Path]:
+    return [processor_folder("qwen3vl", QWEN3VL_PROCESSOR, QWEN_VISION_TOKENS, (TEMPLATES / "qwen3vl.jinja").read_text()),
+            llava_onevision_processor(), qwen3omni_processor()]
+
+
+# LLaVA-OneVision and Qwen3-Omni: the real processors built at their classes' defaults and saved with
+# save_pretrained, so that the folder also loads as the processor (AutoProcessor) with named tokens.
+
+
+def llava_onevision_processor() -> Path:
     """processors/llava_onevision/: LlavaOnevisionProcessor at its classes' defaults (384 px tiles, 36 grid
     pinpoints, anyres_max_9, every video frame) with SigLIP's 729 features a tile, around the sample tokenizer
     (``<image>`` / ``<video>`` added), saved by save_pretrained."""
-    from transformers import (AutoTokenizer, LlavaOnevisionImageProcessor, LlavaOnevisionProcessor,
-                              LlavaOnevisionVideoProcessor)
+    from transformers import AutoTokenizer, LlavaOnevisionImageProcessor, LlavaOnevisionProcessor, LlavaOnevisionVideoProcessor
 
     tok = AutoTokenizer.from_pretrained(str(ROOT / "tokenizer"),
                                         extra_special_tokens={"image_token": "<image>", "video_token": "<video>"})
     proc = LlavaOnevisionProcessor(image_processor=LlavaOnevisionImageProcessor(), tokenizer=tok,
                                    video_processor=LlavaOnevisionVideoProcessor(), num_image_tokens=729,
-                                   vision_feature_select_strategy="full", chat_template=LLAVA_ONEVISION_TEMPLATE)
-    proc.save_pretrained(str(ROOT / "processors" / "llava_onevision"))
+                                   vision_feature_select_strategy="full",
+                                   chat_template=(TEMPLATES / "llava_onevision.jinja").read_text())
+    folder = ROOT / "processors" / "llava_onevision"
+    proc.save_pretrained(str(folder))
+    return folder
 
 
-def qwen3omni_processor() -> None:
+def qwen3omni_processor() -> Path:
     """processors/qwen3omni/: Qwen3OmniMoeProcessor at its classes' defaults but Qwen3-Omni's 16 px patches
     (Qwen2-VL image and video processors, a 128-bin Whisper feature extractor), around the sample tokenizer with
     the thinker's tokens added, saved by save_pretrained."""
-    from transformers import (AutoTokenizer, Qwen2VLImageProcessor, Qwen2VLVideoProcessor, Qwen3OmniMoeProcessor,
-                              WhisperFeatureExtractor)
+    from transformers import (
+        AutoTokenizer,
+        Qwen2VLImageProcessor,
+        Qwen2VLVideoProcessor,
+        Qwen3OmniMoeProcessor,
+        WhisperFeatureExtractor,
+    )
 
     special = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "audio_token": "<|audio_pad|>",
                "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>",
@@ -339,8 +369,10 @@ def qwen3omni_processor() -> None:
     proc = Qwen3OmniMoeProcessor(image_processor=Qwen2VLImageProcessor(patch_size=16),
                                  video_processor=Qwen2VLVideoProcessor(patch_size=16, cap_pixels_per_frame=False),
                                  feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tok,
-                                 chat_template=QWEN3OMNI_TEMPLATE)
-    proc.save_pretrained(str(ROOT / "processors" / "qwen3omni"))
+                                 chat_template=(TEMPLATES / "qwen3omni.jinja").read_text())
+    folder = ROOT / "processors" / "qwen3omni"
+    proc.save_pretrained(str(folder))
+    return folder
 
 
 def main() -> None:
@@ -352,11 +384,10 @@ def main() -> None:
         (ROOT / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
     corpus = SENTENCES + [t for qa in QA for t in qa] + [describe(i) for i in images] + [l for ls in files.values() for l in ls]
     train_tokenizer(corpus * 3, ROOT / "tokenizer")
+    family_processors()
     videos = video_files()
     if videos:
         (ROOT / "video.jsonl").write_text("\n".join(videos) + "\n", encoding="utf-8")
-    llava_onevision_processor()
-    qwen3omni_processor()
     print(f"wrote {len(images)} images, {len(clips)} audio clips, "
           + ", ".join(f"{n} ({len(ls)} lines)" for n, ls in files.items()) + ", tokenizer/")
 

@@ -74,9 +74,9 @@ def test_the_sample_checkpoint_is_the_processors():
     family reads the same settings from it."""
     from dataclasses import asdict
 
-    from conftest import SAMPLE
     from transformers import AutoProcessor
 
+    from conftest import SAMPLE
     from packer.families.checkpoint import read_checkpoint
     from packer.families.llava_onevision import LlavaOnevisionSettings
 

@@ -88,7 +88,7 @@ def test_a_clips_count_depends_on_the_records_longest(built):
     assert short == {"x0": 1, "x1": 2, "x2": 2}  # and test_ids_equal_the_hf_processor: the processor's ids
 
 
-def _rope_reference(model, processor, record: dict, root, **overrides) -> "torch.Tensor":
+def _rope_reference(model, processor, record: dict, root, **overrides) -> torch.Tensor:
     """The thinker's own positions of a record run alone: ``get_rope_index`` on the processor's outputs."""
     enc = hf_inputs(processor, record, root)
     seconds = enc.get("video_second_per_grid")
@@ -167,9 +167,9 @@ def test_the_sample_checkpoint_is_the_processors():
     reads the same settings from it."""
     from dataclasses import asdict
 
-    from conftest import SAMPLE
     from transformers import AutoProcessor
 
+    from conftest import SAMPLE
     from packer.families.checkpoint import read_checkpoint
     from packer.families.qwen3omni import Qwen3OmniSettings
 

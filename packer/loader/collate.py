@@ -161,18 +161,40 @@ class PackedCollator:
             out["position_ids"][:, pad] = position[pad].to(out["position_ids"].dtype)
         else:
             out["position_ids"] = position
+        if (self.family or {}).get("linear_attention"):
+            self._linear_attention(out, cu, length, batch)
         if self.attention in ("sdpa", "eager"):
             allowed = masks.allowed(segment)
             out["attention_mask"] = allowed if self.attention == "sdpa" else masks.additive(allowed, self.mask_dtype)
         elif self.attention == "flex":
             out["attention_mask"] = masks.block_mask(segment, self.device)
         elif self.attention == "varlen":
-            bounds = cu[0] if length == cu[0][-1] else np.append(cu[0], length)
+            bounds = _bounds(cu[0], length)
             cu_t = torch.as_tensor(bounds, dtype=torch.int32)
             max_len = int(np.diff(bounds).max()) if len(bounds) > 1 else 0
             out.update(cu_seqlens=cu_t, max_seqlen=max_len, cu_seq_lens_q=cu_t, cu_seq_lens_k=cu_t,
                        max_length_q=max_len, max_length_k=max_len)
+        if (self.family or {}).get("linear_attention") and isinstance(out.get("attention_mask"), torch.Tensor):
+            # a hybrid model takes one mask per layer type: ours for attention, none for the recurrent layers
+            out["attention_mask"] = {"full_attention": out["attention_mask"], "linear_attention": None}
         return out
+
+    def _linear_attention(self, out: dict[str, Any], cu: list[np.ndarray], length: int, batch: int) -> None:
+        """Boundaries for the linear-attention layers of a hybrid model (Qwen3.5): the kernels take them
+        flattened, so one row per batch (or a flattened form)."""
+        if batch > 1:
+            raise ValueError(f"family {self.family['name']}: its linear-attention layers take segment boundaries over one "
+                             f"flattened row, but the batch holds {batch} rows; use batch_size=1 (one packed row per "
+                             f"step: rows are already full) or attention='varlen'")
+        bounds = _bounds(cu[0], length)
+        cu_t = torch.as_tensor(bounds, dtype=torch.int32)
+        max_len = int(np.diff(bounds).max()) if len(bounds) > 1 else 0
+        out.update(cu_seq_lens_q=cu_t, cu_seq_lens_k=cu_t, max_length_q=max_len, max_length_k=max_len)
+
+
+def _bounds(cu: np.ndarray, length: int) -> np.ndarray:
+    """A row's boundaries with its padding (if any) as one more segment."""
+    return cu if length == cu[-1] else np.append(cu, length)
 
 
 def _concatenate(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -49,6 +49,10 @@ import torch
 
 from packer.shards.schema import IGNORE
 
+# Per-token model inputs a family adds ([B, L], 0 on padding), sliced like the tokens; ``visual_pos_masks`` (the
+# positions DeepStack adds its features to) follows a local ``mm_token_type_ids``.
+PER_TOKEN = ("mm_token_type_ids", "token_type_ids")
+
 
 def shard_for_sequence_parallel(batch: dict[str, Any], rank: int, size: int, *, mode: str = "ulysses",
                                 pad_token_id: int = 0) -> dict[str, Any]:
@@ -184,6 +188,7 @@ def _ulysses(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> 
         "shift_loss_weights": _pad_last(shift_w, extra, 0.0),
         "position_ids": torch.cat([positions, pad_positions.to(positions.dtype)], dim=-1) if extra else positions,
         "seq_idx": _pad_last(batch["seq_idx"], extra, int(batch["seq_idx"].max()) + 1),
+        **{k: _pad_last(batch[k], extra, 0) for k in PER_TOKEN if k in batch},
     }
     chunk = (length + extra) // size
     lo, hi = rank * chunk, (rank + 1) * chunk
@@ -198,6 +203,12 @@ def _ulysses(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> 
     pieces = [p for span in batch.get("media", []) for p in _pieces(span, [(lo, hi, 0)])]
     out["media"] = sorted(pieces, key=lambda p: (p.get("batch", 0), p["start"]))
     out.update(_cu_fields(cu, padded, local), global_index=torch.arange(lo, hi))
+    return _visual(out)
+
+
+def _visual(out: dict[str, Any]) -> dict[str, Any]:
+    if "mm_token_type_ids" in out:
+        out["visual_pos_masks"] = (out["mm_token_type_ids"] == 1) | (out["mm_token_type_ids"] == 2)
     return out
 
 
@@ -222,9 +233,10 @@ def _ring(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> dic
     shift, shift_w = _shifted(batch)
     positions = batch["position_ids"][..., 0, :]  # [T] or [3, T]
     cu = batch["cu_seqlens"].to(torch.int64)
+    per_token = [k for k in PER_TOKEN if k in batch]
     parts: dict[str, list[torch.Tensor]] = {k: [] for k in
                                             ("input_ids", "labels", "shift_labels", "shift_loss_weights",
-                                             "position_ids", "seq_idx", "global_index")}
+                                             "position_ids", "seq_idx", "global_index", *per_token)}
     windows: list[list[tuple[int, int, int]]] = []  # per segment: this rank's (row_lo, row_hi, local_lo)
     padded_sizes, local_sizes, start_padded, start_local = [], [], 0, 0
     for k, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
@@ -243,6 +255,7 @@ def _ring(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> dic
                                       dim=-1),
             "seq_idx": torch.full((n_pad,), k, dtype=torch.int32),
             "global_index": torch.arange(start_padded, start_padded + n_pad),
+            **{key: _pad_last(batch[key][0, a:b], extra, 0) for key in per_token},
         }
         windows.append([])
         for i, j in enumerate((rank, 2 * size - 1 - rank)):
@@ -262,7 +275,7 @@ def _ring(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> dic
     padded = torch.cat([torch.tensor([0]), torch.tensor(padded_sizes).cumsum(0)])
     local = torch.cat([torch.tensor([0]), torch.tensor(local_sizes).cumsum(0)])
     out.update(_cu_fields(cu, padded, local))
-    return out
+    return _visual(out)
 
 
 def _cu_fields(cu: torch.Tensor, padded: torch.Tensor, local: torch.Tensor) -> dict[str, Any]:
