@@ -191,3 +191,16 @@ def test_refusals(built, tmp_path):
     family = {**ds.family, "settings": {**ds.family["settings"], "video_sample": False}}  # every frame: counts differ
     with pytest.raises(ValueError, match="must keep the same number of frames.*video_num_frames=N"):
         PackedCollator(processor=processor, family=family)([row])
+
+
+@pytest.mark.slow  # the processor over a sample of the build, twice
+def test_verify_against_processor_passes_on_the_build_and_names_a_changed_setting(built, tmp_path):
+    from packer.against_processor import verify_against_processor
+
+    root, _, _, _ = built
+    mismatches, checked = verify_against_processor(root / "out", str(root / "checkpoint"), sample=8)
+    assert checked == 8 and mismatches == [], [str(m) for m in mismatches]
+    # another anyres cap (a 3 x 3 grid no longer interpolated) and another frame count
+    ASSETS.processor(tmp_path / "other", aspect="anyres_max_9", num_frames=2)
+    mismatches, checked = verify_against_processor(root / "out", str(tmp_path / "other"), sample=14)
+    assert {"image", "video"} <= {k for m in mismatches for k in ("image", "video") if k in m.detail}

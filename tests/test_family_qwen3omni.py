@@ -264,3 +264,17 @@ def test_refusals(built, tmp_path):
         video = _refused(record) == "unsupported_video"
         with pytest.raises(ValueError if video else RuntimeError, match="fps" if video else "Padding size"):
             hf_inputs(processor, record, root)
+
+
+@pytest.mark.slow  # the processor over a sample of the build, twice
+def test_verify_against_processor_passes_on_the_build_and_names_a_changed_setting(built, tmp_path):
+    from packer.against_processor import verify_against_processor
+
+    root = built[0]
+    mismatches, checked = verify_against_processor(root / "out", str(root / "checkpoint"), sample=10)
+    assert checked == 10 and mismatches == [], [str(m) for m in mismatches]
+    other = ASSETS.processor(tmp_path / "other", max_frames=4)  # fewer frames of a long clip
+    other.image_processor.size = {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 24}  # another max_pixels
+    other.save_pretrained(str(tmp_path / "other"))
+    mismatches, checked = verify_against_processor(root / "out", str(tmp_path / "other"), sample=24)
+    assert {"image", "video"} <= {k for m in mismatches for k in ("image", "video") if k in m.detail}
