@@ -52,7 +52,7 @@ def test_packed_rows_equal_each_record_alone(built, impl):
 def assert_settings(s: dict, processor) -> None:
     """Every setting the family uses equals the loaded processor's."""
     ip, vp = processor.image_processor, processor.video_processor
-    assert s["image_size"] == ip.size["height"] == ip.size["width"] and s["video_size"] == vp.size["height"]
+    assert s["image_size"] == ip.size["height"] == ip.size["width"]
     assert s["pinpoints"] == "/".join(f"{h}x{w}" for h, w in ip.image_grid_pinpoints)
     assert (s["num_image_tokens"], s["vision_feature_select_strategy"], s["vision_aspect_ratio"]) == (
         processor.num_image_tokens, processor.vision_feature_select_strategy, processor.vision_aspect_ratio)
@@ -100,7 +100,7 @@ def test_defaults_are_the_processor_classes():
     ip, vp = LlavaOnevisionImageProcessor(), LlavaOnevisionVideoProcessor()
     assert d.image_size == ip.size["height"] == ip.size["width"] and ip.crop_size is None
     assert d.pinpoints == "/".join(f"{h}x{w}" for h, w in ip.image_grid_pinpoints)
-    assert d.video_size == vp.size["height"] and (d.video_sample, vp.num_frames, vp.fps) == (vp.do_sample_frames, None, None)
+    assert (d.video_sample, vp.num_frames, vp.fps) == (vp.do_sample_frames, None, None)
     init = inspect.signature(LlavaOnevisionProcessor.__init__).parameters
     assert (d.vision_aspect_ratio, d.image_token, d.video_token) == (
         init["vision_aspect_ratio"].default, init["image_token"].default, init["video_token"].default)

@@ -61,7 +61,6 @@ class LlavaOnevisionSettings:
     num_image_tokens: int = 0  # features of one tile (729 for SigLIP 384 / 14)
     vision_feature_select_strategy: str = ""  # "default" takes one token off each image
     vision_aspect_ratio: str = "anyres_max_9"
-    video_size: int = 384  # every frame is resized to video_size x video_size
     video_sample: bool = False  # the video processor's do_sample_frames
     video_num_frames: int = 0  # 0: unset
     video_fps: float = 0.0  # 0: unset
@@ -103,10 +102,6 @@ class LlavaOnevisionSettings:
         for key in ("image_token", "video_token"):
             if proc.get(key):
                 found[key] = str(proc[key])
-        vside = _side(video.get("crop_size")) if video.get("do_center_crop") else 0
-        vside = vside or _side(video.get("size"))
-        if vside:
-            found["video_size"] = vside
         if video.get("do_sample_frames") is not None:
             found["video_sample"] = bool(video["do_sample_frames"])
         if video.get("num_frames") is not None:
