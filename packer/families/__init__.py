@@ -20,6 +20,8 @@ from packer.families.generic import Generic
 from packer.families.hf import HFProcessor
 from packer.families.internvl import InternVL
 from packer.families.llama4 import Llama4
+from packer.families.llava_onevision import LlavaOnevision
+from packer.families.qwen3omni import Qwen3Omni
 from packer.families.qwen3vl import Qwen3VL
 from packer.families.qwen35 import Qwen35
 
@@ -33,6 +35,8 @@ FAMILIES: dict[str, tuple[type[Family], tuple[str, ...]]] = {
     "llama4": (Llama4, ("image",)),
     "qwen35": (Qwen35, ("image", "video")),
     "hf": (HFProcessor, ("image", "audio")),  # any other processor, asked for each item's text
+    "llava_onevision": (LlavaOnevision, ("image", "video")),
+    "qwen3omni": (Qwen3Omni, ("image", "audio", "video")),
 }
 
 
