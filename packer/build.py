@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import hashlib
 import json
 import os
 import shutil
@@ -65,18 +66,16 @@ def build(config: BuildConfig, *, progress: bool = True) -> Manifest:
 
     Rerunning after a crash (same inputs and settings) resumes: finished stage-1 and
     stage-3 shards are reused and the result is byte-identical to an uninterrupted build.
-    An fsspec URL output is built in a local staging folder and uploaded when done.
+    An fsspec URL output is written directly, by every worker (no shared disk needed);
+    with ``staging_dir`` it is built in that local folder and uploaded when done.
     """
-    if fs.is_url(config.output):
-        import tempfile
-
-        with tempfile.TemporaryDirectory(prefix="packer-staging-") as tmp:
-            staging = config.staging_dir or tmp
-            manifest = _build(dataclasses.replace(config, output=staging), progress)
-            manifest.execution["output"] = config.output
-            manifest.write(staging)
-            fs.upload(Path(staging), config.output)
-            return manifest
+    if fs.is_url(config.output) and config.staging_dir and not config.output.startswith("file://"):
+        staging = config.staging_dir
+        manifest = _build(dataclasses.replace(config, output=staging), progress)
+        manifest.execution["output"] = config.output
+        manifest.write(staging)
+        fs.upload(Path(staging), config.output)
+        return manifest
     return _build(config, progress)
 
 
@@ -93,7 +92,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
     with engine.started(encode.setup, setup_args):  # its workers load the tokenizer while this process does
         driver = encode.setup(*setup_args)  # checks the tokenizer first,
         embedder, extractor = media_models(config)  # and the embedding weights, before an old build is touched
-        out = Path(config.output)
+        out = fs.location(config.output)  # a local folder, or a URL (RemotePath) the workers write directly
         lock = BuildLock(out)
         freeze_collector()  # for this build only: unfrozen below
         try:
@@ -170,6 +169,8 @@ def save_tokenizer(tok, out: Path) -> list[ShardEntry]:
     """``OUT/tokenizer/``: the tokenizer as the build used it, placeholder / begin / end
     tokens included, so ``AutoTokenizer.from_pretrained(OUT / "tokenizer")`` gives the
     manifest's ids. Written to a temporary folder and renamed into place."""
+    if fs.is_remote(out):
+        return _save_tokenizer_remote(tok, out)
     target = out / "tokenizer"
     tmp = out / ".tokenizer.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -177,6 +178,21 @@ def save_tokenizer(tok, out: Path) -> list[ShardEntry]:
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
     return [ShardEntry(p.relative_to(out).as_posix(), 0, p.stat().st_size, sha256_file(p)) for p in sorted(target.iterdir())]
+
+
+def _save_tokenizer_remote(tok, out) -> list[ShardEntry]:
+    """``save_tokenizer`` for a URL: saved locally, then each file written atomically to ``OUT/tokenizer/``."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="packer-tokenizer-") as tmp:
+        tok.save_pretrained(tmp)
+        entries = []
+        for p in sorted(Path(tmp).iterdir()):
+            data = p.read_bytes()
+            with atomic_open(out / "tokenizer" / p.name, "wb") as f:
+                f.write(data)
+            entries.append(ShardEntry(f"tokenizer/{p.name}", 0, len(data), hashlib.sha256(data).hexdigest()))
+    return entries
 
 
 def media_passes(out: Path, config: BuildConfig, encoded: Encoded, embedder, extractor, progress, engine,
@@ -297,7 +313,8 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
                   media_root: str = "", sections: dict[str, Any] | None = None,
                   repacked_from: dict[str, Any] | None = None, tokenizer_files: list[ShardEntry] | None = None) -> Manifest:
     """Stages 2-4 over the samples in ``out/samples``."""
-    samples = read_shards([out / e.file for e in encoded.sample_shards], SAMPLE_SCHEMA)
+    samples = read_shards([out / e.file for e in encoded.sample_shards], SAMPLE_SCHEMA,
+                          [e.sha256 for e in encoded.sample_shards])
     stage = Stage("plan", "samples", enabled=progress)
     p, m = plan_samples(samples, config, encoded.input_sources)
     dropped = {r: len(v) for r, v in p.dropped.items()}
@@ -310,7 +327,8 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     tasks = materialize.shard_tasks(bin_tokens, np.diff(p.offsets), config.shard_rows, config.shard_bytes)
     packed, reused = [], 0
     stage = Stage("pack", "rows", total=p.n_bins, enabled=progress)
-    state = (str(out), [e.file for e in encoded.sample_shards], plan_entry.sha256, config.durable)
+    state = (str(out), [e.file for e in encoded.sample_shards], plan_entry.sha256, config.durable,
+             [e.sha256 for e in encoded.sample_shards])
     here = materialize.setup(*state)  # memory maps, cheap: with the local engine this process is a worker too
     for res in engine.map(materialize.materialize_task, tasks, materialize.setup, state, in_process_state=here):
         packed.append(res.shard)

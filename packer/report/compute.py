@@ -38,6 +38,7 @@ from packer.balance import group_steps, imbalance, imbalance_floor
 from packer.config import FIELDS
 from packer.cost import CostModel
 from packer.io.files import write_text_atomic
+from packer.io.fs import location
 from packer.shards.io import read_shards
 from packer.shards.manifest import Manifest
 from packer.shards.schema import SAMPLE_SCHEMA
@@ -115,8 +116,8 @@ def title(out: Path, manifest: Manifest) -> str:
     """The build's ``name`` when one is set, else the output folder's name.
 
     A pipeline file sets ``name``; a build that should be titled by its folder (``-i/-o``
-    on the command line) leaves it empty. An fsspec output is built in a staging folder,
-    so the name of the URL's last part is used when the manifest records one."""
+    on the command line) leaves it empty. An fsspec output built in a staging folder is
+    named by the URL's last part, which the manifest records."""
     name = str(manifest.config.get("name") or "").strip()
     if name:
         return name
@@ -218,7 +219,7 @@ def padding_saved(schemes: dict[str, int], real: int, tokens_per_gpu_second: flo
 
 def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int = 8, seed: int = 0,
            tokens_per_gpu_second: float = TOKENS_PER_GPU_SECOND) -> dict[str, Any]:
-    out = Path(out)
+    out = location(out)
     manifest = manifest or Manifest.read(out)
     shards = [shard_stats(out / e.file) for e in manifest.files.packed]
     s = reduce(ShardStats.merge, shards, ShardStats())
@@ -279,7 +280,7 @@ def write_report(out: str | Path, manifest: Manifest | None = None, *, html_path
                  tokens_per_gpu_second: float = TOKENS_PER_GPU_SECOND) -> dict:
     from packer.report.html import render
 
-    out = Path(out)
+    out = location(out)
     data = report(out, manifest, tokens_per_gpu_second=tokens_per_gpu_second)
     write_text_atomic(out / "report.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
     write_text_atomic(Path(html_path) if html_path else out / "report.html", render(data))

@@ -21,7 +21,7 @@ from packer.encode import Encoder, EncoderSpec
 from packer.errors import BadRecord, PackerError, StrictModeError
 from packer.ingest.reader import MAX_LINE_BYTES, RawLine, read_lines
 from packer.io.files import set_durable
-from packer.io.fs import parent
+from packer.io.fs import location, parent
 from packer.shards.io import write_shard
 from packer.shards.schema import SAMPLE_SCHEMA, QuarantineEntry, Sample, ShardEntry, to_table
 from packer.stages.state import Journal, shard_payload
@@ -84,7 +84,8 @@ class EncodeState:
 
 def setup(spec: EncoderSpec, out: str, strict: bool, durable: bool = True) -> EncodeState:
     set_durable(durable)
-    return EncodeState(Encoder(spec), Path(out), strict, Journal(Path(out)))
+    where = location(out)  # a local folder, or a URL the worker writes directly
+    return EncodeState(Encoder(spec), where, strict, Journal(where))
 
 
 def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:

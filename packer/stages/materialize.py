@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from packer._ranges import concat_ranges, csr_offsets
 from packer.io.files import set_durable
+from packer.io.fs import location
 from packer.shards.io import read_shard, write_shard_batches
 from packer.shards.schema import IGNORE, PACKED_SCHEMA, SAMPLE_SCHEMA, ShardEntry
 from packer.stages.state import Journal, shard_payload
@@ -114,11 +115,16 @@ class MaterializeState:
     journal: Journal
 
 
-def setup(out: str, sample_files: list[str], plan_sha256: str, durable: bool = True) -> MaterializeState:
+def setup(out: str, sample_files: list[str], plan_sha256: str, durable: bool = True,
+          sample_sha256: list[str] | None = None) -> MaterializeState:
+    """The samples and the plan, memory-mapped (a remote build's through local copies, checked
+    against ``sample_sha256`` / ``plan_sha256``)."""
     set_durable(durable)
-    out_path = Path(out)
-    samples = SampleStore([read_shard(out_path / f) for f in sample_files])
-    return MaterializeState(samples, read_shard(out_path / "plan.arrow"), out_path, plan_sha256, Journal(out_path))
+    out_path = location(out)
+    shas = sample_sha256 or [None] * len(sample_files)
+    samples = SampleStore([read_shard(out_path / f, sha) for f, sha in zip(sample_files, shas, strict=True)])
+    return MaterializeState(samples, read_shard(out_path / "plan.arrow", plan_sha256), out_path, plan_sha256,
+                            Journal(out_path))
 
 
 @dataclass(frozen=True)
