@@ -178,6 +178,9 @@ def test_ray_from_s3_to_s3_has_the_local_engines_bytes(cluster, reference):
     same_build(fs, "builds/ray", *reference)
     m = json.loads(fs.cat("builds/ray/manifest.json"))
     assert m["execution"]["engine"] == "ray" and m["execution"]["output"] == "s3://builds/ray"
+    for node in ("head", "node1"):  # each node ran stage workers (Ray names a worker's log after its actor)
+        logs = (c.root / node / "session_latest" / "logs").glob("worker-*.out")
+        assert any("MapWorker(MapBatches(_Stage))" in p.read_text(errors="replace") for p in logs), node
 
 
 def test_a_worker_node_killed_mid_stage_1_costs_time_not_bytes(cluster, reference):
