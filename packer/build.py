@@ -325,13 +325,14 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
 
     bin_tokens = p.bin_tokens()
     tasks = materialize.shard_tasks(bin_tokens, np.diff(p.offsets), config.shard_rows, config.shard_bytes)
-    packed, reused = [], 0
+    packed, stats, reused = [], [], 0
     stage = Stage("pack", "rows", total=p.n_bins, enabled=progress)
     state = (str(out), [e.file for e in encoded.sample_shards], plan_entry.sha256, config.durable,
              [e.sha256 for e in encoded.sample_shards])
     here = materialize.setup(*state)  # memory maps, cheap: with the local engine this process is a worker too
     for res in engine.map(materialize.materialize_task, tasks, materialize.setup, state, in_process_state=here):
         packed.append(res.shard)
+        stats.append(res.stats)
         reused += res.reused
         stage.advance(res.shard.rows)
     stage.done(f"{p.n_bins:,} rows in {len(packed)} shard(s)"
@@ -351,7 +352,7 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     from packer.report import write_report
 
     stage = Stage("report", "", enabled=progress)
-    write_report(out, manifest)  # report.json and report.html, from the shards just written
+    write_report(out, manifest, shard_stats=stats)  # report.json and report.html, from the workers' shard stats
     manifest.write(out)  # last: the build is done
     stage.done("report.json, report.html, manifest.json")
     return manifest

@@ -42,7 +42,8 @@ from packer.io.fs import location
 from packer.shards.io import read_shards
 from packer.shards.manifest import Manifest
 from packer.shards.schema import SAMPLE_SCHEMA
-from packer.shards.stats import ShardStats, length_edges, shard_stats
+from packer.shards.stats import ShardStats, length_edges
+from packer.shards.stats import shard_stats as _shard_stats
 
 MEGABATCH = 50
 # Training throughput the GPU-hour figures assume: about a 7B dense model (6 x 7e9 FLOP per token) on one
@@ -218,10 +219,12 @@ def padding_saved(schemes: dict[str, int], real: int, tokens_per_gpu_second: flo
 
 
 def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int = 8, seed: int = 0,
-           tokens_per_gpu_second: float = TOKENS_PER_GPU_SECOND) -> dict[str, Any]:
+           tokens_per_gpu_second: float = TOKENS_PER_GPU_SECOND, shard_stats: list[ShardStats] | None = None) -> dict[str, Any]:
+    """``shard_stats``: the packed shards' stats in manifest order when the caller has them (a build's
+    stage-3 workers computed them), else computed here from the shards."""
     out = location(out)
     manifest = manifest or Manifest.read(out)
-    shards = [shard_stats(out / e.file) for e in manifest.files.packed]
+    shards = shard_stats if shard_stats is not None else [_shard_stats(out / e.file) for e in manifest.files.packed]
     s = reduce(ShardStats.merge, shards, ShardStats())
     cap = manifest.max_length
     lengths = s.array("seg_lengths").astype(np.int64)
@@ -277,11 +280,11 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
 
 
 def write_report(out: str | Path, manifest: Manifest | None = None, *, html_path: str | Path | None = None,
-                 tokens_per_gpu_second: float = TOKENS_PER_GPU_SECOND) -> dict:
+                 tokens_per_gpu_second: float = TOKENS_PER_GPU_SECOND, shard_stats: list[ShardStats] | None = None) -> dict:
     from packer.report.html import render
 
     out = location(out)
-    data = report(out, manifest, tokens_per_gpu_second=tokens_per_gpu_second)
+    data = report(out, manifest, tokens_per_gpu_second=tokens_per_gpu_second, shard_stats=shard_stats)
     write_text_atomic(out / "report.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
     write_text_atomic(Path(html_path) if html_path else out / "report.html", render(data))
     return data
