@@ -42,7 +42,7 @@ from packer.shards.manifest import SECTIONS, Files, Manifest
 from packer.shards.schema import SAMPLE_SCHEMA, ShardEntry
 from packer.stages import encode, materialize
 from packer.stages.manifest import FileAccount, accounting
-from packer.stages.planning import modality_codes, plan_samples, plan_table
+from packer.stages.planning import SampleRows, modality_codes, plan_columns, plan_samples, plan_table
 from packer.stages.state import BuildLock, fingerprint, open_state
 
 SMALL_INPUT_BYTES = 16 * 2**20
@@ -59,6 +59,7 @@ class Encoded:
     quarantine: ShardEntry
     blank_lines: int
     input_sources: list[int] = field(default_factory=list)  # the `input` entry each input file came from
+    columns: pa.Table | None = None  # planning.plan_columns of every sample, from the stage-1 results (None: read the shards)
 
 
 def build(config: BuildConfig, *, progress: bool = True) -> Manifest:
@@ -287,7 +288,7 @@ def encode_inputs(out: Path, files: list[Path], config: BuildConfig, setup_args:
     counts: dict[str, int] = {}
     by_file = {str(f): FileAccount() for f in files}
     quarantined: Counter[str] = Counter()
-    shards = []
+    shards, columns = [], []
     tasks = encode.make_tasks(files, config.chunk_records, counts, config.max_line_bytes)
     qpath = out / "quarantine.jsonl"
     stage = Stage("encode", "records", bytes_total=sum(fs.stat(f)[0] for f in files), enabled=progress)
@@ -301,22 +302,26 @@ def encode_inputs(out: Path, files: list[Path], config: BuildConfig, setup_args:
             by_file[res.file].quarantined += len(res.quarantine)
             if res.shard is not None:
                 shards.append(res.shard)
+                columns.append(res.columns)
             reused, n_tasks = reused + res.reused, n_tasks + 1
             stage.advance(res.records, res.nbytes)
     resumed = f"; {reused} of {n_tasks} tasks reused from the interrupted run" if reused else ""
     stage.done(f"{stage.count:,} records ({sum(quarantined.values()):,} quarantined){resumed}")
     quarantine = ShardEntry(qpath.name, sum(quarantined.values()), qpath.stat().st_size, sha256_file(qpath))
-    return Encoded(list(by_file), shards, by_file, dict(quarantined), quarantine, counts.get("blank_lines", 0))
+    return Encoded(list(by_file), shards, by_file, dict(quarantined), quarantine, counts.get("blank_lines", 0),
+                   columns=pa.concat_tables(columns) if columns else plan_columns(SAMPLE_SCHEMA.empty_table()))
 
 
 def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any], engine, progress, *,
                   media_root: str = "", sections: dict[str, Any] | None = None,
                   repacked_from: dict[str, Any] | None = None, tokenizer_files: list[ShardEntry] | None = None) -> Manifest:
-    """Stages 2-4 over the samples in ``out/samples``."""
-    samples = read_shards([out / e.file for e in encoded.sample_shards], SAMPLE_SCHEMA,
-                          [e.sha256 for e in encoded.sample_shards])
+    """Stages 2-4 over the samples in ``out/samples``: planned from their columns (stage 1's results),
+    whole rows read only for the few samples that need them (over capacity, dropped)."""
+    paths, shas = [out / e.file for e in encoded.sample_shards], [e.sha256 for e in encoded.sample_shards]
+    rows = SampleRows(paths, [e.rows for e in encoded.sample_shards], shas)
+    samples = encoded.columns if encoded.columns is not None else plan_columns(read_shards(paths, SAMPLE_SCHEMA, shas))
     stage = Stage("plan", "samples", enabled=progress)
-    p, m = plan_samples(samples, config, encoded.input_sources)
+    p, m = plan_samples(samples, config, encoded.input_sources, rows)
     dropped = {r: len(v) for r, v in p.dropped.items()}
     stage.done(f"{samples.num_rows:,} samples -> {p.n_bins:,} rows (lower bound {p.lower_bound:,}), "
                f"{sum(dropped.values()):,} dropped")
@@ -329,7 +334,8 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     stage = Stage("pack", "rows", total=p.n_bins, enabled=progress)
     state = (str(out), [e.file for e in encoded.sample_shards], plan_entry.sha256, config.durable,
              [e.sha256 for e in encoded.sample_shards])
-    here = materialize.setup(*state)  # memory maps, cheap: with the local engine this process is a worker too
+    # memory maps, cheap: with the local engine this process is a worker too (a Ray driver reads no shard)
+    here = materialize.setup(*state) if engine.in_process else None
     for res in engine.map(materialize.materialize_task, tasks, materialize.setup, state, in_process_state=here):
         packed.append(res.shard)
         stats.append(res.stats)
@@ -344,7 +350,7 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
         config=config.content_dict(), tokenizer=tokenizer, inputs=encoded.inputs, media_root=media_root,
         input_sources=list(encoded.input_sources),
         files=Files(samples=encoded.sample_shards, packed=packed, plan=plan_entry, quarantine=encoded.quarantine,
-                    dropped=write_dropped(out, samples, p), tokenizer=list(tokenizer_files or [])),
+                    dropped=write_dropped(out, rows, p), tokenizer=list(tokenizer_files or [])),
         accounting=accounting(by_file, encoded.quarantined, dropped, encoded.blank_lines),
         stats=_stats(config, samples, p), execution=config.execution_dict(), sections=dict(sections or {}),
         repacked_from=repacked_from,
@@ -352,13 +358,15 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     from packer.report import write_report
 
     stage = Stage("report", "", enabled=progress)
-    write_report(out, manifest, shard_stats=stats)  # report.json and report.html, from the workers' shard stats
+    keys = lambda indices: rows(indices, ["key"]).column("key").to_pylist()  # noqa: E731
+    # report.json and report.html from the workers' shard stats and the planned columns: no shard read back
+    write_report(out, manifest, shard_stats=stats, samples=(samples, keys))
     manifest.write(out)  # last: the build is done
     stage.done("report.json, report.html, manifest.json")
     return manifest
 
 
-def write_dropped(out: Path, samples, p: Plan) -> ShardEntry:
+def write_dropped(out: Path, rows: SampleRows, p: Plan) -> ShardEntry:
     """``dropped.jsonl``: every sample the plan dropped, with its file, line, id and reason."""
     path = out / "dropped.jsonl"
     n = 0
@@ -366,8 +374,7 @@ def write_dropped(out: Path, samples, p: Plan) -> ShardEntry:
         for reason, indices in sorted(p.dropped.items()):
             if not len(indices):
                 continue
-            rows = samples.take(pa.array(np.sort(indices))).select(["source_file", "source_line", "key", "length"])
-            for r in rows.to_pylist():
+            for r in rows(np.sort(indices), ["source_file", "source_line", "key", "length"]).to_pylist():
                 f.write(json.dumps({"file": r["source_file"], "line": r["source_line"], "id": r["key"], "reason": reason,
                                     "detail": f"{r['length']:,} tokens"}, ensure_ascii=False, sort_keys=True) + "\n")
                 n += 1

@@ -58,8 +58,14 @@ class Cluster:
         return [n for n, p in self.nodes.items() if p.poll() is None]
 
     def wait_for(self, count: int, timeout: float = 120) -> None:
-        code = ("import ray, sys, time; ray.init(address=sys.argv[1], log_to_driver=False)\n"
+        code = ("import ray, sys, time\n"
                 "deadline = time.time() + float(sys.argv[3])\n"
+                "while True:  # the head's GCS may not listen yet: ray start --block returns nothing to wait on\n"
+                "    try:\n"
+                "        ray.init(address=sys.argv[1], log_to_driver=False); break\n"
+                "    except ConnectionError:\n"
+                "        if time.time() > deadline: raise\n"
+                "        time.sleep(1)\n"
                 "while sum(n['Alive'] for n in ray.nodes()) != int(sys.argv[2]) and time.time() < deadline: time.sleep(0.5)\n"
                 "sys.exit(sum(n['Alive'] for n in ray.nodes()) != int(sys.argv[2]))")
         r = subprocess.run([sys.executable, "-c", code, self.address, str(count), str(timeout)], env=self.env,
@@ -97,7 +103,9 @@ def cluster(tmp_path_factory):
     with S3Server() as s3:
         env = {**os.environ, **s3.env, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                "PACKER_CACHE": str(root / "cache"), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-               "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+               "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3",
+               # every process of the test's cluster alike, whatever a local Ray left in ~/.ray (a token file)
+               "RAY_AUTH_MODE": "disabled"}
         env.pop("RAY_ADDRESS", None)
         os.environ.update({k: env[k] for k in (*s3.env, "PACKER_CACHE")})
         s3fs.S3FileSystem.clear_instance_cache()
@@ -127,8 +135,23 @@ def cluster(tmp_path_factory):
 ARGS = ["pipelines/sample.toml", *[a for i in INPUTS for a in ("-i", i)], "--chunk-records", "40", "--shard-rows", "8"]
 
 
-def packer(cluster: Cluster, out: str, *extra: str, wait: bool = True):
+SPY = ("import runpy, sys\n"
+       "import packer.io.cache as cache\n"
+       "log, copy = open(sys.argv[1], 'a'), cache.local_copy\n"
+       "def spied(path, sha256=None):\n"
+       "    log.write(f'{path}\\n'); log.flush()\n"
+       "    return copy(path, sha256)\n"
+       "cache.local_copy = spied\n"
+       "sys.argv = ['packer', *sys.argv[2:]]\n"
+       "runpy.run_module('packer', run_name='__main__')\n")
+
+
+def packer(cluster: Cluster, out: str, *extra: str, wait: bool = True, downloads: Path | None = None):
+    """``packer build`` as a driver process of its own; ``downloads``: a file listing every remote file
+    the driver process itself copies to its cache (the Ray workers are other processes)."""
     cmd = [sys.executable, "-m", "packer", "build", *ARGS, "-o", out, *extra]
+    if downloads is not None:
+        cmd = [sys.executable, "-c", SPY, str(downloads), "build", *ARGS, "-o", out, *extra]
     if wait:
         return subprocess.run(cmd, env=cluster.env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     return subprocess.Popen(cmd, env=cluster.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -173,7 +196,8 @@ def wait_for_journal(fs, url: str, count: int, process: subprocess.Popen, timeou
 
 def test_ray_from_s3_to_s3_has_the_local_engines_bytes(cluster, reference):
     c, fs = cluster
-    r = packer(c, "s3://builds/ray", *ray_args(c))
+    downloads = c.root / "driver-downloads.txt"
+    r = packer(c, "s3://builds/ray", *ray_args(c), downloads=downloads)
     assert r.returncode == 0, r.stderr[-3000:]
     same_build(fs, "builds/ray", *reference)
     m = json.loads(fs.cat("builds/ray/manifest.json"))
@@ -181,6 +205,11 @@ def test_ray_from_s3_to_s3_has_the_local_engines_bytes(cluster, reference):
     for node in ("head", "node1"):  # each node ran stage workers (Ray names a worker's log after its actor)
         logs = (c.root / node / "session_latest" / "logs").glob("worker-*.out")
         assert any("MapWorker(MapBatches(_Stage))" in p.read_text(errors="replace") for p in logs), node
+    # The driver planned from the columns stage 1 returned and reported from the stats stage 3 returned:
+    # it downloaded no packed shard, and no samples shard but the one holding the sample it truncated.
+    downloaded = set(downloads.read_text().split()) if downloads.exists() else set()
+    assert m["stats"]["truncated_samples"] == 1 and len(downloaded) == 1, downloaded
+    assert downloaded.pop().startswith("s3://builds/ray/samples/part-")
 
 
 def test_a_worker_node_killed_mid_stage_1_costs_time_not_bytes(cluster, reference):

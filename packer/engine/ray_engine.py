@@ -30,6 +30,8 @@ RERUNS = 3  # times a stage is started again after Ray lost part of it (its fini
 
 
 class RayEngine:
+    in_process = False  # the driver runs no task: in_process_state is not used
+
     def __init__(self, workers: int = 0, *, address: str | None = None, cpus_per_task: float = 1.0):
         try:
             import ray

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from packer.balance import group_steps, imbalance, imbalance_floor
 from packer.config import FIELDS
@@ -171,17 +172,22 @@ def dropped_samples(out: Path, manifest: Manifest, cap: int = LIST_CAP) -> dict[
     return {"count": count, "by_reason": dict(by_reason.most_common()), "listed": listed, "capped": count > len(listed)}
 
 
-def truncated_samples(out: Path, manifest: Manifest, s: ShardStats, cap: int = LIST_CAP) -> dict[str, Any]:
+def truncated_samples(out: Path, manifest: Manifest, s: ShardStats, cap: int = LIST_CAP, samples: pa.Table | None = None,
+                      keys=None) -> dict[str, Any]:
     """Which samples ``--oversize truncate`` cut: a packed segment (identity = input file,
     line) shorter than its sample in the samples shards. Only ``truncate`` counts samples as
     truncated, and it keeps one piece from token 0, so no segment_start check is needed
-    (under ``split`` a short first piece is a split, not a truncation)."""
+    (under ``split`` a short first piece is a split, not a truncation). A build passes the
+    samples' source, line and length columns it planned from (``samples``) and ``keys(indices)``
+    for the few listed, so it reads no samples shard."""
     count = int(manifest.stats.get("truncated_samples", 0))
     result: dict[str, Any] = {"count": count, "tokens_cut": int(manifest.stats.get("truncated_tokens", 0)),
                               "found": 0, "listed": [], "capped": False}
     if not count or not manifest.files.samples:
         return result
-    samples = read_shards([out / e.file for e in manifest.files.samples], SAMPLE_SCHEMA)
+    if samples is None:
+        samples = read_shards([out / e.file for e in manifest.files.samples], SAMPLE_SCHEMA)
+        keys = lambda indices: samples.column("key").take(pa.array(indices)).to_pylist()  # noqa: E731
     if samples.num_rows == 0:
         return result
     sample_id = (samples.column("source_index").to_numpy().astype(np.int64) << 40) | samples.column("source_line").to_numpy()
@@ -193,8 +199,7 @@ def truncated_samples(out: Path, manifest: Manifest, s: ShardStats, cap: int = L
     known = sample_id[pos] == seg_id
     cut = np.flatnonzero(known & (seg_len < sample_len[pos]))
     cut = cut[np.lexsort((seg_id[cut] & ((1 << 40) - 1), seg_id[cut] >> 40))]  # by input file, then line
-    keys = samples.column("key").take(pos[cut[:cap]]).to_pylist()
-    for k, key in zip(cut[:cap].tolist(), keys, strict=True):
+    for k, key in zip(cut[:cap].tolist(), keys(pos[cut[:cap]]), strict=True):
         source = int(seg_id[k] >> 40)
         result["listed"].append({"file": manifest.inputs[source] if source < len(manifest.inputs) else str(source),
                                  "line": int(seg_id[k] & ((1 << 40) - 1)), "id": key, "kept_tokens": int(seg_len[k]),
@@ -219,9 +224,11 @@ def padding_saved(schemes: dict[str, int], real: int, tokens_per_gpu_second: flo
 
 
 def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int = 8, seed: int = 0,
-           tokens_per_gpu_second: float = TOKENS_PER_GPU_SECOND, shard_stats: list[ShardStats] | None = None) -> dict[str, Any]:
+           tokens_per_gpu_second: float = TOKENS_PER_GPU_SECOND, shard_stats: list[ShardStats] | None = None,
+           samples: tuple | None = None) -> dict[str, Any]:
     """``shard_stats``: the packed shards' stats in manifest order when the caller has them (a build's
-    stage-3 workers computed them), else computed here from the shards."""
+    stage-3 workers computed them), else computed here from the shards; ``samples``: ``(columns,
+    keys)`` for :func:`truncated_samples` when the caller has them (a build), else read from the shards."""
     out = location(out)
     manifest = manifest or Manifest.read(out)
     shards = shard_stats if shard_stats is not None else [_shard_stats(out / e.file) for e in manifest.files.packed]
@@ -263,7 +270,7 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
         "oversize": {k: stats.get(k, 0) for k in ("truncated_samples", "truncated_tokens", "split_samples", "split_pieces",
                                                   "split_pieces_dropped", "split_lost_media")},
         "quarantine_top": quarantine_examples(out, manifest),
-        "truncated": truncated_samples(out, manifest, s),
+        "truncated": truncated_samples(out, manifest, s, LIST_CAP, *(samples or ())),
         "dropped": dropped_samples(out, manifest),
         "attention": {"block_diagonal": s.attention, "dense": float(s.rows) * cap * cap,
                       "ratio": s.attention / max(1.0, float(s.rows) * cap * cap)},
@@ -280,11 +287,12 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
 
 
 def write_report(out: str | Path, manifest: Manifest | None = None, *, html_path: str | Path | None = None,
-                 tokens_per_gpu_second: float = TOKENS_PER_GPU_SECOND, shard_stats: list[ShardStats] | None = None) -> dict:
+                 tokens_per_gpu_second: float = TOKENS_PER_GPU_SECOND, shard_stats: list[ShardStats] | None = None,
+                 samples: tuple | None = None) -> dict:
     from packer.report.html import render
 
     out = location(out)
-    data = report(out, manifest, tokens_per_gpu_second=tokens_per_gpu_second, shard_stats=shard_stats)
+    data = report(out, manifest, tokens_per_gpu_second=tokens_per_gpu_second, shard_stats=shard_stats, samples=samples)
     write_text_atomic(out / "report.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
     write_text_atomic(Path(html_path) if html_path else out / "report.html", render(data))
     return data

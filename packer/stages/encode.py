@@ -17,13 +17,16 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import pyarrow as pa
+
 from packer.encode import Encoder, EncoderSpec
 from packer.errors import BadRecord, PackerError, StrictModeError
 from packer.ingest.reader import MAX_LINE_BYTES, RawLine, read_lines
 from packer.io.files import set_durable
 from packer.io.fs import location, parent
-from packer.shards.io import write_shard
+from packer.shards.io import read_shard, write_shard
 from packer.shards.schema import SAMPLE_SCHEMA, QuarantineEntry, Sample, ShardEntry, to_table
+from packer.stages.planning import plan_columns
 from packer.stages.state import Journal, shard_payload
 
 RAW_PREVIEW = 2000  # characters of a bad line kept in the quarantine
@@ -54,6 +57,7 @@ class EncodeResult:
     shard: ShardEntry | None
     reused: bool = False  # found finished in the journal (a resumed build)
     nbytes: int = 0  # input bytes the task covered (progress)
+    columns: pa.Table | None = None  # the shard's plan columns (planning.plan_columns): the driver plans from these
 
 
 def make_tasks(files: list, chunk_records: int, counts: dict[str, int],
@@ -93,8 +97,9 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
     done = state.journal.load("encode", task.index, check=identity)
     if done is not None:
         shard = ShardEntry(**done["shard"]) if done["shard"] else None
+        columns = plan_columns(read_shard(state.out / shard.file, shard.sha256)) if shard else None
         return EncodeResult(task.index, task.file, task.records, [QuarantineEntry(**q) for q in done["quarantine"]],
-                            shard, reused=True, nbytes=task.end - task.start)
+                            shard, reused=True, nbytes=task.end - task.start, columns=columns)
     samples, bad = [], []
     file_dir = parent(task.file)
     try:
@@ -112,16 +117,18 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
             bad.append(quarantine_entry(task.file, raw, result))
         else:
             samples.append(result)
-    shard = None
+    shard = columns = None
     target = state.out / "samples" / f"part-{task.index:05d}.arrow"
     try:  # output I/O (disk full, permissions) stops the build with the path, not a traceback
         if samples:
-            shard = write_shard(target, to_table(samples, SAMPLE_SCHEMA), state.out)
+            table = to_table(samples, SAMPLE_SCHEMA)
+            shard = write_shard(target, table, state.out)
+            columns = plan_columns(table)
         state.journal.record("encode", task.index, shard_payload(shard, quarantine=[asdict(q) for q in bad], **identity))
     except OSError as e:
         raise PackerError(f"cannot write stage-1 output for task {task.index} under {state.out}: {e}; check the "
                           f"free space and permissions there") from e
-    return EncodeResult(task.index, task.file, task.records, bad, shard, nbytes=task.end - task.start)
+    return EncodeResult(task.index, task.file, task.records, bad, shard, nbytes=task.end - task.start, columns=columns)
 
 
 def encode_records(encoder: Encoder, lines: list[RawLine], file: str, file_dir,
