@@ -16,9 +16,10 @@
    scan of ``make_tasks``); the plan per 10^6 samples (bfd at 8192, lognormal lengths).
 3. Ray: the fixed cost (``ray.init`` of a local Ray plus the first map: actors start) and the
    per-task cost (no-op tasks through ``RayEngine.map``), on a local Ray with 2 CPUs.
-4. The driver's memory at ``--simulate`` samples: a child process generates the lengths and
-   the other per-sample columns the driver holds (source file, modality), plans them and
-   builds the plan table, and reports its peak RSS above its start.
+4. The driver's memory at ``--simulate`` samples: a child process generates the columns
+   the stage-1 results hand the driver (``planning.plan_columns``: length, file, line,
+   modality, media counts), runs the build's own plan (``plan_samples``), plan table and
+   accounting on them, and reports its peak RSS above its start.
 5. The model: for N records of the ``--mix``, the cores that finish in an hour and the wall
    time on 64 cores: wall = driver (scan + plan + Ray fixed) + workers' CPU / cores.
 """
@@ -189,29 +190,44 @@ def ray_costs(tasks: int) -> dict:
 MEMORY = r'''
 import json, sys, time
 import numpy as np
+import pyarrow as pa
 sys.path.insert(0, sys.argv[2])
 def rss(key):
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key + ":"))
+from packer.build import _count_outcomes, _stats
+from packer.config import BuildConfig
 from packer.pack import plan
-from packer.stages.planning import plan_table
-n = int(sys.argv[1])
+from packer.shards.manifest import FileAccount
+from packer.stages.planning import plan_samples, plan_table
+n, files = int(sys.argv[1]), 64
 plan(np.full(100_000, 100, np.int64), 8192)
 start = rss("VmRSS")
 rng = np.random.default_rng(1)
-lengths = np.clip(rng.lognormal(6.4, 1.0, n), 16, 8192).astype(np.int32)   # the samples' length column (int32)
-source = (np.arange(n, dtype=np.int64) * 64 // n).astype(np.int32)         # source_index: 64 input files
-modality = rng.integers(0, 3, n).astype(np.int8)                              # a modality code per sample
-columns = rss("VmRSS") - start
+length = np.clip(rng.lognormal(6.4, 1.0, n), 16, 8192).astype(np.int32)
+source = (np.arange(n, dtype=np.int64) * files // n).astype(np.int32)
+line = np.arange(n, dtype=np.int64) % (n // files + 1) + 1
+modality = pa.DictionaryArray.from_arrays(pa.array(rng.integers(0, 3, n).astype(np.int32)), ["text", "image", "video"])
+image = (modality.indices.to_numpy() == 1).astype(np.int32)
+video = (modality.indices.to_numpy() == 2).astype(np.int32)
+# planning.plan_columns of n samples, as the stage-1 results hand it to the driver
+columns = pa.table({"length": length, "source_index": source, "source_line": line, "modality": modality,
+                    "media_image": image, "media_audio": np.zeros(n, np.int32), "media_video": video})
+del length, source, line, modality, image, video
+held_columns = rss("VmRSS") - start
+config = BuildConfig(input=("x.jsonl",), max_length=8192)
 t = time.perf_counter()
-p = plan(lengths.astype(np.int64), 8192)
+p, m = plan_samples(columns, config)
 plan_s = time.perf_counter() - t
 table = plan_table(p)
+by_file = {f"f{k}": FileAccount(records=0) for k in range(files)}
+_count_outcomes(by_file, list(by_file), columns, p, m)
+stats = _stats(config, columns, p)
 peak = rss("VmHWM") - start
 held = rss("VmRSS") - start
-print(json.dumps({"n": n, "columns": columns, "peak": peak, "held": held, "plan_s": plan_s,
-                  "plan_arrays": int(p.offsets.nbytes + p.indices.nbytes + p.starts.nbytes + p.lengths.nbytes),
-                  "plan_table": int(table.nbytes), "rows": p.n_bins}))
+print(json.dumps({"n": n, "columns": held_columns, "columns_nbytes": columns.nbytes, "peak": peak, "held": held,
+                  "plan_s": plan_s, "plan_arrays": int(p.offsets.nbytes + p.indices.nbytes + p.starts.nbytes
+                  + p.lengths.nbytes), "plan_table": int(table.nbytes), "rows": p.n_bins}))
 '''
 
 
@@ -274,9 +290,10 @@ def main() -> None:
     if args.simulate:
         mem = driver_memory(args.simulate)
         n = mem["n"]
-        print(f"\n4. driver memory at {n:,} samples (generated lengths, 64 files, 3 modalities)")
-        print(f"  per-sample columns (length int32, source int32, modality int8): {mem['columns'] / 2**20:8,.0f} MiB"
-              f" = {mem['columns'] / n:.1f} B/sample")
+        print(f"\n4. driver memory at {n:,} samples (generated lengths, 64 files, 3 modalities): the stage-1 columns, "
+              f"plan_samples, the plan table, the accounting")
+        print(f"  stage-1 columns (length, file, line, modality, 3 media counts):  {mem['columns'] / 2**20:8,.0f} MiB"
+              f" = {mem['columns_nbytes'] / n:.1f} B/sample")
         print(f"  plan arrays (offsets, indices, starts, lengths):           {mem['plan_arrays'] / 2**20:8,.0f} MiB"
               f" = {mem['plan_arrays'] / n:.1f} B/sample; plan table {mem['plan_table'] / n:.1f} B/sample")
         print(f"  peak RSS above start {mem['peak'] / 2**30:.2f} GiB = {mem['peak'] / n:.1f} B/sample "
