@@ -231,9 +231,14 @@ print(json.dumps({"n": n, "columns": held_columns, "columns_nbytes": columns.nby
 '''
 
 
-def driver_memory(n: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", MEMORY, str(n), str(ROOT)], capture_output=True, text=True, check=True,
+def driver_memory(n: int) -> dict | None:
+    """The simulation's figures, or None when its process died (at 10^8 it needs ~10 GiB: on a
+    shared machine the kernel's OOM killer may take it)."""
+    out = subprocess.run([sys.executable, "-c", MEMORY, str(n), str(ROOT)], capture_output=True, text=True,
                          env={**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"})
+    if out.returncode:
+        print(f"  (the simulation at {n:,} samples died: exit {out.returncode}; rerun with a smaller --simulate)")
+        return None
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -287,14 +292,14 @@ def main() -> None:
     ray = ray_costs(args.ray_tasks)
     print(f"\n3. Ray (local, {ray['workers']} CPUs): fixed {ray['fixed']:.1f} s (start + first map), a map "
           f"{ray['map']:.2f} s, per task {1e3 * ray['per_task']:.1f} ms wall ({args.ray_tasks} no-op tasks)")
-    if args.simulate:
-        mem = driver_memory(args.simulate)
+    mem = driver_memory(args.simulate) if args.simulate else None
+    if mem:
         n = mem["n"]
         print(f"\n4. driver memory at {n:,} samples (generated lengths, 64 files, 3 modalities): the stage-1 columns, "
               f"plan_samples, the plan table, the accounting")
         print(f"  stage-1 columns (length, file, line, modality, 3 media counts):  {mem['columns'] / 2**20:8,.0f} MiB"
               f" = {mem['columns_nbytes'] / n:.1f} B/sample")
-        print(f"  plan arrays (offsets, indices, starts, lengths):           {mem['plan_arrays'] / 2**20:8,.0f} MiB"
+        print(f"  plan arrays (offsets, indices, starts, lengths):                  {mem['plan_arrays'] / 2**20:8,.0f} MiB"
               f" = {mem['plan_arrays'] / n:.1f} B/sample; plan table {mem['plan_table'] / n:.1f} B/sample")
         print(f"  peak RSS above start {mem['peak'] / 2**30:.2f} GiB = {mem['peak'] / n:.1f} B/sample "
               f"(held after: {mem['held'] / n:.1f} B/sample); plan {mem['plan_s']:.1f} s, {mem['rows']:,} rows")

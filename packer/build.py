@@ -400,7 +400,9 @@ def _count_outcomes(by_file: dict[str, FileAccount], inputs: list[str], samples,
 
 def _stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:
     codes, names = modality_codes(samples)
-    counts = np.bincount(codes[np.unique(p.indices)], minlength=len(names)) if len(p.indices) else np.zeros(len(names))
+    placed = np.zeros(len(codes), bool)  # a byte a sample, no sort: split pieces count their sample once
+    placed[p.indices] = True
+    counts = np.bincount(codes[placed], minlength=len(names)) if len(p.indices) else np.zeros(len(names))
     return {
         "max_length": config.max_length,
         "rows": p.n_bins,

@@ -108,13 +108,13 @@ def plan_samples(samples: pa.Table, config: BuildConfig, source_of_file: list[in
     if rows is None:
         rows = lambda indices, columns: samples.select(columns).take(pa.array(indices))  # noqa: E731
     lengths = samples.column("length").to_numpy().astype(np.int64)
-    file_of_sample = samples.column("source_index").to_numpy().astype(np.int64) if samples.num_rows else np.zeros(0, np.int64)
     sources = config.sources()
-    if source_of_file is not None and any(s.mixed for s in sources):
-        source_of_sample = np.asarray(source_of_file, np.int64)[file_of_sample]
-    else:
-        source_of_sample = np.zeros(len(lengths), np.int64)
-    m = mix(source_of_sample, sources, config.seed)
+    mixed = source_of_file is not None and any(s.mixed for s in sources)
+    if mixed:
+        file_of_sample = samples.column("source_index").to_numpy().astype(np.int64)
+        m = mix(np.asarray(source_of_file, np.int64)[file_of_sample], sources, config.seed)
+    else:  # every sample once: the selection is the identity (not built from source numbers, not copied below)
+        m = Mix(np.arange(len(lengths), dtype=np.int64), np.ones(len(lengths), np.int64))
     sel = m.selection
     over = np.flatnonzero(lengths > config.max_length) if config.oversize in ("truncate", "split") else np.zeros(0, np.int64)
     protected, trained = oversize_inputs(rows, over)
@@ -123,13 +123,13 @@ def plan_samples(samples: pa.Table, config: BuildConfig, source_of_file: list[in
     group_by = modality_codes(samples)[0][sel] if config.group_by == "modality" else None
     media = {k: v[sel] for k, v in media_counts(samples).items()} if caps else None
     p = plan(
-        lengths[sel], config.max_length, algorithm=config.algorithm, seed=config.seed, order=config.order,
+        lengths[sel] if mixed else lengths, config.max_length, algorithm=config.algorithm, seed=config.seed, order=config.order,
         oversize=config.oversize, max_segments=config.max_segments or None, media=media, max_media=caps or None,
         group_by=group_by,
         protected={int(q): protected[i] for i, qs in positions.items() for q in qs},
         trained={int(q): trained[i] for i, qs in positions.items() for q in qs},
     )
-    if len(sel) == len(lengths) and np.array_equal(sel, np.arange(len(lengths))):  # no mixing: copy k is sample k
+    if not mixed or (len(sel) == len(lengths) and np.array_equal(sel, np.arange(len(lengths)))):  # copy k is sample k
         return p, m
     return dataclasses.replace(
         p, indices=sel[p.indices], dropped={r: np.unique(sel[v]) for r, v in p.dropped.items()},
