@@ -177,11 +177,21 @@ def report(out, html):
 
 @main.command()
 @click.argument("out", type=click.Path(file_okay=False))
-def verify(out):
+@click.option("--against-processor", "processor", metavar="PROC",
+              help="Also re-run this HF processor (a folder or hub id) on sampled records, from their own lines and "
+                   "files, and compare its ids with the build's token for token.")
+@click.option("--sample", type=click.IntRange(min=1), default=32, show_default=True,
+              help="How many records --against-processor re-runs (media records first).")
+@click.option("--media-root", help="Where the media are now, when they moved since the build (--against-processor).")
+def verify(out, processor, sample, media_root):
     """Check every file against the manifest, every row's invariants and the accounting."""
     from packer.verify import verify_or_raise
 
     click.echo(_run(verify_or_raise, out))
+    if processor:
+        from packer.against_processor import verify_against_processor_or_raise
+
+        click.echo(_run(verify_against_processor_or_raise, out, processor, sample=sample, media_root=media_root))
 
 
 if __name__ == "__main__":

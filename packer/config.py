@@ -63,7 +63,20 @@ class BuildConfig:
     allow_outside_media_root: bool = _opt(False, "Accept media paths written outside the dataset root "
                                           "(symlinks inside it are always followed).",
                                           stage="content", group="input")
-    tokenizer: str = _opt("", "HF tokenizer: a local folder or a hub name.", stage="content", group="tokenizer")
+    tokenizer: str = _opt("", "HF tokenizer: a local folder or a hub name (default: the --processor's).",
+                          stage="content", group="tokenizer")
+    family: str = _opt("generic", "Model family whose processor the build reproduces token for token (qwen3vl, ...); "
+                                  "generic: the placeholder / policy settings below.", stage="content", group="media")
+    processor: str = _opt("", "Processor checkpoint (a folder written by save_pretrained, or a hub id) whose configs give "
+                              "the family's budgets; also the tokenizer and chat template unless --tokenizer is set.",
+                          stage="content", group="media")
+    processor_options: str = _opt("", "Override the family's resolved settings: key=value,... (names as the manifest's "
+                                      "family.settings).", stage="content", group="media")
+    chat_template: str = _opt("", "Which of the tokenizer's named chat templates to render with (default: its only or "
+                                  "'default' one), or a .jinja file to use instead.", stage="content", group="tokenizer")
+    template_time: str = _opt("", "The time a template's strftime_now sees (ISO 8601); empty: SOURCE_DATE_EPOCH if set, "
+                                  "else 1970-01-01T00:00:00Z, so a clock never makes two builds differ.",
+                              stage="content", group="tokenizer")
     train_on: str = _opt("assistant", "Which tokens get labels in conversations.", choices=("assistant", "all"),
                          stage="content", group="tokenizer")
     append_eos: bool = _opt(True, "End every text document with the tokenizer's EOS token.", stage="content", group="tokenizer")
@@ -203,6 +216,14 @@ class BuildConfig:
                 raise ConfigError(f"{', '.join(group)} must be different non-empty strings, got {values}")
         from packer.media.policies import parse_policy
 
+        from packer.encode.render import template_clock
+        from packer.families import FAMILIES, resolve_kinds
+
+        if self.family not in FAMILIES:
+            raise ConfigError(f"family = {self.family!r} is not one of {', '.join(FAMILIES)}")
+        if self.family != "generic":
+            resolve_kinds(self.family, self.modalities)
+        template_clock(self.template_time)  # a malformed time fails here
         parse_policy(self.image_tokens, "image")  # unknown policies and parameters fail here, before any work
         parse_policy(self.audio_tokens, "audio")
         parse_policy(self.video_tokens, "video")

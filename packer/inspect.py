@@ -107,8 +107,8 @@ def row_detail(out: str | Path, index: int, *, preview_chars: int = 100) -> dict
         spans = [m for m in row["media"] if m["segment"] == k]
         seg = {"segment": k, "id": key, "modality": row["segment_modality"][k], "tokens": b - a,
                "trained_tokens": int((row["labels"][a:b] != -100).sum()),
-               "media": [{"kind": m["kind"], "start": m["start"] - a, "length": m["length"], "ref": m["ref"],
-                          "grid": m["grid"]} for m in spans]}
+               "media": [{"kind": m["kind"], "start": m["start"] - a, "length": m["length"], "tokens": m["tokens"],
+                          "ref": m["ref"], "llm_grid": m["llm_grid"]} for m in spans]}
         if tok is not None:
             seg["preview"] = _preview(tok, row["input_ids"][a:b].tolist(), [(m["start"] - a, m["length"], m["kind"])
                                                                               for m in spans], preview_chars)

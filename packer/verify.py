@@ -8,8 +8,8 @@ Checks, naming the file (and row) of every problem found:
 - every packed row: ``cu_seqlens`` starts at 0, increases, ends at ``n_tokens`` = the
   number of ids and labels; ``n_tokens <= max_length``; one id and modality per segment;
   labels -100 at every segment start and on every placeholder / begin / end token; media
-  spans inside their segment, covering only their kind's placeholder id, and no
-  placeholder id outside a span;
+  spans inside their segment, starting and ending with their kind's placeholder id and
+  holding ``tokens`` of them, and no placeholder id outside a span;
 - the accounting: records read = packed + quarantined + dropped, per file and in total;
   the quarantine and ``dropped.jsonl`` have one line per record they count; the packed
   rows hold every packed sample, counted by integer identity (input file, line; pieces
@@ -134,8 +134,10 @@ def _check_row(row: dict, max_length: int, placeholders: set[int], kind_ids: dic
             out.append(f"media span {m['ref']} at {m['start']}+{m['length']} lies outside segment {seg}")
             continue
         span = ids[m["start"] : m["start"] + m["length"]]
-        if kind_ids.get(m["kind"]) is None or np.any(span != kind_ids[m["kind"]]):
-            out.append(f"media span {m['ref']} covers ids other than the {m['kind']} placeholder")
+        pad = kind_ids.get(m["kind"])
+        if pad is None or not len(span) or span[0] != pad or span[-1] != pad or int((span == pad).sum()) != m["tokens"]:
+            out.append(f"media span {m['ref']} does not start and end with the {m['kind']} placeholder or does not hold "
+                       f"its {m['tokens']} placeholders")
         covered[m["start"] : m["start"] + m["length"]] = True
     pads = np.isin(ids, [v for v in kind_ids.values() if v is not None])
     if np.any(pads & ~covered):

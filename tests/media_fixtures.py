@@ -115,3 +115,51 @@ def write_audio(folder: Path) -> dict[str, Path]:
         sf.write(path, _clip(rng, seconds, rate, channels), rate, format=fmt, subtype=subtype)
         out[name] = path
     return out
+
+
+# name -> (width, height, fps, frames, extra): 0.1 s to 20 s, a variable frame rate, a phone rotation, a thin strip
+VIDEO_SPECS: dict[str, tuple[int, int, int, int, dict]] = {
+    "tenth_s.mp4": (48, 40, 30, 3, {}),
+    "one_s_vfr.mp4": (64, 48, 24, 24, {"vfr": True}),
+    "rot90_2s.mp4": (80, 48, 10, 20, {"rotation": 90}),
+    "thin_16x200.mp4": (200, 16, 8, 12, {}),
+    "odd_17f.mp4": (84, 56, 30, 17, {}),
+    "twenty_s.mp4": (64, 36, 4, 80, {}),
+}
+
+
+def _frame(i: int, width: int, height: int) -> np.ndarray:
+    y, x = np.mgrid[0:height, 0:width]
+    img = np.stack(np.broadcast_arrays((y + x + 9 * i) % 256, y + 0 * x, x + 0 * y), axis=-1).astype(np.uint8)
+    img[: max(1, height // 4), : max(1, width // 4)] = 255
+    return img
+
+
+def write_videos(folder: Path) -> dict[str, Path]:
+    """Write every fixture clip (H.264 in MP4, PyAV) into ``folder``; returns {name: path}."""
+    from fractions import Fraction
+
+    import av
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name, (width, height, fps, frames, extra) in VIDEO_SPECS.items():
+        path = folder / name
+        with av.open(str(path), "w") as c:
+            s = c.add_stream("libx264", rate=fps)
+            s.width, s.height, s.pix_fmt = width, height, "yuv420p"
+            if "rotation" in extra:
+                s.set_display_rotation(extra["rotation"])
+            pts = 0
+            for i in range(frames):
+                f = av.VideoFrame.from_ndarray(_frame(i, width, height), format="rgb24")
+                if extra.get("vfr"):  # frames 1, 1, 3, 1, 1, 3, ... ticks apart
+                    f.pts, f.time_base = pts, Fraction(1, fps)
+                    pts += 3 if i % 3 == 2 else 1
+                for p in s.encode(f):
+                    c.mux(p)
+            for p in s.encode():
+                c.mux(p)
+        out[name] = path
+    return out

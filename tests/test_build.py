@@ -47,9 +47,9 @@ def test_layout_and_schema(sample_build):
     assert not list(out.rglob("*.tmp-*"))
     for t in packed_tables(out, manifest):
         assert t.column_names == COLUMNS
-        assert t.schema.metadata[b"packer.schema_version"] == b"2"
+        assert t.schema.metadata[b"packer.schema_version"] == b"3"
         assert t.schema.field("segment_modality").type == pa.list_(pa.dictionary(pa.int32(), pa.string()))
-    assert manifest["schema_version"] == 2 and manifest["status"] == "complete"
+    assert manifest["schema_version"] == 3 and manifest["status"] == "complete"
     assert manifest["tokenizer"]["vocab_size"] > 1000 and len(manifest["tokenizer"]["sha256"]) == 64
 
 
@@ -96,7 +96,7 @@ def test_row_invariants(sample_build, tok):
             else:
                 info = probe_audio(str(SAMPLE / m["ref"]))
                 expected = audio_policy.count(info.frames, info.sample_rate)
-            assert (m["length"], tuple(m["grid"])) == (expected.length, expected.grid)
+            assert (m["length"], tuple(m["llm_grid"])) == (expected.length, expected.grid)
         assert np.array_equal(covered, np.isin(ids, list(placeholder))), "placeholder ids outside media spans"
         for k, modality in enumerate(row["segment_modality"]):
             kinds = {m["kind"] for m in row["media"] if m["segment"] == k}

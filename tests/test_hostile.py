@@ -159,9 +159,6 @@ HOSTILE: dict[str, tuple[str | dict, str | None, str]] = {
     "deep": ('{"id": "deep", "text": "fine", "n": ' + "[" * 10_000 + "]" * 10_000 + "}", None, "nesting_too_deep"),
     "deep_objects": ('{"id": "deep_objects", "text": "fine", "n": ' + '{"a": ' * 10_000 + "1" + "}" * 10_000 + "}", None,
                      "nesting_too_deep"),
-    "begin_in_assistant": (chat("begin_in_assistant", "Describe it.", f"Here {BEGIN} it is."), "begin_in_assistant",
-                           "reserved_token_in_text"),
-    "end_in_user": (chat("end_in_user", f"hi {END}", "hello"), "end_in_user", "reserved_token_in_text"),
 }
 NORMAL = [GOOD, image_record("good_image", "ok.png"), audio_record("good_audio", "ok.mp3")]
 
@@ -207,7 +204,7 @@ def test_every_hostile_record_is_quarantined_beside_normal_ones(media, tmp_path)
 
 def test_details_name_the_value_and_the_fix(media, tmp_path):
     src = write_lines(media / "details.jsonl", [GOOD, *(HOSTILE[k][0] for k in (
-        "bomb_png", "damaged_mp3", "long_name", "symlink_loop", "surrogate_turn", "big_int", "deep", "begin_in_assistant"))])
+        "bomb_png", "damaged_mp3", "long_name", "symlink_loop", "surrogate_turn", "big_int", "deep"))])
     build(config(tmp_path / "out", [src]), progress=False)
     details = [e["detail"] for e in built(tmp_path / "out")[1]]
     assert "implausibly large" in details[0] and "MAX_IMAGE_PIXELS" in details[0]
@@ -217,7 +214,6 @@ def test_details_name_the_value_and_the_fix(media, tmp_path):
     assert "conversations[1].value" in details[4] and "U+DE00" in details[4]
     assert "4300 digits" in details[5]
     assert "recursion limit" in details[6] and "flatten" in details[6]
-    assert repr(BEGIN) in details[7] and "turn 1 (assistant)" in details[7]
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
@@ -344,7 +340,7 @@ KNOWN_REASONS = {
     "unknown_role", "image_count_mismatch", "audio_count_mismatch", "media_placeholder_mismatch", "missing_image",
     "corrupt_image", "unsupported_image", "missing_audio", "corrupt_audio", "audio_too_short", "media_outside_root",
     "no_trainable_tokens", "bad_media_path", "invalid_text", "invalid_id", "number_too_large", "nesting_too_deep",
-    "reserved_token_in_text", "template_error",
+    "reserved_token_in_text", "template_error", "special_token_in_text",
 }  # not internal_error: the fuzz must find no unforeseen failure
 
 

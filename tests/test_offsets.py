@@ -26,7 +26,7 @@ from test_stage1_speed import one_by_one, outcome
 
 from conftest import SAMPLE, TOKENIZER
 from packer.encode import Encoder, EncoderSpec
-from packer.encode.chat import token_starts
+from packer.encode.tokens import token_starts
 from packer.encode.offsets import ByteStarts
 from packer.encode.tokenizer import load_tokenizer
 from packer.ingest.reader import RawLine
@@ -163,8 +163,8 @@ def unicode_records(n: int, seed: int = 0) -> list[dict]:
 
 @pytest.mark.parametrize("path", [TOKENIZER, QWEN], ids=["chatml", "qwen"])
 def test_batched_stage1_labels_unicode_chats_as_the_per_record_path(path):
-    encoder = Encoder(EncoderSpec(tokenizer=path))
-    assert encoder.byte_starts is not None
+    encoder = Encoder(EncoderSpec.of(tokenizer=path))
+    assert encoder.text.byte_starts is not None
     raws = [RawLine(i + 1, json.dumps(r, ensure_ascii=False).encode()) for i, r in enumerate(unicode_records(300))]
 
     batched = [outcome(r) for r in stage.encode_records(encoder, raws, "t.jsonl", SAMPLE)]
@@ -175,16 +175,19 @@ def test_batched_stage1_labels_unicode_chats_as_the_per_record_path(path):
 def test_texts_already_normal_skip_the_normalizer_with_the_same_tokens(monkeypatch):
     """Qwen2's NFC normalizer is skipped for NFC texts (ASCII always) and kept for the rest: the same ids and
     offsets as the full tokenizer gives; the normalizer is back in place after each call, a raising one included."""
-    encoder = Encoder(EncoderSpec(tokenizer=QWEN))
-    backend = encoder.tok.backend_tokenizer
-    assert encoder.normal_form == "NFC"
+    encoder = Encoder(EncoderSpec.of(tokenizer=QWEN))
+    backend = encoder.tok.backend_tokenizer  # the user's: the reference, never touched
+    before = (backend.normalizer.__getstate__(), backend.encode_special_tokens)
+    assert encoder.text.normal_form == "NFC"
     batch = ["plain ascii", "e\u0301 not NFC", "é NFC", "\u212b", "", "ﬁ１２"]
-    got = encoder._encode_rust(batch, False, offsets=True)
+    got = encoder.text._rust(batch, special=False, split=False, offsets=True)
     for text, e in zip(batch, got, strict=True):
         want = backend.encode(text, add_special_tokens=False)
         assert (e.ids, e.offsets) == (want.ids, want.offsets)
     assert got[1].ids == backend.encode("é not NFC", add_special_tokens=False).ids  # composed by the normalizer
-    state = backend.normalizer.__getstate__()
+    private = encoder.text.backend
+    assert private is not backend
+    state = private.normalizer.__getstate__()
 
     class Refusing:  # the backend, with a batch call that raises
         def __init__(self, inner):
@@ -199,10 +202,13 @@ def test_texts_already_normal_skip_the_normalizer_with_the_same_tokens(monkeypat
         def encode_batch_fast(self, *args, **kwargs):
             raise RuntimeError("refused")
 
-    monkeypatch.setattr(encoder.tok, "_tokenizer", Refusing(backend))
+    monkeypatch.setattr(encoder.text, "backend", Refusing(private))
     with pytest.raises(RuntimeError):
-        encoder._encode_rust(["ascii"], False, offsets=False)
-    assert backend.normalizer is not None and backend.normalizer.__getstate__() == state
+        encoder.text._rust(["ascii"], special=False, split=True, offsets=False)
+    assert private.normalizer is not None and private.normalizer.__getstate__() == state
+    monkeypatch.undo()
+    encoder.text.encode(["x", "é"], special=True, split=True, offsets=True)
+    assert (backend.normalizer.__getstate__(), backend.encode_special_tokens) == before  # the user's tokenizer untouched
 
 
 def test_no_normalizer_skip_when_an_added_token_is_not_in_the_normal_form(tmp_path):
@@ -222,9 +228,9 @@ def test_no_normalizer_skip_when_an_added_token_is_not_in_the_normal_form(tmp_pa
     config.setdefault("added_tokens_decoder", {})[str(new_id)] = {k: v for k, v in spec["added_tokens"][-1].items()
                                                                   if k != "id"}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    encoder = Encoder(EncoderSpec(tokenizer=str(folder)))
-    assert encoder.normal_form is None
+    encoder = Encoder(EncoderSpec.of(tokenizer=str(folder)))
+    assert encoder.text.normal_form is None
     text = "caf\u00e9x"
     want = encoder.tok(text, add_special_tokens=False)["input_ids"]
     assert new_id in want
-    assert encoder._encode_rust([text], False, offsets=False)[0].ids == want
+    assert encoder.text._rust([text], special=False, split=False, offsets=False)[0].ids == want

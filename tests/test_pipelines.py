@@ -106,7 +106,7 @@ def test_pipeline_builds(name, tmp_path, monkeypatch, capsys):
                         count = count_frames([str(SAMPLE / f) for f in listed["frames"]], policies[kind], listed["fps"])[1]
                     else:
                         count = count_video(path, policies[kind])[1]
-                    assert (span["length"], tuple(span["grid"])) == (count.length, count.grid)
+                    assert (span["length"], tuple(span["llm_grid"])) == (count.length, count.grid)
                 else:
                     info = probe_audio(path)
                     assert span["length"] == policies[kind].count(info.frames, info.sample_rate).length

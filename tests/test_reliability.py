@@ -89,7 +89,7 @@ def encoder_state(tmp_path_factory):
     from packer.stages import encode
 
     out = tmp_path_factory.mktemp("fuzz")
-    return encode.setup(EncoderSpec(tokenizer=TOKENIZER), str(out), False)
+    return encode.setup(EncoderSpec.of(tokenizer=TOKENIZER), str(out), False)
 
 
 json_values = st.recursive(

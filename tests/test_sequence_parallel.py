@@ -19,7 +19,7 @@ from packer.loader.sequence_parallel import local_media_rows, shard_for_sequence
 
 IGNORE = -100
 IMAGE, AUDIO = 10**6, 10**6 + 1  # placeholder ids, above every text id
-SPAN_KEYS = ("segment", "kind", "ref", "grid", "batch")
+SPAN_KEYS = ("segment", "kind", "ref", "llm_grid", "batch")
 
 
 def make_row(segments, start_id=1):
@@ -34,7 +34,7 @@ def make_row(segments, start_id=1):
             kind, shape = item
             n = int(np.prod(shape)) if kind == "image" else shape
             media.append({"segment": k, "kind": kind, "start": len(ids), "length": n, "ref": f"{kind}{len(media)}.bin",
-                          "grid": list(shape) if kind == "image" else []})
+                          "llm_grid": list(shape) if kind == "image" else []})
             ids += [IMAGE if kind == "image" else AUDIO] * n
         cu.append(len(ids))
     ids = np.asarray(ids)
@@ -216,7 +216,7 @@ def test_docs_recipe_scatters_what_an_unsliced_qwen2vl_would():
     for r in rows:
         r["input_ids"] = np.where(r["input_ids"] >= IMAGE, 63, r["input_ids"] % 60 + 1)
     batch = PackedCollator(attention="varlen", rope="mrope")(rows)
-    grid_thw = torch.tensor([[t, 2 * h, 2 * w] for t, h, w in (m["grid"] for m in batch["media"])])  # patches, before merging
+    grid_thw = torch.tensor([[t, 2 * h, 2 * w] for t, h, w in (m["llm_grid"] for m in batch["media"])])  # patches, before merging
     pixel_values = torch.randn(int(grid_thw.prod(-1).sum()), 3 * 2 * 2 * 2)
     with torch.no_grad():
         image = torch.cat(model.get_image_features(pixel_values, grid_thw).pooler_output)

@@ -22,7 +22,7 @@ from conftest import SAMPLE, TOKENIZER
 from packer.build import build
 from packer.config import BuildConfig
 from packer.encode import Encoder, EncoderSpec
-from packer.encode import chat as chat_module
+from packer.encode.labels import marker_for
 from packer.errors import BadRecord
 from packer.ingest.reader import RawLine
 from packer.stages import encode as stage
@@ -61,7 +61,7 @@ def records(n: int, seed: int = 0) -> list[dict]:
 
 @pytest.fixture(scope="module", params=["chatml", "qwen3"])
 def encoder(request):
-    return Encoder(EncoderSpec(tokenizer=TOKENIZER if request.param == "chatml" else QWEN))
+    return Encoder(EncoderSpec.of(tokenizer=TOKENIZER if request.param == "chatml" else QWEN))
 
 
 def test_compiled_template_renders_what_apply_chat_template_renders(encoder):
@@ -69,32 +69,34 @@ def test_compiled_template_renders_what_apply_chat_template_renders(encoder):
     for rec in records(120):
         if "messages" in rec:
             for prompt in (False, True):
-                assert chat_module.render(tok, rec["messages"], add_generation_prompt=prompt) == \
+                assert encoder.renderer.render(rec["messages"], add_generation_prompt=prompt) == \
                     tok.apply_chat_template(rec["messages"], tokenize=False, add_generation_prompt=prompt)
+    assert encoder.renderer.compiled is not None  # the start-up check kept the fast path
 
 
 def test_span_methods_agree(encoder):
     tok = encoder.tok
-    template = chat_module.chat_template(tok)
+    template = encoder.labeller
     assert template.header == "<|im_start|>assistant\n" and template.closing == "<|im_end|>\n"
     own_used = 0
     for rec in records(300):
         if "messages" not in rec:
             continue
         msgs = rec["messages"]
-        full = template.render(msgs)
+        full = template.renderer.render(msgs)
         roles = tuple(m["role"] for m in msgs)
-        template.skeletons.setdefault(roles, template.skeleton(msgs, range(len(msgs))))
-        cached = chat_module._align(template, msgs, full, *template.skeletons[roles])
-        own = chat_module._align(template, msgs, full,
-                                 *template.skeleton(msgs, [i for i, r in enumerate(roles) if r == "assistant"]))
+        marker = marker_for(msgs)
+        template.skeletons.setdefault(roles, template.skeleton(msgs, range(len(msgs)), marker))
+        cached = template._align(msgs, full, *template.skeletons[roles])
+        own = template._align(msgs, full,
+                              *template.skeleton(msgs, [i for i, r in enumerate(roles) if r == "assistant"], marker))
         assert own is not None
         if cached is None:
             own_used += 1
         else:
             assert cached == own
         try:
-            diff = chat_module._prefix_diff_spans(template, msgs, full)
+            diff = template.prefix_diff(msgs, full)
         except BadRecord:  # the old method's failure on a rewritten past turn: what this issue fixed
             assert any("<think>" in m["content"] for m in msgs)
             continue
@@ -109,20 +111,18 @@ def test_span_methods_agree(encoder):
 def test_a_template_that_rewrites_user_text_uses_the_records_own_skeleton():
     """A user turn trimmed by the template does not align with the cached skeleton (its text is
     matched verbatim); the record's own skeleton (assistant contents only as markers) does."""
-    import copy
+    from test_labels import with_template
 
-    enc = Encoder(EncoderSpec(tokenizer=TOKENIZER))
-    enc.tok = copy.deepcopy(enc.tok)
-    enc.tok.chat_template = (
+    enc = with_template(
         "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' }}"
         "{% if m['role'] == 'user' %}{{ m['content'] | trim }}{% else %}{{ m['content'] }}{% endif %}"
         "{{ '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
     msgs = [{"role": "user", "content": "  hi  "}, {"role": "assistant", "content": "yo"}]
-    template = chat_module.chat_template(enc.tok)
-    full = template.render(msgs)
+    template = enc.labeller
+    full = template.renderer.render(msgs)
     roles = ("user", "assistant")
-    assert chat_module._align(template, msgs, full, *template.skeleton(msgs, range(2))) is None
-    spans = chat_module.assistant_char_spans(enc.tok, msgs, full)
+    assert template._align(msgs, full, *template.skeleton(msgs, range(2), marker_for(msgs))) is None
+    spans = template.spans(msgs, full)
     assert [full[s:e] for s, e in spans] == ["yo<|im_end|>\n"] and roles in template.skeletons
 
 
@@ -157,14 +157,20 @@ def test_batched_encode_equals_per_record(encoder):
 
 
 def test_a_batch_call_that_raises_falls_back_to_per_record(monkeypatch):
-    encoder = Encoder(EncoderSpec(tokenizer=TOKENIZER))
+    encoder = Encoder(EncoderSpec.of(tokenizer=TOKENIZER))
     raws = lines(records(40))
     expected = one_by_one(encoder, raws)
 
-    def refuse(self, texts, **kwargs):
-        raise RuntimeError("batch refused")
+    from packer.encode.tokens import TextTokenizer
 
-    monkeypatch.setattr(Encoder, "_encode_batch", refuse)
+    one = TextTokenizer.encode
+
+    def refuse(self, texts, **kwargs):
+        if len(texts) > 1:
+            raise RuntimeError("batch refused")
+        return one(self, texts, **kwargs)
+
+    monkeypatch.setattr(TextTokenizer, "encode", refuse)
     assert [outcome(r) for r in stage.encode_records(encoder, raws, "t.jsonl", SAMPLE)] == expected
 
 

@@ -338,22 +338,25 @@ def frame_list(tmp_path_factory):
     return paths, str(folder / "odd.png")
 
 
+@pytest.mark.parametrize("n", [5, 9])
 @pytest.mark.parametrize("stated_fps", [0.0, 1.0, 6.0])
 @pytest.mark.parametrize("spec", ["qwen2vl", "qwen2vl:fps=1,min_frames=2", "qwen2vl:sample=false"])
-def test_frame_list_counts_equal_the_processor(frame_list, stated_fps, spec):
+def test_frame_list_counts_equal_the_processor(frame_list, stated_fps, spec, n):
+    """A list of frame images is taken whole, whatever the policy samples from a file: transformers' video
+    processors (and qwen-vl-utils) keep every frame of a list and pad an odd count (5 frames -> grid t 3)."""
     from packer.media.load import load_image
 
     paths, _ = frame_list
+    paths = paths[:n]
     policy = parse_policy(spec, "video")
     info, count = count_frames(paths, policy, fps=stated_fps)
-    assert (info.frames, info.height, info.width) == (9, 50, 90)
-    rate = stated_fps or policy.fps  # none stated: the frames are taken as sampled at the policy's rate
+    assert (info.frames, info.height, info.width) == (n, 50, 90)
+    assert count.grid[0] == -(-n // 2)  # every frame, the odd one padded
+    rate = stated_fps or policy.fps  # none stated: the policy's rate (the processor's fps)
     pil = [load_image(p) for p in paths]
     meta = {"total_num_frames": len(pil), "fps": rate}
-    hf = hf_qwen25([pil], [meta], policy, do_sample_frames=policy.sample, **(hf_sampling(policy) if policy.sample else {}))
+    hf = hf_qwen25([pil], [meta], policy, do_sample_frames=False)
     assert_same(count, hf, policy)
-    indices = policy.frame_indices(info.frames, rate)
-    assert_same(count, hf_qwen25(load_frames(paths, indices), video_metadata(info, policy), policy), policy)
 
 
 def test_bad_frame_lists(frame_list, tmp_path):

@@ -34,11 +34,11 @@ def video_build(tmp_path_factory):
 def test_the_build_stores_video_spans_with_grids_and_time_steps(video_build):
     ds = PackedDataset(video_build)
     spans = [m for i in range(len(ds)) for m in ds[i]["media"] if m["kind"] == "video"]
-    assert len(spans) == 4 and all(len(m["grid"]) == 3 and m["second_per_grid_t"] > 0 for m in spans)
+    assert len(spans) == 4 and all(len(m["llm_grid"]) == 3 and m["second_per_grid_t"] > 0 for m in spans)
     listed = [m for m in spans if m["ref"].startswith("{")]
     assert len(listed) == 1 and len(listed[0]["frames"]) == 4 and json.loads(listed[0]["ref"])["fps"] == 2
     rotated = next(m for m in spans if "rotated" in m["ref"])
-    assert rotated["grid"][1] > rotated["grid"][2]  # stored 64x48, shown upright 48x64: taller than wide
+    assert rotated["llm_grid"][1] > rotated["llm_grid"][2]  # stored 64x48, shown upright 48x64: taller than wide
     assert not verify(video_build)[0]  # video spans cover only <|video_pad|>, and nothing else does
 
 

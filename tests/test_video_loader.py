@@ -131,10 +131,10 @@ def _rows(encs: list, media_files: dict, ids: dict, processor) -> list[dict]:
                 name = next(names)
                 t, h, w = next(grids[kind])
                 span = {"segment": seg, "kind": kind, "start": len(input_ids) + pos, "length": end - pos, "ref": name,
-                        "path": media_files[name], "grid": [t, h // merge, w // merge], "second_per_grid_t": 0.0}
+                        "path": media_files[name], "llm_grid": [t, h // merge, w // merge], "second_per_grid_t": 0.0}
                 if kind == "video":
                     _, count = count_video(media_files[name], policy)
-                    assert count.grid == tuple(span["grid"]) and count.length == span["length"]
+                    assert count.grid == tuple(span["llm_grid"]) and count.length == span["length"]
                     span["second_per_grid_t"] = float(np.float32(count.second_per_grid_t))  # stored as float32
                 spans.append(span)
                 pos = end
@@ -182,8 +182,8 @@ def test_mrope_positions_equal_get_rope_index(tok, media, version, tokens_per_se
         video = next(m for m in rows[r]["media"] if m["kind"] == "video")
         t_axis = batch["position_ids"][0, r, video["start"] : video["start"] + video["length"]].unique()
         step = np.float32(video["second_per_grid_t"]) * np.float32(tps)
-        assert t_axis.tolist() == [video["start"] - a + int(i * step) for i in range(video["grid"][0])]
-        assert t_axis.max() > video["start"] - a + max(video["grid"][1:])  # the text after it resumes lower
+        assert t_axis.tolist() == [video["start"] - a + int(i * step) for i in range(video["llm_grid"][0])]
+        assert t_axis.max() > video["start"] - a + max(video["llm_grid"][1:])  # the text after it resumes lower
 
 
 @pytest.mark.parametrize("version", ["2", "2.5"])
@@ -225,9 +225,9 @@ def test_video_count_mismatch_names_the_file(tok, media):
                                                  r"Qwen2VLVideoProcessor .* produces \d+ features .*--video-tokens"):
         PackedCollator(rope="mrope", processor=bigger)(rows)
 
-    wrong = [{**row, "media": [{**m, "grid": [m["grid"][0], m["grid"][2], m["grid"][1]]} if m["ref"] == "b.mp4" else m
+    wrong = [{**row, "media": [{**m, "llm_grid": [m["llm_grid"][0], m["llm_grid"][2], m["llm_grid"][1]]} if m["ref"] == "b.mp4" else m
                                for m in row["media"]]} for row in rows]
-    with pytest.raises(MediaMismatchError, match=r"b\.mp4: the build stored grid \(4, 4, 3\) but .* makes \(4, 3, 4\)"):
+    with pytest.raises(MediaMismatchError, match=r"b\.mp4: the build stored llm_grid \(4, 4, 3\) .* makes \(4, 3, 4\)"):
         PackedCollator(processor=processor)(wrong)
 
     late = [{**row, "media": [{**m, "second_per_grid_t": 0.5} if m["ref"] == "c.mp4" else m for m in row["media"]]}
@@ -315,9 +315,9 @@ def test_shard_stats_count_video_per_kind(tmp_path):
                          segment_source=(0, 0), segment_line=(1, 2), segment_start=(0, 0), segment_modality=("video", "image"),
                          media=tuple(media), n_tokens=n)
 
-    video = MediaSpan(segment=0, kind="video", start=2, length=12, ref="v.mp4", grid=(3, 2, 2), second_per_grid_t=0.5)
-    image = MediaSpan(segment=1, kind="image", start=22, length=6, ref="i.png", grid=(1, 2, 3))
-    rows = [row([video, image]), row([]), row([video, MediaSpan(1, "video", 21, 4, "w.mp4", (1, 2, 2), 1.0)])]
+    video = MediaSpan(segment=0, kind="video", start=2, length=12, tokens=12, ref="v.mp4", llm_grid=(3, 2, 2), second_per_grid_t=0.5)
+    image = MediaSpan(segment=1, kind="image", start=22, length=6, tokens=6, ref="i.png", llm_grid=(1, 2, 3))
+    rows = [row([video, image]), row([]), row([video, MediaSpan(1, "video", 21, 4, 4, "w.mp4", (1, 2, 2), 1.0)])]
     write_shard(tmp_path / "packed-00000.arrow", to_table(rows, PACKED_SCHEMA), tmp_path)
     stats = shard_stats(tmp_path / "packed-00000.arrow")
     assert stats.array("row_video_items").tolist() == [1, 0, 2]

@@ -1,17 +1,26 @@
 """Encode raw JSONL lines into :class:`~packer.shards.schema.Sample` rows, or BadRecord.
 
 The :class:`Encoder` is built once per worker process from a small picklable
-:class:`EncoderSpec`, so the local and the Ray engine construct it the same way.
+:class:`EncoderSpec` (the build config, the media root and the resolved model family), so the
+local and the Ray engine construct it the same way.
 
-Stage 1 hands the encoder a whole task (:meth:`Encoder.encode_lines`), which goes through
-it in chunks of ``TOKENIZE_BATCH`` records: every record is parsed and its chat template
-rendered, then the chunk's texts go to the fast tokenizer in two calls (documents,
-conversations), then each record is finished (labels, media counts, checks). Per record
-the HF tokenizer call costs ~160 µs of wrapper on top of the Rust encode (Qwen2
-vocabulary, ~160-token chats, measured on 2 shared cores); batched, that overhead is paid
-once per chunk. Everything that can fail for one record stays per record,
-so a bad record is quarantined alone; if a batched tokenizer call itself raises, the
-task's records are tokenized one by one instead. The tokens are the same either way
+A conversation goes through the steps its model's processor takes:
+
+1. render: the chat template over the record's messages (:mod:`packer.encode.render`), control
+   tokens typed in the data marked so they stay text; media parts as ``{"type": "image"}``
+   content parts (a structured family) or as their placeholder token in the text (generic);
+2. expand: every media token the rendering holds becomes the family's expansion of that item
+   (:mod:`packer.families`: probed from the file's header), its runs of placeholders written
+   as one token each;
+3. tokenize: a whole chunk of records in one call (:mod:`packer.encode.tokens`);
+4. finish: labels from the assistant spans (:mod:`packer.encode.labels`), every run widened to
+   its count, media spans recorded, checks.
+
+Per record the HF tokenizer call costs ~160 µs of wrapper on top of the Rust encode (Qwen2
+vocabulary, ~160-token chats, measured on 2 shared cores); batched, that overhead is paid once
+per chunk of ``TOKENIZE_BATCH`` records. Everything that can fail for one record stays per
+record, so a bad record is quarantined alone; if a batched tokenizer call itself raises, the
+chunk's records are tokenized one by one instead. The tokens are the same either way
 (``tests/test_stage1_speed.py``).
 """
 
@@ -19,23 +28,25 @@ from __future__ import annotations
 
 import json
 import os
-import unicodedata
+import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from packer.encode.chat import RenderedChat, conversation_labels, render_conversation, token_starts
-from packer.encode.offsets import ByteStarts, normal_form
+from packer.encode.labels import Labeller, span_mask
+from packer.encode.render import MARK_END, MARK_START, Renderer, probe_conversations, template_clock
 from packer.encode.tokenizer import fingerprint, load_tokenizer
-from packer.errors import BadRecord
+from packer.encode.tokens import TextTokenizer
+from packer.errors import BadRecord, PackerError
+from packer.families import Expansion, Family, RecordMedia, Run, family_from_state, make_family
 from packer.ingest.formats import decode_json, parse_record, record_id
 from packer.ingest.reader import RawLine
 from packer.ingest.records import Conversation, Document
 from packer.io.fs import is_url
-from packer.media.counter import MediaCounter
+from packer.media.counter import MediaProber
 from packer.shards.schema import IGNORE, MEDIA_KINDS, MediaSpan, Sample
 
 MEDIA_ORDER = MEDIA_KINDS  # the order a modality name lists its kinds in
@@ -56,78 +67,100 @@ def _reraise(e: Exception) -> BadRecord:
 
 @dataclass(frozen=True)
 class EncoderSpec:
-    tokenizer: str
-    format: str = "auto"
-    train_on: str = "assistant"
-    append_eos: bool = True
-    image_tag: str = "<image>"
-    audio_tag: str = "<audio>"
-    image_token: str = "<image>"
-    audio_token: str = "<audio>"
-    media_root: str | None = None
-    image_tokens: str = "fixed:image_size=336,patch_size=14"
-    audio_tokens: str = "qwen2-audio"
-    image_begin: str = ""
-    image_end: str = ""
-    audio_begin: str = ""
-    audio_end: str = ""
-    video_tag: str = "<video>"
-    video_token: str = "<video>"
-    video_tokens: str = "qwen2vl"
-    video_begin: str = ""
-    video_end: str = ""
-    image_check: str = "verify"
-    allow_outside_media_root: bool = False
-    modalities: tuple[str, ...] = MEDIA_ORDER  # media kinds the model has an encoder for
-    media_base: str = ""  # stored refs are relative to this folder (the build's media root); "": as resolved
-    train_on_empty_think: bool = False  # train the empty <think></think> a template adds to a turn without reasoning
+    """What a worker needs to build its :class:`Encoder`: the build config, the folder stored media refs
+    are relative to, and the family as the driver resolved it (None: resolved from the config here)."""
+
+    config: Any  # packer.config.BuildConfig
+    media_base: str = ""
+    family: dict[str, Any] | None = None
 
     @classmethod
-    def from_config(cls, config, media_base: str = "") -> EncoderSpec:
-        fields = [f for f in cls.__dataclass_fields__ if f != "media_base"]
-        return cls(**{f: getattr(config, f) for f in fields}, media_base=media_base)
+    def from_config(cls, config: Any, media_base: str = "") -> EncoderSpec:
+        return cls(config, media_base, make_family(config).describe())
+
+    @classmethod
+    def of(cls, media_base: str = "", **settings: Any) -> EncoderSpec:
+        """A spec from config keys (tests, notebooks): ``EncoderSpec.of(tokenizer=PATH, train_on="all")``."""
+        from packer.config import BuildConfig
+
+        return cls(BuildConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()}), media_base)
+
+    @property
+    def tokenizer(self) -> str:
+        return self.config.tokenizer or self.config.processor
 
     @property
     def tags(self) -> dict[str, str]:
         """Media markers in the input text (LLaVA's ``<image>``)."""
-        return {"image": self.image_tag, "audio": self.audio_tag, "video": self.video_tag}
+        c = self.config
+        return {"image": c.image_tag, "audio": c.audio_tag, "video": c.video_tag}
+
+
+@dataclass
+class RenderedChat:
+    """A conversation rendered and expanded, waiting for its tokens (tokenized in a batch with others).
+
+    ``full`` is the template's rendering; ``text`` is ``full`` with each media token replaced by its
+    expansion (runs written as one token): what is tokenized. ``edits`` holds, per media item in
+    text order, (position in ``full``, length of the media token there, length of its replacement)."""
+
+    full: str
+    text: str
+    messages: list[dict[str, Any]]
+    train_on: str
+    assistant: list[int]  # assistant turn indices
+    trained: set[int]  # the assistant turns to train
+    train_on_empty_think: bool
+    items: list[tuple[int, Expansion]] = field(default_factory=list)  # (media item index, expansion) in text order
+    edits: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
-    def placeholders(self) -> dict[str, str]:
-        """The placeholder token each media item expands to in ``input_ids``."""
-        return {"image": self.image_token, "audio": self.audio_token, "video": self.video_token}
-
-    @property
-    def wrappers(self) -> dict[str, tuple[str, str]]:
-        return {"image": (self.image_begin, self.image_end), "audio": (self.audio_begin, self.audio_end),
-                "video": (self.video_begin, self.video_end)}
-
-    def special_tokens(self) -> list[str]:
-        """Every token string packer itself inserts (added to the tokenizer if absent)."""
-        tokens = [*self.placeholders.values(), *(t for pair in self.wrappers.values() for t in pair if t)]
-        return list(dict.fromkeys(tokens))  # images and videos may share <|vision_start|> / <|vision_end|>
+    def marked(self) -> bool:
+        return MARK_START in self.text or MARK_END in self.text
 
 
 class Encoder:
     def __init__(self, spec: EncoderSpec):
         self.spec = spec
+        config = spec.config
+        self.config = config
+        self.family: Family = family_from_state(spec.family, config) if spec.family else make_family(config)
         self.tags = spec.tags
-        self.tok = load_tokenizer(spec.tokenizer, spec.special_tokens())
-        self.placeholder_ids = {k: self.tok.convert_tokens_to_ids(t) for k, t in spec.placeholders.items()}
-        ids = lambda t: [self.tok.convert_tokens_to_ids(t)] if t else []  # noqa: E731
-        self.begin_ids = {k: ids(begin) for k, (begin, _) in spec.wrappers.items()}
-        self.end_ids = {k: ids(end) for k, (_, end) in spec.wrappers.items()}
-        self.wrapper_tokens = [t for pair in spec.wrappers.values() for t in pair if t]
-        self.reserved_ids = {self.tok.convert_tokens_to_ids(t): t for t in spec.special_tokens()}
+        self.tok = load_tokenizer(spec.tokenizer, self.family.special_tokens())
+        self.serialized = self.tok.backend_tokenizer.to_str()
+        self.text = TextTokenizer(self.tok, self.serialized)
+        self.run_tokens = self.family.run_tokens()
+        self.run_ids = {t: self.tok.convert_tokens_to_ids(t) for t in self.run_tokens.values()}
+        self.reserved_ids = {self.tok.convert_tokens_to_ids(t): t for t in self.family.special_tokens()}
         self.reserved_list = list(self.reserved_ids)
-        self.placeholder_list = list(self.placeholder_ids.values())
-        self.counter = MediaCounter(spec.image_tokens, spec.audio_tokens, spec.image_check, video_tokens=spec.video_tokens)
-        self.byte_starts = ByteStarts.for_tokenizer(self.tok)  # None: token starts come from the tokenizer's offsets
-        self.normal_form = normal_form(self.tok)  # None: every text goes through the tokenizer's normalizer
+        self.run_id_list = list(dict.fromkeys(self.run_ids.values()))
+        self.prober = MediaProber(config.image_check, video_check=getattr(config, "video_check", "verify"))
+        tokens = {self.family.media_token(k): k for k in self.family.kinds}
+        self._media_re = re.compile(f"(?<!{MARK_START})(" + "|".join(map(re.escape, sorted(tokens, key=len, reverse=True)))
+                                    + ")") if tokens else None
+        self._media_kind = tokens
+        self.renderer: Renderer | None = None
+        self.labeller: Labeller | None = None
+        if self.tok.chat_template:
+            self.renderer = Renderer(self.tok, config.chat_template, template_clock(config.template_time))
+            self.renderer.check(probe_conversations(self.family.kinds if self.family.structured else ()))
+            self.labeller = Labeller(self.renderer)
         self._memo: dict = {}  # texts tokenized in a batch, for the records of one encode_lines call
 
+    @property
+    def placeholder_ids(self) -> dict[str, int]:
+        """kind -> the id its placeholder runs are made of."""
+        return {k: self.run_ids[t] for k, t in self.run_tokens.items() if k in self.family.kinds}
+
     def fingerprint(self) -> dict:
-        return fingerprint(self.tok, self.spec.tokenizer, self.spec.special_tokens())
+        out = fingerprint(self.tok, self.spec.tokenizer, self.family.special_tokens(), self.serialized)
+        out["family"] = self.family.describe()
+        out["chat_template"] = self.config.chat_template
+        out["template_time"] = template_clock(self.config.template_time).isoformat()
+        out["fast_render"] = bool(self.renderer and self.renderer.compiled is not None)
+        return out
+
+    # ------------------------------------------------------------------ batches
 
     def encode_line(self, raw: RawLine, file: str, file_dir: Path | str, source_index: int = 0) -> Sample:
         """Encode one line of ``file``; ``file`` (as displayed) and ``raw.line`` name it. Raises what it meets."""
@@ -137,10 +170,10 @@ class Encoder:
                      failure: Callable[[Exception], BadRecord] = _reraise) -> list[Sample | BadRecord]:
         """Encode lines of ``file`` together (one tokenizer call per kind), each result a Sample or a BadRecord.
 
-        ``failure`` turns an exception met by one record into that record's BadRecord (or
-        raises it, to stop the task); stage 1 passes its quarantine classifier. Results are
-        in input order and equal to :meth:`encode_line` on each line. Lines go through in
-        chunks of ``TOKENIZE_BATCH``, so the tokens waiting for their records never outgrow one chunk."""
+        ``failure`` turns an exception met by one record into that record's BadRecord (or raises it, to
+        stop the task); stage 1 passes its quarantine classifier. Results are in input order and equal to
+        :meth:`encode_line` on each line. Lines go through in chunks of ``TOKENIZE_BATCH``, so the tokens
+        waiting for their records never outgrow one chunk."""
         results: list[Sample | BadRecord] = []
         for at in range(0, len(raws), TOKENIZE_BATCH):
             results += self._encode_chunk(raws[at : at + TOKENIZE_BATCH], file, file_dir, source_index, failure)
@@ -171,98 +204,110 @@ class Encoder:
     def _pretokenize(self, prepared: list[tuple]) -> None:
         """Tokenize every prepared record's text in one call per kind, into ``self._memo``.
 
-        A batch that raises leaves the memo empty for its kind: each record then tokenizes
-        its own text in :meth:`_finish`, so the failure (if it is one record's) stays that record's."""
+        A batch that raises leaves the memo empty for its kind: each record then tokenizes its own text
+        in :meth:`_finish`, so the failure (if it is one record's) stays that record's."""
         docs = list(dict.fromkeys(rec.text for _, rec, _ in prepared if isinstance(rec, Document)))
-        chats = list(dict.fromkeys(chat.text for _, _, chat in prepared if chat is not None))
+        chats = list(dict.fromkeys(chat.text for _, _, chat in prepared if chat is not None and not chat.marked))
         memo: dict = {}
         try:  # a chunk holds at most TOKENIZE_BATCH records: one call per kind
-            for text, (ids, _) in zip(docs, self._encode_batch(docs, special=True, split=True, offsets=False), strict=True):
+            for text, (ids, _) in zip(docs, self.text.encode(docs, special=True, split=True, offsets=False), strict=True):
                 memo["doc", text] = ids
         except Exception:  # noqa: BLE001 -- per record below
             pass
         try:
-            encoded = self._encode_batch(chats, special=False, split=self.tok.split_special_tokens, offsets=True)
+            encoded = self.text.encode(chats, special=False, split=self.text.split_default, offsets=True)
             for text, hit in zip(chats, encoded, strict=True):
                 memo["chat", text] = hit
         except Exception:  # noqa: BLE001 -- per record below
             pass
         self._memo = memo
 
-    def _encode_batch(self, texts: list[str], *, special: bool, split: bool,
-                      offsets: bool) -> list[tuple[np.ndarray, np.ndarray | None]]:
-        """``(ids, start character of each token)`` of each text (starts None unless ``offsets``), equal to what the
-        HF call gives, through the Rust tokenizer's batch call without the HF wrapper's per-text conversion into
-        Python dicts (~40 µs a text, measured). A backend with truncation or padding configured goes through the
-        HF call. Offsets cost ~20% of the encode and ~25 µs a chat to convert: where token byte lengths give the
-        same starts (:class:`ByteStarts`), they are not asked for."""
-        backend = self.tok.backend_tokenizer
-        if backend.truncation is not None or backend.padding is not None:
-            enc = self.tok(texts, add_special_tokens=special, split_special_tokens=split, return_offsets_mapping=offsets)
-            return [(np.asarray(ids, dtype=np.int32), token_starts(enc["offset_mapping"][k]) if offsets else None)
-                    for k, ids in enumerate(enc["input_ids"])]
-        before = backend.encode_special_tokens
-        backend.encode_special_tokens = split
-        try:
-            if not offsets or self.byte_starts is None:
-                return [(np.array(e.ids, dtype=np.int32), token_starts(e.offsets) if offsets else None)
-                        for e in self._encode_rust(texts, special, offsets=offsets)]
-            out = []
-            for text, e in zip(texts, self._encode_rust(texts, special, offsets=False), strict=True):
-                ids = np.array(e.ids, dtype=np.int32)
-                out.append((ids, self.byte_starts.starts(ids, text)))
-            redo = [k for k, (_, starts) in enumerate(out) if starts is None]  # not exact from bytes: real offsets
-            for k, e in zip(redo, self._encode_rust([texts[k] for k in redo], special, offsets=True), strict=True):
-                out[k] = (np.array(e.ids, dtype=np.int32), token_starts(e.offsets))
-            return out
-        finally:
-            backend.encode_special_tokens = before
-
-    def _encode_rust(self, texts: list[str], special: bool, *, offsets: bool) -> list:
-        """The backend's batch encodings of ``texts`` in order (``encode_batch_fast``, which tracks no offsets, unless
-        ``offsets``). A normalizer that is one Unicode normal form leaves a text already in that form as it is, so
-        such texts (ASCII always) skip it: the same ids and offsets, ~10% less encode for Qwen2's NFC."""
-        backend = self.tok.backend_tokenizer
-        run = backend.encode_batch if offsets else backend.encode_batch_fast
-        form = self.normal_form
-        plain = [t.isascii() or unicodedata.is_normalized(form, t) for t in texts] if form else []
-        if not any(plain):
-            return run(texts, add_special_tokens=special)
-        normalizer = backend.normalizer
-        backend.normalizer = None
-        try:
-            skipped = iter(run([t for t, p in zip(texts, plain, strict=True) if p], add_special_tokens=special))
-        finally:
-            backend.normalizer = normalizer
-        rest = iter(run([t for t, p in zip(texts, plain, strict=True) if not p], add_special_tokens=special)
-                    if not all(plain) else ())
-        return [next(skipped) if p else next(rest) for p in plain]
-
-    def _document_tokens(self, text: str) -> np.ndarray:
-        # Literal "<image>" in a document is text, not a placeholder: split special tokens.
-        return np.asarray(self.tok(text, add_special_tokens=True, split_special_tokens=True)["input_ids"], dtype=np.int32)
-
-    def _chat_tokens(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-        hit = self._memo.get(("chat", text))
-        if hit is None:
-            enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
-            hit = np.asarray(enc["input_ids"], dtype=np.int32), token_starts(enc["offset_mapping"])
-        return hit
+    # ------------------------------------------------------------------ one record
 
     def _prepare(self, raw: RawLine, file_dir: Path | str) -> tuple[dict, Conversation | Document, RenderedChat | None]:
-        """Everything before tokenizing: parse, check, render the chat template."""
+        """Everything before tokenizing: parse, check, render the chat template, expand the media."""
         if raw.too_long:
             raise BadRecord("line_too_long", f"the line has {raw.too_long:,} bytes, over the max_line_bytes limit")
         obj = decode_json(raw.data)
-        base_dir = Path(self.spec.media_root) if self.spec.media_root else file_dir
-        record = parse_record(obj, self.spec.format, base_dir, self.tags,
-                              allow_outside_root=self.spec.allow_outside_media_root)
+        base_dir = Path(self.config.media_root) if self.config.media_root else file_dir
+        record = parse_record(obj, self.config.format, base_dir, self.tags,
+                              allow_outside_root=self.config.allow_outside_media_root)
         if isinstance(record, Document):
             return obj, record, None
         self._check_modalities(record)
-        self._check_wrapper_text(record)
-        chat = render_conversation(self.tok, record, self.spec.placeholders, self.spec.train_on, self.spec.train_on_empty_think)
-        return obj, record, chat
+        return obj, record, self._render(record)
+
+    def _render(self, conv: Conversation) -> RenderedChat:
+        if self.renderer is None:
+            raise PackerError("the tokenizer has no chat template, so conversations cannot be rendered; use a chat "
+                              "tokenizer or set one in its tokenizer_config.json / chat_template.jinja")
+        messages = self._messages(conv)
+        full = self.renderer.render(messages)
+        positions = self._media_positions(full)
+        items = self._expand_media(conv, [self._media_kind[token] for _, token in positions])
+        text, edits = full, []
+        if items:
+            pieces, cursor = [], 0
+            for (at, token), (_, expansion) in zip(positions, items, strict=True):
+                replacement = "".join(p.token if isinstance(p, Run) else p for p in expansion.pieces)
+                pieces += [full[cursor:at], replacement]
+                edits.append((at, len(token), len(replacement)))
+                cursor = at + len(token)
+            pieces.append(full[cursor:])
+            text = "".join(pieces)
+        assistant = [i for i, t in enumerate(conv.turns) if t.role == "assistant"]
+        trained = {i for i in assistant if conv.turns[i].trained}  # a TRL prompt's assistant turns: context
+        return RenderedChat(full, text, messages, self.config.train_on, assistant, trained,
+                            self.config.train_on_empty_think, items, edits)
+
+    def _messages(self, conv: Conversation) -> list[dict[str, Any]]:
+        """Messages for the template: text marked (typed control tokens stay text); each media part as a
+        ``{"type": kind}`` content part (structured family) or as its media token in the text (generic)."""
+        mark = self.renderer.mark
+        out = []
+        for t in conv.turns:
+            media = any(p.kind != "text" for p in t.parts)
+            if self.family.structured and (media or t.structured):
+                content: Any = [{"type": "text", "text": mark(p.text)} if p.kind == "text" else {"type": p.kind}
+                                for p in t.parts]
+            else:
+                content = "".join(mark(p.text) if p.kind == "text" else self.family.media_token(p.kind) for p in t.parts)
+            out.append({"role": t.role, "content": content})
+        return out
+
+    def _media_positions(self, full: str) -> list[tuple[int, str]]:
+        if self._media_re is None:
+            return []
+        return [(m.start(), m.group(1)) for m in self._media_re.finditer(full)]
+
+    def _expand_media(self, conv: Conversation, found: list[str]) -> list[tuple[int, Expansion]]:
+        """(media item index, expansion) for each media token of the rendering, in order (``found``: their
+        kinds): the i-th token of a kind is the record's i-th item of that kind, as the processor pairs them."""
+        media = conv.media
+        if sorted(found) != sorted(p.kind for p in media):
+            raise BadRecord("media_placeholder_mismatch",
+                            f"the rendered conversation holds media tokens for {found} where the record has media "
+                            f"{[p.kind for p in media]} (a template that drops or repeats a media part)")
+        if not media:
+            return []
+        record = RecordMedia({k: sum(p.kind == k for p in media) for k in MEDIA_ORDER})
+        by_kind = {k: [i for i, p in enumerate(media) if p.kind == k] for k in MEDIA_ORDER}
+        taken = dict.fromkeys(MEDIA_ORDER, 0)
+        out = []
+        for kind in found:
+            index = by_kind[kind][taken[kind]]
+            taken[kind] += 1
+            part = media[index]
+            info = self.prober.probe(part)
+            try:
+                expansion = self.family.expand(kind, info, part, record)
+            except ValueError as e:
+                raise BadRecord(f"unsupported_{kind}", f"{part.ref!r}: {e} (family {self.family.name})") from None
+            if expansion.tokens < 1:
+                raise BadRecord(f"{kind}_too_short" if kind == "audio" else f"unsupported_{kind}",
+                                f"{part.ref!r} gives the encoder no position (family {self.family.name})")
+            out.append((index, expansion))
+        return out
 
     def _finish(self, raw: RawLine, file: str, source_index: int, obj: dict, record: Conversation | Document,
                 chat: RenderedChat | None) -> Sample:
@@ -297,27 +342,13 @@ class Encoder:
         """Refuse media the model has no encoder for, before any file is probed."""
         for kind in MEDIA_ORDER:
             n = sum(p.kind == kind for p in conv.media)
-            if n and kind not in self.spec.modalities:
+            if n and kind not in self.family.kinds:
                 raise BadRecord(
                     "no_encoder",
                     f"the record holds {n} {kind} item(s) but this pipeline's modalities are "
-                    f"{list(self.spec.modalities)} (no {kind} encoder): pack it with a pipeline that declares {kind}, "
+                    f"{list(self.family.kinds)} (no {kind} encoder): pack it with a pipeline that declares {kind}, "
                     f"or add {kind!r} to modalities if the model encodes it",
                 )
-
-    def _check_wrapper_text(self, conv: Conversation) -> None:
-        """Refuse a begin / end token typed in any turn's text (``<|vision_start|>``).
-
-        The chat template path would read it as that special token: trained in an assistant
-        turn, a media opener with no media in any turn. Typed placeholders are caught later,
-        by the placeholder count (``media_placeholder_mismatch``)."""
-        for i, turn in enumerate(conv.turns):
-            for part in turn.parts:
-                token = next((t for t in self.wrapper_tokens if part.kind == "text" and t in part.text), None)
-                if token is not None:
-                    raise BadRecord("reserved_token_in_text",
-                                    f"turn {i} ({turn.role}) holds {token!r}, a token packer reserves for media begin / end "
-                                    f"markers; remove it from the text (or escape it) in the source data")
 
     def _check_reserved_untrained(self, labels: np.ndarray) -> None:
         """The invariant ``packer verify`` checks: no placeholder / begin / end id is a label."""
@@ -331,46 +362,87 @@ class Encoder:
     def _encode_document(self, doc: Document) -> tuple[np.ndarray, np.ndarray | None, list[MediaSpan]]:
         ids = self._memo.get(("doc", doc.text))
         if ids is None:
-            ids = self._document_tokens(doc.text)
+            # Literal "<image>" in a document is text, not a placeholder: split special tokens.
+            ids = self.text.encode([doc.text], special=True, split=True, offsets=False)[0][0]
         eos = self.tok.eos_token_id
-        if self.spec.append_eos and eos is not None and (not len(ids) or ids[-1] != eos):
+        if self.config.append_eos and eos is not None and (not len(ids) or ids[-1] != eos):
             ids = np.append(ids, np.int32(eos))
         return ids, None, []  # None: every token trained
 
+    def _chat_tokens(self, chat: RenderedChat) -> tuple[np.ndarray, np.ndarray]:
+        hit = self._memo.get(("chat", chat.text))
+        if hit is not None:
+            return hit
+        if chat.marked:
+            try:
+                return self.text.encode_marked(chat.text)
+            except ValueError as e:
+                raise BadRecord("special_token_in_text", f"{e}; the record types a control token this tokenizer cannot "
+                                                         f"hold as text: remove it from the source data") from None
+        return self.text.encode([chat.text], special=False, split=self.text.split_default, offsets=True)[0]
+
     def _encode_conversation(self, conv: Conversation, chat: RenderedChat) -> tuple[np.ndarray, np.ndarray, list[MediaSpan]]:
-        ids, starts = self._chat_tokens(chat.text)
-        trained = conversation_labels(self.tok, chat, ids, starts)
-        items = conv.media
-        positions = np.flatnonzero(_isin(ids, self.placeholder_list))
-        found = [k for i in positions for k, pid in self.placeholder_ids.items() if ids[i] == pid]
-        if found != [p.kind for p in items]:
-            raise BadRecord(
-                "media_placeholder_mismatch",
-                f"the rendered conversation holds placeholders {found} where the record has media {[p.kind for p in items]}"
-                " (a placeholder string typed in the text, or a template that drops a turn)",
-            )
-        if not items:
+        ids, starts = self._chat_tokens(chat)
+        trained = self._labels(chat, ids, starts)
+        runs = np.flatnonzero(_isin(ids, self.run_id_list))
+        expected = [(n, run) for n, (_, expansion) in enumerate(chat.items) for run in expansion.runs]
+        if len(runs) != len(expected) or any(int(ids[p]) != self.run_ids[run.token] for p, (_, run) in zip(runs, expected)):
+            raise BadRecord("media_placeholder_mismatch",
+                            f"the tokens hold {len(runs)} placeholder run(s) where the expansions of the record's media "
+                            f"give {len(expected)} (a tokenizer that splits a placeholder, or a template that writes one)")
+        if not len(runs):
             return ids, trained, []
-        # Expand each placeholder into [begin] + count copies + [end]; none of it is trained.
-        pieces_ids, pieces_mask, media = [], [], []
+        pieces_ids, pieces_mask, first, last = [], [], {}, {}
         cursor, out_pos = 0, 0
-        for pos, part in zip(positions, items, strict=True):
-            count = self.counter.count(part)
-            begin, end = self.begin_ids[part.kind], self.end_ids[part.kind]
-            expanded = np.asarray([*begin, *[self.placeholder_ids[part.kind]] * count.length, *end], dtype=np.int32)
-            pieces_ids += [ids[cursor:pos], expanded]
-            pieces_mask += [trained[cursor:pos], np.zeros(len(expanded), dtype=bool)]
-            out_pos += pos - cursor + len(begin)
+        for p, (n, run) in zip(runs.tolist(), expected, strict=True):
+            pieces_ids += [ids[cursor:p], np.full(run.count, ids[p], dtype=np.int32)]
+            pieces_mask += [trained[cursor:p], np.zeros(run.count, dtype=bool)]
+            out_pos += p - cursor
+            first.setdefault(n, out_pos)
+            out_pos += run.count
+            last[n] = out_pos
+            cursor = p + 1
+        pieces_ids.append(ids[cursor:])
+        pieces_mask.append(trained[cursor:])
+        media = []
+        parts = conv.media
+        for n, (index, expansion) in enumerate(chat.items):
+            part = parts[index]
             ref = (json.dumps({"frames": [stored_ref(f, self.spec.media_base) for f in part.frames], "fps": part.fps},
                               ensure_ascii=False)  # a video given as frame images: the frames and the stated rate
                    if part.frames else stored_ref(part.path, self.spec.media_base))
-            media.append(MediaSpan(segment=0, kind=part.kind, start=int(out_pos), length=count.length, ref=ref,
-                                   grid=count.grid, second_per_grid_t=float(getattr(count, "second_per_grid_t", 0.0))))
-            out_pos += count.length + len(end)
-            cursor = pos + 1
-        pieces_ids.append(ids[cursor:])
-        pieces_mask.append(trained[cursor:])
+            media.append(MediaSpan(segment=0, kind=part.kind, start=int(first[n]), length=int(last[n] - first[n]),
+                                   tokens=expansion.tokens, ref=ref, llm_grid=tuple(expansion.llm_grid),
+                                   second_per_grid_t=float(expansion.second_per_grid_t)))
+        media.sort(key=lambda m: m.start)
         return np.concatenate(pieces_ids), np.concatenate(pieces_mask), media
+
+    def _labels(self, chat: RenderedChat, ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """The bool mask of ``ids`` to train: the assistant spans (mapped from ``full`` onto the expanded text);
+        nothing a media expansion inserted is ever trained."""
+        if chat.train_on == "all":
+            mask = np.ones(len(ids), dtype=bool)
+        else:
+            spans = self.labeller.trained_spans(chat.messages, chat.full, chat.assistant, chat.trained,
+                                                chat.train_on_empty_think)
+            mask = span_mask(starts, [(_shift(s, chat.edits), _shift(e, chat.edits)) for s, e in spans])
+        if chat.edits:
+            inserted, delta = [], 0
+            for at, old, new in chat.edits:
+                inserted.append((at + delta, at + delta + new))
+                delta += new - old
+            mask &= ~span_mask(starts, inserted)
+        return mask
+
+
+def _shift(pos: int, edits: list[tuple[int, int, int]]) -> int:
+    """A position of the rendering in the expanded text (edits: (position, old length, new length), in order)."""
+    delta = 0
+    for at, old, new in edits:
+        if at >= pos:
+            break
+        delta += new - old
+    return pos + delta
 
 
 def stored_ref(path: str, media_base: str) -> str:
@@ -393,3 +465,6 @@ def media_base(config, files: list) -> str:
     if not files or any(is_url(f) for f in files):
         return ""
     return os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files])
+
+
+__all__ = ["Encoder", "EncoderSpec", "RenderedChat"]

@@ -44,8 +44,31 @@ def _byte_alphabet() -> frozenset[str]:
     return frozenset([*map(chr, keep), *(chr(256 + i) for i in range(len(moved)))])
 
 
-def _state(component: Any) -> dict:
-    return json.loads(component.__getstate__()) if component is not None else {}
+def _state(state: dict, component: str) -> dict:
+    """One component (``normalizer``, ``pre_tokenizer``, ...) of the serialized tokenizer, {} when absent."""
+    return state.get(component) or {}
+
+
+def serialized_state(tok: Any, serialized: str | None = None) -> dict:
+    """The tokenizer's backend as its ``tokenizer.json`` holds it (public ``to_str``), without the ``model``
+    (vocabulary and merges: megabytes, ~2 s of ``json.loads`` for Qwen's; none of the checks need it)."""
+    text = serialized if serialized is not None else tok.backend_tokenizer.to_str()
+    decoder = json.JSONDecoder()
+    out: dict = {}
+    at = text.index("{") + 1
+    while True:
+        while text[at] in " \t\r\n,":
+            at += 1
+        if text[at] == "}":
+            return out
+        key, at = decoder.raw_decode(text, at)
+        at = text.index(":", at) + 1
+        while text[at] in " \t\r\n":
+            at += 1
+        if key == "model":  # the tokenizers library serializes it last: nothing the checks need follows
+            out[key] = None
+            return out
+        out[key], at = decoder.raw_decode(text, at)
 
 
 def _pre_tokenizer_ok(state: dict) -> bool:
@@ -69,14 +92,14 @@ def _post_processor_ok(state: dict) -> bool:
 NORMAL_FORMS = ("NFC", "NFD", "NFKC", "NFKD")
 
 
-def normal_form(tok: Any) -> str | None:
+def normal_form(tok: Any, state: dict | None = None) -> str | None:
     """The Unicode normal form ``tok``'s normalizer is ("NFC", ...), None for no normalizer or any other.
 
     A text already in that form (``unicodedata.is_normalized``) comes out of it unchanged. None
     too where an added token is matched on normalized text and its content is not in that form:
     the backend stores such a token normalized, by whatever normalizer is set at the time."""
     backend = tok.backend_tokenizer
-    form = _state(backend.normalizer).get("type")
+    form = _state(state if state is not None else serialized_state(tok), "normalizer").get("type")
     if form not in NORMAL_FORMS:
         return None
     if any(t.normalized and not unicodedata.is_normalized(form, t.content)
@@ -102,18 +125,20 @@ class ByteStarts:
         self.usable = True
 
     @classmethod
-    def for_tokenizer(cls, tok: Any) -> ByteStarts | None:
-        """The helper for ``tok`` (an HF fast tokenizer), or None where byte lengths are not exact offsets."""
+    def for_tokenizer(cls, tok: Any, state: dict | None = None) -> ByteStarts | None:
+        """The helper for ``tok`` (an HF fast tokenizer), or None where byte lengths are not exact offsets.
+        ``state``: the tokenizer's serialized form (:func:`serialized_state`), when the caller has it."""
         backend = tok.backend_tokenizer
+        state = state if state is not None else serialized_state(tok)
         model = backend.model
         if type(model).__name__ != "BPE" or model.byte_fallback or model.unk_token or model.dropout:
             return None
         if model.continuing_subword_prefix or model.end_of_word_suffix:
             return None
-        normalizer = _state(backend.normalizer).get("type")
+        normalizer = _state(state, "normalizer").get("type")
         if normalizer not in (None, "NFC"):
             return None
-        if not _pre_tokenizer_ok(_state(backend.pre_tokenizer)) or not _post_processor_ok(_state(backend.post_processor)):
+        if not _pre_tokenizer_ok(_state(state, "pre_tokenizer")) or not _post_processor_ok(_state(state, "post_processor")):
             return None
         added = backend.get_added_tokens_decoder()
         if any(t.lstrip or t.rstrip or (t.normalized and not unicodedata.is_normalized("NFC", t.content))

@@ -169,10 +169,11 @@ def _declared_class(name: str, find) -> Any:
     return cls if isinstance(cls, type) and issubclass(cls, TokenizersBackend) else None
 
 
-def fingerprint(tok: Any, name_or_path: str, placeholders: list[str]) -> dict[str, Any]:
-    """What identifies a tokenizer's behaviour: its serialized model, template and specials."""
+def fingerprint(tok: Any, name_or_path: str, placeholders: list[str], serialized: str | None = None) -> dict[str, Any]:
+    """What identifies a tokenizer's behaviour: its serialized model (``serialized``: its ``to_str()``, when
+    the caller has it), template and specials."""
     h = hashlib.sha256()
-    h.update(tok.backend_tokenizer.to_str().encode())
+    h.update((serialized if serialized is not None else tok.backend_tokenizer.to_str()).encode())
     h.update(json.dumps(tok.chat_template, sort_keys=True).encode())
     h.update(json.dumps({"bos": tok.bos_token, "eos": tok.eos_token, "pad": tok.pad_token}, sort_keys=True).encode())
     return {

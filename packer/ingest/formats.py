@@ -228,7 +228,7 @@ def _message_turn(m: dict[str, Any], where: str, media: _MediaQueue) -> Turn:
         parts = [p for j, item in enumerate(content) for p in _content_part(item, f"{where}.content[{j}]", media)]
     else:
         raise BadRecord("wrong_type", f"{where}.content must be a string or a list, got {type(content).__name__}")
-    return Turn(role, tuple(parts))
+    return Turn(role, tuple(parts), structured=isinstance(content, list))
 
 
 def _prompt_completion_turns(obj: dict[str, Any], media: _MediaQueue) -> list[Turn]:
@@ -245,7 +245,7 @@ def _prompt_completion_turns(obj: dict[str, Any], media: _MediaQueue) -> list[Tu
         else:
             raise BadRecord("wrong_type", f"'{key}' must be a string or a list of messages, got {type(value).__name__}")
         if key == "prompt":
-            part = [Turn(t.role, t.parts, trained=False) for t in part]
+            part = [Turn(t.role, t.parts, trained=False, structured=t.structured) for t in part]
         turns += part
     return turns
 

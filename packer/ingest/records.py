@@ -32,6 +32,8 @@ class Turn:
     role: str  # one of ROLES
     parts: tuple[Part, ...]
     trained: bool = True  # False: an assistant turn given as context (a TRL prompt's): rendered, never trained
+    structured: bool = False  # the record gave the content as a list of parts (rendered as a list where the family
+    #                           renders structured content, as HF's processor.apply_chat_template would)
 
 
 @dataclass(frozen=True)

@@ -60,9 +60,20 @@ class PackedCollator:
                  pad_token_id: int = 0, rope: str = "default", loss: str = "token", mask_dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", image_processor=None, feature_extractor=None, processor=None,
                  patch_size: int | None = None, image_embeddings=None, audio_features=None, video_processor=None,
-                 video_policy=None, tokens_per_second: float | None = None):
+                 video_policy=None, tokens_per_second: float | None = None, family: dict[str, Any] | None = None):
         if attention not in ATTENTION:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
+        family_obj = None
+        if family is not None and family.get("name", "generic") != "generic":
+            from packer.families import family_from_state
+
+            family_obj = family_from_state(family, None)
+            if rope == "default" and family.get("rope") == "mrope":
+                rope = "mrope"  # the family's positions: PackedCollator(family=ds.family) needs nothing more
+        self.family = family
+        self._family = family_obj
+        self._type_ids = {k: v for k, v in (family or {}).get("run_ids", {}).items() if v is not None} \
+            if "mm_token_type_ids" in (family or {}).get("model_inputs", ()) else None
         if rope not in ("default", "mrope"):
             raise ValueError(f"rope must be default or mrope, got {rope!r}")
         timed_processor = "second_per_grid_ts" in (getattr(processor, "model_input_names", None) or ())
@@ -92,7 +103,8 @@ class PackedCollator:
         self._untimed = timed_processor and tokens_per_second is None and rope == "mrope"
         step = MediaStep(image_processor=image_processor, feature_extractor=feature_extractor, processor=processor,
                          patch_size=patch_size, image_embeddings=image_embeddings, audio_features=audio_features,
-                         video_processor=video_processor, video_policy=video_policy, timed=tokens_per_second is not None)
+                         video_processor=video_processor, video_policy=video_policy, timed=tokens_per_second is not None,
+                         family=family_obj)
         self.media_step = step if step.enabled else None
 
     def _length(self, n: int) -> int:
@@ -120,6 +132,15 @@ class PackedCollator:
         segment, position = masks.segments_and_positions(cu, length)
         out: dict[str, Any] = {"input_ids": input_ids, "labels": labels, "seq_idx": segment.to(torch.int32)}
         out["loss_weights"] = loss_weights(labels, segment, self.loss)
+        if self._type_ids is not None:  # 0 text, 1 image, 2 video, 3 audio placeholders (the processors' own values)
+            types = torch.zeros_like(input_ids)
+            for kind, value in (("image", 1), ("video", 2), ("audio", 3)):
+                if kind in self._type_ids:
+                    types[input_ids == self._type_ids[kind]] = value
+            out["mm_token_type_ids"] = types
+        hook = getattr(self._family, "row_inputs", None)
+        if hook is not None:
+            out.update(hook(input_ids, self.family.get("run_ids", {})))
         out["media"] = [{**m, "batch": b} for b, r in enumerate(rows) for m in r["media"]]
         if self._untimed and any(m["kind"] == "video" for m in out["media"]):
             raise ValueError("the batch holds a video and the processor is a Qwen2.5-VL one (time-scaled mRoPE), but the "
@@ -136,18 +157,40 @@ class PackedCollator:
             out["position_ids"][:, pad] = position[pad]
         else:
             out["position_ids"] = position
+        if (self.family or {}).get("linear_attention"):
+            self._linear_attention(out, cu, length, batch)
         if self.attention in ("sdpa", "eager"):
             allowed = masks.allowed(segment)
             out["attention_mask"] = allowed if self.attention == "sdpa" else masks.additive(allowed, self.mask_dtype)
         elif self.attention == "flex":
             out["attention_mask"] = masks.block_mask(segment, self.device)
         elif self.attention == "varlen":
-            bounds = cu[0] if length == cu[0][-1] else np.append(cu[0], length)
+            bounds = _bounds(cu[0], length)
             cu_t = torch.as_tensor(bounds, dtype=torch.int32)
             max_len = int(np.diff(bounds).max()) if len(bounds) > 1 else 0
             out.update(cu_seqlens=cu_t, max_seqlen=max_len, cu_seq_lens_q=cu_t, cu_seq_lens_k=cu_t,
                        max_length_q=max_len, max_length_k=max_len)
+        if (self.family or {}).get("linear_attention") and isinstance(out.get("attention_mask"), torch.Tensor):
+            # a hybrid model takes one mask per layer type: ours for attention, none for the recurrent layers
+            out["attention_mask"] = {"full_attention": out["attention_mask"], "linear_attention": None}
         return out
+
+    def _linear_attention(self, out: dict[str, Any], cu: list[np.ndarray], length: int, batch: int) -> None:
+        """Boundaries for the linear-attention layers of a hybrid model (Qwen3.5): the kernels take them
+        flattened, so one row per batch (or a flattened form)."""
+        if batch > 1:
+            raise ValueError(f"family {self.family['name']}: its linear-attention layers take segment boundaries over one "
+                             f"flattened row, but the batch holds {batch} rows; use batch_size=1 (one packed row per "
+                             f"step: rows are already full) or attention='varlen'")
+        bounds = _bounds(cu[0], length)
+        cu_t = torch.as_tensor(bounds, dtype=torch.int32)
+        max_len = int(np.diff(bounds).max()) if len(bounds) > 1 else 0
+        out.update(cu_seq_lens_q=cu_t, cu_seq_lens_k=cu_t, max_length_q=max_len, max_length_k=max_len)
+
+
+def _bounds(cu: np.ndarray, length: int) -> np.ndarray:
+    """A row's boundaries with its padding (if any) as one more segment."""
+    return cu if length == cu[-1] else np.append(cu, length)
 
 
 def _concatenate(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -164,7 +207,7 @@ def _concatenate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "pixel_values", "image_grid_thw", "image_sizes",
+MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw", "image_sizes",
               "pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "input_features", "feature_attention_mask",
               "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 

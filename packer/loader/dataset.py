@@ -80,7 +80,12 @@ class _ShardedTable:
                     value = torch.from_numpy(value.astype(np.int64))
             out[name] = value
         if "media" in out:
+            ids = None
             for m in out["media"]:
+                if m["tokens"] != m["length"]:  # text between the item's runs: where each run is
+                    if ids is None:
+                        ids = np.asarray(row["input_ids"], dtype=np.int64)
+                    m["runs"] = _runs(ids[m["start"] : m["start"] + m["length"]] == self._run_ids[m["kind"]])
                 if m["ref"].startswith("{"):  # a video given as frame images: {"frames": [refs], "fps": rate}
                     listed = json.loads(m["ref"])
                     m["frames"] = [resolve_ref(r, self.media_root) for r in listed["frames"]]
@@ -88,6 +93,19 @@ class _ShardedTable:
                 else:
                     m["path"] = resolve_ref(m["ref"], self.media_root)
         return out
+
+    @property
+    def _run_ids(self) -> dict[str, int | None]:
+        return {k: self.manifest.placeholder_id(k) for k in ("image", "audio", "video")}
+
+    @property
+    def family(self) -> dict[str, Any] | None:
+        """The model family the build reproduces (the manifest's), with each kind's placeholder id
+        (``run_ids``): ``PackedCollator(family=ds.family, ...)`` gives the family's model inputs."""
+        family = self.manifest.tokenizer.get("family")
+        if not family:
+            return None
+        return {**family, "run_ids": {k: v for k, v in self._run_ids.items() if v is not None}}
 
     @property
     def placeholder_ids(self) -> dict[str, int]:
@@ -105,6 +123,12 @@ class _ShardedTable:
             folder = local_folder([(self.out / e.file, e.file.rsplit("/", 1)[-1], e.sha256)
                                    for e in self.manifest.files.tokenizer])
         return AutoTokenizer.from_pretrained(str(folder))
+
+
+def _runs(is_placeholder: np.ndarray) -> list[list[int]]:
+    """[offset, length] of each run of True in ``is_placeholder`` (a span's placeholders)."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], is_placeholder.astype(np.int8), [0]])))
+    return [[int(a), int(b - a)] for a, b in zip(edges[::2], edges[1::2], strict=True)]
 
 
 class PackedDataset(_ShardedTable):

@@ -98,7 +98,8 @@ class MediaStep:
     """Loads and encodes a batch's media; see the module docstring. Picklable."""
 
     def __init__(self, *, image_processor=None, feature_extractor=None, processor=None, patch_size: int | None = None,
-                 image_embeddings=None, audio_features=None, video_processor=None, video_policy=None, timed: bool = False):
+                 image_embeddings=None, audio_features=None, video_processor=None, video_policy=None, timed: bool = False,
+                 family=None):
         if processor is not None:
             image_processor = image_processor or getattr(processor, "image_processor", None)
             feature_extractor = feature_extractor or getattr(processor, "feature_extractor", None)
@@ -113,6 +114,7 @@ class MediaStep:
         self.patch_size = patch_size or 14
         self.family = image_family(image_processor) if image_processor is not None else None
         self.video_processor, self.timed = video_processor, timed
+        self.model_family = family  # a packer.families.Family whose loading differs from the generic policies (Qwen3-VL)
         if isinstance(video_policy, str):
             from packer.media.policies import parse_policy
 
@@ -143,19 +145,25 @@ class MediaStep:
     # ------------------------------------------------------------------ images
 
     def _images(self, spans: list[dict[str, Any]]) -> dict[str, Any]:
+        hook = getattr(self.model_family, "image_inputs", None)
+        if hook is not None and self.image_embeddings is None:
+            if self.image_processor is None:
+                raise ValueError(f"the batch holds {len(spans)} image(s) but the collator has no image processor: "
+                                 f"pass PackedCollator(processor=...)")
+            return hook(self.image_processor, [open_media(load_image, m) for m in spans], spans, check)
         if self.image_embeddings is not None:
             return {"image_embeds": torch.stack([torch.tensor(np.asarray(self.image_embeddings[m["ref"]]), dtype=torch.float32)
                                                  for m in spans])}
         if self.image_processor is None:
             raise ValueError(f"the batch holds {len(spans)} image(s) but the collator has no image processor: "
                              f"pass PackedCollator(image_processor=...) or processor=...")
-        pictures = [_open(load_image, m) for m in spans]
+        pictures = [open_media(load_image, m) for m in spans]
         enc = self.image_processor(images=pictures, return_tensors="pt")
         if self.family == "qwen2vl":
             merge = int(self.image_processor.merge_size)
             for m, grid in zip(spans, enc["image_grid_thw"].tolist(), strict=True):
                 t, h, w = grid
-                _check(m, t * h * w // (merge * merge), type(self.image_processor).__name__,
+                check(m, t * h * w // (merge * merge), type(self.image_processor).__name__,
                        stored_grid=(t, h // merge, w // merge))
             return {"pixel_values": enc["pixel_values"], "image_grid_thw": enc["image_grid_thw"]}
         if self.family == "llava_next":
@@ -166,17 +174,24 @@ class MediaStep:
             pinpoints = "/".join(f"{h}x{w}" for h, w in self.image_processor.image_grid_pinpoints)
             policy = AnyRes(image_size=side, patch_size=self.patch_size, pinpoints=pinpoints)
             for m, (h, w) in zip(spans, enc["image_sizes"].tolist(), strict=True):
-                _check(m, policy.count(h, w).length, type(self.image_processor).__name__)
+                check(m, policy.count(h, w).length, type(self.image_processor).__name__)
             return {"pixel_values": enc["pixel_values"], "image_sizes": enc["image_sizes"]}
         pixels = enc["pixel_values"]
         n = (pixels.shape[-2] // self.patch_size) * (pixels.shape[-1] // self.patch_size)
         for m in spans:
-            _check(m, n, f"{type(self.image_processor).__name__} (patch {self.patch_size})")
+            check(m, n, f"{type(self.image_processor).__name__} (patch {self.patch_size})")
         return {"pixel_values": pixels}
 
     # ------------------------------------------------------------------ audio
 
     def _audio(self, spans: list[dict[str, Any]]) -> dict[str, Any]:
+        hook = getattr(self.model_family, "audio_inputs", None)
+        if hook is not None and self.audio_features is None:
+            if self.feature_extractor is None:
+                raise ValueError(f"the batch holds {len(spans)} audio clip(s) but the collator has no feature extractor: "
+                                 f"pass PackedCollator(processor=...)")
+            rate = int(self.feature_extractor.sampling_rate)
+            return hook(self.feature_extractor, [open_media(load_audio, m, rate) for m in spans], spans, check)
         if self.audio_features is not None:
             features = [self.audio_features[m["ref"]] for m in spans]
             valid = [int(self.audio_features.valid_frames(m["ref"])) for m in spans]
@@ -188,13 +203,13 @@ class MediaStep:
                 raise ValueError(f"the batch holds {len(spans)} audio clip(s) but the collator has no feature extractor: "
                                  f"pass PackedCollator(feature_extractor=...) or processor=...")
             rate = int(self.feature_extractor.sampling_rate)
-            waves = [_open(load_audio, m, rate) for m in spans]
+            waves = [open_media(load_audio, m, rate) for m in spans]
             enc = self.feature_extractor(waves, sampling_rate=rate, padding="max_length", return_attention_mask=True,
                                          return_tensors="pt")
             input_features, mask = enc["input_features"], enc["attention_mask"]
             source = type(self.feature_extractor).__name__
         for m, frames in zip(spans, mask.sum(-1).tolist(), strict=True):
-            _check(m, audio_output_length(int(frames)), f"{source} + the Qwen2-Audio encoder")
+            check(m, audio_output_length(int(frames)), f"{source} + the Qwen2-Audio encoder")
         return {"input_features": input_features, "feature_attention_mask": mask}
 
     # ------------------------------------------------------------------ videos
@@ -203,6 +218,9 @@ class MediaStep:
         if self.video_processor is None:
             raise ValueError(f"the batch holds {len(spans)} video(s) but the collator has no video processor: "
                              f"pass PackedCollator(video_processor=...) or processor=... (a Qwen2-VL / Qwen2.5-VL one)")
+        hook = getattr(self.model_family, "video_inputs", None)
+        if hook is not None:
+            return hook(self.video_processor, spans, check)
         if self.video_policy is None:
             raise ValueError(f"{type(self.video_processor).__name__} is not a Qwen2-VL / Qwen2.5-VL video processor: packer "
                              f"loads videos for the qwen2vl video policy only; pass video_policy=... and a Qwen2-VL one")
@@ -218,18 +236,19 @@ class MediaStep:
                 info = probe_frames(listed, m.get("fps") or 0.0) if listed else probe_video(path)
             except BadRecord as e:
                 if e.reason == "missing_video":
-                    _missing(m, path)
+                    missing(m, path)
                 raise
-            indices = policy.frame_indices(info.frames, info.fps)
+            used = dataclasses.replace(policy, sample=False) if listed else policy  # a frame list: every frame
+            indices = used.frame_indices(info.frames, info.fps)
             frames.append(load_frames(listed, indices) if listed else load_video(path, indices))
-            metadata.append(video_metadata(info, policy))
+            metadata.append(video_metadata(info, used))
         enc = self.video_processor(videos=frames, video_metadata=metadata, do_sample_frames=False, return_tensors="pt")
         merge, tps = int(self.video_processor.merge_size), int(self.video_processor.temporal_patch_size)
         by = f"{type(self.video_processor).__name__} (frames sampled by video policy {policy_spec(policy)})"
         seconds = []
         for m, grid, meta in zip(spans, enc["video_grid_thw"].tolist(), metadata, strict=True):
             t, h, w = grid
-            _check(m, t * h * w // (merge * merge), by, stored_grid=(t, h // merge, w // merge))
+            check(m, t * h * w // (merge * merge), by, stored_grid=(t, h // merge, w // merge))
             implied = float(np.float32(tps / VideoMetadata(**meta).sampled_fps))  # Qwen2_5_VLProcessor._process_videos
             stored = float(np.float32(m.get("second_per_grid_t") or 0.0))
             if (stored or self.timed) and stored != implied:
@@ -246,28 +265,33 @@ class MediaStep:
         return out
 
 
-def _missing(span: dict[str, Any], path: str):
+def missing(span: dict[str, Any], path: str):
     raise FileNotFoundError(f"{span['kind']} file {path} (ref {span['ref']!r}) not found; if the media moved, "
                             f"open the build with PackedDataset(out, media_root=NEW_ROOT)") from None
 
 
-def _open(load, span: dict[str, Any], *args):
+def open_media(load, span: dict[str, Any], *args):
     path = span.get("path") or span["ref"]
     try:
         return load(path, *args)
     except FileNotFoundError:
-        _missing(span, path)
+        missing(span, path)
 
 
-def _check(span: dict[str, Any], produced: int, by: str, stored_grid: tuple[int, ...] | None = None) -> None:
+def check(span: dict[str, Any], produced: int, by: str, stored_grid: tuple[int, ...] | None = None) -> None:
+    """Raise :class:`MediaMismatchError` naming the file unless ``produced`` (the features the model will get for
+    ``span``) equals the placeholders the build stored, and ``stored_grid`` (the processor's grid after the
+    spatial merge) its ``llm_grid``. Family hooks call it for every item they load."""
     path = span.get("path") or span["ref"]
-    if produced != span["length"]:
+    stored = int(span.get("tokens", span["length"]))
+    if produced != stored:
         raise MediaMismatchError(
-            f"{path}: the build gave this {span['kind']} {span['length']} placeholder positions but {by} produces "
+            f"{path}: the build gave this {span['kind']} {stored} placeholder positions but {by} produces "
             f"{produced} features from it. The build's token policy and this processor disagree: rebuild with "
             f"settings that match the processor (--{span['kind']}-tokens), or give the collator the "
             f"processor the build was made for.")
-    grid = tuple(int(g) for g in span.get("grid") or ())
+    grid = tuple(int(g) for g in span.get("llm_grid") or ())
     if stored_grid is not None and grid and grid != tuple(stored_grid):
-        raise MediaMismatchError(f"{path}: the build stored grid {grid} but {by} makes {tuple(stored_grid)}; "
+        raise MediaMismatchError(f"{path}: the build stored llm_grid {grid} (after the spatial merge) but {by} makes "
+                                 f"{tuple(stored_grid)}; "
                                  f"mRoPE positions would be wrong: rebuild with matching --{span['kind']}-tokens")

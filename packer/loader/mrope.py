@@ -18,14 +18,19 @@ from __future__ import annotations
 
 import torch
 
+from packer.loader.sequence_parallel import span_runs
+
 VISUAL = ("image", "video")
 
 
 def mrope_positions(length: int, segments: list[tuple[int, int]], spans: list[dict],
                     tokens_per_second: float | None = None) -> torch.Tensor:
     """``[3, length]`` positions for one row: ``segments`` are (start, end) token ranges,
-    ``spans`` the row's media spans (absolute ``start``, ``length``, ``grid``, and for videos
-    ``second_per_grid_t``); ``tokens_per_second`` time-scales videos (Qwen2.5-VL)."""
+    ``spans`` the row's media spans (absolute ``start``, ``length``, ``llm_grid``, ``runs`` where a
+    family writes text between runs, and for videos ``second_per_grid_t``); ``tokens_per_second``
+    time-scales videos (Qwen2.5-VL). Each run of ``k * h * w`` placeholders is positioned as a
+    ``(k, h, w)`` grid at the text position it starts at (Qwen3-VL: one run per temporal group,
+    its timestamp text between); text resumes at that position + ``max(h, w)``."""
     pos = torch.zeros(3, length, dtype=torch.long)
     by_segment: dict[int, list[dict]] = {}
     for s in spans:
@@ -33,25 +38,33 @@ def mrope_positions(length: int, segments: list[tuple[int, int]], spans: list[di
     for k, (a, b) in enumerate(segments):
         cursor, current = a, 0
         for s in sorted(by_segment.get(k, []), key=lambda s: s["start"]):
-            if not s["grid"] or s["kind"] not in VISUAL:
+            grid = s.get("llm_grid") or ()
+            if not grid or s["kind"] not in VISUAL:
                 continue  # positioned like text
-            text = s["start"] - cursor
-            pos[:, cursor : s["start"]] = torch.arange(current, current + text)
-            current += text
-            t, h, w = (int(x) for x in s["grid"])
-            if t * h * w != s["length"]:
-                raise ValueError(f"media span of {s['length']} tokens has grid {tuple(s['grid'])} ({t * h * w} cells)")
-            steps = torch.arange(t)
+            t, h, w = (int(x) for x in grid)
+            tokens = int(s.get("tokens", s["length"]))
+            if t * h * w != tokens:
+                raise ValueError(f"media span of {tokens} placeholders has llm_grid {tuple(grid)} ({t * h * w} cells)")
+            seconds = None
             if s["kind"] == "video" and tokens_per_second is not None:
                 seconds = float(s.get("second_per_grid_t") or 0.0)
                 if seconds <= 0:
                     raise ValueError(f"video {s.get('path') or s['ref']} has no second_per_grid_t (stored {seconds}): "
                                      f"time-scaled mRoPE (tokens_per_second={tokens_per_second}) needs it; rebuild with "
                                      f"this packer, or leave tokens_per_second out for Qwen2-VL")
-                steps = (steps * (torch.tensor(seconds, dtype=torch.float32) * tokens_per_second)).long()
-            tt, hh, ww = torch.meshgrid(steps, torch.arange(h), torch.arange(w), indexing="ij")
-            pos[:, s["start"] : s["start"] + s["length"]] = torch.stack([tt, hh, ww]).reshape(3, -1) + current
-            current += max(h, w)
-            cursor = s["start"] + s["length"]
+            for offset, run in span_runs(s):
+                if run % (h * w):
+                    raise ValueError(f"a run of {run} placeholders is not whole temporal steps of {h} x {w}")
+                start = s["start"] + offset
+                text = start - cursor
+                pos[:, cursor:start] = torch.arange(current, current + text)
+                current += text
+                steps = torch.arange(run // (h * w))
+                if seconds is not None:
+                    steps = (steps * (torch.tensor(seconds, dtype=torch.float32) * tokens_per_second)).long()
+                tt, hh, ww = torch.meshgrid(steps, torch.arange(h), torch.arange(w), indexing="ij")
+                pos[:, start : start + run] = torch.stack([tt, hh, ww]).reshape(3, -1) + current
+                current += max(h, w)
+                cursor = start + run
         pos[:, cursor:b] = torch.arange(current, current + b - cursor)
     return pos

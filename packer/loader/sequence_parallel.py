@@ -49,6 +49,10 @@ import torch
 
 from packer.shards.schema import IGNORE
 
+# Per-token model inputs a family adds ([B, L], 0 on padding), sliced like the tokens; ``visual_pos_masks`` (the
+# positions DeepStack adds its features to) follows a local ``mm_token_type_ids``.
+PER_TOKEN = ("mm_token_type_ids", "token_type_ids")
+
 
 def shard_for_sequence_parallel(batch: dict[str, Any], rank: int, size: int, *, mode: str = "ulysses",
                                 pad_token_id: int = 0) -> dict[str, Any]:
@@ -64,8 +68,10 @@ def shard_for_sequence_parallel(batch: dict[str, Any], rank: int, size: int, *, 
     Returns:
         The local tensors (see the module docstring) and ``media``: one piece per run of a
         span's placeholders on this rank, sorted by (``batch``, ``start``), with the span's
-        keys plus ``start`` / ``length`` (local), ``offset`` (within the span), ``span_start``
-        and ``span_length`` (the span in the unsliced batch). Spans outside the slice are absent.
+        keys plus ``start`` / ``length`` (local), ``offset`` (the piece's first feature within the
+        span), ``span_start``, ``span_length`` and ``span_tokens`` (the span in the unsliced batch).
+        Spans outside the slice are absent; text a family writes between a span's runs (Qwen3-VL's
+        timestamps) is in no piece.
     """
     if not 0 <= rank < size:
         raise ValueError(f"rank {rank} is not in [0, {size})")
@@ -86,7 +92,7 @@ def local_media_rows(pieces: Sequence[dict[str, Any]], encoded: Sequence[dict[st
 
     The encoder's output is taken as every span of ``encoded`` in (``batch``, ``start``)
     order -- the order of the collator's ``pixel_values`` / ``input_features`` and of the
-    model's scatter -- each giving ``length`` rows. ``encoded`` defaults to the spans the
+    model's scatter -- each giving ``tokens`` rows (its placeholders). ``encoded`` defaults to the spans the
     pieces come from (a rank that encodes only what it holds); pass the unsliced
     ``batch["media"]`` when the encoder ran on the whole batch. ``kind`` keeps only the
     pieces and spans of one kind (the encoder's). Example, a rank holding pieces
@@ -98,13 +104,13 @@ def local_media_rows(pieces: Sequence[dict[str, Any]], encoded: Sequence[dict[st
     """
     pieces = [p for p in pieces if kind is None or p["kind"] == kind]
     if encoded is None:
-        held = {(p.get("batch", 0), p["span_start"]): p["span_length"] for p in pieces}
-        encoded = [{"batch": b, "start": s, "length": n} for (b, s), n in held.items()]
+        held = {(p.get("batch", 0), p["span_start"]): p.get("span_tokens", p["span_length"]) for p in pieces}
+        encoded = [{"batch": b, "start": s, "length": n, "tokens": n} for (b, s), n in held.items()]
     first, row = {}, 0
     for span in sorted((m for m in encoded if kind is None or m.get("kind", kind) == kind),
                        key=lambda m: (m.get("batch", 0), int(m["start"]))):
         first[(span.get("batch", 0), int(span["start"]))] = row
-        row += int(span["length"])
+        row += int(span.get("tokens", span["length"]))  # the span's features: its placeholders
     rows = []
     for p in sorted(pieces, key=lambda p: (p.get("batch", 0), p["start"])):
         key = (p.get("batch", 0), p["span_start"])
@@ -134,20 +140,34 @@ def _pad_last(t: torch.Tensor, n: int, value) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, n), value=value) if n else t
 
 
+def span_runs(span: dict[str, Any]) -> list[tuple[int, int]]:
+    """A span's runs of placeholders as (offset in the span, length); one run covering the span unless the
+    row says otherwise (:class:`~packer.loader.PackedDataset` adds ``runs`` where the family writes text
+    between a media item's runs)."""
+    runs = span.get("runs")
+    return [(int(o), int(n)) for o, n in runs] if runs else [(0, int(span["length"]))]
+
+
 def _pieces(span: dict[str, Any], windows: list[tuple[int, int, int]]) -> list[dict[str, Any]]:
-    """The runs of ``span`` inside ``windows`` -- (row_lo, row_hi, local_lo), in local order --
-    merged where two runs adjoin both locally and within the span."""
+    """The runs of ``span``'s placeholders inside ``windows`` -- (row_lo, row_hi, local_lo), in local order --
+    merged where two runs adjoin both locally and in the span's features. ``offset`` counts features (the
+    encoder's rows of the span), which is the position in the span when the span is one run."""
     s, n = int(span["start"]), int(span["length"])
+    tokens = int(span.get("tokens", n))
     out: list[dict[str, Any]] = []
     for lo, hi, local in windows:
-        a, b = max(s, lo), min(s + n, hi)
-        if a >= b:
-            continue
-        start, offset = local + a - lo, a - s
-        if out and out[-1]["start"] + out[-1]["length"] == start and out[-1]["offset"] + out[-1]["length"] == offset:
-            out[-1]["length"] += b - a
-        else:
-            out.append({**span, "start": start, "length": b - a, "offset": offset, "span_start": s, "span_length": n})
+        feature = 0
+        for run_offset, run_length in span_runs(span):
+            rs = s + run_offset
+            a, b = max(rs, lo), min(rs + run_length, hi)
+            if a < b:
+                start, offset = local + a - lo, feature + a - rs
+                if out and out[-1]["start"] + out[-1]["length"] == start and out[-1]["offset"] + out[-1]["length"] == offset:
+                    out[-1]["length"] += b - a
+                else:
+                    out.append({**span, "start": start, "length": b - a, "offset": offset, "span_start": s,
+                                "span_length": n, "span_tokens": tokens})
+            feature += run_length
     return out
 
 
@@ -168,6 +188,7 @@ def _ulysses(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> 
         "shift_loss_weights": _pad_last(shift_w, extra, 0.0),
         "position_ids": torch.cat([positions, pad_positions.to(positions.dtype)], dim=-1) if extra else positions,
         "seq_idx": _pad_last(batch["seq_idx"], extra, int(batch["seq_idx"].max()) + 1),
+        **{k: _pad_last(batch[k], extra, 0) for k in PER_TOKEN if k in batch},
     }
     chunk = (length + extra) // size
     lo, hi = rank * chunk, (rank + 1) * chunk
@@ -182,6 +203,12 @@ def _ulysses(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> 
     pieces = [p for span in batch.get("media", []) for p in _pieces(span, [(lo, hi, 0)])]
     out["media"] = sorted(pieces, key=lambda p: (p.get("batch", 0), p["start"]))
     out.update(_cu_fields(cu, padded, local), global_index=torch.arange(lo, hi))
+    return _visual(out)
+
+
+def _visual(out: dict[str, Any]) -> dict[str, Any]:
+    if "mm_token_type_ids" in out:
+        out["visual_pos_masks"] = (out["mm_token_type_ids"] == 1) | (out["mm_token_type_ids"] == 2)
     return out
 
 
@@ -206,9 +233,10 @@ def _ring(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> dic
     shift, shift_w = _shifted(batch)
     positions = batch["position_ids"][..., 0, :]  # [T] or [3, T]
     cu = batch["cu_seqlens"].to(torch.int64)
+    per_token = [k for k in PER_TOKEN if k in batch]
     parts: dict[str, list[torch.Tensor]] = {k: [] for k in
                                             ("input_ids", "labels", "shift_labels", "shift_loss_weights",
-                                             "position_ids", "seq_idx", "global_index")}
+                                             "position_ids", "seq_idx", "global_index", *per_token)}
     windows: list[list[tuple[int, int, int]]] = []  # per segment: this rank's (row_lo, row_hi, local_lo)
     padded_sizes, local_sizes, start_padded, start_local = [], [], 0, 0
     for k, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
@@ -227,6 +255,7 @@ def _ring(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> dic
                                       dim=-1),
             "seq_idx": torch.full((n_pad,), k, dtype=torch.int32),
             "global_index": torch.arange(start_padded, start_padded + n_pad),
+            **{key: _pad_last(batch[key][0, a:b], extra, 0) for key in per_token},
         }
         windows.append([])
         for i, j in enumerate((rank, 2 * size - 1 - rank)):
@@ -246,7 +275,7 @@ def _ring(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> dic
     padded = torch.cat([torch.tensor([0]), torch.tensor(padded_sizes).cumsum(0)])
     local = torch.cat([torch.tensor([0]), torch.tensor(local_sizes).cumsum(0)])
     out.update(_cu_fields(cu, padded, local))
-    return out
+    return _visual(out)
 
 
 def _cu_fields(cu: torch.Tensor, padded: torch.Tensor, local: torch.Tensor) -> dict[str, Any]:

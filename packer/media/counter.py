@@ -1,13 +1,16 @@
-"""Per-worker media counting: probe the file, apply the policy, remember the answer.
+"""Per-worker media probing with a small cache, and the generic counter built on it.
 
-The same image is often referenced by many records (several questions about one
-picture); the counter keeps the last ``cache_size`` answers, keyed by path, size and
-modification time, so such an image is read once per worker.
+The same image is often referenced by many records (several questions about one picture);
+:class:`MediaProber` keeps the last ``cache_size`` probes, keyed by path, size and modification
+time (and, for a frame list, the frames and the stated rate), so such an image is read once per
+worker. What the probe means in tokens is the family's business (:mod:`packer.families`);
+:class:`MediaCounter` applies the token-count policies (the generic family's arithmetic) to it.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 from packer.errors import BadRecord
 from packer.ingest.records import Part
@@ -16,17 +19,15 @@ from packer.media.policies import Count, parse_policy
 from packer.media.probe import probe_audio, probe_image
 
 
-class MediaCounter:
-    def __init__(self, image_tokens: str, audio_tokens: str, image_check: str = "verify", cache_size: int = 65536,
-                 video_tokens: str = "qwen2vl"):
-        self.image_policy = parse_policy(image_tokens, "image")
-        self.audio_policy = parse_policy(audio_tokens, "audio")
-        self.video_policy = parse_policy(video_tokens, "video")
-        self.image_check = image_check
-        self.cache: OrderedDict[tuple, Count] = OrderedDict()
+class MediaProber:
+    """``probe(part)``: the header facts of an image (ImageInfo), clip (AudioInfo) or video (VideoInfo)."""
+
+    def __init__(self, image_check: str = "verify", cache_size: int = 65536, video_check: str = "verify"):
+        self.image_check, self.video_check = image_check, video_check
+        self.cache: OrderedDict[tuple, Any] = OrderedDict()
         self.cache_size = cache_size
 
-    def count(self, part: Part) -> Count:
+    def probe(self, part: Part) -> Any:
         try:
             size, mtime = fs.stat(part.path)
         except FileNotFoundError:
@@ -39,28 +40,34 @@ class MediaCounter:
         if hit is not None:
             self.cache.move_to_end(key)
             return hit
-        result = self._count(part)
+        result = self._probe(part)
         self.cache[key] = result
         if len(self.cache) > self.cache_size:
             self.cache.popitem(last=False)
         return result
 
-    def _count(self, part: Part) -> Count:
+    def _probe(self, part: Part) -> Any:
         if part.kind == "video":
-            from packer.media.video import count_frames, count_video
+            from packer.media.video import probe_frames, probe_video
 
             if part.frames:
-                return count_frames(part.frames, self.video_policy, part.fps, self.image_check)[1]
-            return count_video(part.path, self.video_policy)[1]
+                return probe_frames(part.frames, part.fps, self.image_check)
+            return probe_video(part.path, self.video_check)
         if part.kind == "image":
-            info = probe_image(part.path, self.image_check)
-            try:
-                return self.image_policy.count(info.height, info.width)
-            except ValueError as e:
-                raise BadRecord("unsupported_image", f"{part.ref!r} ({info.width}x{info.height}): {e}") from None
-        info = probe_audio(part.path)
-        result = self.audio_policy.count(info.frames, info.sample_rate)
-        if result.length < 1:
-            raise BadRecord("audio_too_short", f"{part.ref!r} is {1000 * info.seconds:.1f} ms: the encoder produces 0 positions "
-                                               f"under audio policy {self.audio_policy.name!r}; drop the clip or pad it")
-        return result
+            return probe_image(part.path, self.image_check)
+        return probe_audio(part.path)
+
+
+class MediaCounter:
+    """The generic family's count of one item: probe, then the kind's token-count policy."""
+
+    def __init__(self, image_tokens: str, audio_tokens: str, image_check: str = "verify", cache_size: int = 65536,
+                 video_tokens: str = "qwen2vl"):
+        self.policies = {"image": parse_policy(image_tokens, "image"), "audio": parse_policy(audio_tokens, "audio"),
+                         "video": parse_policy(video_tokens, "video")}
+        self.prober = MediaProber(image_check, cache_size)
+
+    def count(self, part: Part) -> Count:
+        from packer.families.generic import policy_count
+
+        return policy_count(self.policies[part.kind], part.kind, self.prober.probe(part), part)

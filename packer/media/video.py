@@ -194,8 +194,13 @@ def count_video(path: str, policy, check: str = "verify"):
 
 
 def count_frames(paths: Sequence[str], policy, fps: float = 0.0, image_check: str = "verify"):
-    """:func:`count_video` for a list of frame images at the stated ``fps`` (0: the policy's)."""
+    """:func:`count_video` for a list of frame images at the stated ``fps`` (0: the policy's): every frame is
+    taken (the HF video processors do not sample a list of frames; an odd count is padded)."""
     info = probe_frames(paths, fps, image_check)
+    if getattr(policy, "sample", False):
+        import dataclasses
+
+        policy = dataclasses.replace(policy, sample=False)
     return info, _count(policy, info, f"the {len(paths)}-frame list starting {paths[0]!r}")
 
 

@@ -129,8 +129,9 @@ class Manifest:
         return dict(self.tokenizer.get("placeholders", {}))
 
     def placeholder_id(self, kind: str) -> int | None:
-        """The id ``kind`` (``image`` / ``audio``) expands to."""
-        return self.placeholders.get(self.config.get(f"{kind}_token", ""))
+        """The id ``kind`` (``image`` / ``audio`` / ``video``) expands to: the family's placeholder run token."""
+        runs = (self.tokenizer.get("family") or {}).get("runs") or {}
+        return self.placeholders.get(runs.get(kind) or self.config.get(f"{kind}_token", ""))
 
     def section_files(self, section: str) -> list[ShardEntry]:
         return [ShardEntry(**e) for e in self.sections.get(section, {}).get("files", [])]

@@ -16,7 +16,7 @@ A packed row, worked example (two segments, capacity 8)::
     segment_ids ["chat.jsonl:1", "img-42"]       # display: the record's id, or file:line
     segment_source [0, 1]   segment_line [1, 42]   segment_start [0, 0]   # identity: input file, line, piece
     segment_modality ["text", "image"]
-    media      [{segment: 1, kind: "image", start: 3, length: 1, ref: "cat.png", grid: []}]
+    media      [{segment: 1, kind: "image", start: 3, length: 1, tokens: 1, ref: "cat.png", llm_grid: []}]
     n_tokens   6
 """
 
@@ -34,7 +34,8 @@ import pyarrow as pa
 from packer._ranges import csr_offsets
 from packer.errors import SchemaVersionError
 
-SCHEMA_VERSION = 2  # 2: integer segment identity (segment_source / _line / _start), sample source_index
+SCHEMA_VERSION = 3  # 2: integer segment identity (segment_source / _line / _start), sample source_index;
+#                    3: media spans cover a whole item (tokens, llm_grid)
 MEDIA_KINDS = ("image", "audio", "video")  # what a media span's ``kind`` may be
 IGNORE = -100  # label of a position that is not trained (the HF / PyTorch ignore_index)
 VERSION_KEY = b"packer.schema_version"
@@ -68,23 +69,33 @@ def list_of(cls: type) -> pa.DataType:
 
 @dataclass(frozen=True)
 class MediaSpan:
-    """Placeholder positions of one image, audio clip or video.
+    """One image, audio clip or video: the positions its processor's expansion occupies.
 
-    ``start`` is absolute within the row it is stored in (a sample row in
-    ``samples/``, a packed row in ``packed/``); ``segment`` indexes the row's segments.
-    ``grid`` is (t, h, w) after merging where the token-count policy knows it, else empty.
-    ``second_per_grid_t`` is a video's seconds per temporal grid step (what Qwen2.5-VL's
-    ``second_per_grid_ts`` holds; its time-scaled mRoPE needs it), 0.0 for every other kind.
-    ``ref`` names the file relative to the build's media root (``Manifest.media_root``),
-    or absolutely when it lies outside it (or a URL); the loader joins the two.
+    ``start`` is the item's first placeholder, absolute within the row it is stored in (a
+    sample row in ``samples/``, a packed row in ``packed/``); ``length`` runs through its last
+    placeholder; ``tokens`` counts its placeholders (the features the model scatters into the
+    span, in order). They differ where the family's processor writes text between runs of
+    placeholders (Qwen3-VL's ``<1.5 seconds><|vision_start|>`` between a video's temporal
+    groups, Llama 4's tile separators): that text is in the span, never trained, positioned as
+    text. ``segment`` indexes the row's segments.
+
+    ``llm_grid`` is (t, h, w) of the item's features in the language model's positions --
+    *after* the vision tower's spatial merge: ``[1, 6, 2]`` where HF's ``image_grid_thw`` is
+    ``[1, 12, 4]`` for merge 2 -- where the family's rotary positions need it, else empty; a
+    run of ``k * h * w`` placeholders covers ``k`` temporal steps. ``second_per_grid_t`` is a
+    video's seconds per temporal grid step (what Qwen2.5-VL's ``second_per_grid_ts`` holds;
+    its time-scaled mRoPE needs it), 0.0 for every other kind. ``ref`` names the file relative
+    to the build's media root (``Manifest.media_root``), or absolutely when it lies outside it
+    (or a URL); the loader joins the two.
     """
 
     segment: Int32
     kind: Str
     start: Int32
     length: Int32
+    tokens: Int32
     ref: Str
-    grid: Int32List = ()
+    llm_grid: Int32List = ()
     second_per_grid_t: Annotated[float, pa.float32()] = 0.0
 
 
@@ -177,8 +188,9 @@ def check_schema(schema: pa.Schema, where: str) -> None:
 
 def version_message(where: str, version: object) -> str:
     """What to say about a file of another schema version: which, and how to get a readable one."""
-    if str(version) == "1":
-        return (f"{where}: schema_version 1 (written by packer 0.1 before integer segment identity) is not read by "
+    if str(version) in ("1", "2"):
+        what = "before integer segment identity" if str(version) == "1" else "before whole-item media spans"
+        return (f"{where}: schema_version {version} (written by an earlier packer, {what}) is not read by "
                 f"this packer (reads {SCHEMA_VERSION}); rebuild it: packer build ... --overwrite, same inputs")
     return (f"{where}: schema_version {version} is not supported by this packer (reads {SCHEMA_VERSION}); "
             f"rebuild, or install the packer that wrote it")

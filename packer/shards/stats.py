@@ -141,7 +141,7 @@ def table_stats(table: pa.Table) -> ShardStats:
     if len(spans):
         span_seg = seg_index[span_row] + pc.struct_field(spans, "segment").to_numpy()
         np.add.at(media_items, span_seg, 1)
-        np.add.at(media_tokens, span_seg, pc.struct_field(spans, "length").to_numpy())
+        np.add.at(media_tokens, span_seg, pc.struct_field(spans, "tokens").to_numpy())
     for mod in sorted(set(modality.tolist())):
         m = modality == mod
         stats.per_modality[mod] = ModalityStats(int(m.sum()), int(seg_len[m].sum()), int(trained[m].sum()),
@@ -159,9 +159,9 @@ def table_stats(table: pa.Table) -> ShardStats:
     span_kind, span_len, span_steps = np.zeros(0, object), np.zeros(0), np.ones(0)
     if len(spans):
         span_kind = pc.struct_field(spans, "kind").cast(pa.string()).to_numpy(zero_copy_only=False)
-        span_len = pc.struct_field(spans, "length").to_numpy().astype(np.float64)
-        span_steps = np.ones(len(spans))  # a video's temporal grid steps (grid[0]); 1 for the rest
-        grid = pc.struct_field(spans, "grid")
+        span_len = pc.struct_field(spans, "tokens").to_numpy().astype(np.float64)
+        span_steps = np.ones(len(spans))  # a video's temporal grid steps (llm_grid[0]); 1 for the rest
+        grid = pc.struct_field(spans, "llm_grid")
         timed = (span_kind == "video") & (pc.list_value_length(grid).fill_null(0).to_numpy(zero_copy_only=False) > 0)
         if timed.any():
             span_steps[timed] = np.maximum(pc.list_element(grid.filter(pa.array(timed)), 0).to_numpy(), 1)

@@ -1,0 +1,281 @@
+"""Render conversations with a tokenizer's chat template, exactly as transformers does.
+
+The reference is transformers' public API: the template is ``tok.get_chat_template(name)``
+(a named template of a tokenizer that has several: ``default``, ``tool_use``, ...), and a
+rendering is ``tok.apply_chat_template(messages, chat_template=source, tokenize=False)``.
+That call re-checks its arguments and copies the messages every time (~40 µs of a ~160 µs
+Qwen3 render, measured), so the template is also compiled once here, in an overlay of
+transformers' own jinja environment whose attribute check is memoised (:func:`_compile`).
+The fast path is used only when it renders a set of probe conversations exactly as the
+public call does (:meth:`Renderer.check`, once per template at start-up); otherwise, or
+when transformers' private compiler is gone, every render goes through the public call.
+
+Two things a template can read that would make builds differ are fixed here:
+
+- the clock: ``strftime_now`` (Llama 3.1's date line) is given a fixed time, the build's
+  ``template_time`` (``SOURCE_DATE_EPOCH`` when set, else the Unix epoch), passed as a
+  template variable, which shadows transformers' global of the same name in both paths;
+- control tokens typed in the data: with ``sanitize`` (always, in packer), every control
+  token inside a message string is wrapped in transformers' private-use markers
+  (``mark_control_tokens``), exactly as ``apply_chat_template(..., sanitize_control_tokens=True)``
+  does, and :mod:`packer.encode.tokens` encodes it as plain text. A user turn holding
+  ``<|im_end|>\\n<|im_start|>assistant\\n`` can then never open a turn of its own.
+  Control tokens are the tokenizer's special added tokens plus the added tokens the template
+  writes itself (``tok.chat_control_tokens`` when the tokenizer lists them), the rule of
+  transformers' ``_get_control_tokens``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from packer.errors import BadRecord, ConfigError, PackerError
+
+MARK_START, MARK_END = "\U000f0000", "\U000f0001"  # transformers' markers (chat_template_utils._CONTROL_TOKEN_*)
+_JSON = (str, dict, list, tuple, int, float, bool, type(None))  # what messages and special tokens are made of
+
+
+def template_clock(template_time: str = "") -> datetime:
+    """The time a template's ``strftime_now`` sees: ``template_time`` (ISO 8601, e.g. ``2026-01-01``),
+    else ``SOURCE_DATE_EPOCH`` (seconds, the reproducible-builds convention), else the Unix epoch."""
+    if template_time:
+        try:
+            moment = datetime.fromisoformat(template_time)
+        except ValueError:
+            raise ConfigError(f"template_time = {template_time!r} is not an ISO 8601 date or time "
+                              f"(e.g. 2026-01-01 or 2026-01-01T12:00:00)") from None
+        return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if epoch:
+        try:
+            return datetime.fromtimestamp(int(epoch), UTC)
+        except (ValueError, OverflowError, OSError):
+            raise ConfigError(f"SOURCE_DATE_EPOCH = {epoch!r} is not a number of seconds since 1970") from None
+    return datetime.fromtimestamp(0, UTC)
+
+
+def template_source(tok: Any, name: str = "") -> str:
+    """The template text ``apply_chat_template`` would use: the tokenizer's only template, its
+    ``default`` one, or the one named (a tokenizer may hold several, as a dict); a ``name`` ending in
+    ``.jinja`` is a file holding the template to use instead of the tokenizer's."""
+    if name.endswith(".jinja"):
+        try:
+            return Path(name).read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"chat_template = {name!r}: cannot read it ({e})") from None
+    templates = tok.chat_template
+    if not templates:
+        raise PackerError("the tokenizer has no chat template, so conversations cannot be rendered; use a chat "
+                          "tokenizer, set one in its tokenizer_config.json / chat_template.jinja, or pack documents only")
+    if isinstance(templates, dict) and name and name not in templates:
+        raise ConfigError(f"chat_template = {name!r}: the tokenizer's templates are {', '.join(sorted(templates))}")
+    if not isinstance(templates, dict) and name and name != "default":
+        raise ConfigError(f"chat_template = {name!r}: the tokenizer has a single, unnamed template; leave chat_template "
+                          f"empty")
+    try:
+        return tok.get_chat_template(name or None)
+    except ValueError as e:  # a dict without "default" and no name given
+        raise ConfigError(f"{e} (set chat_template to one of its names)") from None
+
+
+class Renderer:
+    """One tokenizer's template, rendered as ``apply_chat_template(tokenize=False)`` renders it."""
+
+    def __init__(self, tok: Any, template_name: str = "", clock: datetime | None = None):
+        self.tok = tok
+        self.name = template_name
+        self.source = template_source(tok, template_name)
+        moment = clock or template_clock()
+        self.variables: dict[str, Any] = {**tok.special_tokens_map, "strftime_now": moment.strftime}
+        self.compiled = _compile(self.source)
+        self.control = control_tokens(tok, self.source)
+        self._control_re = re.compile("|".join(map(re.escape, sorted(self.control, key=len, reverse=True))) or "(?!)")
+        self.fast_checked = False
+
+    # ------------------------------------------------------------ rendering
+
+    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False) -> str:
+        """The rendered text; a template error is the record's (``template_error``)."""
+        if not messages:
+            raise BadRecord("template_error", "the chat template refused the conversation: Cannot apply chat template "
+                                              "to an empty conversation. Provide at least one message.")
+        try:
+            if self.compiled is not None:
+                return self.compiled.render(messages=messages, tools=None, documents=None,
+                                            add_generation_prompt=add_generation_prompt, **self.variables)
+            return self.public(messages, add_generation_prompt=add_generation_prompt)
+        except BadRecord:
+            raise
+        except Exception as e:  # jinja raises TemplateError (and anything the template calls)
+            raise BadRecord("template_error", f"the chat template refused the conversation: {e}") from None
+
+    def public(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False) -> str:
+        """transformers' own rendering (the reference the fast path is checked against)."""
+        kwargs = {k: v for k, v in self.variables.items() if k == "strftime_now"}
+        return self.tok.apply_chat_template(messages, chat_template=self.source, tokenize=False,
+                                            add_generation_prompt=add_generation_prompt, **kwargs)
+
+    def generation_spans(self, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
+        """The rendering and the character spans of its ``{% generation %}`` blocks (transformers' tracker)."""
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        variables = {**self.variables}
+        rendered, indices = render_jinja_template(conversations=[messages], chat_template=self.source,
+                                                  return_assistant_tokens_mask=True, **variables)
+        return rendered[0], [tuple(s) for s in indices[0]]
+
+    # ------------------------------------------------------------ control tokens
+
+    def mark(self, text: str) -> str:
+        """``text`` with every control token wrapped in transformers' markers (and stray markers dropped),
+        as ``mark_control_tokens`` does; unchanged (the same object) when it holds neither."""
+        if MARK_START in text or MARK_END in text:
+            text = text.replace(MARK_START, "").replace(MARK_END, "")
+        return self._control_re.sub(f"{MARK_START}\\g<0>{MARK_END}", text) if self._control_re.search(text) else text
+
+    # ------------------------------------------------------------ the start-up check
+
+    def check(self, probes: list[list[dict[str, Any]]]) -> bool:
+        """Render ``probes`` both ways; keep the compiled path only if every rendering (or refusal) is equal.
+        Returns whether the fast path is in use."""
+        self.fast_checked = True
+        if self.compiled is None:
+            return False
+        for messages in probes:
+            for prompt in (False, True):
+                fast = slow = None
+                try:
+                    fast = self.compiled.render(messages=messages, tools=None, documents=None,
+                                                add_generation_prompt=prompt, **self.variables)
+                except Exception as e:  # noqa: BLE001 -- compared with the public call's refusal
+                    fast = ("error", type(e).__name__)
+                try:
+                    slow = self.public(messages, add_generation_prompt=prompt)
+                except Exception as e:  # noqa: BLE001
+                    slow = ("error", type(e).__name__)
+                if fast != slow:
+                    self.compiled = None
+                    return False
+        return True
+
+
+def control_tokens(tok: Any, source: str) -> tuple[str, ...]:
+    """The tokens encoded as text when a message holds them.
+
+    transformers' rule (``_get_control_tokens``): the special added tokens, plus the added tokens the
+    tokenizer lists in ``chat_control_tokens`` or, when it lists none, the added tokens the template's
+    literal text holds (whitespace tokens aside). One exception, for training data: paired XML-style
+    markup tokens that are not special (``<think>`` / ``</think>``, ``<tool_call>`` / ``</tool_call>``)
+    are the *content* of reasoning and tool-calling turns, which a model is trained to emit as those
+    tokens (``apply_chat_template`` without sanitizing gives them as tokens); they stay tokens. Role and
+    turn tokens (``<|im_start|>``, ``<|eot_id|>``, DeepSeek's ``<｜User｜>``) are never markup."""
+    added = list(tok.added_tokens_decoder.values())
+    listed = getattr(tok, "chat_control_tokens", None)
+    if listed is not None:
+        chosen = set(listed)
+        return tuple(t.content for t in added if t.special or t.content in chosen)
+    literal = template_literals(source)
+    markup = markup_tokens([t.content for t in added if not t.special])
+    return tuple(t.content for t in added
+                 if t.special or (t.content in literal and not t.content.isspace() and t.content not in markup))
+
+
+_TAG = re.compile(r"<(/?)([A-Za-z_][\w.-]*)>")
+
+
+def markup_tokens(contents: list[str]) -> set[str]:
+    """The tokens among ``contents`` that are one of an XML-style pair ``<x>`` / ``</x>`` both present."""
+    tags = {(m.group(1), m.group(2)): c for c in contents if (m := _TAG.fullmatch(c))}
+    return {c for (slash, name), c in tags.items() if ("" if slash else "/", name) in tags}
+
+
+def template_literals(source: str) -> str:
+    """The template's raw text and string constants, joined by NUL (so no match spans two)."""
+    import jinja2
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class Generation(Extension):  # only so that {% generation %} parses
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            return nodes.CallBlock(self.call_method("_pass"), [], [], body).set_lineno(lineno)
+
+        def _pass(self, caller):
+            return caller()
+
+    env = jinja2.Environment(extensions=[Generation, "jinja2.ext.loopcontrols"])
+    ast = env.parse(source)
+    literals = {n.data for n in ast.find_all(nodes.TemplateData)}
+    literals |= {n.value for n in ast.find_all(nodes.Const) if isinstance(n.value, str)}
+    return "\0".join(sorted(literals))
+
+
+def _compile(source: str):
+    """The template as transformers compiles it (its sandbox, filters and globals), in an overlay
+    of that environment whose attribute check is memoised for plain values; None when
+    transformers' private compiler is not there (every render then takes the public path).
+
+    The immutable sandbox asks ``is_safe_attribute(obj, attr, value)`` at every attribute a
+    template reads (``message.content``, ``content.startswith``, ...): ~10 µs each, a third of
+    a Qwen3 render. Its answer is a function of ``type(obj)`` and ``attr`` alone for the builtin
+    types messages are made of and jinja's own loop and namespace objects, so it is computed
+    once per (type, attribute) for those; anything else is asked every time. The overlay is
+    this module's own: transformers' cached environment is left as it is."""
+    try:
+        from jinja2.runtime import LoopContext
+        from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
+        from jinja2.utils import Namespace
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:
+        return None
+    shared = _compile_jinja_template(source).environment
+    known = (SandboxedEnvironment.is_safe_attribute, ImmutableSandboxedEnvironment.is_safe_attribute)
+    if type(shared).is_safe_attribute not in known:
+        return shared.from_string(source)  # a sandbox whose check may depend on the value: not memoised
+    namespace = shared.globals.get("namespace")  # transformers' own Namespace subclass
+    plain = frozenset({*_JSON, LoopContext, Namespace, *([namespace] if isinstance(namespace, type) else [])})
+    env = shared.overlay()
+    check: Callable = env.is_safe_attribute
+    memo: dict = {}
+
+    def is_safe_attribute(obj: Any, attr: str, value: Any) -> bool:
+        kind = type(obj)
+        if kind not in plain:
+            return check(obj, attr, value)
+        hit = memo.get((kind, attr))
+        if hit is None:
+            hit = memo[kind, attr] = check(obj, attr, value)
+        return hit
+
+    env.is_safe_attribute = is_safe_attribute
+    return env.from_string(source)
+
+
+def probe_conversations(media_kinds: tuple[str, ...] = ()) -> list[list[dict[str, Any]]]:
+    """Conversations the fast path is checked on: every role, several turns, odd characters, and
+    (for a structured family) media parts."""
+    odd = "  spaces \t tab\nnewline {{ braces }} {% raw %} <b>tag</b> é 中文 🙂 \\ backslash 'q' \"qq\"  "
+    user = {"role": "user", "content": "packer probe question"}
+    out = [
+        [user],
+        [user, {"role": "assistant", "content": "packer probe answer"}],
+        [{"role": "system", "content": "be brief"}, user, {"role": "assistant", "content": odd},
+         {"role": "user", "content": odd}, {"role": "assistant", "content": "<think>\nx\n</think>\n\nok"}],
+        [user, {"role": "assistant", "content": "a"}, {"role": "tool", "content": "21 C"},
+         {"role": "assistant", "content": ""}],
+    ]
+    for kind in media_kinds:
+        parts = [{"type": kind}, {"type": "text", "text": "what is this?"}]
+        out.append([{"role": "user", "content": parts}, {"role": "assistant", "content": "a thing"}])
+        out.append([{"role": "user", "content": [{"type": "text", "text": "two:"}, {"type": kind}, {"type": kind}]},
+                    {"role": "assistant", "content": [{"type": "text", "text": "both"}]}])
+    return out
+

@@ -1,0 +1,75 @@
+"""The configurable family: a placeholder token per media kind, optional begin / end tokens, and a
+token-count policy per kind (``--image-tokens``, ``--audio-tokens``, ``--video-tokens``).
+
+It is how the 2024 pipelines are written (``pipelines/qwen2vl.toml``: ``<|vision_start|>`` +
+``<|image_pad|>`` x n + ``<|vision_end|>`` under the ``dynamic`` policy; LLaVA-1.5: ``<image>`` x 576),
+and the route for a model whose processor only repeats one token n times. The chat template
+sees each media item as its placeholder token inside the message text (``structured = False``:
+the templates these pipelines are used with render string content), and the expansion is
+``[begin] Run(placeholder, n) [end]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from packer.errors import BadRecord
+from packer.families.base import Expansion, Family, RecordMedia, Run
+from packer.media.policies import Count, parse_policy
+
+
+class Generic(Family):
+    name = "generic"
+    structured = False
+
+    def __init__(self, config: Any):
+        super().__init__(tuple(config.modalities))
+        self.placeholders = {"image": config.image_token, "audio": config.audio_token, "video": config.video_token}
+        self.wrappers = {"image": (config.image_begin, config.image_end), "audio": (config.audio_begin, config.audio_end),
+                         "video": (config.video_begin, config.video_end)}
+        self.policies = {"image": parse_policy(config.image_tokens, "image"),
+                         "audio": parse_policy(config.audio_tokens, "audio"),
+                         "video": parse_policy(config.video_tokens, "video")}
+        self.specs = {"image": config.image_tokens, "audio": config.audio_tokens, "video": config.video_tokens}
+
+    def media_token(self, kind: str) -> str:
+        return self.placeholders[kind]
+
+    def run_tokens(self) -> dict[str, str]:
+        return dict(self.placeholders)
+
+    def special_tokens(self) -> list[str]:
+        tokens = [*self.placeholders.values(), *(t for pair in self.wrappers.values() for t in pair if t)]
+        return list(dict.fromkeys(tokens))  # images and videos may share <|vision_start|> / <|vision_end|>
+
+    def expand(self, kind: str, info: Any, part: Any, record: RecordMedia) -> Expansion:
+        count = policy_count(self.policies[kind], kind, info, part)
+        begin, end = self.wrappers[kind]
+        pieces = (*([begin] if begin else []), Run(self.placeholders[kind], count.length), *([end] if end else []))
+        return Expansion(pieces, tuple(count.grid), float(getattr(count, "second_per_grid_t", 0.0)))
+
+    def settings(self) -> dict[str, Any]:
+        return {"placeholders": self.placeholders, "wrappers": {k: list(v) for k, v in self.wrappers.items()},
+                "policies": self.specs}
+
+
+def policy_count(policy: Any, kind: str, info: Any, part: Any) -> Count:
+    """``policy``'s count of a probed item; what the policy refuses is ``unsupported_<kind>``, a clip that
+    gives no position ``audio_too_short``. A video given as frame images takes every frame, as the HF
+    video processors do with a list of frames."""
+    try:
+        if kind == "image":
+            return policy.count(info.height, info.width)
+        if kind == "audio":
+            count = policy.count(info.frames, info.sample_rate)
+            if count.length < 1:
+                raise BadRecord("audio_too_short", f"{part.ref!r} is {1000 * info.seconds:.1f} ms: the encoder produces "
+                                                   f"0 positions under audio policy {policy.name!r}; drop the clip or pad it")
+            return count
+        if part.frames and getattr(policy, "sample", False):
+            policy = dataclasses.replace(policy, sample=False)
+        return policy.count(info.frames, info.fps, info.height, info.width)
+    except ValueError as e:
+        size = f"{info.width}x{info.height}" if kind == "image" else f"{info.frames} frames"
+        raise BadRecord(f"unsupported_{kind}", f"{part.ref!r} ({size}): {e} ({kind} policy {policy.name!r})") from None

@@ -1,0 +1,222 @@
+"""The equivalence harness every model family is tested with (issue 23's "done when").
+
+For a family (``tests/family_assets.py``: its processor saved into a checkpoint folder, its tiny model):
+
+1. awkward records are written (:func:`write_records`: thin, 1x1, EXIF-rotated, 16-bit and animated images,
+   1 to 30 images in a record, clips from 0.1 s to 20 s with a variable frame rate and a rotation, frame
+   lists with and without a rate, audio 0.1-60 s at 8-48 kHz, several turns, a system prompt, text only);
+2. packer builds them with ``--family NAME --processor FOLDER`` (the folder also gives the tokenizer and
+   the chat template);
+3. :func:`check_ids`: each packed segment's ``input_ids`` equal what the HF processor returns for that
+   record run the plain HF way -- ``processor.apply_chat_template(messages, tokenize=False)`` then
+   ``processor(text=..., images=..., videos=..., audio=...)`` on the record's own files (videos decoded by
+   transformers' PyAV reader and sampled by the processor itself);
+4. :func:`check_equivalence`: through ``model(**model_inputs(batch))`` the packed rows give every segment
+   the logits the record gets alone (positions computed by the model), and the loss gradients equal the
+   sum over the records run alone, towers included.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from media_fixtures import write_audio, write_images, write_videos
+
+from packer.build import build
+from packer.config import resolve
+from packer.loader import PackedCollator, PackedDataset, model_inputs, packed_loss
+
+IGNORE = -100
+QUESTIONS = ["What is shown here?", "Describe it.", "Which colours do you see?", "Is it bright?", "Count the shapes."]
+ANSWERS = ["A gradient with some noise.", "It fades from dark to light.", "Mostly red and blue tones.", "Yes, fairly.",
+           "There are none: it is a gradient."]
+IMAGE_CYCLE = ["exif6.jpg", "thin_10x2000.png", "one_1x1.png", "cmyk.jpg", "gray16.png", "palette_alpha.png",
+               "animated.gif", "photo.webp", "plain_300x200.jpg", "exif8.jpg", "flat_2600x13.png"]
+
+
+def write_media(folder: Path, kinds: tuple[str, ...]) -> dict[str, Path]:
+    files: dict[str, Path] = {}
+    if "image" in kinds or "video" in kinds:
+        files.update(write_images(folder / "img"))
+    if "audio" in kinds:
+        files.update(write_audio(folder / "aud"))
+    if "video" in kinds:
+        files.update(write_videos(folder / "vid"))
+    return files
+
+
+def _part(kind: str, name: Any, files: dict[str, Path], root: Path, fps: float | None = None) -> dict:
+    if isinstance(name, list):  # a frame list
+        part = {"type": "video", "video": [str(files[n].relative_to(root)) for n in name]}
+        if fps:
+            part["fps"] = fps
+        return part
+    return {"type": kind, kind: str(files[name].relative_to(root))}
+
+
+def record_media(kinds: tuple[str, ...], images: list[str], audio: list[str], videos: list[str]) -> list[list[tuple]]:
+    """Per record, the (kind, name[, fps]) media of its first user turn; the sets a family's kinds allow."""
+    sets: list[list[tuple]] = []
+    if "image" in kinds:
+        sets += [[("image", "exif6.jpg")], [("image", n) for n in ("thin_10x2000.png", "one_1x1.png", "flat_2600x13.png")],
+                 [("image", IMAGE_CYCLE[k % len(IMAGE_CYCLE)]) for k in range(30)],  # 30 images
+                 [("image", "gray16.png"), ("image", "animated.gif")], [("image", "plain_300x200.jpg")]]
+    if "video" in kinds:
+        sets += [[("video", "odd_17f.mp4")], [("video", "twenty_s.mp4")], [("video", "tenth_s.mp4"), ("video", "rot90_2s.mp4")],
+                 [("video", "one_s_vfr.mp4")], [("video", "thin_16x200.mp4")],
+                 [("video", ["plain_300x200.jpg"] * 5)], [("video", ["plain_300x200.jpg"] * 6, 2.0)]]
+        if "image" in kinds:
+            sets.append([("video", "odd_17f.mp4"), ("image", "photo.webp")])
+    if "audio" in kinds:
+        sets += [[("audio", n)] for n in audio]
+    sets.append([])  # text only
+    return sets
+
+
+def write_records(folder: Path, kinds: tuple[str, ...], files: dict[str, Path], name: str = "records.jsonl") -> tuple[Path, list[dict]]:
+    """Records holding the awkward media, one JSONL file in ``folder``; returns (its path, the records)."""
+    audio = [n for n in files if n.endswith((".wav", ".flac", ".ogg", ".mp3"))]
+    records = []
+    for k, media in enumerate(record_media(kinds, [], audio, [])):
+        parts = [_part(m[0], m[1], files, folder, m[2] if len(m) > 2 else None) for m in media]
+        user = [*parts, {"type": "text", "text": QUESTIONS[k % len(QUESTIONS)]}]
+        messages = [{"role": "user", "content": user}, {"role": "assistant", "content": ANSWERS[k % len(ANSWERS)]}]
+        if k % 3 == 1:
+            messages = [{"role": "system", "content": "Answer briefly."}, *messages,
+                        {"role": "user", "content": [{"type": "text", "text": "And then?"}]},
+                        {"role": "assistant", "content": "Nothing more."}]
+        records.append({"id": f"r{k}", "messages": messages})
+    path = folder / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path, records
+
+
+def build_family(family: str, processor_folder: Path, source: Path, out: Path, **settings: Any) -> dict:
+    manifest = build(resolve(None, input=[str(source)], output=str(out), family=family, processor=str(processor_folder),
+                             max_length=settings.pop("max_length", 4096), order="planner", max_bad_fraction=0.0,
+                             **settings), progress=False).to_dict()
+    assert manifest["accounting"]["quarantined"] == 0, manifest["accounting"]
+    return manifest
+
+
+# ---------------------------------------------------------------- the plain HF way
+
+
+def hf_inputs(processor, record: dict, root: Path) -> dict[str, Any]:
+    """The record through its HF processor: the template rendered, its own files loaded as transformers loads
+    them (``load_image``; ``load_video`` with PyAV, every frame, sampled by the processor; ``load_audio``)."""
+    from transformers.audio_utils import load_audio
+    from transformers.image_utils import load_image
+    from transformers.video_utils import load_video
+
+    text = processor.apply_chat_template(record["messages"], tokenize=False)
+    images, videos, metadata, audio = [], [], [], []
+    for message in record["messages"]:
+        content = message["content"]
+        for part in content if isinstance(content, list) else []:
+            kind = part["type"]
+            if kind == "image":
+                images.append(load_image(str(root / part["image"])))
+            elif kind == "video":
+                if isinstance(part["video"], list):
+                    videos.append([load_image(str(root / f)) for f in part["video"]])
+                    metadata.append({"total_num_frames": len(part["video"]), "fps": part["fps"]} if part.get("fps") else None)
+                else:
+                    frames, meta = load_video(str(root / part["video"]), backend="pyav")
+                    videos.append(_upright(frames, root / part["video"]))
+                    metadata.append(meta)
+            elif kind == "audio":
+                rate = processor.feature_extractor.sampling_rate
+                audio.append(load_audio(str(root / part["audio"]), sampling_rate=rate))
+    kwargs: dict[str, Any] = {}
+    if images:
+        kwargs["images"] = images
+    if videos:
+        kwargs["videos"] = videos
+        if any(m is not None for m in metadata):
+            kwargs["video_metadata"] = [m if m is not None else {"total_num_frames": len(v)} for m, v in zip(metadata, videos)]
+    if audio:
+        kwargs["audio"] = audio
+    return processor(text=[text], return_tensors="pt", **kwargs)
+
+
+def _upright(frames: np.ndarray, path: Path) -> np.ndarray:
+    """transformers' PyAV reader ignores a clip's display rotation (a phone's portrait clip comes out on its
+    side); packer's convention, like EXIF for images, is the upright frame: turn them as packer does."""
+    from packer.media.video import probe_video
+
+    rotation = probe_video(str(path)).rotation
+    return np.ascontiguousarray(np.rot90(frames, k=rotation // 90, axes=(1, 2))) if rotation else frames
+
+
+def segments(row: dict) -> list[tuple[int, int, str]]:
+    cu = np.asarray(row["cu_seqlens"])
+    return [(int(a), int(b), row["segment_ids"][k]) for k, (a, b) in enumerate(zip(cu[:-1], cu[1:], strict=True))]
+
+
+def check_ids(ds: PackedDataset, processor, records: list[dict], root: Path) -> int:
+    """Every packed segment's ids equal the HF processor's ids for its record; returns the segments checked."""
+    by_id = {r["id"]: r for r in records}
+    checked = 0
+    for row in (ds[i] for i in range(len(ds))):
+        for a, b, rid in segments(row):
+            expected = hf_inputs(processor, by_id[rid], root)["input_ids"][0].tolist()
+            got = np.asarray(row["input_ids"][a:b]).tolist()
+            assert got == expected, f"{rid}: packer {len(got)} ids, the HF processor {len(expected)}"
+            checked += 1
+    assert checked == len(records)
+    return checked
+
+
+def _ce(logits: torch.Tensor, labels: np.ndarray) -> tuple[torch.Tensor, int]:
+    target = torch.as_tensor(labels[1:], dtype=torch.long)
+    ce = torch.nn.functional.cross_entropy(logits[:-1], target.clamp(min=0), reduction="none") * (target != IGNORE)
+    return ce.sum(), int((target != IGNORE).sum())
+
+
+def check_equivalence(model, ds: PackedDataset, processor, records: list[dict], root: Path, impl: str,
+                      rows: list[int] | None = None, towers: tuple[str, ...] = ("visual", "vision_tower", "audio_tower"),
+                      **collator: Any) -> None:
+    """Packed rows through ``model(**model_inputs(batch))`` = each record alone through the HF processor and the
+    model (positions computed by the model): logits per segment (relative 1e-4) and gradients (1e-4)."""
+    by_id = {r["id"]: r for r in records}
+    picked = [ds[i] for i in (rows if rows is not None else range(len(ds)))]
+    model.zero_grad()
+    total, n_total, reference = 0.0, 0, {}
+    for r, row in enumerate(picked):
+        for a, b, rid in segments(row):
+            enc = hf_inputs(processor, by_id[rid], root)
+            enc.pop("attention_mask", None)
+            enc.pop("token_type_ids", None) if "token_type_ids" not in model.forward.__code__.co_varnames else None
+            logits = model(**enc, use_cache=False).logits[0]
+            reference[(r, a)] = logits.detach()
+            loss, n = _ce(logits, np.asarray(row["labels"][a:b]))
+            total, n_total = total + loss, n_total + n
+    (total / n_total).backward()
+    grads_ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    collate = PackedCollator(attention=impl, pad_to_multiple_of=64, processor=processor, family=ds.family, **collator)
+    batch = collate(picked)
+    model.zero_grad()
+    logits = model(**model_inputs(batch)).logits
+    for r, row in enumerate(picked):
+        for a, b, rid in segments(row):
+            ref = reference[(r, a)]
+            diff = (logits[r, a:b] - ref).abs().max() / ref.abs().max()
+            assert diff <= 1e-4, f"row {r} segment {rid}: relative logit difference {diff:.2e}"
+    packed_loss(logits, batch).backward()
+    compared = 0
+    floor = 1e-6 * max(g.abs().max() for g in grads_ref.values())  # gradients that are zero in exact arithmetic
+    for name, p in model.named_parameters():
+        if name not in grads_ref:
+            assert p.grad is None or not p.grad.any(), name
+            continue
+        ref = grads_ref[name]
+        scale = ref.abs().max().clamp(min=floor)
+        assert (p.grad - ref).abs().max() / scale <= 1e-4, f"gradient of {name}"
+        compared += any(t in name for t in towers)
+    assert compared > 0, "the towers' gradients were not compared"
