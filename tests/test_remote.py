@@ -140,3 +140,26 @@ def test_loader_and_verify_read_a_remote_build(s3, reference):
     s3.pipe(f"builds/b3/{packed}", b"not a shard")
     problems, _ = verify("s3://builds/b3")
     assert problems[0].file == packed and "size" in problems[0].message  # then the rows it held are missed
+
+
+def test_a_url_build_is_locked_on_this_machine_and_a_damaged_remote_shard_is_named(tmp_path, monkeypatch):
+    """No flock in a bucket: a second build of one URL from this machine is refused all the same;
+    a remote shard whose bytes differ from the manifest's sha256 is refused when read, naming it."""
+    import fsspec
+
+    from packer.errors import PackerError
+    from packer.io.cache import local_copy
+    from packer.io.remote import RemotePath
+    from packer.stages.state import BuildLock
+
+    monkeypatch.setenv("PACKER_CACHE", str(tmp_path / "cache"))
+    out = RemotePath("memory://locked/build")
+    first = BuildLock(out)
+    with pytest.raises(PackerError, match="is being built by pid"):
+        BuildLock(RemotePath("memory://locked/build/"))  # the same URL, spelled with a slash
+    first.release()
+    BuildLock(out).release()
+    fsspec.filesystem("memory").pipe("/locked/build/samples/part-00000.arrow", b"not what was written")
+    with pytest.raises(PackerError, match=r"memory://locked/build/samples/part-00000.arrow does not match"):
+        local_copy(out / "samples" / "part-00000.arrow", "0" * 64)
+    assert not list((tmp_path / "cache").rglob("*.arrow*"))  # nothing half-kept
