@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from packer.encode import Encoder, EncoderSpec
 from packer.errors import BadRecord, PackerError, StrictModeError
-from packer.ingest.reader import MAX_LINE_BYTES, RawLine, read_lines
+from packer.ingest.reader import MAX_LINE_BYTES, RawLine, read_lines, scan_lines
 from packer.io.files import set_durable
 from packer.io.fs import location, parent
 from packer.shards.io import read_shard, write_shard
@@ -62,19 +62,25 @@ class EncodeResult:
 
 def make_tasks(files: list, chunk_records: int, counts: dict[str, int],
                max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[EncodeTask]:
+    """The driver's scan: every ``chunk_records`` non-blank lines of a file make a task. Lines are
+    located a block at a time (:func:`~packer.ingest.reader.scan_lines`), tasks cut per batch."""
     index = 0
     for file_index, path in enumerate(files):
-        first: RawLine | None = None
-        n = 0
-        for raw in read_lines(path, counts, max_line_bytes):
-            if first is None:
-                first = raw
-            n += 1
-            if n == chunk_records:
-                yield EncodeTask(index, str(path), first.offset, raw.end, first.line, n, max_line_bytes, file_index)
-                index, first, n = index + 1, None, 0
+        first: tuple[int, int] | None = None  # (line, offset) of the open task's first record
+        n = end = 0  # records in the open task; the end of its last one
+        for lines, starts, ends in scan_lines(path, counts, max_line_bytes):
+            k, m = 0, len(lines)
+            while k < m:
+                if first is None:
+                    first = (int(lines[k]), int(starts[k]))
+                take = min(chunk_records - n, m - k)
+                n, k = n + take, k + take
+                end = int(ends[k - 1])
+                if n == chunk_records:
+                    yield EncodeTask(index, str(path), first[1], end, first[0], n, max_line_bytes, file_index)
+                    index, first, n = index + 1, None, 0
         if first is not None:
-            yield EncodeTask(index, str(path), first.offset, raw.end, first.line, n, max_line_bytes, file_index)
+            yield EncodeTask(index, str(path), first[1], end, first[0], n, max_line_bytes, file_index)
             index += 1
 
 
