@@ -78,7 +78,7 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
             continue
         got = list(r["input_ids"])
         if got != expected:
-            first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+            first = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), min(len(got), len(expected)))
             mismatches.append(Mismatch(file, r["source_line"], r["key"], len(got), len(expected), first,
                                        _media_note(r["media"])))
     return mismatches, len(rows)

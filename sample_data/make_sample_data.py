@@ -287,6 +287,47 @@ def video_files() -> list[str]:
     return [json.dumps(r) for r in records]
 
 
+TEMPLATES = ROOT.parent / "tests" / "fixtures" / "templates"
+
+
+def processor_folder(name: str, processor: dict, extra_special: list[str], template: str) -> Path:
+    """``processors/<name>/``: a processor checkpoint as ``save_pretrained`` writes one (``processor_config.json``
+    with each sub-processor's settings), around the sample tokenizer with the family's special tokens, and the
+    family's chat template: what ``--processor`` reads, no model code needed to write it."""
+    from tokenizers import AddedToken, Tokenizer
+
+    folder = ROOT / "processors" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer.from_file(str(ROOT / "tokenizer" / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in extra_special])
+    tok.save(str(folder / "tokenizer.json"))
+    config = json.loads((ROOT / "tokenizer" / "tokenizer_config.json").read_text())
+    config["extra_special_tokens"] = list(dict.fromkeys([*config.get("extra_special_tokens", []), *extra_special]))
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (folder / "processor_config.json").write_text(json.dumps(processor, indent=2, sort_keys=True) + "\n")
+    (folder / "chat_template.jinja").write_text(template)
+    return folder
+
+
+QWEN3VL_PROCESSOR = {  # Qwen3-VL's published budgets (patch 16 x merge 2 = 32 px per token); the video processor's defaults
+    "processor_class": "Qwen3VLProcessor",
+    "image_processor": {"image_processor_type": "Qwen2VLImageProcessor", "patch_size": 16, "merge_size": 2,
+                        "temporal_patch_size": 2, "size": {"shortest_edge": 65536, "longest_edge": 16777216},
+                        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True,
+                        "do_normalize": True, "do_rescale": True, "do_resize": True, "resample": 3},
+    "video_processor": {"video_processor_type": "Qwen3VLVideoProcessor", "patch_size": 16, "merge_size": 2,
+                        "temporal_patch_size": 2, "size": {"shortest_edge": 131072, "longest_edge": 786432},
+                        "fps": 2, "min_frames": 4, "max_frames": 768, "do_sample_frames": True,
+                        "cap_pixels_per_frame": False, "max_video_tokens": 768,
+                        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
+}
+QWEN_VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+
+
+def family_processors() -> list[Path]:
+    return [processor_folder("qwen3vl", QWEN3VL_PROCESSOR, QWEN_VISION_TOKENS, (TEMPLATES / "qwen3vl.jinja").read_text())]
+
+
 def main() -> None:
     rng = random.Random(1)
     images = [draw_image(n, w, h, f, rng) for n, w, h, f in IMAGES]
@@ -296,6 +337,7 @@ def main() -> None:
         (ROOT / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
     corpus = SENTENCES + [t for qa in QA for t in qa] + [describe(i) for i in images] + [l for ls in files.values() for l in ls]
     train_tokenizer(corpus * 3, ROOT / "tokenizer")
+    family_processors()
     videos = video_files()
     if videos:
         (ROOT / "video.jsonl").write_text("\n".join(videos) + "\n", encoding="utf-8")

@@ -21,7 +21,7 @@ from packer.media.probe import probe_audio, probe_image
 PIPELINES = sorted(p.name for p in (ROOT / "pipelines").glob("*.toml"))
 FAMILIES = {"llava15.toml": ("image",), "llava_next.toml": ("image",), "qwen2vl.toml": ("image",),
             "qwen2audio.toml": ("audio",), "qwen25omni.toml": ("image", "audio"), "sample.toml": ("image", "audio"),
-            "qwen2vl_video.toml": ("image", "video")}
+            "qwen2vl_video.toml": ("image", "video"), "qwen3vl.toml": ("image", "video"), "qwen35.toml": ("image", "video")}
 OTHER_BAD = 8  # the deliberately broken records of sample_data
 
 
@@ -81,6 +81,17 @@ def test_pipeline_builds(name, tmp_path, monkeypatch, capsys):
         t = pa.ipc.open_stream(pa.memory_map(str(out / e["file"]))).read_all()
         sources = zip(t.column("source_file").to_pylist(), t.column("source_line").to_pylist(), strict=True)
         assert not {(Path(f).name, line) for f, line in sources} & undeclared
+    if config.family != "generic":  # a model family: its ids are checked against its processor on a sample
+        from packer.against_processor import verify_against_processor
+
+        spans = [s for e in m["files"]["packed"]
+                 for row in pa.ipc.open_stream(pa.memory_map(str(out / e["file"]))).read_all().to_pylist()
+                 for s in row["media"]]
+        assert {s["kind"] for s in spans} == set(config.modalities)
+        pytest.importorskip("torchvision")
+        mismatches, checked = verify_against_processor(out, config.processor, sample=6)
+        assert checked == 6 and mismatches == [], [str(x) for x in mismatches]
+        return
     policies = {k: parse_policy(getattr(config, f"{k}_tokens"), k) for k in ("image", "audio", "video")}
     ids_of = m["tokenizer"]["placeholders"]
     pads = {k: ids_of.get(getattr(config, f"{k}_token")) for k in ("image", "audio", "video")}

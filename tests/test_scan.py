@@ -14,7 +14,7 @@ from packer.ingest.reader import read_lines, scan_lines
 from packer.stages import encode
 
 
-def reference_tasks(files, chunk_records, counts, max_line_bytes):
+def reference_tasks(files, chunk_records, counts, max_line_bytes, max_task_bytes=None):
     """make_tasks as it was: a read_lines loop."""
     index = 0
     for file_index, path in enumerate(files):
@@ -22,7 +22,7 @@ def reference_tasks(files, chunk_records, counts, max_line_bytes):
         for raw in read_lines(path, counts, max_line_bytes):
             first = first or raw
             n += 1
-            if n == chunk_records:
+            if n == chunk_records or (max_task_bytes is not None and raw.end - first.offset >= max_task_bytes):
                 yield encode.EncodeTask(index, str(path), first.offset, raw.end, first.line, n, max_line_bytes, file_index)
                 index, first, n = index + 1, None, 0
         if first is not None:
@@ -36,8 +36,9 @@ PIECES = [b"{", b"a", b"}", b" ", b"\t", b"\r", b"\n", b"\n", b"\n", b"\x0b", b"
 
 @settings(max_examples=300, deadline=None)
 @given(files=st.lists(st.tuples(st.booleans(), st.lists(st.sampled_from(PIECES), max_size=80)), min_size=1, max_size=3),
-       block=st.integers(1, 40), max_line_bytes=st.integers(1, 60), chunk_records=st.integers(1, 6))
-def test_scan_equals_read_lines(tmp_path_factory, files, block, max_line_bytes, chunk_records):
+       block=st.integers(1, 40), max_line_bytes=st.integers(1, 60), chunk_records=st.integers(1, 6),
+       max_task_bytes=st.one_of(st.none(), st.integers(1, 80)))
+def test_scan_equals_read_lines(tmp_path_factory, files, block, max_line_bytes, chunk_records, max_task_bytes):
     folder = tmp_path_factory.mktemp("scan")
     paths = []
     for k, (bom, pieces) in enumerate(files):
@@ -48,8 +49,8 @@ def test_scan_equals_read_lines(tmp_path_factory, files, block, max_line_bytes, 
     reader.SCAN_BLOCK = block  # many block boundaries, inside lines and BOMs too
     try:
         want_counts, got_counts = {}, {}
-        want = list(reference_tasks(paths, chunk_records, want_counts, max_line_bytes))
-        got = list(encode.make_tasks(paths, chunk_records, got_counts, max_line_bytes))
+        want = list(reference_tasks(paths, chunk_records, want_counts, max_line_bytes, max_task_bytes))
+        got = list(encode.make_tasks(paths, chunk_records, got_counts, max_line_bytes, max_task_bytes))
         assert got == want and got_counts == want_counts
         for path in paths:
             lines = [(r.line, r.offset, r.end) for r in read_lines(path, None, max_line_bytes)]

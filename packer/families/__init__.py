@@ -17,9 +17,9 @@ from typing import Any
 from packer.errors import ConfigError
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.generic import Generic
+from packer.families.hf import HFProcessor
 from packer.families.qwen3vl import Qwen3VL
 from packer.families.qwen35 import Qwen35
-from packer.families.hf import HFProcessor
 
 ALL_KINDS = ("image", "audio", "video")
 

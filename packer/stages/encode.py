@@ -1,12 +1,18 @@
 """Stage 1: ingest + encode. Input lines in, ``samples/*.arrow`` and quarantine entries out.
 
-The driver scans each input file once and cuts it into tasks of ``chunk_records``
-consecutive non-blank lines (a task never spans two files). A task is a byte range with
-the number of its first line, so a worker -- a local process or a Ray worker on another
-machine -- reads its own lines and record identity (file + line) stays exact. Task ``k``
-writes ``samples/part-k.arrow``. Boundaries depend only on the input and results are
-consumed in task order, so every byte of the output is the same for any worker count or
-engine.
+The driver scans each input file once and cuts it into tasks of at most ``chunk_records``
+consecutive non-blank lines and about :func:`task_bytes` bytes (a task never spans two
+files): a small input still gives up to ``TARGET_TASKS`` tasks, so every worker has work.
+A task is a byte range with the number of its first line, so a worker -- a local process
+or a Ray worker on another machine -- reads its own lines and record identity (file +
+line) stays exact. Task ``k`` writes ``samples/part-k.arrow``. Boundaries depend only on
+the input and the config (never on the worker count) and results are consumed in task
+order, so every byte of the output is the same for any worker count or engine.
+
+A record that meets a packer bug (``internal_error``: an exception nobody foresaw) stops
+the build by default: the record, where it was met and the traceback are written to
+``OUT/internal_error.json`` and :class:`InternalRecordError` (exit 1) names it.
+``--on-internal-error quarantine`` quarantines it instead, like a bad record.
 """
 
 from __future__ import annotations
@@ -17,19 +23,33 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from packer.encode import Encoder, EncoderSpec
 from packer.errors import BadRecord, PackerError, StrictModeError
 from packer.ingest.reader import MAX_LINE_BYTES, RawLine, read_lines, scan_lines
-from packer.io.files import set_durable
+from packer.io.files import set_durable, write_text_atomic
 from packer.io.fs import location, parent
 from packer.shards.io import read_shard, write_shard
 from packer.shards.schema import SAMPLE_SCHEMA, QuarantineEntry, Sample, ShardEntry, to_table
 from packer.stages.planning import plan_columns
-from packer.stages.state import Journal, shard_payload
+from packer.stages.state import INTERNAL_ERROR_FILE, Journal, shard_payload
 
 RAW_PREVIEW = 2000  # characters of a bad line kept in the quarantine
+TARGET_TASKS = 64  # a small input is cut into about this many tasks...
+MIN_TASK_BYTES = 64 * 2**10  # ...of at least this many bytes (a task costs a shard file and a journal entry)
+
+
+class InternalRecordError(PackerError):
+    """A record met a packer bug and ``on_internal_error`` is ``stop``: the build stops (exit 1)."""
+
+
+def task_bytes(total_bytes: int) -> int:
+    """Bytes after which a task ends (it also ends at ``chunk_records`` records): the input cut
+    into about ``TARGET_TASKS`` tasks, none under ``MIN_TASK_BYTES``. A function of the input's
+    size only, so task boundaries (and the output's bytes) never depend on the worker count."""
+    return max(MIN_TASK_BYTES, -(-total_bytes // TARGET_TASKS))
 
 
 @dataclass(frozen=True)
@@ -58,12 +78,15 @@ class EncodeResult:
     reused: bool = False  # found finished in the journal (a resumed build)
     nbytes: int = 0  # input bytes the task covered (progress)
     columns: pa.Table | None = None  # the shard's plan columns (planning.plan_columns): the driver plans from these
+    media: list | None = None  # media_files.media_rows of the shard: the driver writes the media index from these
 
 
 def make_tasks(files: list, chunk_records: int, counts: dict[str, int],
-               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[EncodeTask]:
-    """The driver's scan: every ``chunk_records`` non-blank lines of a file make a task. Lines are
-    located a block at a time (:func:`~packer.ingest.reader.scan_lines`), tasks cut per batch."""
+               max_line_bytes: int = MAX_LINE_BYTES, max_task_bytes: int | None = None) -> Iterator[EncodeTask]:
+    """Stage 1's tasks over ``files``, in order: at most ``chunk_records`` records each, ended
+    after the line that reaches ``max_task_bytes`` (None: no byte bound). The driver's scan:
+    lines are located a block at a time (:func:`~packer.ingest.reader.scan_lines`) and tasks
+    cut per batch of lines, not per line."""
     index = 0
     for file_index, path in enumerate(files):
         first: tuple[int, int] | None = None  # (line, offset) of the open task's first record
@@ -73,12 +96,15 @@ def make_tasks(files: list, chunk_records: int, counts: dict[str, int],
             while k < m:
                 if first is None:
                     first = (int(lines[k]), int(starts[k]))
-                take = min(chunk_records - n, m - k)
-                n, k = n + take, k + take
-                end = int(ends[k - 1])
-                if n == chunk_records:
-                    yield EncodeTask(index, str(path), first[1], end, first[0], n, max_line_bytes, file_index)
-                    index, first, n = index + 1, None, 0
+                last = k + chunk_records - n - 1  # the line that fills the task by count
+                if max_task_bytes is not None:  # or the first that reaches the byte bound
+                    last = min(last, k + int(np.searchsorted(ends[k:], first[1] + max_task_bytes)))
+                if last >= m:  # the task goes on in the next batch
+                    n, end, k = n + m - k, int(ends[m - 1]), m
+                    continue
+                n, end, k = n + last - k + 1, int(ends[last]), last + 1
+                yield EncodeTask(index, str(path), first[1], end, first[0], n, max_line_bytes, file_index)
+                index, first, n = index + 1, None, 0
         if first is not None:
             yield EncodeTask(index, str(path), first[1], end, first[0], n, max_line_bytes, file_index)
             index += 1
@@ -90,22 +116,27 @@ class EncodeState:
     out: Path
     strict: bool
     journal: Journal
+    on_internal_error: str = "stop"
 
 
-def setup(spec: EncoderSpec, out: str, strict: bool, durable: bool = True) -> EncodeState:
+def setup(spec: EncoderSpec, out: str, strict: bool, durable: bool = True, on_internal_error: str = "stop") -> EncodeState:
     set_durable(durable)
     where = location(out)  # a local folder, or a URL the worker writes directly
-    return EncodeState(Encoder(spec), where, strict, Journal(where))
+    return EncodeState(Encoder(spec), where, strict, Journal(where), on_internal_error)
 
 
 def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
     identity = {"file": task.file, "first_line": task.first_line, "records": task.records}
     done = state.journal.load("encode", task.index, check=identity)
+    if done is not None and state.on_internal_error == "stop" and any(
+            q.get("reason") == "internal_error" for q in done["quarantine"]):
+        done = None  # quarantined by an earlier run that allowed it: redone, and stopped at
     if done is not None:
         shard = ShardEntry(**done["shard"]) if done["shard"] else None
-        columns = plan_columns(read_shard(state.out / shard.file, shard.sha256)) if shard else None
+        table = read_shard(state.out / shard.file, shard.sha256) if shard else None
         return EncodeResult(task.index, task.file, task.records, [QuarantineEntry(**q) for q in done["quarantine"]],
-                            shard, reused=True, nbytes=task.end - task.start, columns=columns)
+                            shard, reused=True, nbytes=task.end - task.start, columns=plan_columns(table) if shard else None,
+                            media=_media(state, table) if shard else [])
     samples, bad = [], []
     file_dir = parent(task.file)
     try:
@@ -117,24 +148,50 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
     # One call for the task: records are parsed and rendered one by one, tokenized together,
     # then finished one by one; each failure is that record's (see Encoder.encode_lines).
     for raw, result in zip(lines, encode_records(state.encoder, lines, task.file, file_dir, task.file_index), strict=True):
+        if isinstance(result, BadRecord) and result.reason == "internal_error" and state.on_internal_error == "stop":
+            stop_on_internal_error(state.out, task.file, raw, result)
         if isinstance(result, BadRecord):
             if state.strict:
                 raise StrictModeError(_clean(f"{task.file}:{raw.line}: {result.reason}: {result.detail}")) from None
             bad.append(quarantine_entry(task.file, raw, result))
         else:
             samples.append(result)
-    shard = columns = None
+    shard = columns = media = None
     target = state.out / "samples" / f"part-{task.index:05d}.arrow"
     try:  # output I/O (disk full, permissions) stops the build with the path, not a traceback
         if samples:
             table = to_table(samples, SAMPLE_SCHEMA)
             shard = write_shard(target, table, state.out)
-            columns = plan_columns(table)
+            columns, media = plan_columns(table), _media(state, table)
         state.journal.record("encode", task.index, shard_payload(shard, quarantine=[asdict(q) for q in bad], **identity))
     except OSError as e:
         raise PackerError(f"cannot write stage-1 output for task {task.index} under {state.out}: {e}; check the "
                           f"free space and permissions there") from e
-    return EncodeResult(task.index, task.file, task.records, bad, shard, nbytes=task.end - task.start, columns=columns)
+    return EncodeResult(task.index, task.file, task.records, bad, shard, nbytes=task.end - task.start, columns=columns,
+                        media=media if shard else [])
+
+
+def _media(state: EncodeState, table: pa.Table) -> list:
+    """The media-index rows of a task's samples, looked up here on the worker (:func:`media_rows`)."""
+    from packer.stages.media_files import media_rows
+
+    return media_rows(table, state.encoder.spec.media_base, bool(getattr(state.encoder.spec.config, "media_hash", False)))
+
+
+def stop_on_internal_error(out: Path, file: str, raw: RawLine, error: BadRecord) -> None:
+    """Write the record, the place and the traceback to ``OUT/internal_error.json``; raise
+    :class:`InternalRecordError` naming it."""
+    entry = quarantine_entry(file, raw, error)
+    path = out / INTERNAL_ERROR_FILE
+    report = {**asdict(entry), "traceback": _clean(getattr(error, "trace", "") or "")}
+    try:
+        write_text_atomic(path, json.dumps(report, ensure_ascii=False, indent=1, sort_keys=True) + "\n")
+        where = f"the record and the traceback are in {path}"
+    except OSError as e:
+        where = f"(writing {path} failed: {e})"
+    raise InternalRecordError(f"{file}:{raw.line}: a packer bug met this record ({entry.detail}); {where}: please report "
+                              f"them. Nothing else is wrong with the build: to quarantine such records and pack the rest, "
+                              f"rerun with --on-internal-error quarantine") from None
 
 
 def encode_records(encoder: Encoder, lines: list[RawLine], file: str, file_dir,
@@ -167,8 +224,10 @@ def as_bad_record(e: Exception) -> BadRecord:
         return BadRecord("nesting_too_deep", "the record nests deeper than Python's recursion limit")
     frame = traceback.extract_tb(e.__traceback__)[-1]
     where = f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
-    return BadRecord("internal_error", f"{type(e).__name__}: {e} (raised at {where}); a bug in packer or a library "
-                                       f"it calls: please report it with this quarantine line")
+    bad = BadRecord("internal_error", f"{type(e).__name__}: {e} (raised at {where}); a bug in packer or a library "
+                                      f"it calls")
+    bad.trace = "".join(traceback.format_exception(e))  # for OUT/internal_error.json (--on-internal-error stop)
+    return bad
 
 
 def quarantine_entry(file: str, raw: RawLine, error: BadRecord) -> QuarantineEntry:
