@@ -67,3 +67,21 @@ def test_small_files(tmp_path, data):
     want, got = {}, {}
     assert list(encode.make_tasks([path], 2, got)) == list(reference_tasks([path], 2, want, reader.MAX_LINE_BYTES))
     assert got == want
+
+
+def test_tasks_read_while_the_scan_goes_on_over_a_shared_memory_file(monkeypatch):
+    """memory:// gives every open() of a file the same object: a task read between two blocks of the
+    scan (the local engine runs tasks as they are cut) must not move the scan."""
+    import fsspec
+
+    from conftest import SAMPLE
+
+    monkeypatch.setattr(reader, "SCAN_BLOCK", 4096)
+    fsspec.filesystem("memory").pipe("/scan/docs.jsonl", (SAMPLE / "docs.jsonl").read_bytes())
+    tasks = []
+    for task in encode.make_tasks(["memory://scan/docs.jsonl"], 10_000, {}, reader.MAX_LINE_BYTES, 20_000):
+        assert len(task.lines()) == task.records  # read now, as the in-process worker does
+        tasks.append(task)
+    want = reference_tasks([SAMPLE / "docs.jsonl"], 10_000, {}, reader.MAX_LINE_BYTES, 20_000)
+    assert [(t.start, t.end, t.first_line, t.records) for t in tasks] == \
+        [(t.start, t.end, t.first_line, t.records) for t in want] and len(tasks) > 5

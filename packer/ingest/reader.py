@@ -100,7 +100,12 @@ def scan_lines(path: str | Path, counts: dict[str, int] | None = None, max_line_
     line_start, open_line, pending = 0, False, True  # the line not ended yet; ``pending``: only whitespace so far
     position = 0  # file offset of the block
     with open_binary(path) as f:
-        while data := f.read(SCAN_BLOCK if position else max(SCAN_BLOCK, len(BOM))):  # a BOM is seen whole
+        while True:
+            if position:  # memory:// hands every reader of a file one shared object: read from our own place
+                f.seek(position)
+            data = f.read(SCAN_BLOCK if position else max(SCAN_BLOCK, len(BOM)))  # a BOM is seen whole
+            if not data:
+                break
             arr = np.frombuffer(data, np.uint8)
             nls = np.flatnonzero(arr == 10)
             k = len(nls)
