@@ -284,10 +284,12 @@ def text_of(message: dict[str, Any]) -> str:
 
 
 def marker_for(messages: list[dict[str, Any]]) -> str:
-    """A private-use character that no message's text holds (one pass over the texts)."""
-    used = set()
-    for m in messages:
-        used.update(c for c in text_of(m) if ord(c) >= MARKER_FIRST)
+    """A private-use character that no message's text holds (one pass over the texts, in C where none holds one)."""
+    first = chr(MARKER_FIRST)
+    texts = [text_of(m) for m in messages]
+    if all(not t or max(t) < first for t in texts):  # the usual case: no character that high
+        return "\x00" + first
+    used = set().union(*(set(t) for t in texts))
     code = MARKER_FIRST
     while chr(code) in used:
         code += 1
