@@ -16,6 +16,24 @@ from packer.loader.dummy import FAMILIES, MediaDummies, Tower, media_dummies, re
 
 IDS = {"<|image_pad|>": 90, "<|vision_start|>": 91, "<|vision_end|>": 92, "<image>": 93, "<|AUDIO|>": 94, "<|video_pad|>": 95}
 VOCAB = 100
+class _Ids:  # what tests/family_assets' model builders read of a processor: its tokenizer's ids and size
+    class tokenizer:  # noqa: N801
+        @staticmethod
+        def convert_tokens_to_ids(token):
+            return IDS[token]
+
+        def __len__(self):
+            return VOCAB
+
+    tokenizer = tokenizer()
+
+
+def _qwen3(name):
+    from family_assets import qwen3vl_model, qwen35_model
+
+    return (qwen3vl_model if name == "qwen3_vl" else qwen35_model)(_Ids, "sdpa")
+
+
 CASES = {  # model, placeholders, rope
     "qwen2_vl": (lambda: qwen2vl_model(IDS, VOCAB, "sdpa"), {"image": 90, "video": 95}, "mrope"),
     "qwen2_5_vl": (lambda: qwen2vl_model(IDS, VOCAB, "sdpa", version="2.5"), {"image": 90, "video": 95}, "mrope"),
@@ -23,6 +41,8 @@ CASES = {  # model, placeholders, rope
     "llava_next": (lambda: llava_next_model(IDS, VOCAB, "sdpa"), {"image": 93}, "default"),
     "qwen2_audio": (lambda: qwen2audio_model(IDS, VOCAB, "sdpa"), {"audio": 94}, "default"),
     "qwen2_5_omni_thinker": (lambda: qwen25omni_model(IDS, VOCAB, "sdpa"), {"image": 90, "video": 95, "audio": 94}, "mrope"),
+    "qwen3_vl": (lambda: _qwen3("qwen3_vl"), {"image": 90, "video": 95}, "mrope"),
+    "qwen3_5": (lambda: _qwen3("qwen3_5"), {"image": 90, "video": 95}, "mrope"),
 }
 
 

@@ -155,6 +155,8 @@ register("llava", Tower("model.vision_tower", ("image",), _llava))
 register("llava_next", Tower("model.vision_tower", ("image",), _llava_next))
 register("qwen2_audio", Tower("model.audio_tower", ("audio",), _audio(3000)))
 register("qwen2_5_omni_thinker", Tower("model.audio_tower", ("audio",), _audio(None)), QWEN_VISION)
+register("qwen3_vl", QWEN_VISION)  # Qwen3-VL / 3.5: the same patch grid (16 px, merge 2), one token a dummy
+register("qwen3_5", QWEN_VISION)
 
 
 # ------------------------------------------------------------------ the collator's part
