@@ -133,25 +133,31 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
 
 
 def sample_tokenizer(tokenizer: str) -> Path | None:
-    """The ``sample_data`` folder when ``tokenizer`` is its toy tokenizer (the pipelines' own), else None."""
+    """The ``sample_data`` folder when ``tokenizer`` is its toy tokenizer or one of its sample processor checkpoints
+    (``sample_data/processors/NAME``: the family pipelines' own), else None."""
     path = Path(tokenizer)
-    if "://" in tokenizer or not path.is_dir():
+    if not tokenizer or "://" in tokenizer or not path.is_dir():
         return None
     path = path.resolve()
-    return path.parent if path.parts[-2:] == ("sample_data", "tokenizer") else None
+    if path.parts[-2:] == ("sample_data", "tokenizer"):
+        return path.parent
+    return path.parents[1] if path.parts[-3:-1] == ("sample_data", "processors") else None
 
 
 def warn_sample_tokenizer(config: BuildConfig, files: list) -> None:
-    """One line on stderr when data from outside ``sample_data`` is built with the sample tokenizer
-    (a pipeline file run with -i / -o keeps it): the build would be useless for a real model."""
-    folder = sample_tokenizer(config.tokenizer)
+    """One line on stderr when data from outside ``sample_data`` is built with the sample tokenizer or a sample
+    processor checkpoint (a pipeline file run with -i / -o keeps it): the build would be useless for a real model."""
+    which = config.tokenizer or config.processor
+    folder = sample_tokenizer(which)
     if folder is None:
         return
     outside = [f for f in files if fs.is_url(f) or folder not in Path(f).resolve().parents]
     if outside:
+        what = ("--tokenizer with your model's" if config.tokenizer or not config.processor
+                else "--processor with your model's checkpoint")
         print(f"packer: warning: {outside[0]}{f' and {len(outside) - 1:,} more' if len(outside) > 1 else ''} built with "
-              f"{config.tokenizer}, the toy tokenizer the pipelines ship with for sample_data: pass --tokenizer with your "
-              f"model's (a hub name or a folder)", file=sys.stderr)
+              f"{which}, a toy the pipelines ship with for sample_data: pass {what} (a hub name or a folder)",
+              file=sys.stderr)
 
 
 def warn_no_encoder(out: Path, config: BuildConfig, encoded: Encoded) -> None:

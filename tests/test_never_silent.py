@@ -66,10 +66,13 @@ def test_new_data_with_the_sample_tokenizer_warns(tmp_path, write_jsonl, capsys)
     data = write_jsonl("mine.jsonl", [{"text": "Some text of mine."}] * 3)
     build(resolve(ROOT / "pipelines" / "sample.toml", input=[str(data)], output=str(tmp_path / "a")), progress=False)
     err = capsys.readouterr().err
-    assert "mine.jsonl built with" in err and "toy tokenizer" in err and "--tokenizer" in err
+    assert "mine.jsonl built with" in err and "a toy the pipelines ship with" in err and "--tokenizer" in err
     build(resolve(ROOT / "pipelines" / "sample.toml", input=[str(SAMPLE / "docs.jsonl")], output=str(tmp_path / "b")),
           progress=False)
-    assert "toy tokenizer" not in capsys.readouterr().err  # sample_data itself: what the tokenizer is for
+    assert "a toy" not in capsys.readouterr().err  # sample_data itself: what the tokenizer is for
+    build(resolve(ROOT / "pipelines" / "qwen3vl.toml", input=[str(data)], output=str(tmp_path / "c")), progress=False)
+    err = capsys.readouterr().err  # a family pipeline's sample processor checkpoint: the same warning, naming --processor
+    assert "sample_data/processors/qwen3vl, a toy the pipelines ship with" in err and "--processor" in err
 
 
 def test_build_help_names_tokenizer_first():
