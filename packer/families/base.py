@@ -72,11 +72,15 @@ class RecordMedia:
     counts: dict[str, int]
     parts: tuple[Any, ...] = field(default=(), compare=False, repr=False)
     probe: Callable[[Any], Any] | None = field(default=None, compare=False, repr=False)
+    _infos: dict[str, list[Any]] = field(default_factory=dict, compare=False, repr=False)
 
     def infos(self, kind: str) -> list[Any]:
+        """Probed once per record and kind (a family asking for every item's neighbours stays linear)."""
         if self.probe is None:
             raise ValueError("this RecordMedia carries no prober: the record's other items cannot be probed")
-        return [self.probe(p) for p in self.parts if p.kind == kind]
+        if kind not in self._infos:
+            self._infos[kind] = [self.probe(p) for p in self.parts if p.kind == kind]
+        return self._infos[kind]
 
 
 class Family:
