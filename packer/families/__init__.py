@@ -16,6 +16,8 @@ from typing import Any
 
 from packer.errors import ConfigError
 from packer.families.base import Expansion, Family, RecordMedia, Run
+from packer.families.gemma3 import Gemma3
+from packer.families.gemma4 import Gemma4
 from packer.families.generic import Generic
 from packer.families.qwen3vl import Qwen3VL
 
@@ -25,6 +27,8 @@ ALL_KINDS = ("image", "audio", "video")
 FAMILIES: dict[str, tuple[type[Family], tuple[str, ...]]] = {
     "generic": (Generic, ALL_KINDS),
     "qwen3vl": (Qwen3VL, ("image", "video")),
+    "gemma3": (Gemma3, ("image",)),
+    "gemma4": (Gemma4, ("image", "video", "audio")),
 }
 
 
