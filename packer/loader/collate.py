@@ -32,6 +32,14 @@ with a video in the batch and no ``tokens_per_second`` is refused rather than po
 the Qwen2-VL way. ``video_policy`` (a policy or a spec such as ``"qwen2vl:fps=1"``) names the
 build's frame sampling when it is not the one the video processor implies.
 
+Masks per layer type (Gemma 3 / 4, a family with ``mask_layout``): the model's layers differ
+(sliding-window layers; image tokens that attend within their image both ways, in every layer for
+Gemma 3, in the sliding-window layers for Gemma 4), so ``attention_mask`` is a dict
+``{"full_attention": ..., "sliding_attention": ...}`` of the chosen form (bool, additive or
+``BlockMask``), the precomputed mapping those models take as it is. They read the layer types and
+the window from ``model_config=model.config``; ``varlen`` / ``position_ids`` are refused (flash
+kernels cannot attend to a later image token, and these classes do not take them).
+
 Padding (``pad_to``, ``pad_to_multiple_of``) forms one more segment per row that
 nothing attends to or from and that attends only to itself, so no softmax row is
 empty and no NaN appears. See :mod:`packer.loader.masks` for a worked example.
@@ -60,7 +68,8 @@ class PackedCollator:
                  pad_token_id: int = 0, rope: str = "default", loss: str = "token", mask_dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", image_processor=None, feature_extractor=None, processor=None,
                  patch_size: int | None = None, image_embeddings=None, audio_features=None, video_processor=None,
-                 video_policy=None, tokens_per_second: float | None = None, family: dict[str, Any] | None = None):
+                 video_policy=None, tokens_per_second: float | None = None, family: dict[str, Any] | None = None,
+                 model_config=None):
         if attention not in ATTENTION:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
         family_obj = None
@@ -74,6 +83,9 @@ class PackedCollator:
         self._family = family_obj
         self._type_ids = {k: v for k, v in (family or {}).get("run_ids", {}).items() if v is not None} \
             if "mm_token_type_ids" in (family or {}).get("model_inputs", ()) else None
+        self._layout = _mask_layout(family_obj, attention, model_config)
+        self._block_ids = [v for k, v in (family or {}).get("run_ids", {}).items()
+                           if k in getattr(family_obj, "block_kinds", ()) and v is not None]
         if rope not in ("default", "mrope"):
             raise ValueError(f"rope must be default or mrope, got {rope!r}")
         timed_processor = "second_per_grid_ts" in (getattr(processor, "model_input_names", None) or ())
@@ -157,7 +169,9 @@ class PackedCollator:
             out["position_ids"][:, pad] = position[pad]
         else:
             out["position_ids"] = position
-        if self.attention in ("sdpa", "eager"):
+        if self._layout is not None:
+            out["attention_mask"] = self._layer_masks(input_ids, segment)
+        elif self.attention in ("sdpa", "eager"):
             allowed = masks.allowed(segment)
             out["attention_mask"] = allowed if self.attention == "sdpa" else masks.additive(allowed, self.mask_dtype)
         elif self.attention == "flex":
@@ -169,6 +183,35 @@ class PackedCollator:
             out.update(cu_seqlens=cu_t, max_seqlen=max_len, cu_seq_lens_q=cu_t, cu_seq_lens_k=cu_t,
                        max_length_q=max_len, max_length_k=max_len)
         return out
+
+    def _layer_masks(self, input_ids: torch.Tensor, segment: torch.Tensor) -> dict[str, Any]:
+        """One mask per layer type of the model (see the module docstring), in this collator's form."""
+        blocks = masks.media_blocks(input_ids, self._block_ids) if self._block_ids else None
+        out: dict[str, Any] = {}
+        for layer_type, spec in self._layout.items():
+            own = blocks if spec["blocks"] else None
+            if self.attention == "flex":
+                out[layer_type] = masks.block_mask(segment, self.device, blocks=own, window=spec["window"])
+            else:
+                allowed = masks.allowed(segment, own, spec["window"])
+                out[layer_type] = allowed if self.attention == "sdpa" else masks.additive(allowed, self.mask_dtype)
+        return out
+
+
+def _mask_layout(family: Any, attention: str, model_config: Any) -> dict[str, dict[str, Any]] | None:
+    """The family's masks per layer type, or None for one mask for every layer."""
+    layout = getattr(family, "mask_layout", None)
+    if layout is None:
+        return None
+    if attention in FLATTENED:
+        raise ValueError(f"attention={attention!r} cannot express family {family.name}'s masks: its image tokens attend "
+                         f"to later tokens of their own image, which flash-attention kernels cannot do (its model class "
+                         f"refuses flash attention), and its sliding-window layers differ from its full ones; use "
+                         f"attention='sdpa', 'eager' or 'flex'")
+    if model_config is None:
+        raise ValueError(f"family {family.name} builds one attention mask per layer type (sliding windows, image "
+                         f"tokens attending within their image): pass PackedCollator(model_config=model.config, ...)")
+    return layout(model_config)
 
 
 def _concatenate(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -187,7 +230,8 @@ def _concatenate(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw", "image_sizes",
               "pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "input_features", "feature_attention_mask",
-              "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+              "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
+              "token_type_ids", "image_position_ids", "video_position_ids", "num_frames_per_video", "input_features_mask")
 
 
 def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,8 @@ Positions are the batch's own, ``[B, L]`` or mRoPE ``[3, B, L]``, sliced like th
 
 ``ulysses``: contiguous equal slices of the sequence (padded to a multiple of ``size``);
 attention runs over the whole sequence after the all-to-all, so the batch's global mask
-is kept as it is. The SP padding is one more segment, positioned from 0.
+(or masks: one per layer type for Gemma) is kept as it is. The SP padding is one more
+segment, positioned from 0. ``token_type_ids`` / ``mm_token_type_ids`` are sliced like the tokens.
 
 ``ring`` (zigzag): every segment is padded to a multiple of ``2 * size`` and cut into
 ``2 * size`` chunks; rank r takes chunks r and 2*size-1-r of every segment. Under causal
@@ -48,6 +49,8 @@ from typing import Any
 import torch
 
 from packer.shards.schema import IGNORE
+
+TOKEN_TYPES = ("token_type_ids", "mm_token_type_ids")  # per-token model inputs, sliced like the tokens (0: text)
 
 
 def shard_for_sequence_parallel(batch: dict[str, Any], rank: int, size: int, *, mode: str = "ulysses",
@@ -170,8 +173,9 @@ def _pieces(span: dict[str, Any], windows: list[tuple[int, int, int]]) -> list[d
 def _ulysses(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> dict[str, Any]:
     length = batch["input_ids"].shape[-1]
     extra = -(-length // size) * size - length
-    mask = batch.get("attention_mask")
-    if extra and mask is not None and not isinstance(mask, torch.Tensor):
+    mask = batch.get("attention_mask")  # one mask, or one per layer type (Gemma: a dict)
+    dense = all(isinstance(m, torch.Tensor) for m in (mask.values() if isinstance(mask, dict) else [mask]))
+    if extra and mask is not None and not dense:
         raise ValueError(f"length {length} is not a multiple of the SP size {size}; build the BlockMask padded: "
                          f"PackedCollator(pad_to_multiple_of={size})")
     shift, shift_w = _shifted(batch)
@@ -184,6 +188,7 @@ def _ulysses(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> 
         "shift_loss_weights": _pad_last(shift_w, extra, 0.0),
         "position_ids": torch.cat([positions, pad_positions.to(positions.dtype)], dim=-1) if extra else positions,
         "seq_idx": _pad_last(batch["seq_idx"], extra, int(batch["seq_idx"].max()) + 1),
+        **{k: _pad_last(batch[k], extra, 0) for k in TOKEN_TYPES if k in batch},
     }
     chunk = (length + extra) // size
     lo, hi = rank * chunk, (rank + 1) * chunk
@@ -192,8 +197,8 @@ def _ulysses(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> 
     padded = torch.cat([cu, torch.tensor([length + extra])]) if extra else cu
     local = torch.unique(torch.clamp(padded, lo, hi)) - lo
     if mask is not None:
-        if isinstance(mask, torch.Tensor) and extra:
-            mask = _extend_mask(mask, extra)
+        if extra:
+            mask = {k: _extend_mask(m, extra) for k, m in mask.items()} if isinstance(mask, dict) else _extend_mask(mask, extra)
         out["attention_mask"] = mask  # global: Ulysses attends over the whole sequence
     pieces = [p for span in batch.get("media", []) for p in _pieces(span, [(lo, hi, 0)])]
     out["media"] = sorted(pieces, key=lambda p: (p.get("batch", 0), p["start"]))
