@@ -1,0 +1,189 @@
+"""Gemma 4, token for token with ``Gemma4Processor`` and logit for logit with ``Gemma4ForConditionalGeneration``.
+
+The processor is built in code (4 px patches, the 70-token budget, 3 frames a video, 16 mel bins) and saved into
+a checkpoint folder that the build reads with ``--processor``; the chat template is a Gemma-4-style fixture.
+Records hold the harness's awkward images, videos (0.1-20 s, VFR, rotated, frame lists with and without a rate)
+and audio (5 ms to 45 s at 8-48 kHz). The 5 ms clip gives the audio encoder no position (the processor writes
+``<|audio><audio|>`` around nothing): packer quarantines it (``audio_too_short``), the counted policy for
+media that would reach the model as nothing.
+
+The equivalence runs on a second build of the records without the two longest (30 images, 2 of the 3 clips over
+29 s: each row's logits are vocabulary-wide) in rows of at most 1,024 tokens.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+
+pytest.importorskip("av")
+pytest.importorskip("torchvision")
+
+from assets_gemma4 import ASSETS, gemma4_config  # noqa: E402
+from family_harness import (  # noqa: E402
+    build_family,
+    check_equivalence,
+    check_flex_forward,
+    check_ids,
+    hf_inputs,
+    segments,
+    write_media,
+    write_records,
+)
+
+from packer.families.gemma4 import Gemma4, Gemma4Settings  # noqa: E402
+from packer.loader import PackedCollator, PackedDataset  # noqa: E402
+from packer.media.video import probe_video  # noqa: E402
+
+QUARANTINED = {"r13": "audio_too_short"}  # aud/5ms_16k.wav
+HEAVY_AUDIO = ("29.99s_16k.flac", "31s_24k.flac")
+
+
+def _media(record: dict) -> list[dict]:
+    return [p for m in record["messages"] if isinstance(m["content"], list) for p in m["content"] if p["type"] != "text"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gemma4")
+    files = write_media(root, ASSETS.kinds)
+    source, records = write_records(root, ASSETS.kinds, files)
+    processor = ASSETS.processor(root / "checkpoint")
+    manifest = build_family("gemma4", root / "checkpoint", source, root / "out", quarantined=QUARANTINED, max_segments=4)
+    return root, [r for r in records if r["id"] not in QUARANTINED], processor, manifest
+
+
+@pytest.fixture(scope="module")
+def small(built):
+    """The records without the longest ones, in rows of at most 1,024 tokens (see the module docstring)."""
+    root, records, _, _ = built
+    kept = [r for r in records if len(_media(r)) < 30 and not any(str(p.get("audio", "")).endswith(HEAVY_AUDIO)
+                                                                   for p in _media(r))]
+    source = root / "small.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    build_family("gemma4", root / "checkpoint", source, root / "small", max_segments=4, max_length=1024)
+    return PackedDataset(root / "small"), kept
+
+
+def test_settings_equal_the_processor(built):
+    _, _, processor, manifest = built
+    family = manifest["tokenizer"]["family"]
+    assert family["name"] == "gemma4" and family["processor_class"] == "Gemma4Processor"
+    s = family["settings"]
+    ip, vp, fe, tok = processor.image_processor, processor.video_processor, processor.feature_extractor, processor.tokenizer
+    assert (s["image_patch_size"], s["image_max_soft_tokens"], s["image_pooling_kernel_size"]) == \
+        (ip.patch_size, ip.max_soft_tokens, ip.pooling_kernel_size)
+    assert (s["video_patch_size"], s["video_max_soft_tokens"], s["video_pooling_kernel_size"], s["video_num_frames"],
+            s["video_fps"], s["video_sample"]) == (vp.patch_size, vp.max_soft_tokens, vp.pooling_kernel_size,
+                                                   vp.num_frames, vp.fps or 0.0, vp.do_sample_frames)
+    assert (s["audio_sampling_rate"], s["audio_frame_length"], s["audio_hop_length"]) == \
+        (fe.sampling_rate, fe.frame_length, fe.hop_length)
+    assert [s[k] for k in ("image_token", "boi_token", "eoi_token", "audio_token", "boa_token", "eoa_token")] == \
+        [tok.image_token, tok.boi_token, tok.eoi_token, tok.audio_token, tok.boa_token, tok.eoa_token]
+    assert s["video_token"] == processor.video_token
+
+
+def test_defaults_equal_the_classes():
+    from transformers import Gemma4AudioFeatureExtractor, Gemma4ImageProcessor, Gemma4VideoProcessor
+
+    d, fe = Gemma4Settings(), Gemma4AudioFeatureExtractor()
+    for cls, prefix in ((Gemma4ImageProcessor, "image"), (Gemma4VideoProcessor, "video")):
+        for key in ("patch_size", "max_soft_tokens", "pooling_kernel_size"):
+            assert getattr(d, f"{prefix}_{key}") == getattr(cls, key), (prefix, key)
+    assert (d.video_num_frames, d.video_fps, d.video_sample) == (Gemma4VideoProcessor.num_frames, 0.0,
+                                                                 Gemma4VideoProcessor.do_sample_frames)
+    assert getattr(Gemma4VideoProcessor(), "fps", None) is None
+    assert (d.audio_sampling_rate, d.audio_frame_length, d.audio_hop_length) == (fe.sampling_rate, fe.frame_length,
+                                                                                fe.hop_length)
+    assert d.audio_max_length == inspect.signature(Gemma4AudioFeatureExtractor.__call__).parameters["max_length"].default
+
+
+def test_ids_equal_the_hf_processor(built):
+    root, records, processor, _ = built
+    ds = PackedDataset(root / "out")
+    check_ids(ds, processor, records, root)
+    audio = sorted(m["tokens"] for i in range(len(ds)) for m in ds[i]["media"] if m["kind"] == "audio")
+    assert audio[-3:] == [750, 750, 750] and audio[0] < 10  # the 31 s and 45 s clips capped at 30 s; 20 ms
+    videos = [m for i in range(len(ds)) for m in ds[i]["media"] if m["kind"] == "video"]
+    assert videos and all(m["length"] > m["tokens"] for m in videos)  # timestamps between the frames
+
+
+def test_mm_token_type_ids_equal_the_processors(built):
+    root, records, processor, _ = built
+    by_id = {r["id"]: r for r in records}
+    ds = PackedDataset(root / "out")
+    rows = [ds[i] for i in range(len(ds))]
+    batch = PackedCollator(family=ds.family, model_config=gemma4_config(processor))(rows)
+    for r, row in enumerate(rows):
+        for a, b, rid in segments(row):
+            expected = hf_inputs(processor, by_id[rid], root)["mm_token_type_ids"][0].tolist()
+            assert batch["mm_token_type_ids"][r, a:b].tolist() == expected, rid
+
+
+def test_a_clip_shorter_than_the_frames_asked_is_refused_as_the_processor_refuses_it(built):
+    """The class default samples 32 frames; a 17-frame clip: the video processor raises, packer refuses the item."""
+    from transformers.video_utils import load_video
+
+    root, _, processor, _ = built
+    path = root / "vid" / "odd_17f.mp4"
+    frames, metadata = load_video(str(path), backend="pyav")
+    with pytest.raises(ValueError, match="exceeds total_num_frames=17"):
+        processor.video_processor(videos=[frames], video_metadata=[metadata], num_frames=32)
+    with pytest.raises(ValueError, match="samples 32 frames and the clip has 17"):
+        Gemma4(("video",), Gemma4Settings()).expand("video", probe_video(str(path)), None, None)
+
+
+@pytest.mark.slow  # a second processor checkpoint and build
+def test_fps_sampling_ids_equal_the_hf_processor(tmp_path, built):
+    """A checkpoint that samples 2 frames a second: ids equal; frames without a rate are refused, as there."""
+    root, records, _, _ = built
+    processor = ASSETS.processor(tmp_path / "checkpoint", num_frames=None, fps=2)
+    videos = [r for r in records if any(p["type"] == "video" for p in _media(r))]
+    source = root / "videos_fps.jsonl"  # media refs are relative to the records' folder
+    source.write_text("".join(json.dumps(r) + "\n" for r in videos))
+    no_rate = [r["id"] for r in videos if any(isinstance(p["video"], list) and not p.get("fps") for p in _media(r)
+                                              if p["type"] == "video")]
+    manifest = build_family("gemma4", tmp_path / "checkpoint", source, tmp_path / "out", max_segments=4,
+                            quarantined={i: "unsupported_video" for i in no_rate})
+    assert manifest["tokenizer"]["family"]["settings"]["video_fps"] == 2.0
+    with pytest.raises(ValueError, match="no original FPS"):
+        hf_inputs(processor, next(r for r in videos if r["id"] in no_rate), root)
+    check_ids(PackedDataset(tmp_path / "out"), processor, [r for r in videos if r["id"] not in no_rate], root)
+
+
+def _covering(ds: PackedDataset) -> list[int]:
+    """Short rows that between them hold an image, a video and an audio clip."""
+    chosen, seen = [], set()
+    for i in sorted(range(len(ds)), key=lambda i: ds[i]["n_tokens"]):
+        kinds = {m["kind"] for m in ds[i]["media"]}
+        if kinds - seen:
+            chosen.append(i)
+            seen |= kinds
+    assert seen == {"image", "video", "audio"}
+    return chosen
+
+
+@pytest.mark.slow  # a real forward and backward of every packed row (sdpa), of rows holding every kind (eager)
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_packed_rows_equal_each_record_alone(built, small, impl):
+    root, _, processor, _ = built
+    ds, records = small
+    model = ASSETS.model(processor, impl)
+    picked = list(range(len(ds))) if impl == "sdpa" else _covering(ds)
+    for at in range(0, len(picked), 2):  # two rows a batch: the logits of a batch are vocabulary-wide
+        check_equivalence(model, ds, processor, records, root, impl, rows=picked[at : at + 2], model_config=model.config)
+
+
+@pytest.mark.slow  # FlexAttention compiles its kernel on the CPU (forward only there)
+def test_flex_rows_equal_each_record_alone(built, small):
+    """The language model under flex; the vision tower under sdpa: its own flex kernel (HF's padding mask over an
+    image's patches, nothing packer builds) does not compile on a CPU with torch 2.11 (inductor CppCompileError)."""
+    from assets_gemma4 import gemma4_model
+
+    root, _, processor, _ = built
+    ds, records = small
+    flex = gemma4_model(processor, "flex_attention", vision_impl="sdpa")
+    check_flex_forward(flex, ASSETS.model(processor, "sdpa"), ds, processor, records, root, rows=_covering(ds)[:2],
+                       model_config=flex.config)
