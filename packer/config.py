@@ -213,10 +213,9 @@ class BuildConfig:
             values = [getattr(self, k) for k in group]
             if not all(values) or len(set(values)) != len(values):
                 raise ConfigError(f"{', '.join(group)} must be different non-empty strings, got {values}")
-        from packer.media.policies import parse_policy
-
         from packer.encode.render import template_clock
         from packer.families import FAMILIES, resolve_kinds
+        from packer.media.policies import parse_policy
 
         if self.family not in FAMILIES:
             raise ConfigError(f"family = {self.family!r} is not one of {', '.join(FAMILIES)}")
@@ -349,8 +348,8 @@ PATH_KEYS = ("input", "output", "media_root", "staging_dir")  # paths in a pipel
 
 def _relative_to(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     """Paths written in a pipeline file are relative to the file's folder, wherever packer
-    runs; they are shown relative to the current folder when inside it. ``tokenizer`` is
-    a path only when that folder holds it (else a hub name)."""
+    runs; they are shown relative to the current folder when inside it. ``tokenizer`` and
+    ``processor`` are paths only when that folder holds them (else hub names)."""
 
     def place(value: Any, must_exist: bool = False) -> Any:
         if not isinstance(value, str) or not value or "://" in value or Path(value).is_absolute():
@@ -368,8 +367,9 @@ def _relative_to(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     for key in PATH_KEYS:
         if key in out:
             out[key] = [place(v) for v in out[key]] if isinstance(out[key], list) else place(out[key])
-    if "tokenizer" in out:
-        out["tokenizer"] = place(out["tokenizer"], must_exist=True)
+    for key in ("tokenizer", "processor"):
+        if key in out:
+            out[key] = place(out[key], must_exist=True)
     return out
 
 

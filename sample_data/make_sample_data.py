@@ -299,8 +299,85 @@ def main() -> None:
     videos = video_files()
     if videos:
         (ROOT / "video.jsonl").write_text("\n".join(videos) + "\n", encoding="utf-8")
+    gemma_processors()
     print(f"wrote {len(images)} images, {len(clips)} audio clips, "
           + ", ".join(f"{n} ({len(ls)} lines)" for n, ls in files.items()) + ", tokenizer/")
+
+
+# ---------------------------------------------------------------- Gemma 3 / 4 processor checkpoints
+
+# Gemma-style chat templates over the sample tokenizer: <bos>, the family's turn tokens, a media part as the
+# token its processor expands; text trimmed (Gemma 3 folds a system message into the first user turn).
+GEMMA3_TEMPLATE = (
+    "{{- bos_token -}}{%- set prefix = '' -%}{%- set turns = messages -%}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- if messages[0]['content'] is string -%}{%- set prefix = messages[0]['content'] ~ '\n\n' -%}"
+    "{%- else -%}{%- set prefix = messages[0]['content'][0]['text'] ~ '\n\n' -%}{%- endif -%}"
+    "{%- set turns = messages[1:] -%}{%- endif -%}"
+    "{%- for message in turns -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{- raise_exception('Gemma 3 turns alternate: user, assistant, user, ...') -}}{%- endif -%}"
+    "{{- '<start_of_turn>' ~ ('model' if message['role'] == 'assistant' else message['role']) ~ '\n' -}}"
+    "{%- if loop.first -%}{{- prefix -}}{%- endif -%}"
+    "{%- if message['content'] is string -%}{{- message['content'] | trim -}}{%- else -%}"
+    "{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' -%}{{- '<start_of_image>' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] | trim -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}{{- '<end_of_turn>\n' -}}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\n' -}}{%- endif -%}"
+)
+GEMMA4_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- macro content_of(content) -%}{%- if content is string -%}{{- content | trim -}}{%- else -%}"
+    "{%- for part in content -%}{%- if part['type'] == 'text' -%}{{- part['text'] | trim -}}"
+    "{%- elif part['type'] in ['image', 'video', 'audio'] -%}{{- '<|' ~ part['type'] ~ '|>' -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}{%- endmacro -%}"
+    "{%- set turns = messages -%}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{{- '<|turn>system\n' ~ content_of(messages[0]['content']) ~ '<turn|>\n' -}}{%- set turns = messages[1:] -%}"
+    "{%- endif -%}"
+    "{%- for message in turns -%}"
+    "{{- '<|turn>' ~ ('model' if message['role'] == 'assistant' else message['role']) ~ '\n' -}}"
+    "{{- content_of(message['content']) -}}{{- '<turn|>\n' -}}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|turn>model\n' -}}{%- endif -%}"
+)
+
+
+def gemma_tokenizer(named: dict[str, str], turns: list[str]):
+    """The sample tokenizer with a family's tokens, declared as its tokenizer declares them."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "tokenizer"), extra_special_tokens=named, bos_token="<bos>")
+    tok.add_tokens(turns, special_tokens=True)
+    return tok
+
+
+def gemma_processors() -> None:
+    """processors/gemma3 and processors/gemma4: each family's processor with its classes' defaults (Gemma 3's
+    896 px images and 256 tokens an image; Gemma 4's 280-token images, 70-token video frames and 16 kHz audio)
+    around the sample tokenizer, written by save_pretrained. One setting differs: the sample Gemma 4 checkpoint
+    samples 4 frames a video, as the class default (32) is more than any sample clip holds (the processor
+    refuses such clips, and so does packer)."""
+    from transformers import (
+        Gemma3ImageProcessor,
+        Gemma3Processor,
+        Gemma4AudioFeatureExtractor,
+        Gemma4ImageProcessor,
+        Gemma4Processor,
+        Gemma4VideoProcessor,
+    )
+
+    tok = gemma_tokenizer({"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"},
+                          ["<start_of_turn>", "<end_of_turn>"])
+    image = Gemma3ImageProcessor(size={"height": 896, "width": 896}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    Gemma3Processor(image_processor=image, tokenizer=tok, chat_template=GEMMA3_TEMPLATE).save_pretrained(
+        str(ROOT / "processors" / "gemma3"))
+    tok = gemma_tokenizer({"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>",
+                           "audio_token": "<|audio|>", "boa_token": "<|audio>", "eoa_token": "<audio|>"},
+                          ["<|turn>", "<turn|>"])
+    Gemma4Processor(feature_extractor=Gemma4AudioFeatureExtractor(), image_processor=Gemma4ImageProcessor(),
+                    tokenizer=tok, video_processor=Gemma4VideoProcessor(num_frames=4),
+                    chat_template=GEMMA4_TEMPLATE).save_pretrained(str(ROOT / "processors" / "gemma4"))
 
 
 if __name__ == "__main__":
