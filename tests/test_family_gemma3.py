@@ -133,3 +133,23 @@ def test_flex_rows_equal_each_record_alone(built):
     flex = ASSETS.model(processor, "flex_attention")
     check_flex_forward(flex, ASSETS.model(processor, "sdpa"), ds, processor, records, root, rows=list(range(len(ds))),
                        call=SCAN_CALL, model_config=flex.config)
+
+
+def test_crop_counts_equal_transformers():
+    """packer's crop count = Gemma3ImageProcessor.pan_and_scan_batched's, over many sizes and settings."""
+    import numpy as np
+    import torch
+    from transformers import Gemma3ImageProcessor
+
+    from packer.families.gemma3 import pan_and_scan_crops
+
+    rng = np.random.default_rng(0)
+    sizes = [(1, 1), (10, 2000), (2000, 10), (300, 200), (256, 512), (100, 120), (120, 100), (513, 256)]
+    sizes += [tuple(int(x) for x in rng.integers(1, 3000, 2)) for _ in range(300)]
+    ip = Gemma3ImageProcessor()
+    for min_crop, max_crops, ratio in ((256, 4, 1.2), (8, 4, 1.2), (64, 3, 2.0), (300, 8, 1.0)):
+        s = Gemma3Settings(do_pan_and_scan=True, pan_and_scan_min_crop_size=min_crop, pan_and_scan_max_num_crops=max_crops,
+                           pan_and_scan_min_ratio_to_activate=ratio)
+        for h, w in sizes:
+            crops = ip.pan_and_scan_batched(torch.empty(1, 3, h, w, dtype=torch.uint8), min_crop, max_crops, ratio)
+            assert pan_and_scan_crops(h, w, s) == len(crops), (h, w, min_crop, max_crops, ratio)

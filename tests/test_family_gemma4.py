@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import json
 
+import numpy as np
 import pytest
 
 pytest.importorskip("av")
@@ -187,3 +188,62 @@ def test_flex_rows_equal_each_record_alone(built, small):
     flex = gemma4_model(processor, "flex_attention", vision_impl="sdpa")
     check_flex_forward(flex, ASSETS.model(processor, "sdpa"), ds, processor, records, root, rows=_covering(ds)[:2],
                        model_config=flex.config)
+
+
+# ---------------------------------------------------------------- the arithmetic, swept against transformers
+
+
+def test_image_sizes_equal_transformers():
+    from transformers.models.gemma4.image_processing_gemma4 import get_aspect_ratio_preserving_size
+
+    from packer.families.gemma4 import soft_tokens
+
+    rng = np.random.default_rng(0)
+    sizes = [(1, 1), (1, 5000), (5000, 1), (13, 2600), (2000, 10), (48, 48), (47, 49)]
+    sizes += [tuple(int(x) for x in rng.integers(1, 4000, 2)) for _ in range(300)]
+    for budget in (70, 280, 1120):
+        for h, w in sizes:
+            try:
+                th, tw = get_aspect_ratio_preserving_size(h, w, 16, budget * 9, 3)
+                expected = (th // 16) * (tw // 16) // 9
+            except ValueError:
+                expected = None
+            try:
+                got = soft_tokens(h, w, 16, budget, 3)
+            except ValueError:
+                got = None
+            assert got == expected, (h, w, budget)
+
+
+def test_video_sampling_equals_transformers():
+    from types import SimpleNamespace
+
+    from transformers.video_utils import VideoMetadata, default_sample_indices_fn
+
+    for frames in (1, 2, 3, 5, 17, 24, 80):
+        for rate in (4.0, 24.0, 29.97):
+            for num_frames, fps in ((3, 0.0), (32, 0.0), (1, 0.0), (0, 2.0), (0, 0.5), (0, 0.0)):
+                family = Gemma4(("video",), Gemma4Settings(video_num_frames=num_frames, video_fps=fps))
+                meta = VideoMetadata(total_num_frames=frames, fps=rate)
+                try:
+                    expected = default_sample_indices_fn(meta, num_frames=num_frames or None, fps=fps or None).tolist()
+                except ValueError:
+                    expected = None
+                try:
+                    got = family.video_plan(SimpleNamespace(frames=frames, fps=rate))[0]
+                except ValueError:
+                    got = None
+                assert got == expected, (frames, rate, num_frames, fps)
+
+
+def test_audio_counts_equal_the_processors():
+    """packer's count from a clip's length = Gemma4Processor.replace_audio_token on the extractor's mask."""
+    from transformers import Gemma4AudioFeatureExtractor
+
+    from packer.families.gemma4 import audio_tokens
+
+    fe, settings = Gemma4AudioFeatureExtractor(), Gemma4Settings()
+    for n in (1, 160, 161, 162, 320, 321, 481, 641, 801, 16000, 479_999, 480_000, 480_001, 720_000):
+        mask = np.asarray(fe([np.zeros(n, dtype=np.float32)])["input_features_mask"][0])
+        assert audio_tokens(n, settings) == int(mask[::2][::2].sum()), n
+    assert audio_tokens(720_000, settings) == 750

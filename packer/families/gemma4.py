@@ -56,7 +56,7 @@ class Gemma4Settings:
     video_patch_size: int = 16
     video_max_soft_tokens: int = 70
     video_pooling_kernel_size: int = 3
-    video_num_frames: int = 32  # 0: sample by video_fps
+    video_num_frames: int = 32  # 0: sample by video_fps (every frame when that is 0 too)
     video_fps: float = 0.0  # 0: unset (the class default); frames per second to sample when num_frames is 0
     video_sample: bool = True  # do_sample_frames
     audio_sampling_rate: int = 16000
@@ -104,8 +104,6 @@ class Gemma4Settings:
         if self.video_sample and self.video_num_frames and self.video_fps:
             raise ConfigError("gemma4: the video processor samples either num_frames or fps, and the settings give both "
                               f"(video_num_frames={self.video_num_frames}, video_fps={self.video_fps:g}); set one to 0")
-        if self.video_sample and not self.video_num_frames and not self.video_fps:
-            raise ConfigError("gemma4: video sampling needs video_num_frames or video_fps")
 
 
 def aspect_ratio_preserving_size(height: int, width: int, patch_size: int, max_patches: int,
@@ -190,9 +188,9 @@ class Gemma4(Family):
         """(decode indices the processor keeps, the rate its timestamps use) of a video."""
         s = self.s
         rate = info.fps or FRAMES_WITHOUT_FPS  # a file always states one; a frame list may not
-        if not s.video_sample:
-            return list(range(info.frames)), rate
         n = s.video_num_frames
+        if not s.video_sample or not (n or s.video_fps):  # neither set: transformers' sampler keeps every frame
+            return list(range(info.frames)), rate
         if not n:
             if not info.fps:
                 raise ValueError(f"the video processor samples {s.video_fps:g} frames a second, and these frames "
