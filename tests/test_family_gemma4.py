@@ -123,6 +123,22 @@ def test_mm_token_type_ids_equal_the_processors(built):
             assert batch["mm_token_type_ids"][r, a:b].tolist() == expected, rid
 
 
+@pytest.mark.parametrize("kind,other,by", [("image", "img/thin_10x2000.png", "Gemma4ImageProcessor"),
+                                           ("audio", "aud/1s_48k_stereo.wav", "Gemma4AudioFeatureExtractor")])
+def test_loader_names_a_file_that_changed(built, kind, other, by):
+    """A span whose file now gives another count: the collator raises naming it, before the model's own error."""
+    from packer.loader.media import MediaMismatchError
+
+    root, _, processor, _ = built
+    ds = PackedDataset(root / "out")
+    row = next(ds[i] for i in range(len(ds)) if any(m["kind"] == kind for m in ds[i]["media"]))
+    span = next(m for m in row["media"] if m["kind"] == kind and not m["path"].endswith(other))
+    row["media"] = [{**span, "path": str(root / other)}]  # only this span is loaded
+    collate = PackedCollator(processor=processor, family=ds.family, model_config=gemma4_config(processor))
+    with pytest.raises(MediaMismatchError, match=rf"{other}: the build gave this {kind} \d+ placeholder positions but {by}"):
+        collate([row])
+
+
 def test_a_clip_shorter_than_the_frames_asked_is_refused_as_the_processor_refuses_it(built):
     """The class default samples 32 frames; a 17-frame clip: the video processor raises, packer refuses the item."""
     from transformers.video_utils import load_video
