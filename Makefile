@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.packer-demo-stamp
 TEST_STAMP := $(VENV)/.packer-test-stamp
 
-.PHONY: setup setup-demo demo test test-fast bench sample-data clean
+.PHONY: setup setup-demo demo test test-fast lint demo-check bench sample-data clean
 
 setup: $(TEST_STAMP)
 setup-demo: $(DEMO_STAMP)
@@ -45,6 +45,23 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
+# ruff, pinned in requirements.lock; its settings are in pyproject.toml.
+lint: setup
+	$(BIN)/ruff check .
+
+# The build layer alone, as a user gets it: a fresh venv with requirements-demo.lock and the package
+# (not editable, no torch), then a build of the sample job run from outside the repository, and verify.
+DEMO_VENV := .venv-demo
+demo-check:
+	rm -rf $(DEMO_VENV)
+	$(PYTHON) -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(DEMO_VENV)/bin/python -m pip install --quiet -r requirements-demo.lock
+	$(DEMO_VENV)/bin/python -m pip install --quiet --no-deps .
+	@if $(DEMO_VENV)/bin/python -c "import torch" 2>/dev/null; then echo "the build layer installed torch"; exit 1; fi
+	cd $(DEMO_VENV) && bin/packer build $(CURDIR)/pipelines/sample.toml -o $(CURDIR)/$(DEMO_VENV)/out --overwrite
+	$(DEMO_VENV)/bin/packer verify $(DEMO_VENV)/out --media
+
 # trl is a side-by-side baseline for the planner benchmark only, never a runtime dependency.
 bench: setup
 	$(BIN)/python -c "import trl" 2>/dev/null || $(BIN)/python -m pip install --quiet trl==1.16.0
@@ -55,4 +72,4 @@ sample-data: setup-demo
 	$(BIN)/python sample_data/make_sample_data.py
 
 clean:
-	rm -rf out .pytest_cache
+	rm -rf out .pytest_cache $(DEMO_VENV)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import json
 import os
 import shutil
@@ -41,8 +42,9 @@ from packer.shards.manifest import SECTIONS, Files, Manifest
 from packer.shards.schema import SAMPLE_SCHEMA, ShardEntry
 from packer.stages import encode, materialize
 from packer.stages.manifest import FileAccount, accounting
+from packer.stages.media_files import write_media_index
 from packer.stages.planning import modality_codes, plan_samples, plan_table
-from packer.stages.state import BuildLock, fingerprint, open_state
+from packer.stages.state import BuildLock, code_identity, fingerprint, open_state
 
 SMALL_INPUT_BYTES = 16 * 2**20
 
@@ -85,31 +87,46 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
     check_plan_options(config)
     inputs = config.input_sources()
     files = [f for f, _ in inputs]
+    check_output_outside_inputs(config, files)
+    warn_duplicate_inputs(config)
+    counts: dict[str, int] = {}
+    tasks = encode.make_tasks(files, config.chunk_records, counts, config.max_line_bytes,
+                              encode.task_bytes(sum(fs.stat(f)[0] for f in files)))
     engine = get_engine(config.engine, auto_workers(config.workers, files), address=config.ray_address,
                         cpus_per_task=config.cpus_per_task)
+    head = list(itertools.islice(tasks, engine.workers))  # never more workers than tasks: the first few are cut now
+    tasks = itertools.chain(head, tasks)
     media_root = media_base(config, files)
     spec = EncoderSpec.from_config(config, media_root)
-    setup_args = (spec, config.output, config.strict, config.durable)
-    with engine.started(encode.setup, setup_args):  # its workers load the tokenizer while this process does
+    setup_args = (spec, config.output, config.strict, config.durable, config.on_internal_error)
+    with engine.started(encode.setup, setup_args, tasks=len(head)):  # its workers load the tokenizer while this process does
         driver = encode.setup(*setup_args)  # checks the tokenizer first,
         embedder, extractor = media_models(config)  # and the embedding weights, before an old build is touched
         out = Path(config.output)
         lock = BuildLock(out)
-        freeze_collector()  # for this build only: unfrozen below
+        frozen = freeze_collector()  # for this build only: unfrozen below (never when the process had frozen objects)
         try:
             tokenizer = driver.encoder.fingerprint()  # hashes the serialized tokenizer: once
-            open_state(out, fingerprint(files, config.content_dict(), tokenizer), overwrite=config.overwrite)
+            try:
+                open_state(out, fingerprint(files, config.content_dict(), tokenizer, media_root), overwrite=config.overwrite)
+            except ConfigError:
+                lock.release(discard=True)  # refused: no lock file left in a folder that holds no build of ours
+                raise
             set_durable(config.durable)  # this process; the stages' worker setups get it too
-            encoded = encode_inputs(out, files, config, setup_args, driver, engine, progress)
+            encoded = encode_inputs(out, files, tasks, counts, setup_args, driver, engine, progress)
             encoded.input_sources = [k for _, k in inputs]
             warn_no_encoder(out, config, encoded)
+            warn_internal_errors(out, encoded)
             check_bad_fraction(out, config, encoded, tokenizer)
             tokenizer_files = save_tokenizer(driver.encoder.tok, out)
+            samples = read_shards([out / e.file for e in encoded.sample_shards], SAMPLE_SCHEMA)
+            media_index = write_media_index(out, samples, media_root, config.media_hash)
             sections = media_passes(out, config, encoded, embedder, extractor, progress, engine, media_root)
             return plan_and_pack(out, config, encoded, tokenizer, engine, progress, media_root=media_root,
-                                 sections=sections, tokenizer_files=tokenizer_files)
+                                 sections=sections, tokenizer_files=tokenizer_files, media_index=media_index)
         finally:
-            gc.unfreeze()
+            if frozen:
+                gc.unfreeze()
             lock.release()
 
 
@@ -122,6 +139,60 @@ def warn_no_encoder(out: Path, config: BuildConfig, encoded: Encoded) -> None:
               f"{out / 'quarantine.jsonl'} (--strict refuses them)", file=sys.stderr)
 
 
+def warn_internal_errors(out: Path, encoded: Encoded) -> None:
+    """One line on stderr for records quarantined by a packer bug (``--on-internal-error quarantine``)."""
+    n = encoded.quarantined.get("internal_error", 0)
+    if n:
+        print(f"packer: warning: {n:,} record(s) met a packer bug and were quarantined as internal_error "
+              f"(--on-internal-error quarantine; not counted by --max-bad-fraction); please report them: each is in "
+              f"{out / 'quarantine.jsonl'}", file=sys.stderr)
+
+
+def check_output_outside_inputs(config: BuildConfig, files: list) -> None:
+    """Refuse, before anything is written or deleted, an output folder that holds an input file, or
+    whose files an input pattern would match (``-i 'data/**/*.jsonl' -o data/out``): the build's own
+    quarantine.jsonl would be read back on the next run, and ``--overwrite`` would delete a finished
+    build, then fail on what it read."""
+    if fs.is_url(config.output):
+        return
+    out = Path(os.path.abspath(config.output))
+    inside = [f for f in files if not isinstance(f, str) and out.resolve() in Path(f).resolve().parents]
+    own = [out / name for name in ("quarantine.jsonl", "dropped.jsonl", "samples/part-00000.arrow", "manifest.json")]
+    caught = [(s.pattern, p) for s in config.sources() if not fs.is_url(s.pattern) for p in own
+              if _pattern_matches(s.pattern, p)]
+    if inside or caught:
+        what = f"input {inside[0]} lies inside" if inside else f"input pattern {caught[0][0]!r} matches {caught[0][1]} in"
+        raise ConfigError(f"{what} the output folder {config.output}: the build's own files would be read back as input; "
+                          f"choose an -o outside the inputs, or narrow the -i pattern")
+
+
+def _pattern_matches(pattern: str, path: Path) -> bool:
+    """Would ``glob(pattern)`` (``**`` any number of folders) match ``path`` if it existed?"""
+    import fnmatch
+    import re
+
+    if not any(c in pattern for c in "*?["):
+        return False
+    parts = Path(os.path.abspath(pattern)).parts
+    target = path.parts
+    regex = [None if p == "**" else re.compile(fnmatch.translate(p)) for p in parts]
+
+    def match(i: int, j: int) -> bool:
+        if i == len(regex):
+            return j == len(target)
+        if regex[i] is None:
+            return any(match(i + 1, k) for k in range(j, len(target) + 1))
+        return j < len(target) and bool(regex[i].match(target[j])) and match(i + 1, j + 1)
+
+    return match(0, 0)
+
+
+def warn_duplicate_inputs(config: BuildConfig) -> None:
+    for first, again in config.duplicate_inputs():
+        same = "is named twice" if str(first) == str(again) else f"is the same file as {first}"
+        print(f"packer: warning: input {again} {same}; it is read once, as {first}", file=sys.stderr)
+
+
 def check_bad_fraction(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any],
                        dropped: dict[str, int] | None = None, packed: int | None = None) -> None:
     """Fail the build, loudly, when too much of the input was lost: more than
@@ -129,7 +200,7 @@ def check_bad_fraction(out: Path, config: BuildConfig, encoded: Encoded, tokeniz
     declared choice, warned about), or nothing packed at all. Checked after stage 1
     (quarantine only: no time spent planning a lost cause) and after the plan."""
     records = sum(a.records for a in encoded.by_file.values())
-    lost = {r: n for r, n in encoded.quarantined.items() if r not in reasons.NOT_BAD}
+    lost = {r: n for r, n in encoded.quarantined.items() if r not in reasons.NOT_BAD and r != "internal_error"}
     lost.update({r: lost.get(r, 0) + n for r, n in (dropped or {}).items()})
     bad = sum(lost.values())
     if records and bad / records > config.max_bad_fraction:
@@ -225,12 +296,16 @@ def repack(source: str | Path, *, progress: bool = True, **overrides: Any) -> Ma
     lock = BuildLock(out)
     try:
         fp = {"repack_of": {"path": str(source.resolve()), "created_at": manifest.created_at},
-              "config": config.content_dict(), "tokenizer": manifest.tokenizer}
+              "config": config.content_dict(), "tokenizer": manifest.tokenizer, **code_identity()}
         try:
             own = json.loads((out / STATE_DIR / "fingerprint.json").read_text())["repack_of"]["path"] == str(source.resolve())
         except (OSError, ValueError, KeyError, TypeError):
             own = False
-        open_state(out, fp, overwrite=config.overwrite or own)  # our own earlier repack of this source: replaced
+        try:
+            open_state(out, fp, overwrite=config.overwrite or own)  # our own earlier repack of this source: replaced
+        except ConfigError:
+            lock.release(discard=True)
+            raise
         return _repack_into(out, source, manifest, config, progress)
     finally:
         lock.release()
@@ -242,7 +317,7 @@ def _repack_into(out: Path, source: Path, manifest: Manifest, config: BuildConfi
     for section in SECTIONS:  # embeddings and features do not depend on the plan: carried over
         for e in manifest.section_files(section):
             _link_or_copy(source / e.file, out / e.file, e.sha256)
-    for e in manifest.files.tokenizer:
+    for e in [*manifest.files.tokenizer, *([manifest.files.media] if manifest.files.media else [])]:
         _link_or_copy(source / e.file, out / e.file, e.sha256)
     acc = manifest.accounting
     by_file = {name: FileAccount(records=f.records, quarantined=f.quarantined) for name, f in acc.by_file.items()}
@@ -250,7 +325,7 @@ def _repack_into(out: Path, source: Path, manifest: Manifest, config: BuildConfi
                       acc.blank_lines, manifest.input_sources)
     engine = get_engine(config.engine, config.workers or 1, address=config.ray_address, cpus_per_task=config.cpus_per_task)
     return plan_and_pack(out, config, encoded, manifest.tokenizer, engine, progress, media_root=manifest.media_root,
-                         sections=manifest.sections, tokenizer_files=manifest.files.tokenizer,
+                         sections=manifest.sections, tokenizer_files=manifest.files.tokenizer, media_index=manifest.files.media,
                          repacked_from={"path": str(source), "manifest_created_at": manifest.created_at})
 
 
@@ -264,15 +339,26 @@ def check_plan_options(config: BuildConfig) -> None:
         check_supported(config.algorithm, used)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if config.algorithm == "bfd":  # its tables: one stack head per (bin class, free space); refused here, not after stage 1
+        from packer.pack.bfd import MAX_CLASS_CELLS
+
+        caps = config.media_caps()
+        classes = int(np.prod([c + 1 for c in caps.values()])) if caps else 1
+        if classes * (config.max_length + 1) > MAX_CLASS_CELLS:
+            caps_text = f" and media caps {', '.join(f'{k} {v}' for k, v in sorted(caps.items()))} ({classes:,} bin classes)"
+            needs = f"{caps_text} need" if caps else " needs"
+            raise ConfigError(f"--max-length {config.max_length:,}{needs} {classes:,} x "
+                              f"{config.max_length + 1:,} planner cells, over bfd's {MAX_CLASS_CELLS:,}: lower "
+                              f"--max-length{' or the caps' if caps else ''}, or use --algorithm next-fit")
 
 
-def encode_inputs(out: Path, files: list[Path], config: BuildConfig, setup_args: tuple, driver, engine, progress) -> Encoded:
-    """Stage 1: every input line becomes a sample or a quarantine entry."""
-    counts: dict[str, int] = {}
+def encode_inputs(out: Path, files: list[Path], tasks, counts: dict[str, int], setup_args: tuple, driver, engine,
+                  progress) -> Encoded:
+    """Stage 1: every input line becomes a sample or a quarantine entry (``tasks`` from
+    :func:`packer.stages.encode.make_tasks`, which fills ``counts``)."""
     by_file = {str(f): FileAccount() for f in files}
     quarantined: Counter[str] = Counter()
     shards = []
-    tasks = encode.make_tasks(files, config.chunk_records, counts, config.max_line_bytes)
     qpath = out / "quarantine.jsonl"
     stage = Stage("encode", "records", bytes_total=sum(fs.stat(f)[0] for f in files), enabled=progress)
     reused = n_tasks = 0
@@ -295,7 +381,8 @@ def encode_inputs(out: Path, files: list[Path], config: BuildConfig, setup_args:
 
 def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any], engine, progress, *,
                   media_root: str = "", sections: dict[str, Any] | None = None,
-                  repacked_from: dict[str, Any] | None = None, tokenizer_files: list[ShardEntry] | None = None) -> Manifest:
+                  repacked_from: dict[str, Any] | None = None, tokenizer_files: list[ShardEntry] | None = None,
+                  media_index: ShardEntry | None = None) -> Manifest:
     """Stages 2-4 over the samples in ``out/samples``."""
     samples = read_shards([out / e.file for e in encoded.sample_shards], SAMPLE_SCHEMA)
     stage = Stage("plan", "samples", enabled=progress)
@@ -325,18 +412,24 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
         config=config.content_dict(), tokenizer=tokenizer, inputs=encoded.inputs, media_root=media_root,
         input_sources=list(encoded.input_sources),
         files=Files(samples=encoded.sample_shards, packed=packed, plan=plan_entry, quarantine=encoded.quarantine,
-                    dropped=write_dropped(out, samples, p), tokenizer=list(tokenizer_files or [])),
+                    dropped=write_dropped(out, samples, p), tokenizer=list(tokenizer_files or []), media=media_index),
         accounting=accounting(by_file, encoded.quarantined, dropped, encoded.blank_lines),
         stats=_stats(config, samples, p), execution=config.execution_dict(), sections=dict(sections or {}),
-        repacked_from=repacked_from,
+        repacked_from=repacked_from, code=code_identity(),
     )
-    from packer.report import write_report
+    from packer.report import REPORT_FILES, write_report
 
     stage = Stage("report", "", enabled=progress)
     write_report(out, manifest)  # report.json and report.html, from the shards just written
+    manifest.execution["report_files"] = [dataclasses.asdict(file_entry(out, name)) for name in REPORT_FILES]
     manifest.write(out)  # last: the build is done
     stage.done("report.json, report.html, manifest.json")
     return manifest
+
+
+def file_entry(out: Path, name: str) -> ShardEntry:
+    path = out / name
+    return ShardEntry(name, 0, path.stat().st_size, sha256_file(path))
 
 
 def write_dropped(out: Path, samples, p: Plan) -> ShardEntry:

@@ -113,14 +113,18 @@ def build(pipeline, **options):
     """Build packed shards. PIPELINE defaults to pipelines/sample.toml; flags override its keys."""
     from packer.build import build as run_build
     from packer.config import resolve
-    from packer.inspect import summarize, summary_text
+    from packer.summary import summarize, summary_text
 
     options = {k: (v or None) if isinstance(v, tuple) else v for k, v in options.items()}
     if pipeline is None and DEFAULT_PIPELINE.is_file():
         pipeline = DEFAULT_PIPELINE
     elif pipeline is None and not options.get("input"):
-        click.echo(f"packer: error: no pipeline and no input: {DEFAULT_PIPELINE} is not here ({Path.cwd()}); run in the "
-                   f"packer repository, or give a pipeline file, or -i FILE.jsonl -o OUT --tokenizer NAME", err=True)
+        click.echo(f"packer: error: no pipeline and no input: {DEFAULT_PIPELINE} is not here ({Path.cwd()}). `packer build` "
+                   f"alone runs the repository's sample job. To build your data, run\n"
+                   f"    packer build -i data.jsonl -o out/data --tokenizer Qwen/Qwen2.5-0.5B-Instruct\n"
+                   f"(any tokenizer folder or hub name), or give a pipeline file: packer build job.toml (its keys are the "
+                   f"flags of packer build --help). To see the sample job, run `make demo` in the packer repository.",
+                   err=True)
         sys.exit(2)
     if pipeline is not None and (options.get("input") or options.get("output")) and options.get("name") is None:
         options["name"] = ""  # another job than the pipeline's: its title comes from the output folder
@@ -137,7 +141,7 @@ def inspect(out, row, as_json):
     """Summarise a build (rows, tokens, fill, lower bound, quarantine by reason), or one row."""
     import json
 
-    from packer.inspect import row_detail, row_text, summarize, summary_text
+    from packer.summary import row_detail, row_text, summarize, summary_text
 
     if row is not None:
         d = _run(row_detail, out, row)
@@ -156,20 +160,23 @@ def repack(source, **options):
     and shard sizes not given keep SOURCE's values. An OUT2 that holds an earlier repack of
     SOURCE is replaced; any other build there needs --overwrite."""
     from packer.build import repack as run_repack
-    from packer.inspect import summarize, summary_text
+    from packer.summary import summarize, summary_text
 
     manifest = _run(run_repack, source, **options)
     click.echo(summary_text(summarize(manifest.execution["output"])))
 
 
-@main.command()
+@main.command(cls=ConfigCommand)
 @click.argument("out", type=click.Path(file_okay=False))
 @click.option("--html", help="Where to write the HTML report (default: OUT/report.html).")
-def report(out, html):
-    """Recompute OUT/report.json and the HTML report from the build's shards."""
-    from packer.report import write_report
+@_config_options(("report_ranks", "report_batch", "report_window"), kept=("execution",))
+def report(out, html, **settings):
+    """Recompute OUT/report.json and the HTML report from the build's shards. Report settings not
+    given keep the build's; those given are recorded in its manifest."""
+    from packer.report import refresh_report
 
-    r = _run(write_report, out, html_path=html)
+    settings = {k: (v or None) if isinstance(v, tuple) else v for k, v in settings.items()}
+    r = _run(refresh_report, out, html_path=html, **settings)
     b = r["batching"]
     click.echo(f"{out}/report.json, {html or out + '/report.html'}: fill {100 * r['fill']:.2f}%, rows {r['rows']:,} "
                f"(L1 {r['lower_bound']:,}), {b['speedup_vs_padded_random']:.2f}x fewer tokens computed than padding")
@@ -177,11 +184,26 @@ def report(out, html):
 
 @main.command()
 @click.argument("out", type=click.Path(file_okay=False))
-def verify(out):
-    """Check every file against the manifest, every row's invariants and the accounting."""
+@click.option("--media", type=click.Choice(["stat", "hash"]), is_flag=False, flag_value="stat", default=None,
+              help="Also check every media file against the build's media index: size and modification time (stat, "
+                   "the default of --media), or content (hash: sha256; needs a build made with --media-hash).")
+@click.option("--against-processor", "processor", metavar="PROC",
+              help="Also re-run this HF processor (a folder or hub id) on sampled records, from their own lines and "
+                   "files, and compare its ids with the build's token for token.")
+@click.option("--sample", type=click.IntRange(min=1), default=32, show_default=True,
+              help="How many records --against-processor re-runs (media records first).")
+@click.option("--media-root", default=None, help="Where the media are now, when they moved since the build (--media, "
+                                                 "--against-processor; default: the build's).")
+def verify(out, media, processor, sample, media_root):
+    """Check every file of the build folder against the manifest (nothing missing, changed or extra),
+    every row's invariants and the accounting; with --media, every media file too."""
     from packer.verify import verify_or_raise
 
-    click.echo(_run(verify_or_raise, out))
+    click.echo(_run(verify_or_raise, out, media=media, media_root=media_root))
+    if processor:
+        from packer.against_processor import verify_against_processor_or_raise
+
+        click.echo(_run(verify_against_processor_or_raise, out, processor, sample=sample, media_root=media_root))
 
 
 if __name__ == "__main__":

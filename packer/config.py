@@ -27,6 +27,7 @@ from packer.errors import ConfigError
 from packer.media.probe import IMAGE_CHECKS
 
 DEFAULT_PIPELINE = Path("pipelines/sample.toml")
+MAX_LENGTH = 2**31 - 1
 
 
 # Every field is tagged once; the key sets at the bottom are derived from the tags.
@@ -119,6 +120,13 @@ class BuildConfig:
                                        stage="content", group="media")
     image_check: str = _opt("verify", "How hard to check images: header, verify (structure, no pixel decode), decode.",
                             choices=IMAGE_CHECKS, stage="content", group="media")
+    video_check: str = _opt("header", "How hard to check videos: header (the container's claims, held to packer.media.limits, "
+                                      "and one decoded frame), decode (every frame; counts the frames that exist and refuses "
+                                      "a header that lists another number).",
+                            choices=("header", "decode"), stage="content", group="media")
+    media_hash: bool = _opt(False, "Record each media file's sha256 in the build's media index (reads every media file once), "
+                                   "so `packer verify --media hash` can prove the files unchanged; without it the index holds "
+                                   "their size and modification time.", stage="content", group="media")
     image_embeddings: str = _opt("", "Store open_clip image embeddings: MODEL[:PRETRAINED] (a checkpoint file, a tag, "
                                      "or random); empty: off.", stage="content", group="media")
     embed_output: str = _opt("pooled", "What to store per image: the pooled embedding, or one hidden state "
@@ -157,13 +165,21 @@ class BuildConfig:
     workers: int = _opt(0, "Processes for stages 1 and 3 (0: one per CPU core; in-process for inputs under 16 MiB); "
                            "in stage 1 the build's own process is one of them.",
                         stage="execution", group="execution")
-    chunk_records: int = _opt(10_000, "Input records per stage-1 task; also the rows of one samples/ shard.",
+    chunk_records: int = _opt(10_000, "Most input records per stage-1 task (a task writes one samples/ shard). Smaller inputs "
+                                      "are cut into up to 64 tasks of at least 64 KiB, so every worker has work; the cuts "
+                                      "depend on the input only, never on --workers.",
                               stage="content", group="execution")
-    max_line_bytes: int = _opt(64 * 2**20, "A longer input line is quarantined (line_too_long) without being held in memory.",
+    max_line_bytes: int = _opt(8 * 2**20, "A longer input line is quarantined (line_too_long) without being held in memory. "
+                                          "Tokenizing a line costs about 140x its bytes (docs/reliability.md): the default "
+                                          "keeps one record near 1.2 GB per worker.",
                                stage="content", group="input")
     shard_rows: int = _opt(8192, "Most packed rows in one packed/ shard.", stage="plan", group="output")
     shard_bytes: int = _opt(256 * 2**20, "Approximate most bytes in one packed/ shard.", stage="plan", group="output")
     strict: bool = _opt(False, "Stop at the first bad record instead of quarantining it.", stage="content", group="input")
+    on_internal_error: str = _opt("stop", "A record that meets a packer bug (internal_error): stop the build (exit 1; the record "
+                                          "and the traceback written to OUT/internal_error.json), or quarantine it and go on "
+                                          "(warned; not counted by --max-bad-fraction, which counts data problems).",
+                                  choices=("stop", "quarantine"), stage="execution", group="input")
     max_bad_fraction: float = _opt(0.1, "Fail the build when more than this fraction of the records is quarantined or "
                                    "dropped (no_encoder aside); 1.0 never fails.",
                                    stage="plan", group="input")
@@ -198,6 +214,9 @@ class BuildConfig:
         for key in ("max_segments", "max_media", "max_images", "max_audio", "max_videos"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key} must be 0 (no limit) or positive, got {getattr(self, key)}")
+        if self.max_length > MAX_LENGTH:
+            raise ConfigError(f"max_length = {self.max_length:,} is over {MAX_LENGTH:,} (2^31 - 1: positions and "
+                              f"cu_seqlens are int32)")
         if not 0.0 <= self.max_bad_fraction <= 1.0:
             raise ConfigError(f"max_bad_fraction must be between 0 and 1, got {self.max_bad_fraction}")
         if self.workers < 0:
@@ -222,9 +241,7 @@ class BuildConfig:
         if self.family != "generic":
             resolve_kinds(self.family, self.modalities)
         template_clock(self.template_time)  # a malformed time fails here
-        parse_policy(self.image_tokens, "image")  # unknown policies and parameters fail here, before any work
-        parse_policy(self.audio_tokens, "audio")
-        parse_policy(self.video_tokens, "video")
+        _check_policies(self)
         if self.audio_features:
             from packer.media.features import FeatureSpec
 
@@ -258,6 +275,14 @@ class BuildConfig:
     def input_sources(self) -> list[tuple]:
         """``(file, source number)`` for every input file, in order; a file named by two
         entries (however spelled) is read once, for the first."""
+        return self._expand_inputs()[0]
+
+    def duplicate_inputs(self) -> list[tuple]:
+        """``(file read, file left out)`` for every input named twice (two patterns, a relative and an
+        absolute spelling, a symlink to it): the build warns about each."""
+        return self._expand_inputs()[1]
+
+    def _expand_inputs(self) -> tuple[list[tuple], list[tuple]]:
         from packer.io import fs
 
         files: list = []
@@ -281,16 +306,18 @@ class BuildConfig:
                 files.append((p, k))
             else:
                 raise ConfigError(f"input file {pattern!r} does not exist")
-        seen: set = set()
-        unique = []
+        seen: dict = {}
+        unique, duplicates = [], []
         for f, k in files:  # one file once, however it is spelled (relative, absolute, through a link)
             key = f if isinstance(f, str) else f.resolve()
             if key not in seen:
-                seen.add(key)
+                seen[key] = f
                 unique.append((f, k))
+            else:
+                duplicates.append((seen[key], f))
         if not unique:
             raise ConfigError("no input given: set `input` in the pipeline or pass -i FILE.jsonl")
-        return unique
+        return unique, duplicates
 
     def media_caps(self) -> dict[str, int]:
         """The per-row media caps in force, as :func:`packer.pack.plan` takes them."""
@@ -300,6 +327,20 @@ class BuildConfig:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(BuildConfig)}
+
+
+def _check_policies(config: BuildConfig) -> None:
+    """Unknown policies, parameters and values fail here, before any work, without loading media or
+    model code: a policy that reads a model's geometry (``fixed:model=...``, open_clip) has its spec
+    checked only; it is built (and its model config read) when the build starts."""
+    from packer.media.policies import POLICY_TABLES, parse_policy
+    from packer.specs import parse_spec
+
+    for kind in ("image", "audio", "video"):
+        spec = getattr(config, f"{kind}_tokens")
+        name, kwargs = parse_spec(spec, POLICY_TABLES[kind], what=f"{kind} token policy")
+        if not kwargs.get("model"):
+            parse_policy(spec, kind)
 
 
 def _keys(stage: str) -> tuple[str, ...]:
@@ -348,8 +389,8 @@ PATH_KEYS = ("input", "output", "media_root", "staging_dir")  # paths in a pipel
 
 def _relative_to(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     """Paths written in a pipeline file are relative to the file's folder, wherever packer
-    runs; they are shown relative to the current folder when inside it. ``tokenizer`` and
-    ``processor`` are paths only when that folder holds them (else hub names)."""
+    runs; they are shown relative to the current folder when inside it. ``tokenizer`` is
+    a path only when that folder holds it (else a hub name), and so is ``processor``."""
 
     def place(value: Any, must_exist: bool = False) -> Any:
         if not isinstance(value, str) or not value or "://" in value or Path(value).is_absolute():
@@ -367,9 +408,11 @@ def _relative_to(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     for key in PATH_KEYS:
         if key in out:
             out[key] = [place(v) for v in out[key]] if isinstance(out[key], list) else place(out[key])
-    for key in ("tokenizer", "processor"):
+    for key in ("tokenizer", "processor"):  # a folder when the pipeline's folder holds it, else a hub name
         if key in out:
             out[key] = place(out[key], must_exist=True)
+    if isinstance(out.get("chat_template"), str) and out["chat_template"].endswith(".jinja"):
+        out["chat_template"] = place(out["chat_template"])
     return out
 
 

@@ -43,6 +43,18 @@ windowed layers attend within windows of W = (window_size / patch_size)² patche
 4w·p·min(p, W) there (edge windows are smaller: an upper bound). LLaVA's CLIP adds a class
 token (p + 1 positions; left out: under 0.2 %).
 
+Qwen3-VL / Qwen3.5's tower is a ViT with a plain MLP whose merger runs once more per DeepStack
+level (``deepstack_visual_indexes``); Qwen3.5's gated-delta-net layers (``layer_types``
+``linear_attention``) pay their projections, a short causal convolution and a state update per
+token and no (query, key) pairs: only attention layers count in ``attention`` (tested against
+``FlopCounterMode`` for the tower; the delta rule's chunked torch fallback is approximated by its
+recurrent form, 4·heads·d_k·d_v per token).
+
+InternVL and Llama 4 run their towers on fixed tiles of p patches (448 / 14 = 32² for InternViT, 336 / 14 = 24²
+for Llama 4), a class token added, attention within each tile, then a pixel shuffle (ratio 0.5: p / 4 placeholder
+tokens a tile) and the projector: every placeholder token costs one tile's FLOPs over its tokens, whatever the
+image (no square term); a video frame is one tile.
+
 Videos go through the same tower: a video's placeholder tokens are merged patches of
 temporal_patch_size frames each, as an image's (whose frame is repeated to fill the
 temporal patch), so ``video_item`` / ``video_token`` / ``video_square`` are the image
@@ -127,15 +139,25 @@ class CostModel:
         q, k = heads * head_dim, (text.get("num_key_value_heads") or heads) * head_dim
         gated = text.get("hidden_act", "silu") in ("silu", "swish", "swiglu") or text.get("model_type") in ("llama", "qwen2")
         i = text.get("intermediate_size") or 4 * h
-        dense = 2 * (2 * h * q + 2 * h * k) + 2 * (3 if gated else 2) * h * i
+        mlp = 2 * (3 if gated else 2) * h * i
+        dense = 2 * (2 * h * q + 2 * h * k) + mlp
+        kinds = text.get("layer_types") or ["full_attention"] * layers
+        full = sum(t != "linear_attention" for t in kinds)  # sliding / chunked layers counted as full: an upper bound
         head = 2 * h * text.get("vocab_size", 0) if lm_head else 0
-        pair = 4 * q * layers  # per allowed (query, key) pair, all layers
+        pair = 4 * q * full  # per allowed (query, key) pair, all attention layers
+        if full < layers:  # Qwen3.5's gated delta nets: projections, a short causal conv, a state update per token
+            dk, dv = text["linear_key_head_dim"], text["linear_value_head_dim"]
+            nk, nv = text["linear_num_key_heads"], text["linear_num_value_heads"]
+            kd, vd = nk * dk, nv * dv
+            linear = (2 * h * (2 * kd + vd) + 2 * h * vd + 2 * 2 * h * nv + 2 * vd * h
+                      + 2 * (2 * kd + vd) * text.get("linear_conv_kernel_dim", 4) + 4 * nv * dk * dv + mlp)
+            dense = (full * dense + (layers - full) * linear) / layers
         llm = 3 if training else 1
         out = {"token": llm * (layers * dense + head + (pair / 2 if causal else 0)),
                "attention": llm * (pair / 2 if causal else pair)}
         tower = lambda name: 1 if (not training or name in frozen) else 3  # noqa: E731
         if cfg.get("vision_config"):
-            item, token, square = _vision(cfg["vision_config"], h)
+            item, token, square = _tiled(cfg, h) or _vision(cfg["vision_config"], h)
             for kind in ("image", "video"):  # one tower, the same cost per merged patch (module doc)
                 out |= {f"{kind}_item": tower("vision") * item, f"{kind}_token": tower("vision") * token,
                         f"{kind}_square": tower("vision") * square}
@@ -156,7 +178,11 @@ def _as_dict(config: Any) -> dict:
 def _vision(v: dict, llm_hidden: int) -> tuple[float, float, float]:
     """(per image, per placeholder token, per placeholder token²) forward FLOPs of a ViT."""
     merge = v.get("spatial_merge_size", 1)
-    if "embed_dim" in v:  # Qwen2-VL: width embed_dim, plain MLP of mlp_ratio, merger to hidden_size
+    mergers = 1
+    if str(v.get("model_type", "")).startswith(("qwen3_vl", "qwen3_5")):  # Qwen3-VL / 3.5: plain MLP, DeepStack mergers
+        w, i_v, mats, out_dim = v["hidden_size"], v["intermediate_size"], 2, v["out_hidden_size"]
+        mergers += len(v.get("deepstack_visual_indexes") or ())
+    elif "embed_dim" in v:  # Qwen2-VL: width embed_dim, plain MLP of mlp_ratio, merger to hidden_size
         w, i_v, mats, out_dim = v["embed_dim"], v["embed_dim"] * v.get("mlp_ratio", 4), 2, v["hidden_size"]
     else:  # Qwen2.5-VL (gated MLP, out_hidden_size) or CLIP / SigLIP (plain MLP, LLaVA projector)
         w, i_v = v["hidden_size"], v.get("intermediate_size") or 4 * v["hidden_size"]
@@ -164,8 +190,8 @@ def _vision(v: dict, llm_hidden: int) -> tuple[float, float, float]:
     depth = v.get("depth") or v["num_hidden_layers"]
     pixels = v.get("in_channels", v.get("num_channels", 3)) * v.get("temporal_patch_size", 1) * v["patch_size"] ** 2
     per_patch = depth * 2 * (4 * w * w + mats * w * i_v) + 2 * pixels * w
-    if merge > 1:  # Qwen's PatchMerger: LayerNorm, Linear(wM², wM²), GELU, Linear(wM², out)
-        merger = 2 * (w * merge**2) ** 2 + 2 * w * merge**2 * out_dim
+    if merge > 1:  # Qwen's PatchMerger: LayerNorm, Linear(wM², wM²), GELU, Linear(wM², out); one per DeepStack level more
+        merger = mergers * (2 * (w * merge**2) ** 2 + 2 * w * merge**2 * out_dim)
     else:  # LLaVA's projector: Linear(w, h), GELU, Linear(h, h)
         merger = 2 * w * out_dim + 2 * out_dim * out_dim
     full = len(v["fullatt_block_indexes"]) if "fullatt_block_indexes" in v else depth
@@ -173,6 +199,35 @@ def _vision(v: dict, llm_hidden: int) -> tuple[float, float, float]:
     # windowed layers: 4w·p·min(p, W) <= 4w·p·W, linear in p (exact for images no wider than a window in patches)
     per_token = merge**2 * (per_patch + (depth - full) * 4 * w * window) + merger
     return 0.0, float(per_token), float(full * 4 * w * merge**4)
+
+
+def _tiled(cfg: dict, llm_hidden: int) -> tuple[float, float, float] | None:
+    """InternVL / Llama 4 towers, which see fixed tiles (an image cut into tiles, a video frame one tile): forward
+    FLOPs per placeholder token = one tile's over its tokens, a constant (tiles attend within themselves: no square
+    term). None for other models."""
+    kind = cfg.get("model_type")
+    if kind not in ("internvl", "llama4"):
+        return None
+    v = cfg["vision_config"]
+
+    def side(x):
+        return x[0] if isinstance(x, (list, tuple)) else x
+
+    w, i_v, depth = v["hidden_size"], v["intermediate_size"], v["num_hidden_layers"]
+    patch = side(v["patch_size"])
+    p = (side(v["image_size"]) // patch) ** 2  # patches of a tile; + a class token in both towers
+    per_tile = depth * (2 * (p + 1) * (4 * w * w + 2 * w * i_v) + 4 * w * (p + 1) ** 2)
+    per_tile += 2 * v.get("num_channels", 3) * patch**2 * w * p  # patch embedding
+    if kind == "internvl":  # pixel shuffle by downsample_ratio, then LayerNorm, Linear(w / s², h), GELU, Linear(h, h)
+        s = cfg.get("downsample_ratio", 0.5)
+        tokens = int(p * s * s)
+        per_tile += tokens * (2 * w * int(1 / s) ** 2 * llm_hidden + 2 * llm_hidden * llm_hidden)
+    else:  # pixel shuffle by pixel_shuffle_ratio, the adapter's two layers, the projector to the LLM
+        s = v.get("pixel_shuffle_ratio", 0.5)
+        tokens = int(p * s * s)
+        d_in, d_out = v["projector_input_dim"], v["projector_output_dim"]
+        per_tile += tokens * (2 * i_v * d_in + 2 * d_out * d_out + 2 * v["vision_output_dim"] * llm_hidden)
+    return 0.0, float(per_tile / tokens), 0.0
 
 
 def _audio(a: dict, llm_hidden: int) -> float:

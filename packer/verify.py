@@ -3,8 +3,18 @@
 Checks, naming the file (and row) of every problem found:
 
 - the manifest: a finished build of a known schema version;
-- every file it lists (samples, plan, packed, quarantine, embeddings, features): present,
-  same size and sha256, the Arrow schema version, the row count;
+- every file it lists (samples, plan, packed, quarantine, dropped, tokenizer, report,
+  media index, embeddings, features): present, same size and sha256, the Arrow schema
+  version, the row count;
+- every other file of the folder: none but ``manifest.json``, the lock and ``.state/`` (an
+  extra shard, a stray file, a left-over ``internal_error.json`` is a problem); ``.state/``
+  may be absent (a finished build needs no resume journal), and where present holds only
+  the fingerprint and journal entries, with a fingerprint that agrees with the manifest
+  (config, tokenizer, media root);
+- with ``--media`` (``stat``, the default, or ``hash``): every media file of the media
+  index (``media.arrow``) against what the build recorded -- present, same size and
+  modification time (``stat``; size only under another ``--media-root``, since a copy
+  changes the time), or same sha256 (``hash``, for a build made with ``--media-hash``);
 - every packed row: ``cu_seqlens`` starts at 0, increases, ends at ``n_tokens`` = the
   number of ids and labels; ``n_tokens <= max_length``; one id and modality per segment;
   labels -100 at every segment start and on every placeholder / begin / end token; media
@@ -22,6 +32,7 @@ other (exit code 6), never a traceback.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,8 +41,9 @@ import numpy as np
 from packer.errors import PackerError
 from packer.io.files import sha256_file
 from packer.shards.io import read_shard
-from packer.shards.manifest import Accounting, Manifest
+from packer.shards.manifest import MANIFEST, REPORT_FILES, Accounting, Manifest
 from packer.shards.schema import IGNORE, MEDIA_KINDS, ShardEntry
+from packer.stages.state import LOCK_FILE, STATE_DIR
 
 
 @dataclass(frozen=True)
@@ -44,17 +56,25 @@ class Problem:
         return f"{self.file}{'' if self.row is None else f' row {self.row}'}: {self.message}"
 
 
-def verify(out: str | Path) -> tuple[list[Problem], dict[str, int]]:
-    """Problems found (empty: the build is sound) and what was checked."""
+def verify(out: str | Path, *, media: str | None = None, media_root: str | None = None) -> tuple[list[Problem], dict[str, int]]:
+    """Problems found (empty: the build is sound) and what was checked. ``media``: also check
+    every media file (``"stat"`` or ``"hash"``), found under ``media_root`` (default: the build's)."""
+    if media not in (None, "stat", "hash"):
+        raise ValueError(f"media must be None, 'stat' or 'hash', got {media!r}")
     out = Path(out)
     try:
         manifest = Manifest.read(out)
     except PackerError as e:  # missing, truncated, malformed, another schema version, a failed build
-        return [Problem("manifest.json", None, str(e))], {"files": 0, "rows": 0, "tokens": 0}
+        return [Problem("manifest.json", None, str(e))], {"files": 0, "rows": 0, "tokens": 0, "media": 0}
     problems: list[Problem] = []
     listed = manifest.all_files()
     for entry in listed:
         problems += _check_file(out, entry)
+    problems += _check_folder(out, manifest)
+    media_checked = 0
+    if media:
+        found, media_checked = _check_media(out, manifest, media, media_root)
+        problems += found
     placeholders = set(manifest.placeholders.values())
     kind_ids = {k: manifest.placeholder_id(k) for k in MEDIA_KINDS}
     rows = tokens = 0
@@ -75,7 +95,95 @@ def verify(out: str | Path) -> tuple[list[Problem], dict[str, int]]:
             tokens += row["n_tokens"]
         rows += table.num_rows
     problems += _check_accounting(out, manifest, rows, tokens, len(samples))
-    return problems, {"files": len(listed), "rows": rows, "tokens": tokens}
+    return problems, {"files": len(listed), "rows": rows, "tokens": tokens, "media": media_checked}
+
+
+JOURNAL_NAME = re.compile(r"(encode|pack)-\d{5}\.json")
+
+
+def _check_folder(out: Path, manifest: Manifest) -> list[Problem]:
+    """Every file of ``out`` is the manifest's, the lock, or resume state that agrees with the manifest."""
+    known = {e.file for e in manifest.all_files()} | {MANIFEST, LOCK_FILE}
+    if not manifest.report_files:  # a build by a packer that did not list its report files
+        known |= set(REPORT_FILES)
+    problems = []
+    for path in sorted(p for p in out.rglob("*") if not p.is_dir()):
+        rel = path.relative_to(out).as_posix()
+        if rel in known:
+            continue
+        if rel.startswith(STATE_DIR + "/"):
+            name = rel[len(STATE_DIR) + 1:]
+            if name == "fingerprint.json":
+                problems += _check_fingerprint(path, manifest)
+            elif not JOURNAL_NAME.fullmatch(name):
+                problems.append(Problem(rel, None, "not resume state a build writes (extra file)"))
+            continue
+        problems.append(Problem(rel, None, "not part of the build: the manifest does not list it (an extra or stray file; "
+                                           "remove it, or rebuild)"))
+    return problems
+
+
+def _check_fingerprint(path: Path, manifest: Manifest) -> list[Problem]:
+    """The resume fingerprint records what the build was made of: it must agree with the manifest."""
+    where = f"{STATE_DIR}/{path.name}"
+    try:
+        fp = json.loads(path.read_text(encoding="utf-8"))
+        assert isinstance(fp, dict)
+    except (ValueError, UnicodeDecodeError, AssertionError):
+        return [Problem(where, None, "not a JSON object: damaged resume state")]
+    problems = []
+    for key, value in (("config", manifest.config), ("tokenizer", manifest.tokenizer), ("media_root", manifest.media_root)):
+        if key in fp and fp[key] != value:
+            problems.append(Problem(MANIFEST, None, f"its {key} differs from the one the build recorded in {where} "
+                                                    f"(the manifest was edited, or belongs to another build)"))
+    return problems
+
+
+def _check_media(out: Path, manifest: Manifest, mode: str, media_root: str | None) -> tuple[list[Problem], int]:
+    """Every file of the media index against what the build recorded: ``(problems, files checked)``."""
+    from packer.io import fs
+    from packer.media.load import resolve_ref
+    from packer.shards.media_index import MediaIndex
+    from packer.stages.media_files import file_row
+
+    entry = manifest.files.media
+    if entry is None:
+        with_media = [m for m in manifest.stats.get("samples_by_modality", {}) if m != "text"]
+        if with_media:
+            return [Problem(MANIFEST, None, f"lists no media index, but the build packed {', '.join(with_media)} samples "
+                                            f"(made by an older packer?): rebuild to check its media")], 0
+        return [], 0
+    root = media_root if media_root is not None else manifest.media_root
+    moved = media_root is not None and media_root != manifest.media_root
+    problems, checked = [], 0
+    try:
+        index = list(MediaIndex(out / entry.file))
+    except PackerError as e:
+        return [Problem(entry.file, None, str(e))], 0
+    if mode == "hash" and any(not f.sha256 for f in index if f.bytes >= 0):
+        return [Problem(entry.file, None, "records no sha256 (the build ran without --media-hash): use --media stat, or "
+                                          "rebuild with --media-hash")], 0
+    for f in index:
+        path = resolve_ref(f.ref, root)
+        checked += 1
+        if f.bytes < 0:
+            problems.append(Problem(f.ref, None, "could not be read when the build recorded it"))
+            continue
+        try:
+            size, mtime = fs.stat(path)
+        except OSError as e:
+            problems.append(Problem(f.ref, None, f"missing: {path} ({e.strerror or e}); if the media moved, give "
+                                                 f"--media-root NEW_ROOT"))
+            continue
+        if size != f.bytes:
+            problems.append(Problem(f.ref, None, f"{path} has {size:,} bytes, the build read {f.bytes:,}: it changed"))
+        elif mode == "hash":
+            if file_row(f.ref, root, True).sha256 != f.sha256:
+                problems.append(Problem(f.ref, None, f"{path}: sha256 differs from the build's (same size, other content)"))
+        elif not moved and mtime != f.mtime_ns:
+            problems.append(Problem(f.ref, None, f"{path} was modified after the build read it (same size, another "
+                                                 f"modification time): its content may differ; --media hash compares it"))
+    return problems, checked
 
 
 def _check_file(out: Path, entry: ShardEntry) -> list[Problem]:
@@ -171,13 +279,14 @@ def _check_jsonl(path: Path, count: int) -> list[Problem]:
     return problems
 
 
-def verify_or_raise(out: str | Path, limit: int = 50) -> str:
+def verify_or_raise(out: str | Path, limit: int = 50, *, media: str | None = None, media_root: str | None = None) -> str:
     from packer.errors import VerifyError
 
-    problems, checked = verify(out)
+    problems, checked = verify(out, media=media, media_root=media_root)
     if problems:
         shown = "\n".join(f"  {p}" for p in problems[:limit])
         more = f"\n  ... and {len(problems) - limit} more" if len(problems) > limit else ""
         raise VerifyError(f"{out}: {len(problems)} problem(s)\n{shown}{more}")
-    return f"{out}: ok ({checked['files']} files, {checked['rows']:,} rows, {checked['tokens']:,} tokens checked)"
+    media_text = f", {checked['media']:,} media files ({media})" if media else ""
+    return f"{out}: ok ({checked['files']} files, {checked['rows']:,} rows, {checked['tokens']:,} tokens{media_text} checked)"
 

@@ -259,3 +259,32 @@ def check_flex_forward(flex_model, reference_model, ds: PackedDataset, processor
                 ref = reference_model(**enc, use_cache=False).logits[0]
                 diff = (logits[r, a:b] - ref).abs().max() / ref.abs().max()
                 assert diff <= 1e-4, f"flex: row {r} segment {rid}: relative logit difference {diff:.2e}"
+
+
+def check_pipeline_ids(pipeline: Path, out: Path) -> int:
+    """A sample pipeline (``pipelines/NAME.toml``) built over ``sample_data/``: every packed segment of a record written
+    in ``messages`` form with media parts has the ids its processor folder's processor (``AutoProcessor``) returns for
+    that record. Returns the segments checked."""
+    from transformers import AutoProcessor
+
+    config = resolve(pipeline, output=str(out))  # paths relative to the pipeline file, as the CLI resolves them
+    build(config, progress=False)
+    processor = AutoProcessor.from_pretrained(config.processor)
+    records = {}
+    for f in config.input_files():
+        for line in Path(f).read_text(encoding="utf-8").splitlines():
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(r, dict) and "id" in r and any(isinstance(m.get("content"), list) for m in r.get("messages", [])):
+                records[r["id"]] = (r, Path(f).parent)
+    ds = PackedDataset(out)
+    checked = 0
+    for row in (ds[i] for i in range(len(ds))):
+        for a, b, rid in segments(row):
+            if rid in records:
+                record, root = records[rid]
+                assert np.asarray(row["input_ids"][a:b]).tolist() == hf_inputs(processor, record, root)["input_ids"][0].tolist(), rid
+                checked += 1
+    return checked

@@ -256,3 +256,63 @@ def test_sampler_with_a_whole_epoch_window_is_at_the_floor_at_one_row_per_rank(r
     floor = imbalance_floor(costs[plan.ravel()], ranks)
     assert imbalance(costs, plan, weighted=True) == pytest.approx(floor, rel=1e-12)
     assert floor < imbalance(costs, random_steps(265, ranks, 1, 0), weighted=True)
+
+
+def test_vision_cost_is_the_flop_count_of_a_qwen3_vl_tower():
+    """Qwen3-VL: plain MLP, a merger per DeepStack level besides the main one."""
+    from transformers import Qwen3VLConfig
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=4, patch_size=16, spatial_merge_size=2,
+                  temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=64, deepstack_visual_indexes=[0, 1])
+    cfg = Qwen3VLConfig(text_config=dict(TEXT, vocab_size=300, head_dim=16), vision_config=vision)
+    cfg.vision_config._attn_implementation = "eager"
+    tower = Qwen3VLVisionModel._from_config(cfg.vision_config).eval()
+    grids = torch.tensor([[1, 4, 6], [1, 8, 8], [1, 2, 2]])
+    pixels = torch.randn(int(grids.prod(1).sum()), 3 * 2 * 16 * 16)
+    counted = flops(lambda: tower(pixels, grid_thw=grids))
+    tokens = (grids.prod(1) // 4).double().numpy()
+    stats = text_stats([1]) | {"tokens": np.zeros(1), "attention": np.zeros(1), "image_items": np.array([3.0]),
+                               "image_tokens": np.array([tokens.sum()]), "image_square": np.array([(tokens**2).sum()])}
+    assert CostModel.for_model(cfg, training=False)(stats)[0] == counted
+
+
+def test_hybrid_models_pay_pairs_only_in_their_attention_layers():
+    """Qwen3.5: a gated delta net per token, no pairs; the attention coefficient counts the attention layers."""
+    text = dict(TEXT, model_type="qwen3_5_text", head_dim=16, layer_types=["linear_attention", "full_attention"],
+                linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4)
+    hybrid = CostModel.for_model(text, training=False)
+    full = CostModel.for_model(dict(text, layer_types=["full_attention"] * 2), training=False)
+    assert hybrid.attention == full.attention / 2 == 4 * 4 * 16 / 2
+
+
+@pytest.mark.parametrize("family", ["internvl", "llama4"])
+def test_vision_cost_is_the_flop_count_of_a_tiled_tower(family):
+    """InternVL / Llama 4: the tower and its projector run on fixed tiles; every placeholder token costs a tile's FLOPs
+    over its tokens (tested on 3 tiles, as FlopCounterMode counts the tower, the pixel shuffle and the projector)."""
+    if family == "internvl":
+        from transformers import InternVLConfig, InternVLModel
+
+        cfg = InternVLConfig(text_config=dict(TEXT, model_type="qwen2"),
+                             vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                intermediate_size=64, image_size=56, patch_size=14))
+        cfg.vision_config._attn_implementation = "eager"
+        model = InternVLModel(cfg).eval()
+        run = lambda pixels: model.get_image_features(pixels, vision_feature_layer=-1,  # noqa: E731
+                                                      vision_feature_select_strategy="default")
+    else:
+        from transformers import Llama4Config, Llama4ForConditionalGeneration
+
+        cfg = Llama4Config(text_config=dict(TEXT, num_local_experts=2, interleave_moe_layer_step=1),
+                           vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                                              image_size=56, patch_size=14, pixel_shuffle_ratio=0.5, vision_output_dim=64,
+                                              projector_input_dim=64, projector_output_dim=64,
+                                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
+        cfg.vision_config._attn_implementation = "eager"
+        model = Llama4ForConditionalGeneration(cfg).eval()
+        run = lambda pixels: model.multi_modal_projector(model.vision_model(pixels).last_hidden_state)  # noqa: E731
+    counted = flops(lambda: run(torch.randn(3, 3, 56, 56)))
+    tokens = 3 * 4  # 16 patches a tile, pixel-shuffled by 0.5
+    stats = text_stats([1]) | {"tokens": np.zeros(1), "attention": np.zeros(1), "image_items": np.array([2.0]),
+                               "image_tokens": np.array([float(tokens)]), "image_square": np.array([80.0])}
+    assert CostModel.for_model(cfg, training=False)(stats)[0] == pytest.approx(counted, rel=1e-12)

@@ -110,7 +110,8 @@ def test_execution_keys_stay_out_of_the_manifest_config_and_the_fingerprint():
 
     # Pinned: moving a key in or out of execution changes every build's fingerprint (a resume would be refused).
     assert set(EXECUTION_KEYS) == {"output", "engine", "workers", "overwrite", "durable", "staging_dir", "ray_address",
-                                   "cpus_per_task", "embed_gpus", "report_ranks", "report_batch", "report_window"}
+                                   "cpus_per_task", "embed_gpus", "report_ranks", "report_batch", "report_window",
+                                   "on_internal_error"}
     c = BuildConfig(workers=3, overwrite=True)
     assert not set(c.content_dict()) & set(EXECUTION_KEYS)
     assert set(PLAN_KEYS) <= set(c.content_dict())  # the plan decides the packed rows: it is content of the build

@@ -134,16 +134,18 @@ def test_collator_masks_per_layer_type(name, bidirectional):
         assert sdpa["mm_token_type_ids"][0].tolist() == [0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0]
 
 
+@pytest.mark.filterwarnings("ignore:attention=.position_ids. isolates")
 def test_collator_refusals():
     family, config = gemma("gemma3")
+    rows = rows_with_an_image()
     for form in ("varlen", "position_ids"):
         with pytest.raises(ValueError, match="cannot express family gemma3's masks: its image tokens attend to later"):
-            PackedCollator(attention=form, family=family, model_config=config)
+            PackedCollator(attention=form, family=family, model_config=config)(rows)
     with pytest.raises(ValueError, match=r"pass PackedCollator\(model_config=model.config"):
-        PackedCollator(attention="sdpa", family=family)
+        PackedCollator(attention="sdpa", family=family)(rows)
     family, config = gemma("gemma4", "all")
     with pytest.raises(ValueError, match="use_bidirectional_attention='all'"):
-        PackedCollator(attention="sdpa", family=family, model_config=config)
+        PackedCollator(attention="sdpa", family=family, model_config=config)(rows)
 
 
 def test_ulysses_carries_the_masks_per_layer_type():

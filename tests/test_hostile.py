@@ -255,11 +255,8 @@ def test_any_soundfile_failure_is_corrupt_audio(media, monkeypatch, error):
     assert e.value.reason == "corrupt_audio"
 
 
-def test_an_unforeseen_exception_is_an_internal_error_entry(tmp_path, monkeypatch):
-    """The per-record catch-all: a bug (here a planted ZeroDivisionError) is quarantined with its
-    type, message and place; PackerError (a whole-build problem) and MemoryError still stop the build."""
+def _plant_bug(monkeypatch):
     from packer.encode import encoder as encoder_module
-    from packer.stages.encode import encode_record
 
     real = encoder_module.Encoder._encode_document
 
@@ -269,16 +266,44 @@ def test_an_unforeseen_exception_is_an_internal_error_entry(tmp_path, monkeypatc
         return real(self, doc)
 
     monkeypatch.setattr(encoder_module.Encoder, "_encode_document", planted)
+
+
+def test_an_unforeseen_exception_stops_the_build_with_the_record_and_its_traceback(tmp_path, monkeypatch):
+    """The per-record catch-all: a bug (here a planted ZeroDivisionError) is a packer bug, not bad data.
+    By default it stops the build (exit 1, even with --max-bad-fraction 1 or --strict), naming the file and
+    line, with the record and the traceback in OUT/internal_error.json."""
+    from packer.cli import main
+
+    _plant_bug(monkeypatch)
     src = write_lines(tmp_path / "in.jsonl", [GOOD, {"id": "bug", "text": "boom"}])
-    build(config(tmp_path / "out", [src]), progress=False)
+    for extra in ([], ["--strict"], ["--max-bad-fraction", "1"]):
+        out = tmp_path / f"out{len(extra)}"
+        args = ["build", "--input", str(src), "--output", str(out), "--tokenizer", TOKENIZER, *extra]
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 1, (extra, result.output, result.exception)
+        assert f"packer: error: {src}:2: a packer bug met this record (ZeroDivisionError: planted" in result.output
+        assert "--on-internal-error quarantine" in result.output and "Traceback" not in result.output
+        report = json.loads((out / "internal_error.json").read_text())
+        assert (report["file"], report["line"], report["id"], report["reason"]) == (str(src), 2, "bug", "internal_error")
+        assert "boom" in report["raw"] and "ZeroDivisionError: planted" in report["traceback"]
+        assert "in planted" in report["traceback"] and not (out / "manifest.json").exists()
+
+
+def test_quarantined_internal_errors_are_warned_and_not_bad_data(tmp_path, monkeypatch, capsys):
+    """``--on-internal-error quarantine``: the record is an internal_error entry with its type, message and
+    place; a warning says so; --max-bad-fraction (data problems) does not count it. A resume in the default
+    mode does not reuse the task that quarantined it. PackerError and MemoryError still stop the build."""
+    from packer.stages.encode import encode_record
+
+    _plant_bug(monkeypatch)
+    src = write_lines(tmp_path / "in.jsonl", [GOOD, {"id": "bug", "text": "boom"}])
+    build(config(tmp_path / "out", [src], on_internal_error="quarantine", max_bad_fraction=0.0), progress=False)
     _, (entry,) = built(tmp_path / "out")
     assert (entry["id"], entry["line"], entry["reason"]) == ("bug", 2, "internal_error")
     assert "ZeroDivisionError: planted" in entry["detail"] and "in planted" in entry["detail"]
-
-    from packer.cli import main
-
-    args = ["build", "--input", str(src), "--output", str(tmp_path / "strict"), "--tokenizer", TOKENIZER, "--strict"]
-    assert CliRunner().invoke(main, args).exit_code == 3
+    assert "1 record(s) met a packer bug and were quarantined as internal_error" in capsys.readouterr().err
+    with pytest.raises(PackerError, match="a packer bug met this record"):
+        build(config(tmp_path / "out", [src], max_bad_fraction=0.0), progress=False)  # a resume: it must not reuse that task
 
     from packer.ingest.reader import RawLine
 

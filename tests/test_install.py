@@ -30,7 +30,7 @@ def test_build_path_never_imports_torch(tmp_path):
     out = tmp_path / "o"
     r = _python(f"""
         import importlib, pathlib, sys
-        import packer.build, packer.report, packer.verify, packer.inspect
+        import packer.build, packer.report, packer.verify, packer.summary
         assert "torch" not in sys.modules, "importing the build modules imported torch"
         for p in sorted(pathlib.Path("packer").rglob("*.py")):  # every module but the loader's (which is torch)
             name = ".".join(p.with_suffix("").parts).removesuffix(".__init__")
@@ -125,5 +125,5 @@ def test_locks_and_layers_agree():
     extras = {e: {re.split(r"[<>=\[ ]", d)[0].lower().replace("_", "-") for d in ds}
               for e, ds in project["optional-dependencies"].items()}
     assert "torch" in extras["train"] and "torch" in extras["embed"] and "ray" in extras["ray"]
-    every = set().union(*extras.values()) - {"packer"}
+    every = set().union(*extras.values()) - {"packer-multimodal"}
     assert every <= set(full), every - set(full)

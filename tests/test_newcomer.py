@@ -127,6 +127,8 @@ def test_outside_the_repository_without_input_says_no_pipeline_was_found(tmp_pat
     monkeypatch.chdir(tmp_path)
     r = run("build")
     assert r.exit_code == 2 and "no pipeline and no input: pipelines/sample.toml is not here" in r.output
+    assert "packer build -i data.jsonl -o out/data --tokenizer" in r.output  # what to run instead
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("flag", ["-i", "-o"])

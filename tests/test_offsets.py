@@ -26,9 +26,9 @@ from test_stage1_speed import one_by_one, outcome
 
 from conftest import SAMPLE, TOKENIZER
 from packer.encode import Encoder, EncoderSpec
-from packer.encode.tokens import token_starts
 from packer.encode.offsets import ByteStarts
 from packer.encode.tokenizer import load_tokenizer
+from packer.encode.tokens import token_starts
 from packer.ingest.reader import RawLine
 from packer.stages import encode as stage
 

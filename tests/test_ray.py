@@ -28,11 +28,16 @@ def strip(m):
 
 
 def test_ray_engine_gives_the_local_engines_bytes(ray_session, tmp_path, monkeypatch):
+    import ray.data
+
     monkeypatch.chdir(ROOT)
     common = dict(chunk_records=40, shard_rows=4)
     local = build(resolve(ROOT / "pipelines" / "sample.toml", output=str(tmp_path / "local"), **common), progress=False).to_dict()
+    ctx = ray.data.DataContext.get_current()
+    before = ctx.execution_options.preserve_order, ctx.enable_progress_bars
     ray = build(resolve(ROOT / "pipelines" / "sample.toml", output=str(tmp_path / "ray"), engine="ray", workers=2, **common),
                 progress=False).to_dict()
+    assert (ctx.execution_options.preserve_order, ctx.enable_progress_bars) == before  # the process's Ray context, put back
     assert ray["execution"]["engine"] == "ray" and strip(ray) == strip(local)
     assert len(local["files"]["samples"]) > 3 and len(local["files"]["packed"]) > 3
     for e in [*local["files"]["samples"], *local["files"]["packed"], local["files"]["plan"], local["files"]["quarantine"]]:

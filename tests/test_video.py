@@ -19,7 +19,6 @@ from packer.media.policies import Qwen2VLVideo, VideoCount, parse_policy  # noqa
 from packer.media.video import (  # noqa: E402
     count_frames,
     count_video,
-    load_frames,
     load_video,
     probe_frames,
     probe_video,

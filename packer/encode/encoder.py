@@ -386,7 +386,8 @@ class Encoder:
         trained = self._labels(chat, ids, starts)
         runs = np.flatnonzero(_isin(ids, self.run_id_list))
         expected = [(n, run) for n, (_, expansion) in enumerate(chat.items) for run in expansion.runs]
-        if len(runs) != len(expected) or any(int(ids[p]) != self.run_ids[run.token] for p, (_, run) in zip(runs, expected)):
+        if len(runs) != len(expected) or any(int(ids[p]) != self.run_ids[run.token]
+                                             for p, (_, run) in zip(runs, expected, strict=True)):
             raise BadRecord("media_placeholder_mismatch",
                             f"the tokens hold {len(runs)} placeholder run(s) where the expansions of the record's media "
                             f"give {len(expected)} (a tokenizer that splits a placeholder, or a template that writes one)")
@@ -425,13 +426,13 @@ class Encoder:
         else:
             spans = self.labeller.trained_spans(chat.messages, chat.full, chat.assistant, chat.trained,
                                                 chat.train_on_empty_think)
-            mask = span_mask(starts, [(_shift(s, chat.edits), _shift(e, chat.edits)) for s, e in spans])
+            mask = span_mask(starts, [(_shift(s, chat.edits), _shift(e, chat.edits)) for s, e in spans], len(chat.text))
         if chat.edits:
             inserted, delta = [], 0
             for at, old, new in chat.edits:
                 inserted.append((at + delta, at + delta + new))
                 delta += new - old
-            mask &= ~span_mask(starts, inserted)
+            mask &= ~span_mask(starts, inserted, len(chat.text))
         return mask
 
 

@@ -118,7 +118,7 @@ class Labeller:
         no extra rendering for the role patterns met before. Where the template's text depends on
         the contents (Qwen3's user turns that hold a ``<tool_response>``, a template that trims), it
         does not align and the record's own skeleton (assistant contents only as markers) is rendered."""
-        if not self.header or not any(m["role"] == "assistant" for m in messages):
+        if not any(m["role"] == "assistant" for m in messages):
             return None
         marker = marker_for(messages)
         roles = tuple(m["role"] for m in messages)
@@ -161,8 +161,9 @@ class Labeller:
         """Walk ``full`` along a skeleton: ``pieces[k]`` is the template text before marked message ``marked[k]``.
 
         Before an assistant content only the text up to the end of its header must match (what
-        follows, an inserted ``<think>`` block say, is the turn's own emission); a non-assistant
-        marked message must appear verbatim. An assistant turn's content ends where its own text
+        follows, an inserted ``<think>`` block say, is the turn's own emission; a template with no
+        generation prompt -- Mistral's ``[/INST]`` then ``" " + content`` -- has all of it fixed); a
+        non-assistant marked message must appear verbatim. An assistant turn's content ends where its own text
         ends when that is followed by the next fixed text, else where the next fixed text is found."""
         header, spans = self.header, {}
         pos, pending = 0, None  # pending: (turn, start) of an assistant turn whose end is not found yet
@@ -171,9 +172,13 @@ class Labeller:
             assistant = message["role"] == "assistant"
             if assistant:
                 h = piece.rfind(header)
-                if h < 0:
-                    return None
-                fixed = piece[: h + len(header)]
+                if h >= 0:
+                    fixed = piece[: h + len(header)]
+                else:  # the prompt opens more than the turn shows (DeepSeek-R1: "<｜Assistant｜><think>\n"): its start
+                    k = next((k for k in range(len(header) - 1, 0, -1) if piece.endswith(header[:k])), 0)
+                    if not k:
+                        return None
+                    fixed = piece
             else:
                 content = message["content"]
                 if not isinstance(content, str):
@@ -279,10 +284,12 @@ def text_of(message: dict[str, Any]) -> str:
 
 
 def marker_for(messages: list[dict[str, Any]]) -> str:
-    """A private-use character that no message's text holds (one pass over the texts)."""
-    used = set()
-    for m in messages:
-        used.update(c for c in text_of(m) if ord(c) >= MARKER_FIRST)
+    """A private-use character that no message's text holds (one pass over the texts, in C where none holds one)."""
+    first = chr(MARKER_FIRST)
+    texts = [text_of(m) for m in messages]
+    if all(not t or max(t) < first for t in texts):  # the usual case: no character that high
+        return "\x00" + first
+    used = set().union(*(set(t) for t in texts))
     code = MARKER_FIRST
     while chr(code) in used:
         code += 1
@@ -299,13 +306,21 @@ def subtract(spans: list[tuple[int, int]], drop: list[tuple[int, int]]) -> list[
     return out
 
 
-def span_mask(starts: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
-    """Tokens (by their first character ``starts``) that start inside one of ``spans``."""
+def span_mask(starts: np.ndarray, spans: list[tuple[int, int]], length: int) -> np.ndarray:
+    """Tokens that overlap one of ``spans`` (character ranges of a text of ``length`` characters), as transformers'
+    ``return_assistant_tokens_mask`` decides: token ``t`` covers ``starts[t]`` up to the next token's start. So a
+    token that merges the template's space with the content's first word (Mistral's ``" " + content``, a
+    SentencePiece ``▁Hello``) is trained with the content it carries."""
     mask = np.zeros(len(starts), dtype=bool)
-    if len(starts) < 2 or (starts[1:] >= starts[:-1]).all():  # starts in order: a span is one run of tokens
-        for s, e in spans:
-            mask[np.searchsorted(starts, s) : np.searchsorted(starts, e)] = True
+    if not len(starts) or not spans:
         return mask
-    for s, e in spans:
+    ends = np.append(starts[1:], length)
+    if (ends >= starts).all():  # starts in order: a span is one run of tokens
+        for s, e in spans:
+            if e > s:  # tokens starting in the span, and the one reaching into it from before (its end past s)
+                first = min(np.searchsorted(ends, s, side="right"), np.searchsorted(starts, s))
+                mask[first : np.searchsorted(starts, e)] = True
+        return mask
+    for s, e in spans:  # offsets out of order (a tokenizer that reorders): by start only
         mask |= (starts >= s) & (starts < e)
     return mask

@@ -115,10 +115,11 @@ class Renderer:
             raise BadRecord("template_error", f"the chat template refused the conversation: {e}") from None
 
     def public(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False) -> str:
-        """transformers' own rendering (the reference the fast path is checked against)."""
-        kwargs = {k: v for k, v in self.variables.items() if k == "strftime_now"}
+        """transformers' own rendering (the reference the fast path is checked against). Its template data passes
+        through ``_plain_template_data``, which turns a function into a string, so the build's clock cannot reach
+        it: a template that reads ``strftime_now`` is only ever rendered by the compiled path (see :meth:`check`)."""
         return self.tok.apply_chat_template(messages, chat_template=self.source, tokenize=False,
-                                            add_generation_prompt=add_generation_prompt, **kwargs)
+                                            add_generation_prompt=add_generation_prompt)
 
     def generation_spans(self, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
         """The rendering and the character spans of its ``{% generation %}`` blocks (transformers' tracker)."""
@@ -142,16 +143,25 @@ class Renderer:
 
     def check(self, probes: list[list[dict[str, Any]]]) -> bool:
         """Render ``probes`` both ways; keep the compiled path only if every rendering (or refusal) is equal.
-        Returns whether the fast path is in use."""
+        Returns whether the fast path is in use. Both read transformers' own clock here (the compiled path's
+        variable shadows it with ``datetime.now``), so the check compares the machinery; builds then give the
+        compiled path the build's fixed time. A template that reads the clock and cannot use the compiled path
+        is refused: the public path would stamp every record with the time it was rendered."""
         self.fast_checked = True
+        clocked = "strftime_now" in self.source
         if self.compiled is None:
+            if clocked:
+                raise PackerError("the chat template reads the clock (strftime_now) and transformers' template compiler "
+                                  "is not available to give it the build's fixed time; pin transformers to a version "
+                                  "packer supports")
             return False
+        now = {**self.variables, "strftime_now": lambda fmt: datetime.now().strftime(fmt)}
         for messages in probes:
             for prompt in (False, True):
                 fast = slow = None
                 try:
                     fast = self.compiled.render(messages=messages, tools=None, documents=None,
-                                                add_generation_prompt=prompt, **self.variables)
+                                                add_generation_prompt=prompt, **now)
                 except Exception as e:  # noqa: BLE001 -- compared with the public call's refusal
                     fast = ("error", type(e).__name__)
                 try:
@@ -160,6 +170,9 @@ class Renderer:
                     slow = ("error", type(e).__name__)
                 if fast != slow:
                     self.compiled = None
+                    if clocked:
+                        raise PackerError("the chat template reads the clock (strftime_now) and its compiled rendering "
+                                          "differs from transformers' own; packer cannot render it with a fixed time")
                     return False
         return True
 

@@ -16,14 +16,13 @@ transformers' trick against SentencePiece's prefix space).
 
 from __future__ import annotations
 
-import json
 import re
 import unicodedata
 from typing import Any
 
 import numpy as np
 
-from packer.encode.offsets import ByteStarts, normal_form
+from packer.encode.offsets import ByteStarts, normal_form, serialized_state
 from packer.encode.render import MARK_END, MARK_START
 
 
@@ -39,7 +38,7 @@ class TextTokenizer:
         from tokenizers import Tokenizer
 
         serialized = serialized if serialized is not None else tok.backend_tokenizer.to_str()
-        self.state = json.loads(serialized)
+        self.state = serialized_state(tok, serialized)
         self.backend = Tokenizer.from_str(serialized)  # private: its flags are this object's to set
         self.backend.no_truncation()
         self.backend.no_padding()

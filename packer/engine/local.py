@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import multiprocessing
 import os
 import signal
@@ -30,7 +31,10 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
+
+from packer.errors import PackerError
 
 KILL_JOIN_S = 2.0  # how long a killed worker may take to be reaped before we move on
 
@@ -54,17 +58,19 @@ class LocalEngine:
         self._early: tuple | None = None  # (setup, setup_args, ctx, pool) started ahead of its map
 
     @contextlib.contextmanager
-    def started(self, setup: Callable[..., Any], setup_args: tuple = ()):
+    def started(self, setup: Callable[..., Any], setup_args: tuple = (), *, tasks: int | None = None):
         """Start now the worker processes of the next ``map(..., setup, setup_args,
         in_process_state=...)``, so that they build their state while this process builds
-        its own (stage 1: each loads the tokenizer, ~2 s of a small build's wall time).
+        its own (stage 1: each loads the tokenizer, ~2 s of a small build's wall time):
+        ``workers - 1`` of them, or ``tasks - 1`` when the map has only ``tasks`` tasks.
         Whatever ``map`` did not take is killed on leaving (an error before stage 1, a
         refused output folder)."""
+        n = min(self.workers, tasks if tasks is not None else self.workers) - 1
         try:
-            if self.workers > 1:
-                ctx, pool = _open_pool(self.workers - 1, setup, setup_args)
+            if n > 0:
+                ctx, pool = _open_pool(n, setup, setup_args)
                 self._early = (setup, setup_args, ctx, pool)
-                for _ in range(self.workers - 1):  # processes start on demand: one submit each
+                for _ in range(n):  # processes start on demand: one submit each
                     pool.submit(_call, _idle, None)
             yield
         finally:
@@ -105,38 +111,38 @@ class LocalEngine:
         write: well under a second at the default sizes) before the workers are killed.
         """
         tasks = iter(tasks)
-        first = next(tasks, None)
-        second = next(tasks, None) if first is not None else None
+        head = list(itertools.islice(tasks, self.workers))  # fewer tasks than workers: only as many workers as tasks
+        workers = len(head) if len(head) < self.workers else self.workers
         here = in_process_state is not None
         early = self._take_early(setup, setup_args)  # another stage's is left for its own map (or for ``started``)
-        if early is not None and (second is None or not here):  # no task for it here
+        if early is not None and (workers < 2 or not here or early[0].size != workers - 1):  # not the pool these tasks need
             _close_pool(*early, finished=False)
             early = None
-        if first is None:
+        if not head:
             return
-        if self.workers == 1 or second is None:
+        if workers == 1:
             state = in_process_state if here else setup(*setup_args)
-            for task in _chain(first, second, tasks):
+            for task in itertools.chain(head, tasks):
                 yield fn(state, task)
             return
-        ctx, pool = early or _open_pool(self.workers - 1 if here else self.workers, setup, setup_args)
+        ctx, pool = early or _open_pool(workers - 1 if here else workers, setup, setup_args)
         finished = False
         try:
             pending: deque = deque()  # futures, and (task,) for the tasks this process runs when their turn comes
-            for k, task in enumerate(_chain(first, second, tasks)):
-                mine = here and k % self.workers == 0
-                pending.append((task,) if mine else pool.submit(_call, fn, task))
-                if len(pending) >= 2 * self.workers:
-                    yield _result(pending.popleft(), fn, in_process_state)
+            for k, task in enumerate(itertools.chain(head, tasks)):
+                mine = here and k % workers == 0
+                pending.append((task,) if mine else _submit(pool, ctx, fn, task))
+                if len(pending) >= 2 * workers:
+                    yield _result(pending.popleft(), fn, in_process_state, ctx)
             while pending:
-                yield _result(pending.popleft(), fn, in_process_state)
+                yield _result(pending.popleft(), fn, in_process_state, ctx)
             finished = True
         finally:  # an error, an interrupt or an abandoned generator must not wait for running tasks
             _close_pool(ctx, pool, finished)
 
 
 def _open_pool(processes: int, setup: Callable[..., Any], setup_args: tuple):
-    ctx = _TrackingContext()  # spawn: no fork after Rust tokenizers start threads
+    ctx = _TrackingContext(processes)  # spawn: no fork after Rust tokenizers start threads
     pool = ProcessPoolExecutor(processes, mp_context=ctx, initializer=_init, initargs=(os.getpid(), setup, setup_args))
     _LIVE.append(ctx)
     return ctx, pool
@@ -161,14 +167,33 @@ class _TrackingContext(type(multiprocessing.get_context("spawn"))):
     offers no public way to reach them.
     """
 
-    def __init__(self):
+    def __init__(self, size: int = 0):
         super().__init__()
+        self.size = size  # the pool's number of processes
         self.processes: list = []
 
     def Process(self, *args: Any, **kwargs: Any):  # multiprocessing's name for it
         p = super().Process(*args, **kwargs)
         self.processes.append(p)
         return p
+
+    def death(self) -> str:
+        """The likely cause of a broken pool, from its processes' exit codes (reaped for up to
+        ``KILL_JOIN_S``: the pool notices a death before the dead process is waited for)."""
+        import time
+
+        deadline = time.monotonic() + KILL_JOIN_S
+        while time.monotonic() < deadline and all(p.exitcode in (None, 0) for p in list(self.processes)):
+            time.sleep(0.02)
+        codes = [p.exitcode for p in list(self.processes) if p.exitcode not in (None, 0)]
+        killed = [c for c in codes if c == -signal.SIGKILL]
+        if killed:
+            return "killed by SIGKILL: most likely the kernel's out-of-memory killer (see dmesg)"
+        if codes:
+            code = codes[0]
+            return f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else \
+                f"exit status {code}"
+        return "it ended without a result"
 
     def kill_all(self) -> None:
         started = [p for p in list(self.processes) if p.pid is not None]
@@ -219,16 +244,31 @@ def _on_signal(signum: int, frame: Any) -> None:
     raise Interrupted(signum)
 
 
-def _result(item, fn: Callable[[Any, Any], Any], state: Any) -> Any:
-    """A pool future's result, or the task run here (a 1-tuple holding it)."""
-    return fn(state, item[0]) if isinstance(item, tuple) else item.result()
+def _result(item, fn: Callable[[Any, Any], Any], state: Any, ctx: _TrackingContext) -> Any:
+    """A pool future's result, or the task run here (a 1-tuple holding it). A worker that died
+    (the kernel's out-of-memory killer, most often) is a :class:`WorkerDied`, not a traceback."""
+    if isinstance(item, tuple):
+        return fn(state, item[0])
+    try:
+        return item.result()
+    except BrokenProcessPool:
+        raise WorkerDied(ctx.death()) from None
 
 
-def _chain(first, second, rest):
-    yield first
-    if second is not None:
-        yield second
-    yield from rest
+def _submit(pool: ProcessPoolExecutor, ctx: _TrackingContext, fn: Callable[[Any, Any], Any], task: Any):
+    try:
+        return pool.submit(_call, fn, task)
+    except BrokenProcessPool:  # a worker died while earlier tasks ran
+        raise WorkerDied(ctx.death()) from None
+
+
+class WorkerDied(PackerError):
+    """A worker process ended without returning its task (killed, or crashed in native code)."""
+
+    def __init__(self, cause: str):
+        hint = " (with fewer --workers, or a lower --max-line-bytes, if memory is short)" if "memory" in cause else ""
+        super().__init__(f"a worker process died ({cause}); finished shards are kept: run the same command again to "
+                         f"resume{hint}")
 
 
 _STATE: Any = None
@@ -294,7 +334,7 @@ def _call(fn: Callable[[Any, Any], Any], task: Any) -> Any:
     return fn(_STATE, task)
 
 
-def freeze_collector() -> None:
+def freeze_collector() -> bool:
     """Move every object alive now out of reach of Python's cyclic collector (``gc.freeze``).
 
     Stage 1 makes millions of short-lived lists and tuples (token ids, offsets), and each
@@ -303,5 +343,9 @@ def freeze_collector() -> None:
     Frozen, they are never walked again. A worker freezes after its setup, for good; a build
     freezes its own process for its duration and unfreezes at the end (``gc.unfreeze``),
     so that a process which runs many builds (a notebook, a test session) still collects
-    the cycles of the earlier ones."""
+    the cycles of the earlier ones. A process that froze objects itself is left alone (an
+    unfreeze would undo its freeze too): False, nothing frozen."""
+    if gc.get_freeze_count():
+        return False
     gc.freeze()
+    return True

@@ -30,7 +30,7 @@ class RayEngine:
         try:
             import ray
         except ImportError:
-            raise PackerError("--engine ray needs Ray Data: pip install 'packer[ray]' (or 'ray[data]')") from None
+            raise PackerError("--engine ray needs Ray Data: pip install 'packer-multimodal[ray]' (or 'ray[data]')") from None
         self.ray = ray
         self.cpus_per_task = cpus_per_task
         if not ray.is_initialized():
@@ -44,7 +44,7 @@ class RayEngine:
         total = int(ray.cluster_resources().get("CPU", 1))
         self.workers = workers or max(1, int(total // max(cpus_per_task, 1e-9)))
 
-    def started(self, setup: Callable[..., Any], setup_args: tuple = ()):
+    def started(self, setup: Callable[..., Any], setup_args: tuple = (), *, tasks: int | None = None):
         """Nothing to start ahead: Ray Data starts its actors with the map."""
         return contextlib.nullcontext()
 
@@ -58,9 +58,17 @@ class RayEngine:
         items = [{"task": pickle.dumps(t)} for t in tasks]
         if not items:
             return
-        ctx = ray.data.DataContext.get_current()
+        ctx = ray.data.DataContext.get_current()  # the process's own: what this map sets is put back when it ends
+        before = ctx.execution_options.preserve_order, ctx.enable_progress_bars
         ctx.execution_options.preserve_order = True
         ctx.enable_progress_bars = False
+        try:
+            yield from self._map(fn, items, setup, setup_args)
+        finally:
+            ctx.execution_options.preserve_order, ctx.enable_progress_bars = before
+
+    def _map(self, fn, items, setup, setup_args) -> Iterator[Any]:
+        ray = self.ray
         ds = ray.data.from_items(items, override_num_blocks=len(items))
         # Ray Data restarts a dead actor and retries its task (actor max_restarts / max_task_retries
         # default to unlimited for system failures), so a lost worker costs time, not records.

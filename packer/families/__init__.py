@@ -19,7 +19,11 @@ from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.gemma3 import Gemma3
 from packer.families.gemma4 import Gemma4
 from packer.families.generic import Generic
+from packer.families.hf import HFProcessor
+from packer.families.internvl import InternVL
+from packer.families.llama4 import Llama4
 from packer.families.qwen3vl import Qwen3VL
+from packer.families.qwen35 import Qwen35
 
 ALL_KINDS = ("image", "audio", "video")
 
@@ -27,8 +31,12 @@ ALL_KINDS = ("image", "audio", "video")
 FAMILIES: dict[str, tuple[type[Family], tuple[str, ...]]] = {
     "generic": (Generic, ALL_KINDS),
     "qwen3vl": (Qwen3VL, ("image", "video")),
+    "internvl": (InternVL, ("image", "video")),
+    "llama4": (Llama4, ("image",)),
+    "qwen35": (Qwen35, ("image", "video")),
     "gemma3": (Gemma3, ("image",)),
     "gemma4": (Gemma4, ("image", "video", "audio")),
+    "hf": (HFProcessor, ("image", "audio")),  # any other processor, asked for each item's text
 }
 
 

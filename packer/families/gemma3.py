@@ -133,6 +133,12 @@ class Gemma3(Family):
                              "token attends both ways): packed causal training does not apply to it")
         return {t: {"window": _window(text, t), "blocks": True} for t in dict.fromkeys(text.layer_types)}
 
+    def attention_masks(self, cu: list[Any], segment: Any, position: Any, attention: str, *, base: Any, mask_dtype: Any,
+                        device: Any, model_config: Any, input_ids: Any = None, run_ids: Any = None, **_: Any) -> dict:
+        """The collator's hook: ``attention_mask`` as one mask per layer type (:meth:`mask_layout`)."""
+        return gemma_attention_masks(self, segment, attention, mask_dtype=mask_dtype, device=device,
+                                     model_config=model_config, input_ids=input_ids, run_ids=run_ids or {})
+
     # ---------------------------------------------------------------- loader hooks (train time)
 
     def row_inputs(self, input_ids: Any, run_ids: dict[str, int]) -> dict[str, Any]:
@@ -158,6 +164,27 @@ class Gemma3(Family):
         for m, crops in zip(spans, list(enc["num_crops"]), strict=True):
             check(m, (1 + int(crops)) * s.image_seq_length, by)
         return {"pixel_values": enc["pixel_values"]}
+
+
+def gemma_attention_masks(family: Any, segment: Any, attention: str, *, mask_dtype: Any, device: Any, model_config: Any,
+                          input_ids: Any, run_ids: dict[str, int]) -> dict[str, Any]:
+    """``{"attention_mask": {layer_type: mask}}`` for a Gemma model: its ``mask_layout``, the family's ``block_kinds``
+    runs as the bidirectional blocks. ``ValueError`` for the flattened forms and without the model's config."""
+    from packer.loader import masks
+
+    if attention in ("varlen", "position_ids"):
+        raise ValueError(f"attention={attention!r} cannot express family {family.name}'s masks: its image tokens attend "
+                         f"to later tokens of their own image, which flash-attention kernels cannot do (its model class "
+                         f"refuses flash attention), and its sliding-window layers differ from its full ones; use "
+                         f"attention='sdpa', 'eager' or 'flex'")
+    if model_config is None:
+        raise ValueError(f"family {family.name} builds one attention mask per layer type (sliding windows, image tokens "
+                         f"attending within their image): pass PackedCollator(model_config=model.config, ...)")
+    layout = family.mask_layout(model_config)
+    ids = [run_ids[k] for k in family.block_kinds if run_ids.get(k) is not None]
+    blocks = masks.media_blocks(input_ids, ids) if ids and any(spec["blocks"] for spec in layout.values()) else None
+    return {"attention_mask": masks.layer_masks(segment, layout, attention, blocks=blocks, mask_dtype=mask_dtype,
+                                                device=device)}
 
 
 def _window(text_config: Any, layer_type: str) -> int | None:

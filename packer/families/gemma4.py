@@ -220,6 +220,14 @@ class Gemma4(Family):
         return {t: {"window": _window(text, t), "blocks": mode == "vision" and t == "sliding_attention"}
                 for t in dict.fromkeys(text.layer_types)}
 
+    def attention_masks(self, cu: list[Any], segment: Any, position: Any, attention: str, *, base: Any, mask_dtype: Any,
+                        device: Any, model_config: Any, input_ids: Any = None, run_ids: Any = None, **_: Any) -> dict:
+        """The collator's hook: ``attention_mask`` as one mask per layer type (:meth:`mask_layout`)."""
+        from packer.families.gemma3 import gemma_attention_masks
+
+        return gemma_attention_masks(self, segment, attention, mask_dtype=mask_dtype, device=device,
+                                     model_config=model_config, input_ids=input_ids, run_ids=run_ids or {})
+
     # ---------------------------------------------------------------- loader hooks (train time)
 
     def image_inputs(self, image_processor: Any, pictures: list[Any], spans: list[dict[str, Any]], check: Any) -> dict:

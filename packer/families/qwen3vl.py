@@ -218,7 +218,7 @@ class Qwen3VL(Family):
         """``pixel_values_videos`` / ``video_grid_thw`` of a batch's videos: the frames :meth:`video_plan` keeps,
         decoded upright, handed to the video processor with that sampling's metadata and ``do_sample_frames=False``."""
         from packer.errors import BadRecord
-        from packer.loader.media import missing
+        from packer.loader.media import missing, open_media
         from packer.media.video import load_frames, load_video, probe_frames, probe_video
 
         frames, metadata = [], []
@@ -232,7 +232,8 @@ class Qwen3VL(Family):
                     missing(m, path)
                 raise
             indices, rate, _ = self.video_plan(info)
-            frames.append(load_frames(listed, indices) if listed else load_video(path, indices))
+            load = (lambda _, i, paths=listed: load_frames(paths, i)) if listed else load_video
+            frames.append(open_media(load, m, indices))  # a load error names its file (MediaLoadError)
             metadata.append({"total_num_frames": info.frames, "fps": rate, "width": info.width, "height": info.height,
                              "duration": info.frames / rate, "video_backend": "pyav", "frames_indices": list(indices)})
         enc = video_processor(videos=frames, video_metadata=metadata, do_sample_frames=False, return_tensors="pt")

@@ -43,6 +43,7 @@ from typing import Any
 from packer.errors import BadRecord
 from packer.ingest.records import ROLES, Conversation, Document, Part, Turn
 from packer.io import fs
+from packer.media.limits import check_frame_rate
 from packer.shards.schema import MEDIA_KINDS
 
 FORMATS = ("llava", "sharegpt", "messages", "prompt_completion", "alpaca", "text")
@@ -346,8 +347,10 @@ class _MediaQueue:
         if kind == "video" and isinstance(ref, list):  # a video given as its frame images
             if not ref or not all(isinstance(r, str) and r for r in ref):
                 raise BadRecord("wrong_type", f"{where}: a video's frame list must hold non-empty paths")
-            if isinstance(fps, bool) or not isinstance(fps, (int, float)) or fps < 0:
+            if isinstance(fps, bool) or not isinstance(fps, (int, float)):
                 raise BadRecord("wrong_type", f"{where}: fps must be a positive number, got {fps!r}")
+            if fps != 0:  # 0: none stated (the video policy's rate); else finite and plausible (1e308, Infinity: refused)
+                check_frame_rate(fps, f"{where}'s frame list")
             paths = tuple(str(resolve_media(r, self.base_dir, kind, self.allow_outside_root)) for r in ref)
             return Part(kind, ref=json.dumps(ref, ensure_ascii=False), path=paths[0], frames=paths, fps=float(fps))
         if not isinstance(ref, str) or not ref:
@@ -417,9 +420,10 @@ def _resolve_media(ref: str, base_dir: Path | str, kind: str, allow_outside_root
         if not _within(os.path.abspath(path), root) and not _within(os.path.realpath(path), os.path.realpath(root)):
             raise _outside_root(ref, kind, base_dir)
     try:  # not Path.is_file(): it answers False for a symlink loop, which is a bad path, not a missing file
-        is_file = stat.S_ISREG(path.stat().st_mode)
+        mode = path.stat().st_mode
     except (FileNotFoundError, NotADirectoryError):
-        is_file = False
-    if not is_file:
-        raise BadRecord(f"missing_{kind}", f"{kind} file {ref!r} not found (looked at {path})")
+        raise BadRecord(f"missing_{kind}", f"{kind} file {ref!r} not found (looked at {path})") from None
+    if not stat.S_ISREG(mode):  # a folder, a FIFO (reading it would block), a device
+        what = "folder" if stat.S_ISDIR(mode) else "FIFO" if stat.S_ISFIFO(mode) else "special file"
+        raise BadRecord(f"missing_{kind}", f"{kind} file {ref!r} is not a regular file ({path} is a {what})")
     return path

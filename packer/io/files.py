@@ -9,6 +9,7 @@ still protects against a killed process, no longer against a power loss.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import tempfile
@@ -17,10 +18,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-FILE_MODE = 0o666 & ~_UMASK  # what open() would give; mkstemp's 0600 would hide shards from other users
 _DURABLE = True
+
+
+@functools.cache
+def file_mode() -> int:
+    """The mode ``open()`` gives a new file (0666 less the umask); mkstemp's 0600 would hide shards
+    from other users. The umask is read from ``/proc/self/status`` (Linux), which changes nothing;
+    elsewhere it is set and put back once, on first use (not at import: that would briefly clear
+    the mask of a process that merely imports packer, under its other threads)."""
+    try:
+        with open("/proc/self/status") as f:
+            umask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = os.umask(0)
+        os.umask(umask)
+    return 0o666 & ~umask
 
 
 def set_durable(durable: bool) -> None:
@@ -34,7 +47,7 @@ def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".tmp-", dir=path.parent)
-    os.fchmod(fd, FILE_MODE)
+    os.fchmod(fd, file_mode())
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f

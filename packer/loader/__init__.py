@@ -10,14 +10,15 @@
 """
 
 from packer.loader.collate import ATTENTION, PackedCollator, model_inputs
-from packer.loader.dataset import PackedDataset, SampleDataset
+from packer.loader.dataset import MediaChangedError, PackedDataset, SampleDataset
 from packer.loader.loss import loss_weights, packed_loss
 from packer.loader.media import MediaMismatchError
 from packer.loader.mrope import mrope_positions
 from packer.loader.samplers import CostModel, SplitModalitySampler, TokenBalancedSampler
 from packer.loader.sequence_parallel import local_media_rows, shard_for_sequence_parallel
 from packer.loader.stored import StoredFeatures
+from packer.media.load import MediaLoadError
 
-__all__ = ["ATTENTION", "CostModel", "MediaMismatchError", "PackedCollator", "PackedDataset", "SampleDataset",
-           "SplitModalitySampler", "StoredFeatures", "TokenBalancedSampler", "local_media_rows", "loss_weights", "model_inputs",
-           "mrope_positions", "packed_loss", "shard_for_sequence_parallel"]
+__all__ = ["ATTENTION", "CostModel", "MediaChangedError", "MediaLoadError", "MediaMismatchError", "PackedCollator",
+           "PackedDataset", "SampleDataset", "SplitModalitySampler", "StoredFeatures", "TokenBalancedSampler", "local_media_rows",
+           "loss_weights", "model_inputs", "mrope_positions", "packed_loss", "shard_for_sequence_parallel"]

@@ -32,13 +32,11 @@ with a video in the batch and no ``tokens_per_second`` is refused rather than po
 the Qwen2-VL way. ``video_policy`` (a policy or a spec such as ``"qwen2vl:fps=1"``) names the
 build's frame sampling when it is not the one the video processor implies.
 
-Masks per layer type (Gemma 3 / 4, a family with ``mask_layout``): the model's layers differ
-(sliding-window layers; image tokens that attend within their image both ways, in every layer for
-Gemma 3, in the sliding-window layers for Gemma 4), so ``attention_mask`` is a dict
-``{"full_attention": ..., "sliding_attention": ...}`` of the chosen form (bool, additive or
-``BlockMask``), the precomputed mapping those models take as it is. They read the layer types and
-the window from ``model_config=model.config``; ``varlen`` / ``position_ids`` are refused (flash
-kernels cannot attend to a later image token, and these classes do not take them).
+A family whose text model takes a mask per layer type (Llama 4: chunked-attention and full-attention
+layers; Gemma 3 / 4: sliding-window layers, image tokens attending within their image both ways)
+builds ``attention_mask`` as ``{layer_type: mask}`` from the model's config:
+``PackedCollator(family=ds.family, model_config=model.config)``; see :mod:`packer.families.llama4`
+and :mod:`packer.families.gemma3`.
 
 Padding (``pad_to``, ``pad_to_multiple_of``) forms one more segment per row that
 nothing attends to or from and that attends only to itself, so no softmax row is
@@ -69,7 +67,7 @@ class PackedCollator:
                  device: str | torch.device = "cpu", image_processor=None, feature_extractor=None, processor=None,
                  patch_size: int | None = None, image_embeddings=None, audio_features=None, video_processor=None,
                  video_policy=None, tokens_per_second: float | None = None, family: dict[str, Any] | None = None,
-                 model_config=None):
+                 model_config: Any = None):
         if attention not in ATTENTION:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
         family_obj = None
@@ -80,12 +78,10 @@ class PackedCollator:
             if rope == "default" and family.get("rope") == "mrope":
                 rope = "mrope"  # the family's positions: PackedCollator(family=ds.family) needs nothing more
         self.family = family
+        self.model_config = model_config  # the model's config, for a family whose masks depend on it (Llama 4)
         self._family = family_obj
         self._type_ids = {k: v for k, v in (family or {}).get("run_ids", {}).items() if v is not None} \
             if "mm_token_type_ids" in (family or {}).get("model_inputs", ()) else None
-        self._layout = _mask_layout(family_obj, attention, model_config)
-        self._block_ids = [v for k, v in (family or {}).get("run_ids", {}).items()
-                           if k in getattr(family_obj, "block_kinds", ()) and v is not None]
         if rope not in ("default", "mrope"):
             raise ValueError(f"rope must be default or mrope, got {rope!r}")
         timed_processor = "second_per_grid_ts" in (getattr(processor, "model_input_names", None) or ())
@@ -169,49 +165,45 @@ class PackedCollator:
             out["position_ids"][:, pad] = position[pad]
         else:
             out["position_ids"] = position
-        if self._layout is not None:
-            out["attention_mask"] = self._layer_masks(input_ids, segment)
-        elif self.attention in ("sdpa", "eager"):
+        if (self.family or {}).get("linear_attention"):
+            self._linear_attention(out, cu, length, batch)
+        if self.attention in ("sdpa", "eager"):
             allowed = masks.allowed(segment)
             out["attention_mask"] = allowed if self.attention == "sdpa" else masks.additive(allowed, self.mask_dtype)
         elif self.attention == "flex":
             out["attention_mask"] = masks.block_mask(segment, self.device)
         elif self.attention == "varlen":
-            bounds = cu[0] if length == cu[0][-1] else np.append(cu[0], length)
+            bounds = _bounds(cu[0], length)
             cu_t = torch.as_tensor(bounds, dtype=torch.int32)
             max_len = int(np.diff(bounds).max()) if len(bounds) > 1 else 0
             out.update(cu_seqlens=cu_t, max_seqlen=max_len, cu_seq_lens_q=cu_t, cu_seq_lens_k=cu_t,
                        max_length_q=max_len, max_length_k=max_len)
+        if (self.family or {}).get("linear_attention") and isinstance(out.get("attention_mask"), torch.Tensor):
+            # a hybrid model takes one mask per layer type: ours for attention, none for the recurrent layers
+            out["attention_mask"] = {"full_attention": out["attention_mask"], "linear_attention": None}
+        layer_masks = getattr(self._family, "attention_masks", None)  # a mask per layer type (Llama 4)
+        if layer_masks is not None:
+            out.update(layer_masks(cu, segment, position, self.attention, base=out.get("attention_mask"),
+                                   mask_dtype=self.mask_dtype, device=self.device, model_config=self.model_config,
+                                   input_ids=input_ids, run_ids=(self.family or {}).get("run_ids", {})))
         return out
 
-    def _layer_masks(self, input_ids: torch.Tensor, segment: torch.Tensor) -> dict[str, Any]:
-        """One mask per layer type of the model (see the module docstring), in this collator's form."""
-        blocks = masks.media_blocks(input_ids, self._block_ids) if self._block_ids else None
-        out: dict[str, Any] = {}
-        for layer_type, spec in self._layout.items():
-            own = blocks if spec["blocks"] else None
-            if self.attention == "flex":
-                out[layer_type] = masks.block_mask(segment, self.device, blocks=own, window=spec["window"])
-            else:
-                allowed = masks.allowed(segment, own, spec["window"])
-                out[layer_type] = allowed if self.attention == "sdpa" else masks.additive(allowed, self.mask_dtype)
-        return out
+    def _linear_attention(self, out: dict[str, Any], cu: list[np.ndarray], length: int, batch: int) -> None:
+        """Boundaries for the linear-attention layers of a hybrid model (Qwen3.5): the kernels take them
+        flattened, so one row per batch (or a flattened form)."""
+        if batch > 1:
+            raise ValueError(f"family {self.family['name']}: its linear-attention layers take segment boundaries over one "
+                             f"flattened row, but the batch holds {batch} rows; use batch_size=1 (one packed row per "
+                             f"step: rows are already full) or attention='varlen'")
+        bounds = _bounds(cu[0], length)
+        cu_t = torch.as_tensor(bounds, dtype=torch.int32)
+        max_len = int(np.diff(bounds).max()) if len(bounds) > 1 else 0
+        out.update(cu_seq_lens_q=cu_t, cu_seq_lens_k=cu_t, max_length_q=max_len, max_length_k=max_len)
 
 
-def _mask_layout(family: Any, attention: str, model_config: Any) -> dict[str, dict[str, Any]] | None:
-    """The family's masks per layer type, or None for one mask for every layer."""
-    layout = getattr(family, "mask_layout", None)
-    if layout is None:
-        return None
-    if attention in FLATTENED:
-        raise ValueError(f"attention={attention!r} cannot express family {family.name}'s masks: its image tokens attend "
-                         f"to later tokens of their own image, which flash-attention kernels cannot do (its model class "
-                         f"refuses flash attention), and its sliding-window layers differ from its full ones; use "
-                         f"attention='sdpa', 'eager' or 'flex'")
-    if model_config is None:
-        raise ValueError(f"family {family.name} builds one attention mask per layer type (sliding windows, image "
-                         f"tokens attending within their image): pass PackedCollator(model_config=model.config, ...)")
-    return layout(model_config)
+def _bounds(cu: np.ndarray, length: int) -> np.ndarray:
+    """A row's boundaries with its padding (if any) as one more segment."""
+    return cu if length == cu[-1] else np.append(cu, length)
 
 
 def _concatenate(rows: list[dict[str, Any]]) -> dict[str, Any]:

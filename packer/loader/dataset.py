@@ -15,19 +15,26 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from packer.io.fs import stat as fs_stat
 from packer.media.load import resolve_ref
 from packer.shards.io import read_shard
 from packer.shards.manifest import Manifest
+from packer.shards.media_index import MediaIndex
 from packer.shards.stats import ROW_FIELDS, shard_stats
 
 ARRAY_COLUMNS = ("input_ids", "labels", "cu_seqlens")
+
+
+class MediaChangedError(ValueError):
+    """A media file differs from the one the build counted (size, or modification time)."""
 
 
 class _ShardedTable:
     kind = ""
     columns: tuple[str, ...] = ()
 
-    def __init__(self, out: str | Path, *, format: str = "numpy", media_root: str | Path | None = None):
+    def __init__(self, out: str | Path, *, format: str = "numpy", media_root: str | Path | None = None,
+                 check_media: bool = True):
         if format not in ("numpy", "torch"):
             raise ValueError(f"format must be numpy or torch, got {format!r}")
         self.out = Path(out)
@@ -35,6 +42,9 @@ class _ShardedTable:
         self.manifest = Manifest.read(self.out)  # raises SchemaVersionError on an unknown version
         # Stored refs are relative to the build's media root; another root when the media moved.
         self.media_root = str(media_root) if media_root is not None else self.manifest.media_root
+        self.moved = self.media_root != self.manifest.media_root
+        entry = self.manifest.files.media
+        self.media_index = MediaIndex(self.out / entry.file) if entry is not None and check_media else None
         self.entries = getattr(self.manifest.files, self.kind)
         self.starts = np.concatenate([[0], np.cumsum([e.rows for e in self.entries])]).astype(np.int64)
         self._tables: dict[int, pa.Table] = {}
@@ -89,9 +99,32 @@ class _ShardedTable:
                     listed = json.loads(m["ref"])
                     m["frames"] = [resolve_ref(r, self.media_root) for r in listed["frames"]]
                     m["path"], m["fps"] = m["frames"][0], float(listed.get("fps") or 0.0)
+                    for ref, path in zip(listed["frames"], m["frames"], strict=True):
+                        self._check_media(ref, path)
                 else:
                     m["path"] = resolve_ref(m["ref"], self.media_root)
+                    self._check_media(m["ref"], m["path"])
         return out
+
+    def _check_media(self, ref: str, path: str) -> None:
+        """The file as the build read it (``media.arrow``): the same size, and the same modification
+        time while the media root is the build's (a copy elsewhere changes the time). A missing file
+        is left to the collator, whose error names the media root to give."""
+        if self.media_index is None:
+            return
+        recorded = self.media_index.get(ref)
+        if recorded is None or recorded.bytes < 0:
+            return
+        try:
+            size, mtime = fs_stat(path)
+        except OSError:
+            return
+        if size != recorded.bytes or (not self.moved and mtime != recorded.mtime_ns):
+            what = f"{size:,} bytes, the build read {recorded.bytes:,}" if size != recorded.bytes else \
+                "the same size but a later modification time than the build read"
+            raise MediaChangedError(f"{path} (ref {ref!r}) changed since the build ({what}): its placeholder count "
+                                    f"may no longer match. Rebuild, or check it with packer verify {self.out} --media "
+                                    f"hash; PackedDataset(..., check_media=False) trains on the files as they are")
 
     @property
     def _run_ids(self) -> dict[str, int | None]:
@@ -128,7 +161,11 @@ class PackedDataset(_ShardedTable):
     """Packed rows: ``input_ids``, ``labels``, ``cu_seqlens`` (arrays), ``segment_ids``,
     ``segment_modality``, ``media`` (lists) and ``n_tokens``. Each media span gets a
     ``path``: its ``ref`` joined onto the build's media root (``Manifest.media_root``),
-    or onto ``media_root=`` when the media moved; a moved build folder needs nothing."""
+    or onto ``media_root=`` when the media moved; a moved build folder needs nothing.
+    Each media file is checked against the build's media index when a row is read (one
+    ``stat``): a file replaced since the build -- same size included, while the media root
+    is the build's -- raises :class:`MediaChangedError` instead of training silently
+    (``check_media=False`` turns the check off)."""
 
     kind = "packed"
     columns = ("input_ids", "labels", "cu_seqlens", "segment_ids", "segment_modality", "media", "n_tokens")

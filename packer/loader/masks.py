@@ -22,6 +22,8 @@ scores, so it needs ``0`` / ``dtype.min`` instead -- a bool mask there silently 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -58,6 +60,22 @@ def allowed(segment: torch.Tensor, blocks: torch.Tensor | None = None, window: i
         q = torch.arange(length, device=segment.device)
         ok &= (q[:, None] - q[None, :]) < window
     return ok[:, None]
+
+
+def layer_masks(segment: torch.Tensor, layout: dict[str, dict[str, Any]], attention: str, *,
+                blocks: torch.Tensor | None = None, mask_dtype: torch.dtype = torch.float32,
+                device: str | torch.device = "cpu") -> dict[str, Any]:
+    """One mask per layer type in ``attention``'s form (sdpa bool, eager additive, flex ``BlockMask``):
+    ``layout[layer_type]`` says its ``window`` (None: none) and whether ``blocks`` apply to it."""
+    out: dict[str, Any] = {}
+    for layer_type, spec in layout.items():
+        own = blocks if spec["blocks"] else None
+        if attention == "flex":
+            out[layer_type] = block_mask(segment, device, blocks=own, window=spec["window"])
+        else:
+            ok = allowed(segment, own, spec["window"])
+            out[layer_type] = ok if attention == "sdpa" else additive(ok, mask_dtype)
+    return out
 
 
 def media_blocks(input_ids: torch.Tensor, ids: list[int]) -> torch.Tensor:

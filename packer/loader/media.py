@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from packer.errors import BadRecord
-from packer.media.load import load_audio, load_image
+from packer.media.load import MediaLoadError, load_audio, load_image
 from packer.media.policies import Qwen2Audio
 
 
@@ -140,7 +140,8 @@ class MediaStep:
             out.update(self._audio(audio))
         if videos:
             out.update(self._videos(videos))
-        return out
+        merge = getattr(self.model_family, "merge_inputs", None)  # a family whose kinds share one input (InternVL)
+        return merge(out, ordered) if merge is not None else out
 
     # ------------------------------------------------------------------ images
 
@@ -203,7 +204,8 @@ class MediaStep:
                 raise ValueError(f"the batch holds {len(spans)} audio clip(s) but the collator has no feature extractor: "
                                  f"pass PackedCollator(feature_extractor=...) or processor=...")
             rate = int(self.feature_extractor.sampling_rate)
-            waves = [open_media(load_audio, m, rate) for m in spans]
+            keep = getattr(self.feature_extractor, "n_samples", None)  # issue 24: decode no more than the extractor keeps
+            waves = [open_media(load_audio, m, rate, keep / rate if keep else None) for m in spans]
             enc = self.feature_extractor(waves, sampling_rate=rate, padding="max_length", return_attention_mask=True,
                                          return_tensors="pt")
             input_features, mask = enc["input_features"], enc["attention_mask"]
@@ -240,7 +242,8 @@ class MediaStep:
                 raise
             used = dataclasses.replace(policy, sample=False) if listed else policy  # a frame list: every frame
             indices = used.frame_indices(info.frames, info.fps)
-            frames.append(load_frames(listed, indices) if listed else load_video(path, indices))
+            load = (lambda _, i, paths=listed: load_frames(paths, i)) if listed else load_video
+            frames.append(open_media(load, m, indices))  # issue 24: a load error names its file
             metadata.append(video_metadata(info, used))
         enc = self.video_processor(videos=frames, video_metadata=metadata, do_sample_frames=False, return_tensors="pt")
         merge, tps = int(self.video_processor.merge_size), int(self.video_processor.temporal_patch_size)
@@ -276,6 +279,10 @@ def open_media(load, span: dict[str, Any], *args):
         return load(path, *args)
     except FileNotFoundError:
         missing(span, path)
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- issue 24: every load error names its file (PIL's truncated-image error names none)
+        raise MediaLoadError(span["kind"], path, span["ref"], e) from e
 
 
 def check(span: dict[str, Any], produced: int, by: str, stored_grid: tuple[int, ...] | None = None) -> None:

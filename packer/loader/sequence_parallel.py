@@ -6,8 +6,7 @@ Positions are the batch's own, ``[B, L]`` or mRoPE ``[3, B, L]``, sliced like th
 
 ``ulysses``: contiguous equal slices of the sequence (padded to a multiple of ``size``);
 attention runs over the whole sequence after the all-to-all, so the batch's global mask
-(or masks: one per layer type for Gemma) is kept as it is. The SP padding is one more
-segment, positioned from 0. ``token_type_ids`` / ``mm_token_type_ids`` are sliced like the tokens.
+is kept as it is. The SP padding is one more segment, positioned from 0.
 
 ``ring`` (zigzag): every segment is padded to a multiple of ``2 * size`` and cut into
 ``2 * size`` chunks; rank r takes chunks r and 2*size-1-r of every segment. Under causal
@@ -50,7 +49,9 @@ import torch
 
 from packer.shards.schema import IGNORE
 
-TOKEN_TYPES = ("token_type_ids", "mm_token_type_ids")  # per-token model inputs, sliced like the tokens (0: text)
+# Per-token model inputs a family adds ([B, L], 0 on padding), sliced like the tokens; ``visual_pos_masks`` (the
+# positions DeepStack adds its features to) follows a local ``mm_token_type_ids``.
+PER_TOKEN = ("mm_token_type_ids", "token_type_ids")
 
 
 def shard_for_sequence_parallel(batch: dict[str, Any], rank: int, size: int, *, mode: str = "ulysses",
@@ -173,9 +174,9 @@ def _pieces(span: dict[str, Any], windows: list[tuple[int, int, int]]) -> list[d
 def _ulysses(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> dict[str, Any]:
     length = batch["input_ids"].shape[-1]
     extra = -(-length // size) * size - length
-    mask = batch.get("attention_mask")  # one mask, or one per layer type (Gemma: a dict)
-    dense = all(isinstance(m, torch.Tensor) for m in (mask.values() if isinstance(mask, dict) else [mask]))
-    if extra and mask is not None and not dense:
+    mask = batch.get("attention_mask")
+    layer_masks = mask if isinstance(mask, dict) else {None: mask}  # a mask per layer type (Llama 4), or one
+    if extra and any(m is not None and not isinstance(m, torch.Tensor) for m in layer_masks.values()):
         raise ValueError(f"length {length} is not a multiple of the SP size {size}; build the BlockMask padded: "
                          f"PackedCollator(pad_to_multiple_of={size})")
     shift, shift_w = _shifted(batch)
@@ -188,7 +189,7 @@ def _ulysses(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> 
         "shift_loss_weights": _pad_last(shift_w, extra, 0.0),
         "position_ids": torch.cat([positions, pad_positions.to(positions.dtype)], dim=-1) if extra else positions,
         "seq_idx": _pad_last(batch["seq_idx"], extra, int(batch["seq_idx"].max()) + 1),
-        **{k: _pad_last(batch[k], extra, 0) for k in TOKEN_TYPES if k in batch},
+        **{k: _pad_last(batch[k], extra, 0) for k in PER_TOKEN if k in batch},
     }
     chunk = (length + extra) // size
     lo, hi = rank * chunk, (rank + 1) * chunk
@@ -198,11 +199,18 @@ def _ulysses(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> 
     local = torch.unique(torch.clamp(padded, lo, hi)) - lo
     if mask is not None:
         if extra:
-            mask = {k: _extend_mask(m, extra) for k, m in mask.items()} if isinstance(mask, dict) else _extend_mask(mask, extra)
+            grown = {k: _extend_mask(m, extra) for k, m in layer_masks.items()}
+            mask = grown if isinstance(mask, dict) else grown[None]
         out["attention_mask"] = mask  # global: Ulysses attends over the whole sequence
     pieces = [p for span in batch.get("media", []) for p in _pieces(span, [(lo, hi, 0)])]
     out["media"] = sorted(pieces, key=lambda p: (p.get("batch", 0), p["start"]))
     out.update(_cu_fields(cu, padded, local), global_index=torch.arange(lo, hi))
+    return _visual(out)
+
+
+def _visual(out: dict[str, Any]) -> dict[str, Any]:
+    if "mm_token_type_ids" in out:
+        out["visual_pos_masks"] = (out["mm_token_type_ids"] == 1) | (out["mm_token_type_ids"] == 2)
     return out
 
 
@@ -227,9 +235,10 @@ def _ring(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> dic
     shift, shift_w = _shifted(batch)
     positions = batch["position_ids"][..., 0, :]  # [T] or [3, T]
     cu = batch["cu_seqlens"].to(torch.int64)
+    per_token = [k for k in PER_TOKEN if k in batch]
     parts: dict[str, list[torch.Tensor]] = {k: [] for k in
                                             ("input_ids", "labels", "shift_labels", "shift_loss_weights",
-                                             "position_ids", "seq_idx", "global_index")}
+                                             "position_ids", "seq_idx", "global_index", *per_token)}
     windows: list[list[tuple[int, int, int]]] = []  # per segment: this rank's (row_lo, row_hi, local_lo)
     padded_sizes, local_sizes, start_padded, start_local = [], [], 0, 0
     for k, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
@@ -248,6 +257,7 @@ def _ring(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> dic
                                       dim=-1),
             "seq_idx": torch.full((n_pad,), k, dtype=torch.int32),
             "global_index": torch.arange(start_padded, start_padded + n_pad),
+            **{key: _pad_last(batch[key][0, a:b], extra, 0) for key in per_token},
         }
         windows.append([])
         for i, j in enumerate((rank, 2 * size - 1 - rank)):
@@ -267,7 +277,7 @@ def _ring(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> dic
     padded = torch.cat([torch.tensor([0]), torch.tensor(padded_sizes).cumsum(0)])
     local = torch.cat([torch.tensor([0]), torch.tensor(local_sizes).cumsum(0)])
     out.update(_cu_fields(cu, padded, local))
-    return out
+    return _visual(out)
 
 
 def _cu_fields(cu: torch.Tensor, padded: torch.Tensor, local: torch.Tensor) -> dict[str, Any]:

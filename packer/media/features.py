@@ -76,7 +76,7 @@ class WhisperFeatures:
     def features(self, path: str) -> tuple[np.ndarray, int]:
         from packer.media.load import load_audio
 
-        wave = load_audio(path, SAMPLING_RATE)
+        wave = load_audio(path, SAMPLING_RATE, max_seconds=CHUNK_SECONDS)  # the extractor keeps 30 s
         out = self.extractor(wave, sampling_rate=SAMPLING_RATE, padding="max_length", return_attention_mask=True,
                              return_tensors="np")
         return np.asarray(out["input_features"][0], dtype=np.float32), int(np.asarray(out["attention_mask"][0]).sum())

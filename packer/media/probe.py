@@ -19,8 +19,9 @@ is only seen with ``decode`` (PIL finds such chunks by decoding).
   milliseconds per photo).
 
 Audio (soundfile / libsndfile: WAV, FLAC, OGG, MP3, AIFF, ...): the header gives
-frames and sample rate; the last frame is read back, so a file truncated after its
-header is caught without decoding it all.
+frames and sample rate, held to :mod:`packer.media.limits` (a 32 KB WAV at 1 Hz is nine
+hours that a loader would resample to 2 GB: ``bad_sample_rate``); the last frame is read
+back, so a file truncated after its header is caught without decoding it all.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 from packer.errors import BadRecord
 from packer.io.fs import open_binary
+from packer.media.limits import check_audio
 
 IMAGE_CHECKS = ("header", "verify", "decode")
 
@@ -114,6 +116,8 @@ def probe_audio(path: str) -> AudioInfo:
                 f.seek(frames - 1)
                 if len(f.read(1)) != 1:
                     raise BadRecord("corrupt_audio", f"{path!r} is truncated: its header promises {frames} frames")
+            if frames > 0 and rate > 0:
+                check_audio(frames, rate, channels, repr(path))  # the header's claims; one frame read, none decoded
     except FileNotFoundError:
         raise BadRecord("missing_audio", f"audio file {path!r} not found") from None
     except BadRecord:

@@ -17,14 +17,23 @@ loader reports, else FFmpeg's guess), duration, coded size, and decodes **one** 
   index is at the front) is caught by comparing the index's last byte with the file's size.
   A file cut anywhere else loses its index (MP4) or its header and fails to open.
 
-``check="decode"`` decodes every frame and refuses a file that decodes fewer frames than
-its header promises (damage inside the stream that the index does not show).
+Every claim of the header -- rate, frame size, frame count, duration, pixel volume -- is
+held to :mod:`packer.media.limits` before anything is decoded, so a 1 MB file claiming
+16000 x 16000 frames, 2^31 fps or days of video costs a header read, not gigabytes.
+
+``check="header"`` (the default; ``--video-check header``) trusts the header's frame count
+once it is plausible (at most one frame per byte of the file, within the limits).
+``check="decode"`` (``--video-check decode``) decodes every frame and counts the frames that
+exist: a file whose header lists another number of frames than decode is refused (damage
+inside the stream that the index does not show, or a header that over-promises: the loader,
+which reads the header, would sample frames the file does not hold).
 
 Reasons: ``missing_video``, ``corrupt_video`` (not a container FFmpeg reads, truncated,
-no frame, no frame rate, a frame that does not decode), ``no_video_stream`` (audio only,
-an image, subtitles), ``unsupported_video`` (a codec this FFmpeg build cannot decode, a
-rotation that is not a multiple of 90 degrees; the policy refusing it: a 1-frame clip,
-an aspect ratio over 200).
+no frame, no frame rate, a frame that does not decode, more frames claimed than bytes),
+``no_video_stream`` (audio only, an image, subtitles), ``unsupported_video`` (a codec this
+FFmpeg build cannot decode, a rotation that is not a multiple of 90 degrees; the policy
+refusing it: a 1-frame clip, an aspect ratio over 200), ``bad_frame_rate``,
+``video_too_large``, ``media_too_long`` (:mod:`packer.media.limits`).
 
 Loading (:func:`load_video`) = ``transformers.video_utils.load_video(path, backend="pyav",
 sample_indices_fn=...)`` -- every frame decoded in order, frame ``i`` kept when ``i`` is a
@@ -48,8 +57,9 @@ import numpy as np
 
 from packer.errors import BadRecord
 from packer.io import fs
+from packer.media.limits import MAX_VIDEO_FRAMES, check_frame_rate, check_frame_size, check_video
 
-VIDEO_CHECKS = ("verify", "decode")
+VIDEO_CHECKS = ("header", "decode")  # "verify": an older name of "header", still accepted
 REENCODE = "re-encode it, e.g. ffmpeg -i IN -vcodec libx264 -pix_fmt yuv420p OUT.mp4"
 
 
@@ -85,9 +95,10 @@ def _video_stream(container, path: str):
     return stream
 
 
-def probe_video(path: str, check: str = "verify") -> VideoInfo:
+def probe_video(path: str, check: str = "header") -> VideoInfo:
     """Frames, rate, duration, displayed size and rotation of the video at ``path`` from its
     headers plus one decoded frame; bad files raise :class:`BadRecord` (see the module doc)."""
+    check = "header" if check == "verify" else check
     if check not in VIDEO_CHECKS:
         raise ValueError(f"video check {check!r} is not one of {', '.join(VIDEO_CHECKS)}")
     try:
@@ -119,31 +130,45 @@ def _probe(container, path: str, size: int, check: str) -> VideoInfo:
     fps = float(rate) if rate else 0.0
     if fps <= 0:
         raise BadRecord("corrupt_video", f"{path!r} states no frame rate; {REENCODE}")
+    what = repr(path)
+    check_frame_rate(fps, what)
+    check_frame_size(ctx.height, ctx.width, what)  # before a frame is decoded: a 16000x16000 frame is 384 MB of YUV
     index = stream.index_entries
     if index is not None and len(index):
         end = max(e.pos + e.size for e in (index[i] for i in range(max(0, len(index) - 32), len(index))))
         if end > size:
             raise BadRecord("corrupt_video", f"{path!r} is truncated: its index needs {end} bytes, the file has {size}; "
                                              f"fetch it again or drop it")
-    frames = stream.frames
-    if frames <= 0 and check == "verify":  # MKV / WebM / some AVI: no count in the header; count packets (no decode)
-        frames = sum(1 for p in container.demux(stream) if p.size)
+    stated = max(stream.frames, 0)
+    frames = stated
+    if frames <= 0 and check != "decode":  # MKV / WebM / some AVI: no count in the header; count packets (no decode)
+        frames = sum(1 for _, p in zip(range(MAX_VIDEO_FRAMES + 1), container.demux(stream), strict=False) if p.size)
         container.seek(0)
+    if frames > size:
+        raise BadRecord("corrupt_video", f"{path!r} claims {frames:,} frames in {size:,} bytes (under one byte a frame): "
+                                         f"its header is damaged; {REENCODE}")
+    duration = _duration(stream, container, frames, fps)
+    check_video(frames, fps, duration, ctx.height, ctx.width, what)  # the header's claims, before decoding
     width, height, rotation = ctx.width, ctx.height, 0
     decoded = 0
     for frame in container.decode(stream):
         if decoded == 0:
             width, height, rotation = frame.width, frame.height, frame.rotation % 360
+            check_frame_size(height, width, what)
             if check != "decode":
                 decoded = 1
                 break
         decoded += 1
+        if decoded > max(stated, MAX_VIDEO_FRAMES):
+            break  # more frames than the header lists (or than any video may hold): refused below
     if decoded == 0:
         raise BadRecord("corrupt_video", f"{path!r} holds no frame that decodes (zero duration or damaged); {REENCODE}")
-    if check == "decode":
-        if frames > decoded:
-            raise BadRecord("corrupt_video", f"{path!r} decodes {decoded} of the {frames} frames its header lists; {REENCODE}")
+    if check == "decode":  # the frames that exist; a header that says otherwise would mislead the loader
+        if stated and decoded != stated:
+            raise BadRecord("corrupt_video", f"{path!r} decodes {decoded:,}{'+' if decoded > stated else ''} frames, its "
+                                             f"header lists {stated:,}; {REENCODE}")
         frames = decoded
+        check_video(frames, fps, frames / fps, height, width, what)
     if frames < 1:
         raise BadRecord("corrupt_video", f"{path!r} holds no frames; {REENCODE}")
     if rotation % 90:
@@ -153,13 +178,17 @@ def _probe(container, path: str, size: int, check: str) -> VideoInfo:
         width, height = height, width
     if width < 1 or height < 1:
         raise BadRecord("corrupt_video", f"{path!r} has frame size {width}x{height}; {REENCODE}")
+    return VideoInfo(frames, fps, duration if check != "decode" else _duration(stream, container, frames, fps),
+                     height, width, rotation, ctx.name)
+
+
+def _duration(stream, container, frames: int, fps: float) -> float:
+    """Seconds, from the stream's header, else the container's, else frames / fps."""
     if stream.duration and stream.time_base:
-        duration = float(stream.duration * stream.time_base)
-    elif container.duration:
-        duration = container.duration / 1_000_000
-    else:
-        duration = frames / fps
-    return VideoInfo(frames, fps, duration, height, width, rotation, ctx.name)
+        return float(stream.duration * stream.time_base)
+    if container.duration:
+        return container.duration / 1_000_000
+    return frames / fps
 
 
 def probe_frames(paths: Sequence[str], fps: float = 0.0, image_check: str = "verify") -> VideoInfo:
@@ -169,6 +198,9 @@ def probe_frames(paths: Sequence[str], fps: float = 0.0, image_check: str = "ver
 
     if not paths:
         raise BadRecord("corrupt_video", "the video's frame list is empty; list at least one frame image")
+    what = f"the {len(paths)}-frame list starting {paths[0]!r}"
+    if fps:
+        check_frame_rate(fps, what)
     first = None
     for i, path in enumerate(paths):
         try:
@@ -183,10 +215,11 @@ def probe_frames(paths: Sequence[str], fps: float = 0.0, image_check: str = "ver
                                                  f"({paths[0]!r}) is {first.width}x{first.height}: a video's frames share "
                                                  f"one size; resize them")
     duration = len(paths) / fps if fps else 0.0
+    check_video(len(paths), fps or 1.0, duration, first.height, first.width, what)
     return VideoInfo(len(paths), float(fps), duration, first.height, first.width)
 
 
-def count_video(path: str, policy, check: str = "verify"):
+def count_video(path: str, policy, check: str = "header"):
     """Probe ``path`` and count it with ``policy`` (a video policy); what the policy refuses is
     ``unsupported_video``. Returns ``(VideoInfo, VideoCount)``."""
     info = probe_video(path, check)

@@ -5,6 +5,6 @@ merges them and adds the comparisons (padding vs length grouping vs packing, ran
 imbalance); ``html`` renders one self-contained page with inline SVG charts.
 """
 
-from packer.report.compute import report, write_report
+from packer.report.compute import REPORT_FILES, refresh_report, report, write_report
 
-__all__ = ["report", "write_report"]
+__all__ = ["REPORT_FILES", "refresh_report", "report", "write_report"]

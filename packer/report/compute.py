@@ -35,12 +35,13 @@ from typing import Any
 import numpy as np
 
 from packer.balance import group_steps, imbalance, imbalance_floor
-from packer.config import FIELDS
+from packer.config import FIELDS, BuildConfig
 from packer.cost import CostModel
-from packer.io.files import write_text_atomic
+from packer.errors import ConfigError
+from packer.io.files import sha256_file, write_text_atomic
 from packer.shards.io import read_shards
-from packer.shards.manifest import Manifest
-from packer.shards.schema import SAMPLE_SCHEMA
+from packer.shards.manifest import REPORT_FILES, Manifest
+from packer.shards.schema import SAMPLE_SCHEMA, ShardEntry
 from packer.shards.stats import ShardStats, length_edges, shard_stats
 
 MEGABATCH = 50
@@ -273,6 +274,34 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
         "rank_imbalance": step_balance(row_stats, manifest, seed),
         "config": manifest.config,
     }
+
+
+REPORT_SETTINGS = ("report_ranks", "report_batch", "report_window")
+
+
+def refresh_report(out: str | Path, *, html_path: str | Path | None = None, **settings: Any) -> dict:
+    """``packer report OUT``: recompute the report of a finished build, with the report settings
+    given (``report_ranks``, ``report_batch``, ``report_window``; None: the build's) recorded in
+    its manifest, whose entries for ``report.json`` / ``report.html`` are updated to the new files
+    (so ``packer verify`` keeps passing). Refuses a setting outside its range, as a build does."""
+    out = Path(out)
+    unknown = sorted(set(settings) - set(REPORT_SETTINGS))
+    if unknown:
+        raise ConfigError(f"unknown report setting(s) {', '.join(unknown)}; known: {', '.join(REPORT_SETTINGS)}")
+    manifest = Manifest.read(out)
+    given = {k: (tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in settings.items() if v is not None}
+    if given:
+        BuildConfig(**given)  # the build's own checks (ConfigError): ranks >= 1, batch >= 1, window >= 1
+        manifest.execution = {**manifest.execution, **{k: list(v) if isinstance(v, tuple) else v for k, v in given.items()}}
+    data = write_report(out, manifest, html_path=html_path)
+    here = html_path is None or Path(html_path).resolve() == (out / "report.html").resolve()
+    written = [n for n in REPORT_FILES if n == "report.json" or here]
+    entries = {e.file: e for e in manifest.report_files}
+    for name in written:
+        entries[name] = ShardEntry(name, 0, (out / name).stat().st_size, sha256_file(out / name))
+    manifest.execution["report_files"] = [dataclasses.asdict(entries[n]) for n in REPORT_FILES if n in entries]
+    manifest.write(out)
+    return data
 
 
 def write_report(out: str | Path, manifest: Manifest | None = None, *, html_path: str | Path | None = None,

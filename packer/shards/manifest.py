@@ -25,6 +25,10 @@ from packer.shards.schema import SCHEMA_VERSION, ShardEntry, version_message
 
 SECTIONS = ("embeddings", "audio_features")  # optional media passes, each {..., "files": [ShardEntry]}
 MANIFEST = "manifest.json"
+# Written before the manifest and listed in it under execution["report_files"]: the report shows
+# created_at, the output's name and the execution-only report settings, so, like them, its files
+# differ between two builds of the same inputs and settings.
+REPORT_FILES = ("report.json", "report.html")
 
 
 @dataclass
@@ -84,16 +88,17 @@ class Files:
     quarantine: ShardEntry | None = None
     dropped: ShardEntry | None = None  # dropped.jsonl: every dropped sample, like the quarantine
     tokenizer: list[ShardEntry] = field(default_factory=list)  # OUT/tokenizer/*, placeholder tokens included
+    media: ShardEntry | None = None  # media.arrow: every media file's size, mtime (and sha256) at build time
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Files:
         one = lambda e: ShardEntry(**e) if e else None  # noqa: E731
         many = lambda key: [ShardEntry(**e) for e in d.get(key, [])]  # noqa: E731
         return cls(many("samples"), many("packed"), one(d.get("plan")), one(d.get("quarantine")), one(d.get("dropped")),
-                   many("tokenizer"))
+                   many("tokenizer"), one(d.get("media")))
 
     def listed(self) -> list[ShardEntry]:
-        singles = (self.plan, self.quarantine, self.dropped)
+        singles = (self.plan, self.quarantine, self.dropped, self.media)
         return [*self.samples, *self.packed, *(e for e in singles if e is not None), *self.tokenizer]
 
 
@@ -112,6 +117,7 @@ class Manifest:
     execution: dict[str, Any] = field(default_factory=dict)  # how the build ran (engine, workers, output)
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)  # embeddings / audio_features
     repacked_from: dict[str, Any] | None = None
+    code: dict[str, Any] = field(default_factory=dict)  # packer_code (sha256 of its source), libraries (versions)
     schema_version: int = SCHEMA_VERSION
     packer_version: str = __version__
     created_at: str = field(default_factory=lambda: datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
@@ -135,8 +141,13 @@ class Manifest:
     def section_files(self, section: str) -> list[ShardEntry]:
         return [ShardEntry(**e) for e in self.sections.get(section, {}).get("files", [])]
 
+    @property
+    def report_files(self) -> list[ShardEntry]:
+        """``report.json`` / ``report.html`` as the build (or ``packer report``) wrote them."""
+        return [ShardEntry(**e) for e in self.execution.get("report_files", [])]
+
     def all_files(self) -> list[ShardEntry]:
-        return [*self.files.listed(), *(e for s in SECTIONS for e in self.section_files(s))]
+        return [*self.files.listed(), *(e for s in SECTIONS for e in self.section_files(s)), *self.report_files]
 
     # ---------------------------------------------------------------- JSON
 

@@ -1,12 +1,18 @@
 """Stage 1: ingest + encode. Input lines in, ``samples/*.arrow`` and quarantine entries out.
 
-The driver scans each input file once and cuts it into tasks of ``chunk_records``
-consecutive non-blank lines (a task never spans two files). A task is a byte range with
-the number of its first line, so a worker -- a local process or a Ray worker on another
-machine -- reads its own lines and record identity (file + line) stays exact. Task ``k``
-writes ``samples/part-k.arrow``. Boundaries depend only on the input and results are
-consumed in task order, so every byte of the output is the same for any worker count or
-engine.
+The driver scans each input file once and cuts it into tasks of at most ``chunk_records``
+consecutive non-blank lines and about :func:`task_bytes` bytes (a task never spans two
+files): a small input still gives up to ``TARGET_TASKS`` tasks, so every worker has work.
+A task is a byte range with the number of its first line, so a worker -- a local process
+or a Ray worker on another machine -- reads its own lines and record identity (file +
+line) stays exact. Task ``k`` writes ``samples/part-k.arrow``. Boundaries depend only on
+the input and the config (never on the worker count) and results are consumed in task
+order, so every byte of the output is the same for any worker count or engine.
+
+A record that meets a packer bug (``internal_error``: an exception nobody foresaw) stops
+the build by default: the record, where it was met and the traceback are written to
+``OUT/internal_error.json`` and :class:`InternalRecordError` (exit 1) names it.
+``--on-internal-error quarantine`` quarantines it instead, like a bad record.
 """
 
 from __future__ import annotations
@@ -20,13 +26,26 @@ from pathlib import Path
 from packer.encode import Encoder, EncoderSpec
 from packer.errors import BadRecord, PackerError, StrictModeError
 from packer.ingest.reader import MAX_LINE_BYTES, RawLine, read_lines
-from packer.io.files import set_durable
+from packer.io.files import set_durable, write_text_atomic
 from packer.io.fs import parent
 from packer.shards.io import write_shard
 from packer.shards.schema import SAMPLE_SCHEMA, QuarantineEntry, Sample, ShardEntry, to_table
-from packer.stages.state import Journal, shard_payload
+from packer.stages.state import INTERNAL_ERROR_FILE, Journal, shard_payload
 
 RAW_PREVIEW = 2000  # characters of a bad line kept in the quarantine
+TARGET_TASKS = 64  # a small input is cut into about this many tasks...
+MIN_TASK_BYTES = 64 * 2**10  # ...of at least this many bytes (a task costs a shard file and a journal entry)
+
+
+class InternalRecordError(PackerError):
+    """A record met a packer bug and ``on_internal_error`` is ``stop``: the build stops (exit 1)."""
+
+
+def task_bytes(total_bytes: int) -> int:
+    """Bytes after which a task ends (it also ends at ``chunk_records`` records): the input cut
+    into about ``TARGET_TASKS`` tasks, none under ``MIN_TASK_BYTES``. A function of the input's
+    size only, so task boundaries (and the output's bytes) never depend on the worker count."""
+    return max(MIN_TASK_BYTES, -(-total_bytes // TARGET_TASKS))
 
 
 @dataclass(frozen=True)
@@ -57,7 +76,9 @@ class EncodeResult:
 
 
 def make_tasks(files: list, chunk_records: int, counts: dict[str, int],
-               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[EncodeTask]:
+               max_line_bytes: int = MAX_LINE_BYTES, max_task_bytes: int | None = None) -> Iterator[EncodeTask]:
+    """Stage 1's tasks over ``files``, in order: at most ``chunk_records`` records each, ended
+    after the line that reaches ``max_task_bytes`` (None: no byte bound)."""
     index = 0
     for file_index, path in enumerate(files):
         first: RawLine | None = None
@@ -66,7 +87,7 @@ def make_tasks(files: list, chunk_records: int, counts: dict[str, int],
             if first is None:
                 first = raw
             n += 1
-            if n == chunk_records:
+            if n == chunk_records or (max_task_bytes is not None and raw.end - first.offset >= max_task_bytes):
                 yield EncodeTask(index, str(path), first.offset, raw.end, first.line, n, max_line_bytes, file_index)
                 index, first, n = index + 1, None, 0
         if first is not None:
@@ -80,16 +101,20 @@ class EncodeState:
     out: Path
     strict: bool
     journal: Journal
+    on_internal_error: str = "stop"
 
 
-def setup(spec: EncoderSpec, out: str, strict: bool, durable: bool = True) -> EncodeState:
+def setup(spec: EncoderSpec, out: str, strict: bool, durable: bool = True, on_internal_error: str = "stop") -> EncodeState:
     set_durable(durable)
-    return EncodeState(Encoder(spec), Path(out), strict, Journal(Path(out)))
+    return EncodeState(Encoder(spec), Path(out), strict, Journal(Path(out)), on_internal_error)
 
 
 def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
     identity = {"file": task.file, "first_line": task.first_line, "records": task.records}
     done = state.journal.load("encode", task.index, check=identity)
+    if done is not None and state.on_internal_error == "stop" and any(
+            q.get("reason") == "internal_error" for q in done["quarantine"]):
+        done = None  # quarantined by an earlier run that allowed it: redone, and stopped at
     if done is not None:
         shard = ShardEntry(**done["shard"]) if done["shard"] else None
         return EncodeResult(task.index, task.file, task.records, [QuarantineEntry(**q) for q in done["quarantine"]],
@@ -105,6 +130,8 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
     # One call for the task: records are parsed and rendered one by one, tokenized together,
     # then finished one by one; each failure is that record's (see Encoder.encode_lines).
     for raw, result in zip(lines, encode_records(state.encoder, lines, task.file, file_dir, task.file_index), strict=True):
+        if isinstance(result, BadRecord) and result.reason == "internal_error" and state.on_internal_error == "stop":
+            stop_on_internal_error(state.out, task.file, raw, result)
         if isinstance(result, BadRecord):
             if state.strict:
                 raise StrictModeError(_clean(f"{task.file}:{raw.line}: {result.reason}: {result.detail}")) from None
@@ -121,6 +148,22 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
         raise PackerError(f"cannot write stage-1 output for task {task.index} under {state.out}: {e}; check the "
                           f"free space and permissions there") from e
     return EncodeResult(task.index, task.file, task.records, bad, shard, nbytes=task.end - task.start)
+
+
+def stop_on_internal_error(out: Path, file: str, raw: RawLine, error: BadRecord) -> None:
+    """Write the record, the place and the traceback to ``OUT/internal_error.json``; raise
+    :class:`InternalRecordError` naming it."""
+    entry = quarantine_entry(file, raw, error)
+    path = out / INTERNAL_ERROR_FILE
+    report = {**asdict(entry), "traceback": _clean(getattr(error, "trace", "") or "")}
+    try:
+        write_text_atomic(path, json.dumps(report, ensure_ascii=False, indent=1, sort_keys=True) + "\n")
+        where = f"the record and the traceback are in {path}"
+    except OSError as e:
+        where = f"(writing {path} failed: {e})"
+    raise InternalRecordError(f"{file}:{raw.line}: a packer bug met this record ({entry.detail}); {where}: please report "
+                              f"them. Nothing else is wrong with the build: to quarantine such records and pack the rest, "
+                              f"rerun with --on-internal-error quarantine") from None
 
 
 def encode_records(encoder: Encoder, lines: list[RawLine], file: str, file_dir,
@@ -153,8 +196,10 @@ def as_bad_record(e: Exception) -> BadRecord:
         return BadRecord("nesting_too_deep", "the record nests deeper than Python's recursion limit")
     frame = traceback.extract_tb(e.__traceback__)[-1]
     where = f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
-    return BadRecord("internal_error", f"{type(e).__name__}: {e} (raised at {where}); a bug in packer or a library "
-                                       f"it calls: please report it with this quarantine line")
+    bad = BadRecord("internal_error", f"{type(e).__name__}: {e} (raised at {where}); a bug in packer or a library "
+                                      f"it calls")
+    bad.trace = "".join(traceback.format_exception(e))  # for OUT/internal_error.json (--on-internal-error stop)
+    return bad
 
 
 def quarantine_entry(file: str, raw: RawLine, error: BadRecord) -> QuarantineEntry:

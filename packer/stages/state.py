@@ -18,9 +18,11 @@ one folder; the kernel releases it when a process dies, ``kill -9`` included.
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import re
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -35,34 +37,57 @@ LOCK_FILE = ".packer.lock"
 
 
 class BuildLock:
+    """``OUT/.packer.lock``, held with ``flock``. A build refused before it wrote anything
+    (:meth:`release` with ``discard``) leaves no lock file, and no folder it made."""
+
     def __init__(self, out: Path):
         if out.exists() and not out.is_dir():
             raise ConfigError(f"output {out} is a file, not a folder; choose another -o")
+        self.out = out
+        self.made_folder = not out.exists()
+        self.path = out / LOCK_FILE
         try:
             out.mkdir(parents=True, exist_ok=True)
-            self.path = out / LOCK_FILE
-            self.file = open(self.path, "a+")
+            while True:
+                self.made_file = not self.path.exists()
+                self.file = open(self.path, "a+")
+                try:
+                    fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    self.file.seek(0)
+                    holder = self.file.read().strip() or "another process"
+                    self.file.close()
+                    raise PackerError(f"{out} is being built by {holder}; wait for it or choose another -o") from None
+                try:  # a refused build removes its lock file: the file locked must still be the one at the path
+                    if os.stat(self.path).st_ino == os.fstat(self.file.fileno()).st_ino:
+                        break
+                except FileNotFoundError:
+                    pass
+                self.file.close()
         except OSError as e:
             raise PackerError(f"cannot write to the output folder {out}: {e.strerror or e}") from None
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.file.seek(0)
-            holder = self.file.read().strip() or "another process"
-            self.file.close()
-            raise PackerError(f"{out} is being built by {holder}; wait for it or choose another -o") from None
         self.file.seek(0)
         self.file.truncate()
         self.file.write(f"pid {os.getpid()}")
         self.file.flush()
 
-    def release(self) -> None:
-        if not self.file.closed:
-            fcntl.flock(self.file, fcntl.LOCK_UN)
-            self.file.close()
+    def release(self, *, discard: bool = False) -> None:
+        """Unlock; with ``discard`` (the build was refused before writing), also remove the lock
+        file and the output folder when this build made them (a folder only when left empty)."""
+        if self.file.closed:
+            return
+        if discard and self.made_file:
+            self.path.unlink(missing_ok=True)  # while still locked: see the inode check in __init__
+        fcntl.flock(self.file, fcntl.LOCK_UN)
+        self.file.close()
+        if discard and self.made_folder:
+            try:
+                self.out.rmdir()
+            except OSError:
+                pass
 
 
-def fingerprint(files: list, content: dict[str, Any], tokenizer: dict[str, Any]) -> dict[str, Any]:
+def fingerprint(files: list, content: dict[str, Any], tokenizer: dict[str, Any], media_root: str = "") -> dict[str, Any]:
     from packer.io.fs import stat
 
     inputs = []
@@ -70,7 +95,34 @@ def fingerprint(files: list, content: dict[str, Any], tokenizer: dict[str, Any])
         size, mtime = stat(f)
         inputs.append({"path": str(f), "size": size, "mtime_ns": mtime})
     return {"packer_version": __version__, "schema_version": SCHEMA_VERSION, "inputs": inputs,
-            "config": content, "tokenizer": tokenizer}
+            "config": content, "tokenizer": tokenizer, "media_root": media_root, **code_identity()}
+
+
+# The libraries whose versions can change a build's bytes: tokenization and chat templates,
+# media headers (counts), the Arrow writer.
+LIBRARIES = ("tokenizers", "transformers", "jinja2", "pillow", "soundfile", "av", "numpy", "pyarrow")
+CODE_KEYS = ("packer_version", "packer_code", "libraries")  # a change of these alone: rebuilt, not refused
+
+
+@functools.cache
+def code_identity() -> dict[str, Any]:
+    """What code makes the build: packer's version, a sha256 over its source files (every
+    ``packer/**/*.py``, path and content, in path order) and the versions of :data:`LIBRARIES`
+    (``None``: not installed). A resumed build whose code changed re-encodes everything."""
+    import hashlib
+    from importlib import metadata
+
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {"packer_code": h.hexdigest(), "libraries": versions}
 
 
 def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -79,7 +131,7 @@ def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         out.append("input files")
     out += [f"config.{k}" for k in sorted(set(old.get("config", {})) | set(new.get("config", {})))
             if old.get("config", {}).get(k) != new.get("config", {}).get(k)]
-    out += [k for k in ("tokenizer", "packer_version", "schema_version") if old.get(k) != new.get(k)]
+    out += [k for k in ("tokenizer", "media_root", "schema_version", *CODE_KEYS) if old.get(k) != new.get(k)]
     return out
 
 
@@ -110,7 +162,9 @@ class Journal:
         return payload
 
 
-BUILD_FILES = ("manifest.json", "report.json", "report.html", "quarantine.jsonl", "dropped.jsonl", "plan.arrow")
+INTERNAL_ERROR_FILE = "internal_error.json"  # the record a packer bug stopped the build at (packer.stages.encode)
+BUILD_FILES = ("manifest.json", "report.json", "report.html", "quarantine.jsonl", "dropped.jsonl", "plan.arrow",
+               "media.arrow", INTERNAL_ERROR_FILE)
 BUILD_DIRS = ("samples", "packed", "embeddings", "audio_features", "tokenizer")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "chat_template.json", "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model")
@@ -133,11 +187,15 @@ def open_state(out: Path, fp: dict[str, Any], *, overwrite: bool) -> None:
         except ValueError:
             old = {}
         if old == fp:  # resume: finished tasks are reused; a crashed writer's temporaries go
-            for e in _temporaries(out):
+            for e in [*_temporaries(out), out / INTERNAL_ERROR_FILE]:
                 e.unlink(missing_ok=True)
             return
-        if not overwrite:
-            raise ConfigError(f"{out} holds a build of other inputs or settings (changed: {', '.join(changes(old, fp))}); "
+        changed = changes(old, fp)
+        if changed and set(changed) <= set(CODE_KEYS):  # the same job made by other code: its shards may be stale
+            print(f"packer: note: {out} was built by other code ({', '.join(changed)} changed): nothing of it is reused, "
+                  f"everything is encoded again", file=sys.stderr)
+        elif not overwrite:
+            raise ConfigError(f"{out} holds a build of other inputs or settings (changed: {', '.join(changed)}); "
                               f"pass --overwrite to replace it, or choose another -o")
     elif not entries:
         pass  # a new or empty folder

@@ -1,4 +1,5 @@
-"""``packer inspect``: what a build holds, recomputed from its packed shards.
+"""``packer inspect`` (this module is ``packer.summary``: ``inspect`` would shadow the standard library
+when a script in this folder runs): what a build holds, recomputed from its packed shards.
 
 Rows and tokens are read from the shards themselves (the ``n_tokens`` column, memory-
 mapped), not copied from the manifest, so the summary also checks that they agree.

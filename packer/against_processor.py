@@ -1,0 +1,250 @@
+"""``packer verify OUT --against-processor PROC``: do the build's ids still equal the processor's?
+
+Counts change between transformers versions (a processor fixes its resize, a checkpoint changes its
+budget: transformers #48071), and a build made for one processor is useless for another. This check
+re-runs the real HF processor -- named by a folder or hub id, loaded with ``AutoProcessor`` -- on a sample
+of the build's records, from their own lines and files, the plain HF way:
+
+- the record's messages rendered by the processor's chat template (media as content parts), or, for the
+  configurable ``generic`` family (whose pipelines render string content), the sample's own text with each
+  media span collapsed to one placeholder;
+- images through ``transformers.image_utils.load_image``, videos through transformers' PyAV reader (every
+  frame, turned upright, sampled by the processor itself), frame lists as images, audio through
+  ``load_audio`` at the feature extractor's rate;
+- ``processor(text=..., images=..., videos=..., audio=...)``, with control tokens the record typed marked as
+  text (``sanitize_control_tokens``) exactly as the build did.
+
+Each sampled record whose ids differ is a :class:`Mismatch` (file, line, id, both counts, the first
+position that differs). A sample is drawn with the seed, media records first, so a small ``--sample``
+covers every modality the build holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packer.errors import BadRecord, PackerError
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    file: str
+    line: int
+    id: str
+    packer_tokens: int
+    processor_tokens: int
+    first_difference: int
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return (f"{self.file}:{self.line} ({self.id}): packer {self.packer_tokens:,} ids, the processor "
+                f"{self.processor_tokens:,}; first difference at token {self.first_difference}"
+                + (f" ({self.detail})" if self.detail else ""))
+
+
+def verify_against_processor(out: str | Path, processor: str, *, sample: int = 32, seed: int = 0,
+                             media_root: str | None = None) -> tuple[list[Mismatch], int]:
+    """(mismatching records, records checked): ``sample`` records of the build at ``out`` re-run through
+    ``processor`` (a folder or hub id)."""
+    from packer.config import BuildConfig
+    from packer.shards.io import read_shards
+    from packer.shards.manifest import Manifest
+    from packer.shards.schema import SAMPLE_SCHEMA
+
+    out = Path(out)
+    manifest = Manifest.read(out)
+    proc = _load(processor)
+    samples = read_shards([out / e.file for e in manifest.files.samples], SAMPLE_SCHEMA)
+    chosen = _choose(samples, sample, seed)
+    config = BuildConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in manifest.config.items()})
+    family = manifest.tokenizer.get("family") or {"name": "generic"}
+    placeholders = manifest.placeholders
+    root = media_root or manifest.media_root
+    rows = samples.take(chosen).select(["source_index", "source_line", "key", "input_ids", "media"]).to_pylist()
+    lines = _lines(manifest.inputs, {(r["source_index"], r["source_line"]) for r in rows})
+    mismatches = []
+    for r in rows:
+        file = manifest.inputs[r["source_index"]]
+        raw = lines[(r["source_index"], r["source_line"])]
+        try:
+            expected = _processor_ids(proc, raw, file, config, family, placeholders, r, root)
+        except (BadRecord, OSError, ValueError) as e:
+            mismatches.append(Mismatch(file, r["source_line"], r["key"], len(r["input_ids"]), 0, 0,
+                                       f"the processor refused the record: {type(e).__name__}: {e}"))
+            continue
+        got = list(r["input_ids"])
+        if got != expected:
+            first = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), min(len(got), len(expected)))
+            mismatches.append(Mismatch(file, r["source_line"], r["key"], len(got), len(expected), first,
+                                       _media_note(r["media"])))
+    return mismatches, len(rows)
+
+
+def _load(name: str):
+    try:
+        from transformers import AutoProcessor
+    except ImportError:  # pragma: no cover - the test layer has it
+        raise PackerError("--against-processor runs the HF processor: pip install 'packer[train]'") from None
+    try:
+        return AutoProcessor.from_pretrained(name)
+    except Exception as e:  # noqa: BLE001 -- a folder without a processor, an unknown hub id, ...
+        raise PackerError(f"cannot load processor {name!r}: {type(e).__name__}: {e}") from None
+
+
+def _choose(samples, n: int, seed: int) -> np.ndarray:
+    """``n`` sample rows: records with media first (each modality's share kept), then text, drawn with ``seed``."""
+    modality = samples.column("modality").cast("string").to_numpy(zero_copy_only=False) if samples.num_rows else []
+    rng = np.random.default_rng(seed)
+    media = np.flatnonzero(np.asarray(modality) != "text")
+    text = np.flatnonzero(np.asarray(modality) == "text")
+    picked = rng.permutation(media)[:n].tolist()
+    picked += rng.permutation(text)[: max(0, n - len(picked))].tolist()
+    return np.asarray(sorted(picked), dtype=np.int64)
+
+
+def _lines(inputs: list[str], wanted: set[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+    from packer.ingest.reader import read_lines
+
+    out = {}
+    for index in sorted({i for i, _ in wanted}):
+        lines = {line for i, line in wanted if i == index}
+        for raw in read_lines(inputs[index]):
+            if raw.line in lines:
+                out[index, raw.line] = raw.data
+                if len(out) == len(wanted):
+                    break
+    missing = wanted - set(out)
+    if missing:
+        i, line = sorted(missing)[0]
+        raise PackerError(f"{inputs[i]} has no line {line} any more: the inputs changed since the build")
+    return out
+
+
+def _processor_ids(proc, raw: bytes, file: str, config, family: dict, placeholders: dict[str, int], row: dict,
+                   root: str) -> list[int]:
+    from packer.encode.render import MARK_END, MARK_START, control_tokens
+    from packer.ingest.formats import decode_json, parse_record
+    from packer.io.fs import parent
+
+    base = Path(config.media_root) if config.media_root else parent(file)
+    tags = {"image": config.image_tag, "audio": config.audio_tag, "video": config.video_tag}
+    conv = parse_record(decode_json(raw), config.format, base, tags, allow_outside_root=config.allow_outside_media_root)
+    if not hasattr(conv, "turns"):  # a document: the tokenizer alone
+        ids = proc.tokenizer(conv.text, add_special_tokens=True, split_special_tokens=True)["input_ids"]
+        eos = proc.tokenizer.eos_token_id
+        return list(ids) + ([eos] if config.append_eos and eos is not None and (not ids or ids[-1] != eos) else [])
+    tok = proc.tokenizer
+    source = proc.chat_template if isinstance(proc.chat_template, str) else tok.get_chat_template()
+    controls = sorted(control_tokens(tok, source), key=len, reverse=True)
+
+    def mark(text: str) -> str:
+        text = text.replace(MARK_START, "").replace(MARK_END, "")
+        for t in controls:  # longest first, as one regex would
+            text = text.replace(t, f"{MARK_START}{t}{MARK_END}")
+        return text
+
+    if family.get("name", "generic") == "generic":
+        text = _collapsed_text(tok, row, placeholders)
+    else:
+        messages = []
+        for t in conv.turns:
+            media = any(p.kind != "text" for p in t.parts)
+            if media or t.structured:
+                content: Any = [{"type": "text", "text": mark(p.text)} if p.kind == "text" else {"type": p.kind}
+                                for p in t.parts]
+            else:
+                content = "".join(mark(p.text) for p in t.parts)
+            messages.append({"role": t.role, "content": content})
+        text = proc.apply_chat_template(messages, tokenize=False)
+    kwargs = _media_kwargs(proc, conv.media)
+    marked = MARK_START in text
+    enc = proc(text=[text], sanitize_control_tokens=marked, **kwargs)
+    return list(enc["input_ids"][0])
+
+
+def _collapsed_text(tok, row: dict, placeholders: dict[str, int]) -> str:
+    ids = list(row["input_ids"])
+    collapsed, cursor = [], 0
+    for m in sorted(row["media"], key=lambda m: m["start"]):
+        collapsed += ids[cursor : m["start"] + 1]
+        cursor = m["start"] + m["length"]
+    return tok.decode(collapsed + ids[cursor:], skip_special_tokens=False)
+
+
+def _media_kwargs(proc, parts) -> dict[str, Any]:
+    from transformers.image_utils import load_image
+
+    images, videos, metadata, audio = [], [], [], []
+    for part in parts:
+        if part.kind == "image":
+            images.append(load_image(str(part.path)))
+        elif part.kind == "video":
+            if part.frames:
+                videos.append([load_image(str(f)) for f in part.frames])
+                metadata.append({"total_num_frames": len(part.frames), "fps": part.fps} if part.fps else
+                                {"total_num_frames": len(part.frames)})
+            else:
+                frames, meta = upright_video(str(part.path))
+                videos.append(frames)
+                metadata.append(meta)
+        else:
+            from transformers.audio_utils import load_audio
+
+            audio.append(load_audio(str(part.path), sampling_rate=proc.feature_extractor.sampling_rate))
+    out: dict[str, Any] = {}
+    if images:
+        out["images"] = images
+    if videos:
+        out["videos"], out["video_metadata"] = videos, metadata
+    if audio:
+        out["audio"] = audio
+    return out
+
+
+def upright_video(path: str):
+    """transformers' PyAV reader (every frame, with its metadata), frames turned upright: its reader ignores a
+    clip's display rotation, packer applies it (as EXIF for images)."""
+    from transformers.video_utils import load_video
+
+    from packer.media.video import probe_video
+
+    frames, meta = load_video(path, backend="pyav")
+    rotation = probe_video(path).rotation
+    if rotation:
+        frames = np.ascontiguousarray(np.rot90(frames, k=rotation // 90, axes=(1, 2)))
+    return frames, meta
+
+
+def _media_note(media: list[dict]) -> str:
+    kinds = [m["kind"] for m in media]
+    return ", ".join(f"{kinds.count(k)} {k}" for k in ("image", "video", "audio") if k in kinds) or "text only"
+
+
+def report(mismatches: list[Mismatch], checked: int, processor: str) -> str:
+    if not mismatches:
+        return f"ids equal {processor}'s on all {checked} sampled records"
+    lines = [f"{len(mismatches)} of {checked} sampled records differ from {processor}:"]
+    lines += [f"  {m}" for m in mismatches[:50]]
+    if len(mismatches) > 50:
+        lines.append(f"  ... and {len(mismatches) - 50} more")
+    lines.append("rebuild with this processor (--processor) so the counts match, or train with the processor the "
+                 "build was made for")
+    return "\n".join(lines)
+
+
+def verify_against_processor_or_raise(out: str | Path, processor: str, **kwargs: Any) -> str:
+    """The CLI's form: a line when the ids agree, :class:`~packer.errors.VerifyError` (exit 6) listing them when not."""
+    from packer.errors import VerifyError
+
+    mismatches, checked = verify_against_processor(out, processor, **kwargs)
+    text = report(mismatches, checked, processor)
+    if mismatches:
+        raise VerifyError(f"{out}: {text}")
+    return f"{out}: {text}"
+
+
+__all__ = ["Mismatch", "report", "upright_video", "verify_against_processor"]

@@ -1,0 +1,183 @@
+"""The route for any other HF processor: ask the processor itself.
+
+transformers 5 processors build a media item's text with ``replace_image_token`` / ``replace_audio_token``
+from what their image processor / feature extractor returns, and that depends on the item's size (and, for
+audio, its length) only. So for an image of h x w this family runs the checkpoint's processor on a *blank*
+image of that size and takes the text it writes for it -- public: ``return_text_replacement_offsets`` --
+(cached per size: the file's pixels are never read), split into text and runs of the placeholder the model
+scatters into (``processor.image_token_ids``). Audio is the same with a silent clip of the item's length at
+the feature extractor's rate. (The private ``_get_num_multimodal_tokens`` is no check: Idefics3's says 33
+for a 40 x 60 image its processor expands to 20 placeholders in 64 tokens.)
+
+What it cannot do is refused at the start, naming what is missing: a processor without a replacement
+method for a kind the build declares, videos (a blank clip of a real clip's frame count is gigabytes; the
+named families count videos from their headers), and processors whose text for one item depends on the
+others (InternVL caps tiles by the number of images: use its named family). Exact by the processor's own
+rule, not by a test of the family's arithmetic: ``packer verify --against-processor`` checks a build.
+
+Needs transformers' processor classes (and torch / torchvision where they do): ``pip install 'packer[train]'``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from packer.errors import ConfigError
+from packer.families.base import Expansion, Family, RecordMedia, Run
+
+CACHE = 4096  # sizes whose expansion a worker keeps
+
+
+@dataclass(frozen=True)
+class HFSettings:
+    processor: str = ""  # the checkpoint (folder or hub id)
+    processor_class: str = ""
+    image_token: str = ""  # what the template writes and the processor replaces
+    image_run: str = ""  # the placeholder the replacement repeats
+    audio_token: str = ""
+    audio_run: str = ""
+    sampling_rate: int = 0
+
+    @classmethod
+    def resolve(cls, checkpoint: Any, options: str = "") -> HFSettings:
+        if not checkpoint.name:
+            raise ConfigError("family hf asks the processor itself: give --processor FOLDER_OR_HUB_ID")
+        if options:
+            raise ConfigError("family hf takes no processor_options: its settings are the processor's own")
+        proc = load_processor(checkpoint.name)
+        tok = proc.tokenizer
+        found: dict[str, Any] = {"processor": checkpoint.name, "processor_class": type(proc).__name__}
+        for kind in ("image", "audio"):
+            token = getattr(proc, f"{kind}_token", None)
+            ids = [i for i in (getattr(proc, f"{kind}_token_ids", None) or []) if i is not None]
+            if token and ids:
+                found[f"{kind}_token"], found[f"{kind}_run"] = token, tok.convert_ids_to_tokens(int(ids[0]))
+        extractor = getattr(proc, "feature_extractor", None) or getattr(proc, "audio_processor", None)
+        if extractor is not None and getattr(extractor, "sampling_rate", None):
+            found["sampling_rate"] = int(extractor.sampling_rate)
+        return cls(**found)
+
+
+_PROCESSORS: dict[str, Any] = {}
+
+
+def load_processor(name: str) -> Any:
+    """The processor at ``name`` (one per process)."""
+    if name not in _PROCESSORS:
+        try:
+            from transformers import AutoProcessor
+        except ImportError:
+            raise ConfigError("family hf runs the HF processor: pip install 'packer[train]'") from None
+        try:
+            _PROCESSORS[name] = AutoProcessor.from_pretrained(name)
+        except Exception as e:  # noqa: BLE001 -- not a processor folder, an unknown id, a missing backend
+            raise ConfigError(f"family hf: cannot load processor {name!r}: {type(e).__name__}: {e}") from None
+    return _PROCESSORS[name]
+
+
+class HFProcessor(Family):
+    name = "hf"
+    settings_class: ClassVar[type] = HFSettings
+
+    def __init__(self, kinds: tuple[str, ...], settings: HFSettings):
+        super().__init__(kinds)
+        self.s = settings
+        if "video" in kinds:
+            raise ConfigError("family hf does not count videos (a blank clip of a real clip's frames would be gigabytes); "
+                              "use a named family (--family qwen3vl, ...) or leave video out of modalities")
+        for kind in kinds:
+            if not getattr(settings, f"{kind}_token"):
+                raise ConfigError(f"family hf: {settings.processor_class} has no {kind}_token / {kind}_token_ids, so "
+                                  f"packer cannot find its {kind} placeholders; leave {kind} out of modalities")
+        self._cache: OrderedDict[tuple, Expansion] = OrderedDict()
+
+    def media_token(self, kind: str) -> str:
+        return getattr(self.s, f"{kind}_token")
+
+    def run_tokens(self) -> dict[str, str]:
+        return {k: getattr(self.s, f"{k}_run") for k in self.kinds}
+
+    def special_tokens(self) -> list[str]:
+        return list(dict.fromkeys([*(self.media_token(k) for k in self.kinds), *self.run_tokens().values()]))
+
+    def settings(self) -> dict[str, Any]:
+        return asdict(self.s)
+
+    def expand(self, kind: str, info: Any, part: Any, record: RecordMedia) -> Expansion:
+        key = (kind, info.height, info.width) if kind == "image" else (kind, info.frames, info.sample_rate)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = self._ask(kind, info)
+            if len(self._cache) > CACHE:
+                self._cache.popitem(last=False)
+        return hit
+
+    def _ask(self, kind: str, info: Any) -> Expansion:
+        proc = load_processor(self.s.processor)
+        if kind == "image":
+            from PIL import Image
+
+            item: Any = Image.new("RGB", (info.width, info.height))
+        else:
+            item = np.zeros(-(-info.frames * self.s.sampling_rate // info.sample_rate), dtype=np.float32)
+        _, (text,) = ask(proc, kind, [item], self.media_token(kind))
+        return split_runs(text, getattr(self.s, f"{kind}_run"))
+
+    # ---------------------------------------------------------------- loader hooks (train time)
+
+    def image_inputs(self, image_processor: Any, pictures: list, spans: list[dict[str, Any]], check: Any) -> dict[str, Any]:
+        """A batch's images through the checkpoint's processor; each item's placeholders checked against the
+        processor's own text for it."""
+        return self._inputs("image", pictures, spans, check)
+
+    def audio_inputs(self, feature_extractor: Any, waves: list, spans: list[dict[str, Any]], check: Any) -> dict[str, Any]:
+        return self._inputs("audio", waves, spans, check)
+
+    def _inputs(self, kind: str, items: list, spans: list[dict[str, Any]], check: Any) -> dict[str, Any]:
+        proc = load_processor(self.s.processor)
+        outputs, texts = ask(proc, kind, items, self.media_token(kind), return_tensors="pt")
+        run = getattr(self.s, f"{kind}_run")
+        for i, (m, text) in enumerate(zip(spans, texts, strict=True)):
+            check(m, split_runs(text, run).tokens, f"{type(proc).__name__} ({kind} {i} of the batch)")
+        unused = {"input_ids", "attention_mask", "text_replacement_offsets", "mm_token_type_ids", "token_type_ids",
+                  *(getattr(proc, "unused_input_names", []) or [])}
+        return {k: v for k, v in outputs.items() if k not in unused}
+
+
+def split_runs(text: str, run: str) -> Expansion:
+    """A replacement string as text pieces and runs of ``run`` (consecutive copies counted)."""
+    pieces: list[str | Run] = []
+    parts = text.split(run)
+    n = 0
+    for k, piece in enumerate(parts):
+        if k:
+            n += 1
+        if piece or k == len(parts) - 1:
+            if n:
+                pieces.append(Run(run, n))
+                n = 0
+            if piece:
+                pieces.append(piece)
+    return Expansion(tuple(pieces))
+
+
+
+def ask(proc: Any, kind: str, items: list, token: str, **kwargs: Any) -> tuple[Any, list[str]]:
+    """The processor run on ``items`` (one sample whose text is ``token`` per item) with
+    ``return_text_replacement_offsets``: (its outputs, the text it writes for each item)."""
+    media = {"image": "images", "audio": "audio"}[kind]
+    extra = {"sampling_rate": load_sampling_rate(proc)} if kind == "audio" else {}
+    out = proc(text=[token * len(items)], **{media: items}, return_text_replacement_offsets=True, **extra, **kwargs)
+    replacements = [r["replacement"] for r in out["text_replacement_offsets"][0] if r["type"] == kind]
+    if len(replacements) != len(items):
+        raise ValueError(f"{type(proc).__name__} wrote {len(replacements)} {kind} replacement(s) for {len(items)} item(s)")
+    return out, replacements
+
+
+def load_sampling_rate(proc: Any) -> int:
+    extractor = getattr(proc, "feature_extractor", None) or getattr(proc, "audio_processor", None)
+    return int(extractor.sampling_rate)

@@ -1,0 +1,67 @@
+"""After stage 1: ``media.arrow``, the size, modification time (and with ``--media-hash`` the
+sha256) of every media file the samples name (:mod:`packer.shards.media_index`).
+
+The files are looked up once more after stage 1 rather than at probe time, so a file that
+changed while stage 1 ran may be recorded as it is now (the window is the stage's length);
+``packer verify --media`` and the loader compare against these rows.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pyarrow.compute as pc
+
+from packer.io import fs
+from packer.media.load import resolve_ref
+from packer.shards.io import write_shard
+from packer.shards.media_index import MEDIA_INDEX, MediaFile, media_table, span_refs
+from packer.shards.schema import ShardEntry
+
+HASH_THREADS = 8  # sha256 releases the GIL on large reads; a few threads keep a disk busy
+
+
+def media_refs(samples) -> set[str]:
+    """Every file ref the samples' media spans name (frame lists expanded), read column-wise."""
+    refs: set[str] = set()
+    for chunk in samples.column("media").chunks:
+        flat = pc.list_flatten(chunk)
+        if len(flat):
+            for ref in pc.unique(pc.struct_field(flat, "ref")).to_pylist():
+                refs.update(span_refs(ref))
+    return refs
+
+
+def file_row(ref: str, media_root: str, with_hash: bool) -> MediaFile:
+    path = resolve_ref(ref, media_root)
+    try:
+        size, mtime = fs.stat(path)
+        digest = _sha256(path) if with_hash else ""
+    except OSError:
+        return MediaFile(ref, -1, 0, "")
+    return MediaFile(ref, size, mtime, digest)
+
+
+def _sha256(path: str) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with fs.open_binary(path) as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_media_index(out: Path, samples, media_root: str, with_hash: bool = False) -> ShardEntry | None:
+    """``OUT/media.arrow`` for ``samples`` (None, and no file, when they name no media)."""
+    refs = sorted(media_refs(samples))
+    if not refs:
+        (out / MEDIA_INDEX).unlink(missing_ok=True)
+        return None
+    if with_hash:
+        with ThreadPoolExecutor(HASH_THREADS) as pool:
+            rows = list(pool.map(lambda r: file_row(r, media_root, True), refs))
+    else:
+        rows = [file_row(r, media_root, False) for r in refs]
+    return write_shard(out / MEDIA_INDEX, media_table(rows), out)
