@@ -122,9 +122,11 @@ def hf_inputs(processor, record: dict, root: Path, call: dict[str, Any] | None =
     from transformers.image_utils import load_image
     from transformers.video_utils import load_video
 
-    text = processor.apply_chat_template(record["messages"], tokenize=False)
+    messages = [{**m, "content": [_typed(p) for p in m["content"]]} if isinstance(m.get("content"), list) else m
+                for m in record["messages"]]
+    text = processor.apply_chat_template(messages, tokenize=False)
     images, videos, metadata, audio = [], [], [], []
-    for message in record["messages"]:
+    for message in messages:
         content = message["content"]
         for part in content if isinstance(content, list) else []:
             kind = part["type"]
@@ -154,6 +156,13 @@ def hf_inputs(processor, record: dict, root: Path, call: dict[str, Any] | None =
     if audio:
         kwargs["audio"] = audio
     return processor(text=[text], return_tensors="pt", **kwargs)
+
+
+def _typed(part: dict) -> dict:
+    """A content part with its ``type``: packer reads ``{"audio": ref}`` as an audio part, the template needs the type."""
+    if "type" in part:
+        return part
+    return {"type": next((k for k in ("image", "video", "audio") if k in part), "text"), **part}
 
 
 def _upright(frames: np.ndarray, path: Path) -> np.ndarray:

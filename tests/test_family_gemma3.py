@@ -21,6 +21,7 @@ from family_harness import (  # noqa: E402
     check_equivalence,
     check_flex_forward,
     check_ids,
+    check_pipeline_ids,
     hf_inputs,
     segments,
     write_media,
@@ -153,3 +154,34 @@ def test_crop_counts_equal_transformers():
         for h, w in sizes:
             crops = ip.pan_and_scan_batched(torch.empty(1, 3, h, w, dtype=torch.uint8), min_crop, max_crops, ratio)
             assert pan_and_scan_crops(h, w, s) == len(crops), (h, w, min_crop, max_crops, ratio)
+
+
+def test_sequence_parallel_pieces_scatter_images_and_crops(built):
+    """Ulysses: each rank's ``<image_soft_token>`` placeholders (an image's runs split by its crops' text, cut anywhere)
+    take the rows of the unsliced batch's features; the masks per layer type stay global, token types are sliced."""
+    import torch
+
+    from packer.loader import local_media_rows
+    from packer.loader.sequence_parallel import shard_for_sequence_parallel
+
+    root, _, processor, _ = built
+    ds = PackedDataset(root / "scan")
+    batch = PackedCollator(family=ds.family, model_config=gemma3_config(processor))([ds[i] for i in range(len(ds))])
+    soft = processor.tokenizer.image_token_id
+    where = batch["input_ids"] == soft
+    feature = (where.flatten().cumsum(0) - 1).reshape(where.shape)
+    for rank in range(3):
+        part = shard_for_sequence_parallel(batch, rank, 3)
+        assert set(part["attention_mask"]) == {"full_attention", "sliding_attention"}
+        assert torch.equal(part["token_type_ids"] == 1, part["input_ids"] == soft)
+        local = torch.nonzero(part["input_ids"] == soft).tolist()
+        expected = [int(feature[b, int(part["global_index"][t])]) for b, t in local]
+        assert local_media_rows(part["media"], batch["media"], kind="image").tolist() == expected
+
+
+@pytest.mark.slow  # builds the sample pipeline
+def test_sample_pipeline_ids_equal_its_processor(tmp_path):
+    """``pipelines/gemma3.toml`` over sample_data: its records' ids equal the sample processor folder's processor's."""
+    from conftest import ROOT
+
+    assert check_pipeline_ids(ROOT / "pipelines" / "gemma3.toml", tmp_path / "out") >= 10

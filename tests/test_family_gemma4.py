@@ -28,6 +28,7 @@ from family_harness import (  # noqa: E402
     check_equivalence,
     check_flex_forward,
     check_ids,
+    check_pipeline_ids,
     hf_inputs,
     segments,
     write_media,
@@ -263,3 +264,35 @@ def test_audio_counts_equal_the_processors():
         mask = np.asarray(fe([np.zeros(n, dtype=np.float32)])["input_features_mask"][0])
         assert audio_tokens(n, settings) == int(mask[::2][::2].sum()), n
     assert audio_tokens(720_000, settings) == 750
+
+
+def test_sequence_parallel_pieces_scatter_every_kind(built):
+    """Ulysses: each rank's image, video (runs split by the frames' timestamps) and audio placeholders take the rows
+    of the unsliced batch's features of that kind; the masks per layer type stay global, token types are sliced."""
+    import torch
+
+    from packer.loader import local_media_rows
+    from packer.loader.sequence_parallel import shard_for_sequence_parallel
+
+    root, _, processor, _ = built
+    ds = PackedDataset(root / "out")
+    batch = PackedCollator(family=ds.family, model_config=gemma4_config(processor))([ds[i] for i in range(len(ds))])
+    for kind, value in (("image", 1), ("video", 2), ("audio", 3)):
+        token = ds.family["run_ids"][kind]
+        where = batch["input_ids"] == token
+        feature = (where.flatten().cumsum(0) - 1).reshape(where.shape)
+        for rank in range(3):
+            part = shard_for_sequence_parallel(batch, rank, 3)
+            assert set(part["attention_mask"]) == {"full_attention", "sliding_attention"}
+            assert torch.equal(part["mm_token_type_ids"] == value, part["input_ids"] == token)
+            local = torch.nonzero(part["input_ids"] == token).tolist()
+            expected = [int(feature[b, int(part["global_index"][t])]) for b, t in local]
+            assert local_media_rows(part["media"], batch["media"], kind=kind).tolist() == expected
+
+
+@pytest.mark.slow  # builds the sample pipeline
+def test_sample_pipeline_ids_equal_its_processor(tmp_path):
+    """``pipelines/gemma4.toml`` over sample_data: its records' ids equal the sample processor folder's processor's."""
+    from conftest import ROOT
+
+    assert check_pipeline_ids(ROOT / "pipelines" / "gemma4.toml", tmp_path / "out") >= 10
