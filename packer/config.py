@@ -234,7 +234,6 @@ class BuildConfig:
                 raise ConfigError(f"{', '.join(group)} must be different non-empty strings, got {values}")
         from packer.encode.render import template_clock
         from packer.families import FAMILIES, resolve_kinds
-        from packer.media.policies import parse_policy
 
         if self.family not in FAMILIES:
             raise ConfigError(f"family = {self.family!r} is not one of {', '.join(FAMILIES)}")
