@@ -419,7 +419,54 @@ def family_processors() -> list[Path]:
     return [processor_folder("qwen3vl", QWEN3VL_PROCESSOR, QWEN_VISION_TOKENS, (TEMPLATES / "qwen3vl.jinja").read_text()),
             internvl3_processor(), llama4_processor(),
             gemma_processor("gemma3", GEMMA3_PROCESSOR, GEMMA3_NAMED, ["<bos>", "<start_of_turn>", "<end_of_turn>"]),
-            gemma_processor("gemma4", GEMMA4_PROCESSOR, GEMMA4_NAMED, ["<bos>", "<|turn>", "<turn|>", "<|video|>"])]
+            gemma_processor("gemma4", GEMMA4_PROCESSOR, GEMMA4_NAMED, ["<bos>", "<|turn>", "<turn|>", "<|video|>"]),
+            llava_onevision_processor(), qwen3omni_processor()]
+
+
+# LLaVA-OneVision and Qwen3-Omni: the real processors built at their classes' defaults and saved with
+# save_pretrained, so that the folder also loads as the processor (AutoProcessor) with named tokens.
+
+
+def llava_onevision_processor() -> Path:
+    """processors/llava_onevision/: LlavaOnevisionProcessor at its classes' defaults (384 px tiles, 36 grid
+    pinpoints, anyres_max_9, every video frame) with SigLIP's 729 features a tile, around the sample tokenizer
+    (``<image>`` / ``<video>`` added), saved by save_pretrained."""
+    from transformers import AutoTokenizer, LlavaOnevisionImageProcessor, LlavaOnevisionProcessor, LlavaOnevisionVideoProcessor
+
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "tokenizer"),
+                                        extra_special_tokens={"image_token": "<image>", "video_token": "<video>"})
+    proc = LlavaOnevisionProcessor(image_processor=LlavaOnevisionImageProcessor(), tokenizer=tok,
+                                   video_processor=LlavaOnevisionVideoProcessor(), num_image_tokens=729,
+                                   vision_feature_select_strategy="full",
+                                   chat_template=(TEMPLATES / "llava_onevision.jinja").read_text())
+    folder = ROOT / "processors" / "llava_onevision"
+    proc.save_pretrained(str(folder))
+    return folder
+
+
+def qwen3omni_processor() -> Path:
+    """processors/qwen3omni/: Qwen3OmniMoeProcessor at its classes' defaults but Qwen3-Omni's 16 px patches
+    (Qwen2-VL image and video processors, a 128-bin Whisper feature extractor), around the sample tokenizer with
+    the thinker's tokens added, saved by save_pretrained."""
+    from transformers import (
+        AutoTokenizer,
+        Qwen2VLImageProcessor,
+        Qwen2VLVideoProcessor,
+        Qwen3OmniMoeProcessor,
+        WhisperFeatureExtractor,
+    )
+
+    special = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "audio_token": "<|audio_pad|>",
+               "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>",
+               "audio_bos_token": "<|audio_start|>", "audio_eos_token": "<|audio_end|>"}
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "tokenizer"), extra_special_tokens=special)
+    proc = Qwen3OmniMoeProcessor(image_processor=Qwen2VLImageProcessor(patch_size=16),
+                                 video_processor=Qwen2VLVideoProcessor(patch_size=16, cap_pixels_per_frame=False),
+                                 feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tok,
+                                 chat_template=(TEMPLATES / "qwen3omni.jinja").read_text())
+    folder = ROOT / "processors" / "qwen3omni"
+    proc.save_pretrained(str(folder))
+    return folder
 
 
 def main() -> None:

@@ -112,12 +112,16 @@ def build_family(family: str, processor_folder: Path, source: Path, out: Path,
 # ---------------------------------------------------------------- the plain HF way
 
 
-def hf_inputs(processor, record: dict, root: Path, call: dict[str, Any] | None = None) -> dict[str, Any]:
+def hf_inputs(processor, record: dict, root: Path, nest_images: bool = False,
+              call: dict[str, Any] | None = None) -> dict[str, Any]:
     """The record through its HF processor: the template rendered, its own files loaded as transformers loads
     them (``load_image``; ``load_video`` with PyAV, every frame, sampled by the processor; ``load_audio``).
+    ``nest_images``: the images as one list for the one text (``[[...]]``, what ``apply_chat_template`` hands the
+    processor), for a family whose processor treats a record's several images apart (LLaVA-OneVision).
     ``call``: keyword arguments of the processor call (Gemma 3's ``do_pan_and_scan=True``). A rendering that
     starts with the tokenizer's BOS is tokenized without adding another, the rule of the processor's
-    ``apply_chat_template(tokenize=True)`` (Gemma's tokenizers add a BOS, and their templates write one)."""
+    ``apply_chat_template(tokenize=True)`` (Gemma's tokenizers add a BOS, and their templates write one). A content
+    part written without its type (``{"audio": ref}``, as packer reads it) is given one for the template."""
     from transformers.audio_utils import load_audio
     from transformers.image_utils import load_image
     from transformers.video_utils import load_video
@@ -148,7 +152,7 @@ def hf_inputs(processor, record: dict, root: Path, call: dict[str, Any] | None =
     if bos is not None and text.startswith(bos):
         kwargs["add_special_tokens"] = False
     if images:
-        kwargs["images"] = images
+        kwargs["images"] = [images] if nest_images else images
     if videos:
         kwargs["videos"] = videos
         if any(m is not None for m in metadata):
@@ -179,13 +183,14 @@ def segments(row: dict) -> list[tuple[int, int, str]]:
     return [(int(a), int(b), row["segment_ids"][k]) for k, (a, b) in enumerate(zip(cu[:-1], cu[1:], strict=True))]
 
 
-def check_ids(ds: PackedDataset, processor, records: list[dict], root: Path, call: dict[str, Any] | None = None) -> int:
+def check_ids(ds: PackedDataset, processor, records: list[dict], root: Path, nest_images: bool = False,
+              call: dict[str, Any] | None = None) -> int:
     """Every packed segment's ids equal the HF processor's ids for its record; returns the segments checked."""
     by_id = {r["id"]: r for r in records}
     checked = 0
     for row in (ds[i] for i in range(len(ds))):
         for a, b, rid in segments(row):
-            expected = hf_inputs(processor, by_id[rid], root, call)["input_ids"][0].tolist()
+            expected = hf_inputs(processor, by_id[rid], root, nest_images, call)["input_ids"][0].tolist()
             got = np.asarray(row["input_ids"][a:b]).tolist()
             assert got == expected, f"{rid}: packer {len(got)} ids, the HF processor {len(expected)}"
             checked += 1
@@ -201,9 +206,12 @@ def _ce(logits: torch.Tensor, labels: np.ndarray) -> tuple[torch.Tensor, int]:
 
 def check_equivalence(model, ds: PackedDataset, processor, records: list[dict], root: Path, impl: str,
                       rows: list[int] | None = None, towers: tuple[str, ...] = ("visual", "vision_tower", "audio_tower"),
-                      call: dict[str, Any] | None = None, **collator: Any) -> None:
+                      nest_images: bool = False, reference_mask: bool = False, call: dict[str, Any] | None = None,
+                      **collator: Any) -> None:
     """Packed rows through ``model(**model_inputs(batch))`` = each record alone through the HF processor and the
     model (positions computed by the model): logits per segment (relative 1e-4) and gradients (1e-4).
+    ``reference_mask``: keep the processor's all-ones ``attention_mask`` in the record-alone call (Qwen3-Omni's
+    thinker computes its 3-D positions only when given one); ``call``: the processor call's options (:func:`hf_inputs`).
 
     The packed batch runs first; then each record alone, its logits compared and its share of the loss
     backpropagated at once, so at most one record's graph is held (logits are vocabulary-wide)."""
@@ -221,8 +229,9 @@ def check_equivalence(model, ds: PackedDataset, processor, records: list[dict], 
     n_total = sum(int((np.asarray(row["labels"][a + 1 : b]) != IGNORE).sum()) for row in picked for a, b, _ in segments(row))
     for r, row in enumerate(picked):
         for a, b, rid in segments(row):
-            enc = hf_inputs(processor, by_id[rid], root, call)
-            enc.pop("attention_mask", None)
+            enc = hf_inputs(processor, by_id[rid], root, nest_images, call)
+            if not reference_mask:
+                enc.pop("attention_mask", None)
             if "token_type_ids" not in inspect.signature(model.forward).parameters:  # the wrapper's own names hide them
                 enc.pop("token_type_ids", None)
             alone = model(**enc, use_cache=False).logits[0]
@@ -263,7 +272,7 @@ def check_flex_forward(flex_model, reference_model, ds: PackedDataset, processor
         logits = flex_model(**model_inputs(batch)).logits
         for r, row in enumerate(picked):
             for a, b, rid in segments(row):
-                enc = hf_inputs(processor, by_id[rid], root, call)
+                enc = hf_inputs(processor, by_id[rid], root, call=call)
                 enc.pop("attention_mask", None)
                 ref = reference_model(**enc, use_cache=False).logits[0]
                 diff = (logits[r, a:b] - ref).abs().max() / ref.abs().max()

@@ -87,7 +87,7 @@ def test_ids_equal_the_hf_processor(built):
     root, records, processor, _ = built
     check_ids(PackedDataset(root / "plain"), processor, records, root)
     scan = PackedDataset(root / "scan")
-    check_ids(scan, processor, records, root, SCAN_CALL)
+    check_ids(scan, processor, records, root, call=SCAN_CALL)
     spans = [m for i in range(len(scan)) for m in scan[i]["media"]]
     cropped = [m for m in spans if m["tokens"] > IMAGE_SEQ_LENGTH]
     assert cropped and all(m["length"] > m["tokens"] for m in cropped)  # crops, with the text between them
@@ -102,7 +102,7 @@ def test_token_type_ids_equal_the_processors(built):
     batch = PackedCollator(family=ds.family, model_config=gemma3_config(processor))(rows)
     for r, row in enumerate(rows):
         for a, b, rid in segments(row):
-            expected = hf_inputs(processor, by_id[rid], root, SCAN_CALL)["token_type_ids"][0].tolist()
+            expected = hf_inputs(processor, by_id[rid], root, call=SCAN_CALL)["token_type_ids"][0].tolist()
             assert batch["token_type_ids"][r, a:b].tolist() == expected, rid
 
 

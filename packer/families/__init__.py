@@ -22,6 +22,8 @@ from packer.families.generic import Generic
 from packer.families.hf import HFProcessor
 from packer.families.internvl import InternVL
 from packer.families.llama4 import Llama4
+from packer.families.llava_onevision import LlavaOnevision
+from packer.families.qwen3omni import Qwen3Omni
 from packer.families.qwen3vl import Qwen3VL
 from packer.families.qwen35 import Qwen35
 
@@ -37,6 +39,8 @@ FAMILIES: dict[str, tuple[type[Family], tuple[str, ...]]] = {
     "gemma3": (Gemma3, ("image",)),
     "gemma4": (Gemma4, ("image", "video", "audio")),
     "hf": (HFProcessor, ("image", "audio")),  # any other processor, asked for each item's text
+    "llava_onevision": (LlavaOnevision, ("image", "video")),
+    "qwen3omni": (Qwen3Omni, ("image", "audio", "video")),
 }
 
 

@@ -30,7 +30,9 @@ videos' temporal positions (:mod:`packer.loader.mrope`) and adds ``second_per_gr
 the batch (Qwen2.5-VL's forward takes it, Qwen2-VL's does not). A Qwen2.5-VL ``processor``
 with a video in the batch and no ``tokens_per_second`` is refused rather than positioned
 the Qwen2-VL way. ``video_policy`` (a policy or a spec such as ``"qwen2vl:fps=1"``) names the
-build's frame sampling when it is not the one the video processor implies.
+build's frame sampling when it is not the one the video processor implies. A family with positions of
+its own (``family.positions``: Qwen3-Omni's TMRoPE) positions the rows itself; ``tokens_per_second`` is
+then the model config's ``position_id_per_seconds`` where it differs from the family's.
 
 A family whose text model takes a mask per layer type (Llama 4: chunked-attention and full-attention
 layers; Gemma 3 / 4: sliding-window layers, image tokens attending within their image both ways)
@@ -91,7 +93,7 @@ class PackedCollator:
                                  f"use it with rope='mrope' (Qwen2.5-VL)")
             if tokens_per_second <= 0:
                 raise ValueError(f"tokens_per_second must be positive, got {tokens_per_second}")
-            if processor is not None and not timed_processor:
+            if processor is not None and not timed_processor and not hasattr(family_obj, "positions"):
                 raise ValueError(f"tokens_per_second is Qwen2.5-VL's time-scaled mRoPE, but {type(processor).__name__} "
                                  f"takes no second_per_grid_ts: leave tokens_per_second out for Qwen2-VL")
         if loss not in ("token", "sample", "sqrt"):
@@ -108,6 +110,8 @@ class PackedCollator:
         self.pad_token_id, self.rope, self.loss = pad_token_id, rope, loss
         self.mask_dtype, self.device = mask_dtype, device
         self.tokens_per_second = tokens_per_second
+        # a family's own 3-D positions (Qwen3-Omni's TMRoPE), same signature as mrope_positions
+        self._positions = getattr(family_obj, "positions", None) or mrope_positions
         self._untimed = timed_processor and tokens_per_second is None and rope == "mrope"
         step = MediaStep(image_processor=image_processor, feature_extractor=feature_extractor, processor=processor,
                          patch_size=patch_size, image_embeddings=image_embeddings, audio_features=audio_features,
@@ -158,11 +162,11 @@ class PackedCollator:
             out.update(self.media_step(out["media"]))
         if self.rope == "mrope":
             out["position_ids"] = torch.stack([
-                mrope_positions(length, list(zip(c[:-1].tolist(), c[1:].tolist(), strict=True)), r["media"],
+                self._positions(length, list(zip(c[:-1].tolist(), c[1:].tolist(), strict=True)), r["media"],
                                 self.tokens_per_second)
                 for c, r in zip(cu, rows, strict=True)], dim=1)
             pad = segment == torch.as_tensor([len(c) - 1 for c in cu])[:, None]
-            out["position_ids"][:, pad] = position[pad]
+            out["position_ids"][:, pad] = position[pad].to(out["position_ids"].dtype)
         else:
             out["position_ids"] = position
         if (self.family or {}).get("linear_attention"):
@@ -221,6 +225,7 @@ def _concatenate(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw", "image_sizes",
+              "batch_num_images",  # LLaVA-OneVision: the images of each record (which were tiled)
               "pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "input_features", "feature_attention_mask",
               "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
               "token_type_ids", "image_position_ids", "video_position_ids", "num_frames_per_video", "input_features_mask")
