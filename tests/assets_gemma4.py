@@ -38,7 +38,7 @@ def gemma4_processor(folder: Path, **video):
     return _save_and_load(proc, folder)
 
 
-def gemma4_config(processor, impl: str = "sdpa", vision_impl: str | None = None):
+def gemma4_config(processor, impl: str = "sdpa"):
     from transformers import Gemma4Config
 
     tok = processor.tokenizer
@@ -58,15 +58,13 @@ def gemma4_config(processor, impl: str = "sdpa", vision_impl: str | None = None)
                        eoa_token_index=ids["eoa_token"], tie_word_embeddings=False)
     cfg._attn_implementation = impl
     cfg.audio_config._attn_implementation = "eager"  # the audio tower's chunked attention exists in eager only
-    if vision_impl:
-        cfg.vision_config._attn_implementation = vision_impl
     return cfg
 
 
-def gemma4_model(processor, impl: str, seed: int = 0, vision_impl: str | None = None):
+def gemma4_model(processor, impl: str, seed: int = 0):
     from transformers import Gemma4ForConditionalGeneration
 
-    return _init(Gemma4ForConditionalGeneration(gemma4_config(processor, impl, vision_impl)), seed)
+    return _init(Gemma4ForConditionalGeneration(gemma4_config(processor, impl)), seed)
 
 
 ASSETS = FamilyAssets("gemma4", ("image", "video", "audio"), gemma4_processor, gemma4_model)

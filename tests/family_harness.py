@@ -265,7 +265,10 @@ def check_flex_forward(flex_model, reference_model, ds: PackedDataset, processor
 
     by_id = {r["id"]: r for r in records}
     picked = [ds[i] for i in rows]
-    with torch.no_grad(), warnings.catch_warnings():
+    # static shapes only: a recompile for other shapes would go dynamic, and inductor's dynamic-shape flex kernel for
+    # the CPU does not compile with torch 2.11 (CppCompileError)
+    torch._dynamo.reset()
+    with torch.no_grad(), warnings.catch_warnings(), torch._dynamo.config.patch(automatic_dynamic_shapes=False):
         warnings.simplefilter("ignore")
         batch = PackedCollator(attention="flex", pad_to_multiple_of=128, processor=processor, family=ds.family,
                                **collator)(picked)

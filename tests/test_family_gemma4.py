@@ -196,13 +196,9 @@ def test_packed_rows_equal_each_record_alone(built, small, impl):
 
 @pytest.mark.slow  # FlexAttention compiles its kernel on the CPU (forward only there)
 def test_flex_rows_equal_each_record_alone(built, small):
-    """The language model under flex; the vision tower under sdpa: its own flex kernel (HF's padding mask over an
-    image's patches, nothing packer builds) does not compile on a CPU with torch 2.11 (inductor CppCompileError)."""
-    from assets_gemma4 import gemma4_model
-
     root, _, processor, _ = built
     ds, records = small
-    flex = gemma4_model(processor, "flex_attention", vision_impl="sdpa")
+    flex = ASSETS.model(processor, "flex_attention")
     check_flex_forward(flex, ASSETS.model(processor, "sdpa"), ds, processor, records, root, rows=_covering(ds)[:2],
                        model_config=flex.config)
 
