@@ -18,6 +18,7 @@ A packed row, worked example (two segments, capacity 8)::
     segment_modality ["text", "image"]
     media      [{segment: 1, kind: "image", start: 3, length: 1, tokens: 1, ref: "cat.png", llm_grid: []}]
     n_tokens   6
+    segment_trained [2, 1]   n_trained 3           # supervised tokens (labels != -100) per segment, per row
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ class PackedRow:
     an index into the manifest's ``inputs``), the line (``segment_line``) and the token
     where its piece starts (``segment_start``, 0 unless ``--oversize split`` cut the
     sample) -- so duplicate or odd ids are harmless; ``segment_ids`` is for display.
+    ``segment_trained`` / ``n_trained`` count the supervised tokens per segment and per row.
     """
 
     input_ids: Int32List
@@ -141,6 +143,10 @@ class PackedRow:
     segment_modality: CategoryList
     media: Annotated[tuple[MediaSpan, ...], list_of(MediaSpan)]
     n_tokens: Int32
+    # Supervised tokens (labels != -100) of each segment and of the row: the loss denominators
+    # (token / sample / sqrt weights) without recounting labels, before any batch is loaded.
+    segment_trained: Int32List = ()
+    n_trained: Int32 = 0
 
 
 @dataclass(frozen=True)
