@@ -135,6 +135,8 @@ class Family:
     #   video_inputs(video_processor, spans, check) -> dict              ... of its videos (frames decoded here)
     #   audio_inputs(feature_extractor, waves, spans, check) -> dict     ... of its clips
     #   row_inputs(input_ids, run_ids) -> dict                           per-token model inputs (token_type_ids)
+    #   attention_masks(cu, segment, position, attention, *, base, mask_dtype, device, model_config, input_ids,
+    #                   run_ids) -> dict                                 the mask per layer type (Llama 4, Gemma)
     #
     # ``spans`` are the batch's media spans of that kind in scatter order (row, then position), each with
     # ``path`` / ``frames`` resolved; ``check(span, produced, by, stored_grid=None)`` raises a named
