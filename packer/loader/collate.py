@@ -218,8 +218,9 @@ class PackedCollator:
             # a hybrid model takes one mask per layer type: ours for attention, none for the recurrent layers
             out["attention_mask"] = {"full_attention": out["attention_mask"], "linear_attention": None}
         layer_masks = getattr(self._family, "attention_masks", None)  # a mask per layer type (Llama 4)
-        if layer_masks is not None:
-            out.update(layer_masks(cu, segment, position, self.attention, base=out.get("attention_mask"),
+        if layer_masks is not None:  # cu without a trailing dummy segment (packer.loader.dummy): its results are unused
+            real = [c[: len(c) - int(r.get("dummy_segments", 0))] for c, r in zip(cu, rows, strict=True)]
+            out.update(layer_masks(real, segment, position, self.attention, base=out.get("attention_mask"),
                                    mask_dtype=self.mask_dtype, device=self.device, model_config=self.model_config,
                                    input_ids=input_ids, run_ids=(self.family or {}).get("run_ids", {})))
         return out
