@@ -261,6 +261,8 @@ def _concatenate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     segments = np.cumsum([0] + [len(r["cu_seqlens"]) - 1 for r in rows])
     stored = {"segment_trained": np.concatenate([np.asarray(r["segment_trained"], dtype=np.int64) for r in rows])} \
         if all("segment_trained" in r for r in rows) else {}
+    if rows[-1].get("dummy_segments"):  # a dummy segment stays the last one only where its row is the last
+        stored["dummy_segments"] = rows[-1]["dummy_segments"]
     return {**stored,
         "input_ids": np.concatenate([np.asarray(r["input_ids"]) for r in rows]),
         "labels": np.concatenate([np.asarray(r["labels"]) for r in rows]),
