@@ -275,6 +275,21 @@ def test_refusals():
     PackedCollator(family=FAMILY, model_config=_config(floor=16, tuning=False))(_rows([10, 30]))
 
 
+
+def test_dummy_segment_left_out_of_the_temperature_check():
+    """A dummy media segment (packer.loader.dummy) appended to a row is not one of its records: its logits are unused,
+    so the NoPE layers' temperature check reads the real segments only. 15 real tokens pass at floor_scale 16 with 4
+    dummy tokens after them (the last at row position 18), rows or flattened; 16 real tokens are refused as before."""
+    from packer.loader.dummy import Dummy, MediaDummies
+
+    dummies = MediaDummies({"image": Dummy("image", 4, {"pixel_values": torch.zeros(1, 3, 56, 56)})}, {"image": 7})
+    tuned = _config(floor=16, CHUNK=32)  # varlen: the flattened batch, dummy included, within one chunk
+    for attention in ("sdpa", "varlen"):
+        batch = PackedCollator(attention=attention, family=FAMILY, model_config=tuned, dummy_media=dummies)(_rows([10, 5]))
+        assert batch["input_ids"].shape[-1] == 19 and batch["media"][0]["dummy"]
+    with pytest.raises(ValueError, match="attn_temperature_tuning"):
+        PackedCollator(family=FAMILY, model_config=tuned, dummy_media=dummies)(_rows([10, 6]))
+
 @pytest.mark.slow
 def test_temperature_tuning_refusal_is_needed(built, small_rows):
     """With floor_scale below the rows' length the collator refuses; forced through anyway, the later segments'

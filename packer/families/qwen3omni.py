@@ -232,7 +232,8 @@ class Qwen3Omni(Family):
         pos = torch.zeros(3, length, dtype=torch.float32)
         by_segment: dict[int, list[dict]] = {}
         for m in spans:
-            by_segment.setdefault(m["segment"], []).append(m)
+            if not m.get("dummy"):  # a dummy item (packer.loader.dummy) has no start / end token: positioned as text
+                by_segment.setdefault(m["segment"], []).append(m)
         for k, (a, b) in enumerate(segments):
             pieces: list[torch.Tensor] = []
             cursor = a

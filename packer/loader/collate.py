@@ -218,8 +218,9 @@ class PackedCollator:
             # a hybrid model takes one mask per layer type: ours for attention, none for the recurrent layers
             out["attention_mask"] = {"full_attention": out["attention_mask"], "linear_attention": None}
         layer_masks = getattr(self._family, "attention_masks", None)  # a mask per layer type (Llama 4)
-        if layer_masks is not None:
-            out.update(layer_masks(cu, segment, position, self.attention, base=out.get("attention_mask"),
+        if layer_masks is not None:  # cu without a trailing dummy segment (packer.loader.dummy): its results are unused
+            real = [c[: len(c) - int(r.get("dummy_segments", 0))] for c, r in zip(cu, rows, strict=True)]
+            out.update(layer_masks(real, segment, position, self.attention, base=out.get("attention_mask"),
                                    mask_dtype=self.mask_dtype, device=self.device, model_config=self.model_config,
                                    input_ids=input_ids, run_ids=(self.family or {}).get("run_ids", {})))
         return out
@@ -263,6 +264,8 @@ def _concatenate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     segments = np.cumsum([0] + [len(r["cu_seqlens"]) - 1 for r in rows])
     stored = {"segment_trained": np.concatenate([np.asarray(r["segment_trained"], dtype=np.int64) for r in rows])} \
         if all("segment_trained" in r for r in rows) else {}
+    if rows[-1].get("dummy_segments"):  # a dummy segment stays the last one only where its row is the last
+        stored["dummy_segments"] = rows[-1]["dummy_segments"]
     return {**stored,
         "input_ids": np.concatenate([np.asarray(r["input_ids"]) for r in rows]),
         "labels": np.concatenate([np.asarray(r["labels"]) for r in rows]),

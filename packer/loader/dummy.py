@@ -11,9 +11,10 @@ beside the forward would reverse that order on some ranks):
 - for each media kind the model encodes (an entry of :data:`FAMILIES`) and the build declares,
   a batch without an item of that kind gets one minimal dummy item: the model's own input
   tensors for it (zeros; Qwen2-VL: one 2 x 2 patch grid, one token; Qwen2-Audio: a clip of
-  8 mel frames, two tokens; LLaVA: one image of the tower's size) and its placeholder tokens,
-  appended to one row as a segment of its own (labels -100, weight 0, attended by nothing
-  else: the block-diagonal mask isolates it);
+  8 mel frames, two tokens; LLaVA: one image of the tower's size; every family's: docs/training.md)
+  and its placeholder tokens, appended to one row as a segment of its own (labels -100, weight 0,
+  attended by nothing else: the block-diagonal mask isolates it; ``dummy_segments`` marks it, so a
+  family's checks of real segments skip it);
 - so the loss, the logits of every real token and every gradient are those of the batch
   without it (the tower's gradient from the dummy is exactly zero); tested against a run
   without it, and over 2 processes under DDP and FSDP2.
@@ -30,6 +31,7 @@ The registry is keyed by the HF config's ``model_type``; each entry names the to
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,16 +51,27 @@ class Dummy:
     inputs: dict[str, torch.Tensor]
     grid: tuple[int, ...] = ()  # merged (t, h, w) for mRoPE; () where the family has none
     span: dict[str, Any] = field(default_factory=dict)  # extra span fields (a video's second_per_grid_t)
+    covers: tuple[str, ...] = ()  # kinds whose items make it unneeded besides its own (InternVL: image and video)
 
 
 @dataclass(frozen=True)
 class Tower:
     """A tower of a model family: where it sits on the HF model, the media kinds (forward call
-    sites) it encodes, and ``build(config, kind) -> Dummy``."""
+    sites) it encodes, and ``build(config, kind) -> Dummy``.
+
+    ``joint``: the kinds reach the tower in ONE call (InternVL scatters image tiles and video frames
+    from one ``pixel_values``): one dummy, of the first kind the build declares, stands for them all,
+    and a batch holding an item of any of them needs none. ``config``: the sub-config without which
+    the model has no such tower (Gemma 4's smaller models have no audio tower: no dummy, no check)."""
 
     attribute: str
     kinds: tuple[str, ...]
     build: Callable[[Any, str], Dummy]
+    joint: bool = False
+    config: str = ""
+
+    def present(self, config) -> bool:
+        return not self.config or getattr(config, self.config, None) is not None
 
 
 FAMILIES: dict[str, tuple[Tower, ...]] = {}
@@ -148,6 +161,111 @@ def _audio(frames: int | None) -> Callable[[Any, str], Dummy]:
     return build
 
 
+def _side(x) -> int:
+    """A square size given as an int or (height, width)."""
+    if isinstance(x, (list, tuple)):
+        if len(set(x)) != 1:
+            raise ValueError(f"the dummy-media registry builds square tiles; the tower's size is {tuple(x)}")
+        return int(x[0])
+    return int(x)
+
+
+def _internvl(config, kind: str) -> Dummy:
+    """InternVL: one tile of zeros (an image of one tile, or a video of one frame): (side / patch)² x
+    downsample_ratio² ``<IMG_CONTEXT>`` tokens after the pixel shuffle (256 at 448 / 14, ratio 0.5).
+    Images and videos share one ``pixel_values`` (the tower is called once): a joint tower."""
+    v = config.vision_config
+    side, patch = _side(v.image_size), _side(v.patch_size)
+    if getattr(config, "vision_feature_select_strategy", "default") != "default":
+        raise ValueError(f"InternVL with vision_feature_select_strategy {config.vision_feature_select_strategy!r}: its "
+                         f"features keep the class token and do not fold into the pixel shuffle's square; no dummy")
+    ratio = float(config.downsample_ratio)
+    length = int((side // patch) ** 2 * ratio * ratio)
+    return Dummy(kind, length, {"pixel_values": torch.zeros(1, int(getattr(v, "num_channels", 3)), side, side)})
+
+
+def _llama4(config, kind: str) -> Dummy:
+    """Llama 4: one tile of zeros (an image of one tile: the processor's global tile alone), (side / patch)² x
+    pixel_shuffle_ratio² ``<|patch|>`` tokens (144 at 336 / 14, ratio 0.5)."""
+    v = config.vision_config
+    side, patch = _side(v.image_size), _side(v.patch_size)
+    length = (side // patch) ** 2 // int(round(1.0 / float(v.pixel_shuffle_ratio) ** 2))
+    return Dummy("image", length, {"pixel_values": torch.zeros(1, int(getattr(v, "num_channels", 3)), side, side)})
+
+
+def _llava_onevision(config, kind: str) -> Dummy:
+    """LLaVA-OneVision. An image: one image of one tile's size alone in its record, so anyres tiles it (its
+    base tile and the pinpoint grid that fits it: 2 tiles where a pinpoint is one tile) and the model keeps
+    p² base features + the p x p grid with a newline a row (p = side / patch: 2p² + p tokens, 1,485 for
+    SigLIP 384 / 14). A video: one frame, pooled 2 x 2, and the video's newline: ceil(p / 2)² + 1 tokens."""
+    from transformers.models.llava_onevision.modeling_llava_onevision import image_size_to_num_patches
+
+    from packer.families.llava_onevision import LlavaOnevisionSettings, anyres_tokens
+
+    v = config.vision_config
+    side, patch = _side(v.image_size), _side(v.patch_size)
+    p = side // patch
+    class_token = str(getattr(v, "model_type", "")).startswith("clip")  # CLIP adds one; SigLIP none
+    strategy = getattr(config, "vision_feature_select_strategy", "full")
+    if p * p + class_token - (strategy == "default") != p * p:
+        raise ValueError(f"LLaVA-OneVision with a {v.model_type} tower and vision_feature_select_strategy {strategy!r}: "
+                         f"a tile's features are not p x p = {p * p} (the model itself refuses anyres images and pools "
+                         f"no video frames then); no dummy")
+    channels = int(getattr(v, "num_channels", 3))
+    if kind == "video":
+        pooled = -(-p // 2)
+        return Dummy("video", pooled * pooled + 1, {"pixel_values_videos": torch.zeros(1, 1, channels, side, side)})
+    pinpoints = [list(x) for x in config.image_grid_pinpoints]
+    tiles = image_size_to_num_patches((side, side), pinpoints, side)
+    settings = LlavaOnevisionSettings(image_size=side, pinpoints="/".join(f"{h}x{w}" for h, w in pinpoints),
+                                      num_image_tokens=p * p, vision_aspect_ratio=config.vision_aspect_ratio)
+    length, _ = anyres_tokens(side, side, settings)
+    return Dummy("image", length, {"pixel_values": torch.zeros(1, tiles, channels, side, side),
+                                   "image_sizes": torch.tensor([[side, side]]),
+                                   "batch_num_images": torch.tensor([1])})
+
+
+def _qwen3_omni_audio(config, kind: str) -> Dummy:
+    """Qwen3-Omni's audio encoder (not Whisper's: 100-frame blocks, three stride-2 convolutions): a clip of
+    one mel frame, zeros, one token."""
+    from packer.families.qwen3omni import audio_output_length
+
+    a = config.audio_config
+    features = torch.zeros(1, int(a.num_mel_bins), 1)
+    return Dummy("audio", audio_output_length(1, int(a.n_window)),
+                 {"input_features": features, "feature_attention_mask": torch.ones(1, 1, dtype=torch.int32)})
+
+
+def _gemma3(config, kind: str) -> Dummy:
+    """Gemma 3: one image of the tower's size (SigLIP's fixed square), pooled to ``mm_tokens_per_image`` (256)."""
+    v = config.vision_config
+    side = _side(v.image_size)
+    return Dummy("image", int(config.mm_tokens_per_image),
+                 {"pixel_values": torch.zeros(1, int(getattr(v, "num_channels", 3)), side, side)})
+
+
+def _gemma4_vision(config, kind: str) -> Dummy:
+    """Gemma 4's vision tower: k x k patches (k = pooling_kernel_size), pooled to ONE soft token; an image, or a
+    video of one such frame. The patches are unpadded, at positions (x, y) in the k x k grid (the processor's
+    order: row by row)."""
+    v = config.vision_config
+    k, patch = int(v.pooling_kernel_size), int(v.patch_size)
+    pixels = torch.zeros(1, k * k, 3 * patch * patch)
+    positions = torch.tensor([[x, y] for y in range(k) for x in range(k)])[None]
+    if kind == "video":
+        return Dummy("video", 1, {"pixel_values_videos": pixels, "video_position_ids": positions,
+                                  "num_frames_per_video": torch.tensor([1])})
+    return Dummy("image", 1, {"pixel_values": pixels, "image_position_ids": positions})
+
+
+def _gemma4_audio(config, kind: str) -> Dummy:
+    """Gemma 4's audio encoder: one mel frame (halved twice by its stride-2 convolutions: still one token). Its
+    mel width is what the subsampling's projection takes: 4 x (subsampling_conv_channels[0] // 4) (128)."""
+    channels = int(config.audio_config.subsampling_conv_channels[0])
+    return Dummy("audio", 1, {"input_features": torch.zeros(1, 1, 4 * (channels // 4)),
+                              "input_features_mask": torch.ones(1, 1, dtype=torch.bool)})
+
+
 QWEN_VISION = Tower("model.visual", ("image", "video"), _qwen_vision)
 register("qwen2_vl", QWEN_VISION)
 register("qwen2_5_vl", QWEN_VISION)
@@ -157,6 +275,13 @@ register("qwen2_audio", Tower("model.audio_tower", ("audio",), _audio(3000)))
 register("qwen2_5_omni_thinker", Tower("model.audio_tower", ("audio",), _audio(None)), QWEN_VISION)
 register("qwen3_vl", QWEN_VISION)  # Qwen3-VL / 3.5: the same patch grid (16 px, merge 2), one token a dummy
 register("qwen3_5", QWEN_VISION)
+register("internvl", Tower("model.vision_tower", ("image", "video"), _internvl, joint=True))
+register("llama4", Tower("vision_model", ("image",), _llama4))
+register("llava_onevision", Tower("model.vision_tower", ("image", "video"), _llava_onevision))
+register("qwen3_omni_moe_thinker", Tower("model.audio_tower", ("audio",), _qwen3_omni_audio), QWEN_VISION)
+register("gemma3", Tower("model.vision_tower", ("image",), _gemma3))
+register("gemma4", Tower("model.vision_tower", ("image", "video"), _gemma4_vision, config="vision_config"),
+         Tower("model.audio_tower", ("audio",), _gemma4_audio, config="audio_config"))
 
 
 # ------------------------------------------------------------------ the collator's part
@@ -180,7 +305,7 @@ class MediaDummies:
         """``rows`` with one dummy segment appended to the shortest row (a new list; the rows are
         not modified) and the dummies' model inputs; the rows themselves when nothing is missing."""
         present = {m["kind"] for r in rows for m in r["media"]}
-        needed = [self.dummies[k] for k in self.kinds if k not in present]
+        needed = [d for d in self.dummies.values() if not {d.kind, *d.covers} & present]
         if not needed:
             return rows, {}
         b = min(range(len(rows)), key=lambda i: int(rows[i]["n_tokens"]))
@@ -197,7 +322,8 @@ class MediaDummies:
                  "input_ids": np.concatenate([np.asarray(row["input_ids"], np.int64)[:n], ids]),
                  "labels": np.concatenate([np.asarray(row["labels"], np.int64)[:n], [IGNORE] * total]),
                  "cu_seqlens": np.append(np.asarray(row["cu_seqlens"], np.int64), n + total),
-                 "n_tokens": n + total, "media": [*row["media"], *spans]}
+                 "n_tokens": n + total, "media": [*row["media"], *spans],
+                 "dummy_segments": 1}  # the row's last segment: a family's checks of real segments skip it
         if "segment_trained" in row:
             grown["segment_trained"] = [*row["segment_trained"], 0]
         inputs = {key: value for d in needed for key, value in d.inputs.items()}
@@ -208,7 +334,7 @@ def towers(model) -> tuple[Tower, ...]:
     """The registered towers of ``model`` (an HF model or its config); () for a family packer does
     not know (a text model, or one to :func:`register`)."""
     config = getattr(model, "config", model)
-    found = FAMILIES.get(getattr(config, "model_type", ""), ())
+    found = tuple(t for t in FAMILIES.get(getattr(config, "model_type", ""), ()) if t.present(config))
     if hasattr(model, "config"):
         for t in found:
             if _attr(model, t.attribute) is None:
@@ -225,7 +351,13 @@ def media_dummies(model, dataset=None, *, kinds=None, placeholders: dict[str, in
     wanted = set(kinds) if kinds is not None else None
     if wanted is None and dataset is not None:
         wanted = set(dataset.manifest.config.get("modalities") or ())
-    built = {k: t.build(config, k) for t in towers(model) for k in t.kinds if wanted is None or k in wanted}
+    built: dict[str, Dummy] = {}
+    for t in towers(model):
+        guarded = [k for k in t.kinds if wanted is None or k in wanted]
+        if t.joint and guarded:  # one call site: one dummy, unneeded when any of the kinds is in the batch
+            built[guarded[0]] = dataclasses.replace(t.build(config, guarded[0]), covers=tuple(guarded))
+        else:
+            built.update((k, t.build(config, k)) for k in guarded)
     if not built:
         return None
     if placeholders is None:
