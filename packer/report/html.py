@@ -297,6 +297,20 @@ def quarantine_section(r: dict[str, Any]) -> str:
             "of each reason:</p>" + _table(["reason", "records", "example file:line", "id", "detail"], rows, {1}))
 
 
+def preference_section(r: dict[str, Any]) -> str:
+    """A ``--preference`` build: records, responses, and what the tree layout saves against pairs."""
+    p = r.get("preference")
+    if not p:
+        return ""
+    saved = f"{_n(p['saved_against_pairs'])} ({100 * p['saved_share']:.1f}%)"
+    rows = [["layout", html.escape(p["layout"])], ["records", _n(p["records"])], ["responses", _n(p["responses"])],
+            ["tokens as pairs", _n(p["pairs_tokens"])], ["tokens as trees", _n(p["tree_tokens"])],
+            ["tokens the tree saves against pairs", saved]]
+    if p["layout"] == "tree":
+        rows.append(["trees in the rows (prompts / branches)", f"{_n(p['tree_prompts'])} / {_n(p['tree_branches'])}"])
+    return "<h2>Preference records</h2>" + _table(["", "value"], rows, {1})
+
+
 def render(r: dict[str, Any]) -> str:
     b, h, pad = r["batching"], r["histograms"], r["padding"]
     edges = h["length_edges"]
@@ -351,7 +365,7 @@ def render(r: dict[str, Any]) -> str:
             f"{r['max_length']:,} tokens</div>"
             f"<div class='cards'>{card_html}</div>"
             f"<h2>Accounting</h2><div class='grid'><div>{accounting}</div><div>{by_file}</div></div>"
-            f"<h2>Modalities</h2>{modal}"
+            f"<h2>Modalities</h2>{modal}{preference_section(r)}"
             f"<h2>Charts</h2><div class='grid'>{''.join(charts)}</div>"
             f"<h2>Padding saved by packing</h2>{padding_section(r)}"
             f"<h2>Step balance across data-parallel ranks</h2>{step_balance_section(r['rank_imbalance'])}"
