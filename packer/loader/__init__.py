@@ -11,6 +11,7 @@
 
 from packer.loader.collate import ATTENTION, PackedCollator, model_inputs
 from packer.loader.dataset import MediaChangedError, PackedDataset, SampleDataset
+from packer.loader.logps import ResponseLogps, dpo_loss, packed_logps, token_logps
 from packer.loader.loss import loss_weights, packed_loss
 from packer.loader.media import MediaMismatchError
 from packer.loader.mrope import mrope_positions
@@ -20,5 +21,6 @@ from packer.loader.stored import StoredFeatures
 from packer.media.load import MediaLoadError
 
 __all__ = ["ATTENTION", "CostModel", "MediaChangedError", "MediaLoadError", "MediaMismatchError", "PackedCollator",
-           "PackedDataset", "SampleDataset", "SplitModalitySampler", "StoredFeatures", "TokenBalancedSampler", "local_media_rows",
-           "loss_weights", "model_inputs", "mrope_positions", "packed_loss", "shard_for_sequence_parallel"]
+           "PackedDataset", "ResponseLogps", "SampleDataset", "SplitModalitySampler", "StoredFeatures",
+           "TokenBalancedSampler", "dpo_loss", "local_media_rows", "loss_weights", "model_inputs", "mrope_positions",
+           "packed_logps", "packed_loss", "shard_for_sequence_parallel", "token_logps"]
