@@ -450,8 +450,9 @@ class Encoder:
                                                        f"or an empty one)")
         prefix = 0
         if len(parts) > 1:
-            ends = [self._prompt_tokens(chat) for chat in chats]
-            prefix = preference.tree_prefix([p[0] for p in parts], [p[1] for p in parts], ends, roles)
+            prefix = preference.tree_prefix([p[0] for p in parts], [p[1] for p in parts], [c.text for c in chats],
+                                            [self._prompt_end(c) for c in chats],
+                                            [m.start + m.length for p in parts for m in p[2]], roles)
         responses, media, start = [], [], 0
         for (ids, _, spans), response in zip(parts, record.responses, strict=True):
             responses.append(ResponseSpan(start, len(ids), response.role, response.weight))
@@ -459,18 +460,13 @@ class Encoder:
             start += len(ids)
         return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), media, responses, prefix)
 
-    def _prompt_tokens(self, chat: RenderedChat) -> int:
-        """Tokens of the (widened) rendering that end before the first trained turn's header: the prompt's."""
+    def _prompt_end(self, chat: RenderedChat) -> int:
+        """Where the prompt ends in ``chat.text``: the header of the first trained turn (its start when the template
+        has no generation prompt)."""
         full, at = chat.full, min(s for s, _ in chat.spans)
         header = self.labeller.header
         h = full.rfind(header, 0, at) if header else -1
-        end = _shift(h if h >= 0 else at, chat.edits)
-        ids, starts = self._chat_tokens(chat)
-        beyond = np.flatnonzero(starts[1:] > end)
-        n = int(beyond[0]) if len(beyond) else len(ids) - 1  # tokens whose successor starts after the end: not before it
-        runs = np.flatnonzero(_isin(ids[:n], self.run_id_list))
-        widened = [run.count - 1 for _, expansion in chat.items for run in expansion.runs][: len(runs)]
-        return n + sum(widened)
+        return _shift(h if h >= 0 else at, chat.edits)
 
     def _labels(self, chat: RenderedChat, ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """The bool mask of ``ids`` to train: the assistant spans (mapped from ``full`` onto the expanded text);

@@ -16,13 +16,17 @@ branch itself, so a branch's first label is ``-100`` like every segment's and th
 never crosses a segment (one token per branch is the price).
 
 Refused (``preference_prompt_diverges``, in either layout, so that a build can be repacked from
-one layout to the other) where the responses' renderings do not agree on every token of the
-prompt -- every token that ends before the response's header (``prompt_ends``) -- since then
-the prompt's tokens depend on the response and no shared prompt is the one each response is
-trained after alone; and where fewer than two tokens are shared.
+one layout to the other) where the responses' renderings differ in *text* before the prompt's
+end (the response's header: ``prompt_ends``, characters) -- the template then renders the prompt
+differently for each response and no prompt is the one every response follows; where fewer than
+two tokens are shared; and where a media item of the prompt is not among the shared tokens. A
+prompt whose text agrees but whose last word BPE merges with a response (``jump`` + ``ing``) is
+not refused: the tokens diverge there, and each branch starts at the last token they share.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -44,21 +48,26 @@ def first_trained(trained: np.ndarray) -> int:
     return int(hit[0]) if len(hit) else len(trained)
 
 
-def tree_prefix(ids: list[np.ndarray], trained: list[np.ndarray], prompt_ends: list[int], roles: list[str]) -> int:
-    """The tree prompt's length ``b - 1`` for responses ``ids`` (see the module docstring); ``prompt_ends[k]``
-    counts the tokens of response ``k``'s rendering that end before its first header (its prompt's tokens)."""
-    shared = common_prefix(ids)
-    b = min(shared, *(first_trained(t) for t in trained))
+def tree_prefix(ids: list[np.ndarray], trained: list[np.ndarray], texts: list[str], prompt_ends: list[int],
+                media_ends: list[int], roles: list[str]) -> int:
+    """The tree prompt's length ``b - 1`` for responses ``ids`` (see the module docstring): ``texts`` are the
+    renderings that were tokenized, ``prompt_ends[k]`` where response ``k``'s prompt ends in ``texts[k]``,
+    ``media_ends`` the token after each media span of the responses."""
+    agree = len(os.path.commonprefix(texts))
     need = max(prompt_ends)
-    if b < need:
-        k = next((k for k, a in enumerate(ids[1:], 1)
-                  if min(len(a), len(ids[0])) <= shared or a[shared] != ids[0][shared]), 1)
+    if agree < need:
+        k = next((k for k, t in enumerate(texts[1:], 1) if t[agree : agree + 1] != texts[0][agree : agree + 1]), 1)
         raise BadRecord("preference_prompt_diverges",
-                        f"the responses' renderings differ at token {b} of the prompt's {need} (response {roles[k]!r} "
-                        f"against {roles[0]!r}): the chat template renders the prompt differently for each response, so "
-                        f"no prompt is the one every response follows, token for token; fix the template (or the "
+                        f"the responses' renderings differ at character {agree} of the prompt's {need} (response "
+                        f"{roles[k]!r} against {roles[0]!r}: {texts[k][max(0, agree - 12) : agree + 12]!r} / "
+                        f"{texts[0][max(0, agree - 12) : agree + 12]!r}): the chat template renders the prompt differently "
+                        f"for each response, so no prompt is the one every response follows; fix the template (or the "
                         f"record), or drop it")
+    b = min(common_prefix(ids), *(first_trained(t) for t in trained))
     if b < 2:
         raise BadRecord("preference_prompt_diverges", f"the responses share {b} leading token(s): nothing to share as a "
                                                       f"prompt")
+    if media_ends and max(media_ends) > b - 1:
+        raise BadRecord("preference_prompt_diverges", f"a media item of the prompt ends at token {max(media_ends)}, after "
+                                                      f"the {b - 1} tokens the responses share")
     return b - 1
