@@ -144,6 +144,7 @@ def test_a_single_response_has_nothing_to_share(chatml):
     assert sample.prefix == 0 and [(r.start, r.length, r.role) for r in sample.responses] == [(0, sample.length, "desirable")]
 
 
+@pytest.mark.slow  # loads the real Qwen3 tokenizer (~4 s)
 def test_qwen3_empty_think_block_is_shared_and_a_reasoning_response_branches_before_it():
     enc = Encoder(EncoderSpec.of(tokenizer=QWEN3, preference="tree"))
     sample = check_alone(enc, PROMPT, ANSWERS[:2])
@@ -175,6 +176,7 @@ def qwen_template_tokenizers(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # the real Qwen tokenizer under each template (~5 s each)
 @pytest.mark.parametrize("name", ["mistral_v3", "deepseek_r1", "gpt_oss"])
 def test_real_templates_responses_equal_their_renderings_alone(qwen_template_tokenizers, name):
     enc = Encoder(EncoderSpec.of(tokenizer=qwen_template_tokenizers[name], preference="tree"))
@@ -336,3 +338,43 @@ def test_verify_finds_a_broken_tree(builds, tmp_path):
     row["segment_parent"][k] = -1
     row["segment_role"][k - 1] = "chosen"  # two chosen, or a chosen without its prompt
     assert _check_row(row, 100, set(), {})
+
+
+@pytest.mark.slow  # builds a Qwen3-VL family checkpoint and runs its processor (~20 s here)
+def test_a_family_build_of_preference_records_equals_its_processor_response_by_response(tmp_path):
+    """Qwen3-VL (structured content, its own template): each response's tokens are the HF processor's for the
+    prompt + response, images in the prompt (verify --against-processor checks them response by response)."""
+    pytest.importorskip("torchvision")
+    from family_assets import FAMILY_ASSETS
+    from family_harness import build_family, hf_inputs
+    from media_fixtures import write_images
+
+    from packer.against_processor import verify_against_processor
+    from packer.loader import SampleDataset
+
+    images = write_images(tmp_path / "img")
+    part = lambda name: {"type": "image", "image": str(images[name].relative_to(tmp_path))}  # noqa: E731
+    prompt = [{"role": "user", "content": [part("exif6.jpg"), {"type": "text", "text": "What is it?"}]}]
+    records = [{"id": "q0", "prompt": prompt, "chosen": "A gradient.", "rejected": "A cat."},
+               {"id": "q1", "prompt": [{"role": "user", "content": [part("photo.webp"), part("one_1x1.png")]}],
+                "responses": ["Two images.", [{"role": "assistant", "content": "One."}]]}]
+    source = tmp_path / "pref.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    processor = FAMILY_ASSETS["qwen3vl"].processor(tmp_path / "checkpoint")
+    build_family("qwen3vl", tmp_path / "checkpoint", source, tmp_path / "out", preference="tree")
+    assert verify(tmp_path / "out")[0] == []
+    ds = SampleDataset(tmp_path / "out")
+    checked = 0
+    for i in range(len(ds)):
+        row = ds[i]
+        record = next(r for r in records if r["id"] == row["key"])
+        answers = [record["chosen"], record["rejected"]] if "chosen" in record else record["responses"]
+        for k, answer in enumerate(answers):
+            messages = record["prompt"] + (answer if isinstance(answer, list) else [{"role": "assistant", "content": answer}])
+            expected = hf_inputs(processor, {"messages": messages}, tmp_path)["input_ids"][0].tolist()
+            cu = row["cu_seqlens"]
+            assert row["input_ids"][cu[k] : cu[k + 1]].tolist() == expected
+            checked += 1
+    assert checked == 4
+    mismatches, n = verify_against_processor(tmp_path / "out", str(tmp_path / "checkpoint"), sample=2)
+    assert n == 2 and mismatches == [], [str(m) for m in mismatches]
