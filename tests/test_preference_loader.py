@@ -95,8 +95,8 @@ def test_flex_block_mask_of_trees_equals_create_block_mask(seed):
     rng = np.random.default_rng(seed)
     rows = []
     for _ in range(2):
-        records = [("tree", rng.integers(1, 200, rng.integers(2, 5)).tolist()) if rng.random() < 0.6
-                   else ("sft", [int(rng.integers(1, 300))]) for _ in range(rng.integers(1, 5))]
+        records = [("tree", rng.integers(1, 90, rng.integers(2, 5)).tolist()) if rng.random() < 0.6
+                   else ("sft", [int(rng.integers(1, 150))]) for _ in range(rng.integers(1, 5))]
         rows.append(make_row(rng, records))
     length = max(r["n_tokens"] for r in rows) + int(rng.integers(0, 130))
     segment, _ = segments_and_positions([r["cu_seqlens"] for r in rows], length)
