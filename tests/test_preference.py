@@ -378,3 +378,20 @@ def test_a_family_build_of_preference_records_equals_its_processor_response_by_r
     assert checked == 4
     mismatches, n = verify_against_processor(tmp_path / "out", str(tmp_path / "checkpoint"), sample=2)
     assert n == 2 and mismatches == [], [str(m) for m in mismatches]
+
+
+def test_inspect_shows_roles_and_branches_and_batches_encode_as_lines_do(builds, chatml):
+    from packer.summary import row_detail, row_text
+
+    _, out = builds
+    details = [row_detail(out["tree"], k) for k in range(len(packed_rows(out["tree"])))]
+    segs = [s for d in details for s in d["segments"]]
+    assert {s.get("role") for s in segs} >= {"prompt", "chosen", "rejected", "undesirable", None}
+    assert all(s["parent"] >= 0 for s in segs if s.get("role") in ("chosen", "rejected", "0", "1", "2"))
+    assert "(branch of [" in row_text(details[0]) and json.dumps(details, allow_nan=False)
+    raws = [RawLine(k + 1, json.dumps(r).encode()) for k, r in enumerate(RECORDS[:5])]
+    batch = chatml.encode_lines(raws, "t.jsonl", SAMPLE)
+    for raw, got in zip(raws, batch, strict=True):
+        one = chatml.encode_line(raw, "t.jsonl", SAMPLE)
+        assert got.input_ids.tolist() == one.input_ids.tolist() and got.labels.tolist() == one.labels.tolist()
+        assert got.responses == one.responses and got.prefix == one.prefix
