@@ -179,7 +179,7 @@ def _processor_ids(proc, conv, config, family: dict, placeholders: dict[str, int
                 content = "".join(mark(p.text) for p in t.parts)
             messages.append({"role": t.role, "content": content})
         text = proc.apply_chat_template(messages, tokenize=False)
-    kwargs = _media_kwargs(proc, conv.media)
+    kwargs = _media_kwargs(proc, conv.media, nest=family.get("name", "generic") != "generic")
     marked = MARK_START in text
     enc = proc(text=[text], sanitize_control_tokens=marked, **kwargs)
     return list(enc["input_ids"][0])
@@ -194,7 +194,9 @@ def _collapsed_text(tok, row: dict, placeholders: dict[str, int]) -> str:
     return tok.decode(collapsed + ids[cursor:], skip_special_tokens=False)
 
 
-def _media_kwargs(proc, parts) -> dict[str, Any]:
+def _media_kwargs(proc, parts, nest: bool = False) -> dict[str, Any]:
+    """The processor's media keyword arguments; ``nest``: the record's images as one list for its one text, as
+    ``apply_chat_template`` hands them over (LLaVA-OneVision tiles only the image of a one-image record)."""
     from transformers.image_utils import load_image
 
     images, videos, metadata, audio = [], [], [], []
@@ -216,7 +218,7 @@ def _media_kwargs(proc, parts) -> dict[str, Any]:
             audio.append(load_audio(str(part.path), sampling_rate=proc.feature_extractor.sampling_rate))
     out: dict[str, Any] = {}
     if images:
-        out["images"] = images
+        out["images"] = [images] if nest else images
     if videos:
         out["videos"], out["video_metadata"] = videos, metadata
     if audio:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import hashlib
 import itertools
 import json
 import os
@@ -43,7 +44,7 @@ from packer.shards.schema import SAMPLE_SCHEMA, ShardEntry
 from packer.stages import encode, materialize
 from packer.stages.manifest import FileAccount, accounting
 from packer.stages.media_files import write_media_index
-from packer.stages.planning import modality_codes, plan_samples, plan_table, preference_responses
+from packer.stages.planning import SampleRows, modality_codes, plan_columns, plan_samples, plan_table, preference_responses
 from packer.stages.state import BuildLock, code_identity, fingerprint, open_state
 
 SMALL_INPUT_BYTES = 16 * 2**20
@@ -60,6 +61,8 @@ class Encoded:
     quarantine: ShardEntry
     blank_lines: int
     input_sources: list[int] = field(default_factory=list)  # the `input` entry each input file came from
+    columns: pa.Table | None = None  # planning.plan_columns of every sample, from the stage-1 results (None: read the shards)
+    media: list = field(default_factory=list)  # the media index's rows, one per file, from the stage-1 results
 
 
 def build(config: BuildConfig, *, progress: bool = True) -> Manifest:
@@ -67,18 +70,16 @@ def build(config: BuildConfig, *, progress: bool = True) -> Manifest:
 
     Rerunning after a crash (same inputs and settings) resumes: finished stage-1 and
     stage-3 shards are reused and the result is byte-identical to an uninterrupted build.
-    An fsspec URL output is built in a local staging folder and uploaded when done.
+    An fsspec URL output is written directly, by every worker (no shared disk needed);
+    with ``staging_dir`` it is built in that local folder and uploaded when done.
     """
-    if fs.is_url(config.output):
-        import tempfile
-
-        with tempfile.TemporaryDirectory(prefix="packer-staging-") as tmp:
-            staging = config.staging_dir or tmp
-            manifest = _build(dataclasses.replace(config, output=staging), progress)
-            manifest.execution["output"] = config.output
-            manifest.write(staging)
-            fs.upload(Path(staging), config.output)
-            return manifest
+    if fs.is_url(config.output) and config.staging_dir and not config.output.startswith("file://"):
+        staging = config.staging_dir
+        manifest = _build(dataclasses.replace(config, output=staging), progress)
+        manifest.execution["output"] = config.output
+        manifest.write(staging)
+        fs.upload(Path(staging), config.output)
+        return manifest
     return _build(config, progress)
 
 
@@ -102,7 +103,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
     with engine.started(encode.setup, setup_args, tasks=len(head)):  # its workers load the tokenizer while this process does
         driver = encode.setup(*setup_args)  # checks the tokenizer first,
         embedder, extractor = media_models(config)  # and the embedding weights, before an old build is touched
-        out = Path(config.output)
+        out = fs.location(config.output)  # a local folder, or a URL (RemotePath) the workers write directly
         lock = BuildLock(out)
         frozen = freeze_collector()  # for this build only: unfrozen below (never when the process had frozen objects)
         try:
@@ -119,8 +120,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
             warn_internal_errors(out, encoded)
             check_bad_fraction(out, config, encoded, tokenizer)
             tokenizer_files = save_tokenizer(driver.encoder.tok, out)
-            samples = read_shards([out / e.file for e in encoded.sample_shards], SAMPLE_SCHEMA)
-            media_index = write_media_index(out, samples, media_root, config.media_hash)
+            media_index = write_media_index(out, encoded.media)  # the workers looked the files up
             sections = media_passes(out, config, encoded, embedder, extractor, progress, engine, media_root)
             return plan_and_pack(out, config, encoded, tokenizer, engine, progress, media_root=media_root,
                                  sections=sections, tokenizer_files=tokenizer_files, media_index=media_index)
@@ -241,6 +241,8 @@ def save_tokenizer(tok, out: Path) -> list[ShardEntry]:
     """``OUT/tokenizer/``: the tokenizer as the build used it, placeholder / begin / end
     tokens included, so ``AutoTokenizer.from_pretrained(OUT / "tokenizer")`` gives the
     manifest's ids. Written to a temporary folder and renamed into place."""
+    if fs.is_remote(out):
+        return _save_tokenizer_remote(tok, out)
     target = out / "tokenizer"
     tmp = out / ".tokenizer.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -248,6 +250,21 @@ def save_tokenizer(tok, out: Path) -> list[ShardEntry]:
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
     return [ShardEntry(p.relative_to(out).as_posix(), 0, p.stat().st_size, sha256_file(p)) for p in sorted(target.iterdir())]
+
+
+def _save_tokenizer_remote(tok, out) -> list[ShardEntry]:
+    """``save_tokenizer`` for a URL: saved locally, then each file written atomically to ``OUT/tokenizer/``."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="packer-tokenizer-") as tmp:
+        tok.save_pretrained(tmp)
+        entries = []
+        for p in sorted(Path(tmp).iterdir()):
+            data = p.read_bytes()
+            with atomic_open(out / "tokenizer" / p.name, "wb") as f:
+                f.write(data)
+            entries.append(ShardEntry(f"tokenizer/{p.name}", 0, len(data), hashlib.sha256(data).hexdigest()))
+    return entries
 
 
 def media_passes(out: Path, config: BuildConfig, encoded: Encoded, embedder, extractor, progress, engine,
@@ -362,7 +379,7 @@ def encode_inputs(out: Path, files: list[Path], tasks, counts: dict[str, int], s
     :func:`packer.stages.encode.make_tasks`, which fills ``counts``)."""
     by_file = {str(f): FileAccount() for f in files}
     quarantined: Counter[str] = Counter()
-    shards = []
+    shards, columns, media = [], [], {}
     qpath = out / "quarantine.jsonl"
     stage = Stage("encode", "records", bytes_total=sum(fs.stat(f)[0] for f in files), enabled=progress)
     reused = n_tasks = 0
@@ -375,22 +392,30 @@ def encode_inputs(out: Path, files: list[Path], tasks, counts: dict[str, int], s
             by_file[res.file].quarantined += len(res.quarantine)
             if res.shard is not None:
                 shards.append(res.shard)
+                columns.append(res.columns)
+                for row in res.media or ():
+                    media.setdefault(row.ref, row)  # a file several tasks name: its first row, in task order
             reused, n_tasks = reused + res.reused, n_tasks + 1
             stage.advance(res.records, res.nbytes)
     resumed = f"; {reused} of {n_tasks} tasks reused from the interrupted run" if reused else ""
     stage.done(f"{stage.count:,} records ({sum(quarantined.values()):,} quarantined){resumed}")
     quarantine = ShardEntry(qpath.name, sum(quarantined.values()), qpath.stat().st_size, sha256_file(qpath))
-    return Encoded(list(by_file), shards, by_file, dict(quarantined), quarantine, counts.get("blank_lines", 0))
+    return Encoded(list(by_file), shards, by_file, dict(quarantined), quarantine, counts.get("blank_lines", 0),
+                   columns=pa.concat_tables(columns) if columns else plan_columns(SAMPLE_SCHEMA.empty_table()),
+                   media=list(media.values()))
 
 
 def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any], engine, progress, *,
                   media_root: str = "", sections: dict[str, Any] | None = None,
                   repacked_from: dict[str, Any] | None = None, tokenizer_files: list[ShardEntry] | None = None,
                   media_index: ShardEntry | None = None) -> Manifest:
-    """Stages 2-4 over the samples in ``out/samples``."""
-    samples = read_shards([out / e.file for e in encoded.sample_shards], SAMPLE_SCHEMA)
+    """Stages 2-4 over the samples in ``out/samples``: planned from their columns (stage 1's results),
+    whole rows read only for the few samples that need them (over capacity, dropped)."""
+    paths, shas = [out / e.file for e in encoded.sample_shards], [e.sha256 for e in encoded.sample_shards]
+    rows = SampleRows(paths, [e.rows for e in encoded.sample_shards], shas)
+    samples = encoded.columns if encoded.columns is not None else plan_columns(read_shards(paths, SAMPLE_SCHEMA, shas))
     stage = Stage("plan", "samples", enabled=progress)
-    p, m = plan_samples(samples, config, encoded.input_sources)
+    p, m = plan_samples(samples, config, encoded.input_sources, rows)
     dropped = {r: len(v) for r, v in p.dropped.items()}
     stage.done(f"{samples.num_rows:,} samples -> {p.n_bins:,} rows (lower bound {p.lower_bound:,}), "
                f"{sum(dropped.values()):,} dropped")
@@ -399,12 +424,15 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
 
     bin_tokens = p.bin_tokens()
     tasks = materialize.shard_tasks(bin_tokens, np.diff(p.offsets), config.shard_rows, config.shard_bytes)
-    packed, reused = [], 0
+    packed, stats, reused = [], [], 0
     stage = Stage("pack", "rows", total=p.n_bins, enabled=progress)
-    state = (str(out), [e.file for e in encoded.sample_shards], plan_entry.sha256, config.durable)
-    here = materialize.setup(*state)  # memory maps, cheap: with the local engine this process is a worker too
+    state = (str(out), [e.file for e in encoded.sample_shards], plan_entry.sha256, config.durable,
+             [e.sha256 for e in encoded.sample_shards])
+    # memory maps, cheap: with the local engine this process is a worker too (a Ray driver reads no shard)
+    here = materialize.setup(*state) if engine.in_process else None
     for res in engine.map(materialize.materialize_task, tasks, materialize.setup, state, in_process_state=here):
         packed.append(res.shard)
+        stats.append(res.stats)
         reused += res.reused
         stage.advance(res.shard.rows)
     stage.done(f"{p.n_bins:,} rows in {len(packed)} shard(s)"
@@ -416,7 +444,7 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
         config=config.content_dict(), tokenizer=tokenizer, inputs=encoded.inputs, media_root=media_root,
         input_sources=list(encoded.input_sources),
         files=Files(samples=encoded.sample_shards, packed=packed, plan=plan_entry, quarantine=encoded.quarantine,
-                    dropped=write_dropped(out, samples, p), tokenizer=list(tokenizer_files or []), media=media_index),
+                    dropped=write_dropped(out, rows, p), tokenizer=list(tokenizer_files or []), media=media_index),
         accounting=accounting(by_file, encoded.quarantined, dropped, encoded.blank_lines),
         stats=_stats(config, samples, p), execution=config.execution_dict(), sections=dict(sections or {}),
         repacked_from=repacked_from, code=code_identity(),
@@ -424,7 +452,9 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     from packer.report import REPORT_FILES, write_report
 
     stage = Stage("report", "", enabled=progress)
-    write_report(out, manifest)  # report.json and report.html, from the shards just written
+    keys = lambda indices: rows(indices, ["key"]).column("key").to_pylist()  # noqa: E731
+    # report.json and report.html from the workers' shard stats and the planned columns: no shard read back
+    write_report(out, manifest, shard_stats=stats, samples=(samples, keys))
     manifest.execution["report_files"] = [dataclasses.asdict(file_entry(out, name)) for name in REPORT_FILES]
     manifest.write(out)  # last: the build is done
     stage.done("report.json, report.html, manifest.json")
@@ -436,7 +466,7 @@ def file_entry(out: Path, name: str) -> ShardEntry:
     return ShardEntry(name, 0, path.stat().st_size, sha256_file(path))
 
 
-def write_dropped(out: Path, samples, p: Plan) -> ShardEntry:
+def write_dropped(out: Path, rows: SampleRows, p: Plan) -> ShardEntry:
     """``dropped.jsonl``: every sample the plan dropped, with its file, line, id and reason."""
     path = out / "dropped.jsonl"
     n = 0
@@ -444,8 +474,7 @@ def write_dropped(out: Path, samples, p: Plan) -> ShardEntry:
         for reason, indices in sorted(p.dropped.items()):
             if not len(indices):
                 continue
-            rows = samples.take(pa.array(np.sort(indices))).select(["source_file", "source_line", "key", "length"])
-            for r in rows.to_pylist():
+            for r in rows(np.sort(indices), ["source_file", "source_line", "key", "length"]).to_pylist():
                 f.write(json.dumps({"file": r["source_file"], "line": r["source_line"], "id": r["key"], "reason": reason,
                                     "detail": f"{r['length']:,} tokens"}, ensure_ascii=False, sort_keys=True) + "\n")
                 n += 1
@@ -483,7 +512,9 @@ def _preference_stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any] |
 
 def _stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:
     codes, names = modality_codes(samples)
-    counts = np.bincount(codes[np.unique(p.indices)], minlength=len(names)) if len(p.indices) else np.zeros(len(names))
+    placed = np.zeros(len(codes), bool)  # a byte a sample, no sort: split pieces count their sample once
+    placed[p.indices] = True
+    counts = np.bincount(codes[placed], minlength=len(names)) if len(p.indices) else np.zeros(len(names))
     preference = _preference_stats(config, samples, p)
     return {
         **({"preference": preference} if preference else {}),

@@ -193,7 +193,8 @@ class BuildConfig:
                            stage="execution", group="output")
     durable: bool = _opt(True, "fsync every file before renaming it into place (crash safety on power loss).",
                          stage="execution", group="output")
-    staging_dir: str | None = _opt(None, "Local folder to build in when output is an fsspec URL (default: a temporary one).",
+    staging_dir: str | None = _opt(None, "Local folder to build in when output is an fsspec URL, uploaded when finished "
+                                   "(default: none, the workers write the URL directly).",
                                    stage="execution", group="output")
     ray_address: str | None = _opt(None, "With --engine ray: the cluster to join (auto in a cluster); empty: a local Ray.",
                                    stage="execution", group="execution")

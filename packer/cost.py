@@ -50,6 +50,11 @@ token and no (query, key) pairs: only attention layers count in ``attention`` (t
 ``FlopCounterMode`` for the tower; the delta rule's chunked torch fallback is approximated by its
 recurrent form, 4·heads·d_k·d_v per token).
 
+InternVL and Llama 4 run their towers on fixed tiles of p patches (448 / 14 = 32² for InternViT, 336 / 14 = 24²
+for Llama 4), a class token added, attention within each tile, then a pixel shuffle (ratio 0.5: p / 4 placeholder
+tokens a tile) and the projector: every placeholder token costs one tile's FLOPs over its tokens, whatever the
+image (no square term); a video frame is one tile.
+
 Videos go through the same tower: a video's placeholder tokens are merged patches of
 temporal_patch_size frames each, as an image's (whose frame is repeated to fill the
 temporal patch), so ``video_item`` / ``video_token`` / ``video_square`` are the image
@@ -152,7 +157,7 @@ class CostModel:
                "attention": llm * (pair / 2 if causal else pair)}
         tower = lambda name: 1 if (not training or name in frozen) else 3  # noqa: E731
         if cfg.get("vision_config"):
-            item, token, square = _vision(cfg["vision_config"], h)
+            item, token, square = _tiled(cfg, h) or _vision(cfg["vision_config"], h)
             for kind in ("image", "video"):  # one tower, the same cost per merged patch (module doc)
                 out |= {f"{kind}_item": tower("vision") * item, f"{kind}_token": tower("vision") * token,
                         f"{kind}_square": tower("vision") * square}
@@ -194,6 +199,35 @@ def _vision(v: dict, llm_hidden: int) -> tuple[float, float, float]:
     # windowed layers: 4w·p·min(p, W) <= 4w·p·W, linear in p (exact for images no wider than a window in patches)
     per_token = merge**2 * (per_patch + (depth - full) * 4 * w * window) + merger
     return 0.0, float(per_token), float(full * 4 * w * merge**4)
+
+
+def _tiled(cfg: dict, llm_hidden: int) -> tuple[float, float, float] | None:
+    """InternVL / Llama 4 towers, which see fixed tiles (an image cut into tiles, a video frame one tile): forward
+    FLOPs per placeholder token = one tile's over its tokens, a constant (tiles attend within themselves: no square
+    term). None for other models."""
+    kind = cfg.get("model_type")
+    if kind not in ("internvl", "llama4"):
+        return None
+    v = cfg["vision_config"]
+
+    def side(x):
+        return x[0] if isinstance(x, (list, tuple)) else x
+
+    w, i_v, depth = v["hidden_size"], v["intermediate_size"], v["num_hidden_layers"]
+    patch = side(v["patch_size"])
+    p = (side(v["image_size"]) // patch) ** 2  # patches of a tile; + a class token in both towers
+    per_tile = depth * (2 * (p + 1) * (4 * w * w + 2 * w * i_v) + 4 * w * (p + 1) ** 2)
+    per_tile += 2 * v.get("num_channels", 3) * patch**2 * w * p  # patch embedding
+    if kind == "internvl":  # pixel shuffle by downsample_ratio, then LayerNorm, Linear(w / s², h), GELU, Linear(h, h)
+        s = cfg.get("downsample_ratio", 0.5)
+        tokens = int(p * s * s)
+        per_tile += tokens * (2 * w * int(1 / s) ** 2 * llm_hidden + 2 * llm_hidden * llm_hidden)
+    else:  # pixel shuffle by pixel_shuffle_ratio, the adapter's two layers, the projector to the LLM
+        s = v.get("pixel_shuffle_ratio", 0.5)
+        tokens = int(p * s * s)
+        d_in, d_out = v["projector_input_dim"], v["projector_output_dim"]
+        per_tile += tokens * (2 * i_v * d_in + 2 * d_out * d_out + 2 * v["vision_output_dim"] * llm_hidden)
+    return 0.0, float(per_tile / tokens), 0.0
 
 
 def _audio(a: dict, llm_hidden: int) -> float:

@@ -44,6 +44,7 @@ import numpy as np
 
 from packer.errors import PackerError
 from packer.io.files import sha256_file
+from packer.io.fs import is_remote, location
 from packer.shards.io import read_shard
 from packer.shards.manifest import MANIFEST, REPORT_FILES, Accounting, Manifest
 from packer.shards.schema import IGNORE, MEDIA_KINDS, ShardEntry
@@ -62,10 +63,11 @@ class Problem:
 
 def verify(out: str | Path, *, media: str | None = None, media_root: str | None = None) -> tuple[list[Problem], dict[str, int]]:
     """Problems found (empty: the build is sound) and what was checked. ``media``: also check
-    every media file (``"stat"`` or ``"hash"``), found under ``media_root`` (default: the build's)."""
+    every media file (``"stat"`` or ``"hash"``), found under ``media_root`` (default: the build's).
+    ``out`` may be a URL (a build in object storage): its shards are checked through local copies."""
     if media not in (None, "stat", "hash"):
         raise ValueError(f"media must be None, 'stat' or 'hash', got {media!r}")
-    out = Path(out)
+    out = location(out)
     try:
         manifest = Manifest.read(out)
     except PackerError as e:  # missing, truncated, malformed, another schema version, a failed build
@@ -88,7 +90,7 @@ def verify(out: str | Path, *, media: str | None = None, media_root: str | None 
         if not path.is_file():
             continue
         try:
-            table = read_shard(path)
+            table = read_shard(_local(path))
         except Exception as e:  # damaged beyond reading: already reported by the file check
             problems.append(Problem(entry.file, None, f"cannot be read: {e}"))
             continue
@@ -190,12 +192,22 @@ def _check_media(out: Path, manifest: Manifest, mode: str, media_root: str | Non
     return problems, checked
 
 
+def _local(path):
+    """``path``, or for a remote build a local copy of it (downloaded once; checked like a local file)."""
+    if not is_remote(path):
+        return path
+    from packer.io.cache import local_copy
+
+    return local_copy(path)
+
+
 def _check_file(out: Path, entry: ShardEntry) -> list[Problem]:
     path = out / entry.file
     if not path.is_file():
         return [Problem(entry.file, None, "missing")]
     if path.stat().st_size != entry.bytes:
         return [Problem(entry.file, None, f"size {path.stat().st_size} differs from the manifest's {entry.bytes}")]
+    path = _local(path)
     if sha256_file(path) != entry.sha256:
         return [Problem(entry.file, None, "sha256 differs from the manifest (the file changed or is damaged)")]
     if path.suffix == ".arrow":

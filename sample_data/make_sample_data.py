@@ -324,8 +324,105 @@ QWEN3VL_PROCESSOR = {  # Qwen3-VL's published budgets (patch 16 x merge 2 = 32 p
 QWEN_VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 
 
+# InternVL3's published settings (448-px tiles of 256 features, 1-12 tiles and a thumbnail, ImageNet normalisation);
+# the video processor's class defaults (every frame one tile)
+IMAGENET = {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
+INTERNVL3_PROCESSOR = {
+    "processor_class": "InternVLProcessor", "image_seq_length": 256,
+    "image_processor": {"image_processor_type": "GotOcr2ImageProcessor", "size": {"height": 448, "width": 448},
+                        "crop_to_patches": False, "min_patches": 1, "max_patches": 12, "do_convert_rgb": True,
+                        "do_normalize": True, "do_rescale": True, "do_resize": True, "resample": 3,
+                        "rescale_factor": 1 / 255, **IMAGENET},
+    "video_processor": {"video_processor_type": "InternVLVideoProcessor", "size": {"height": 448, "width": 448},
+                        "do_sample_frames": False, "initial_shift": True, "do_convert_rgb": True, "do_normalize": True,
+                        "do_rescale": True, "do_resize": True, "resample": 3, "rescale_factor": 1 / 255,
+                        "return_metadata": False, **IMAGENET},
+}
+# InternVL's tokenizer names its image tokens (InternVLProcessor reads tokenizer.start_image_token, ...)
+INTERNVL_NAMED = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+                  "video_token": "<video>"}
+# Llama4Processor's and Llama4ImageProcessor's defaults (336-px tiles of 144 features, up to 16 tiles + a global one)
+LLAMA4_PROCESSOR = {
+    "processor_class": "Llama4Processor", "patch_size": 14, "image_token": "<|image|>", "fake_image_token": "<|image|>",
+    "image_processor": {"image_processor_type": "Llama4ImageProcessor", "size": {"height": 336, "width": 336},
+                        "max_patches": 16, "resize_to_max_canvas": False, "do_convert_rgb": True, "do_normalize": True,
+                        "do_rescale": True, "do_resize": True, "resample": 2, "rescale_factor": 1 / 255,
+                        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
+}
+LLAMA4_TOKENS = ["<|begin_of_text|>", "<|image_start|>", "<|image_end|>", "<|image|>", "<|patch|>", "<|tile_x_separator|>",
+                 "<|tile_y_separator|>", "<|header_start|>", "<|header_end|>", "<|eot|>"]
+
+
+def internvl3_processor() -> Path:
+    """``processors/internvl3/`` (``pipelines/internvl3.toml``): the sample tokenizer with InternVL's named image tokens."""
+    folder = processor_folder("internvl3", INTERNVL3_PROCESSOR, list(INTERNVL_NAMED.values()),
+                              (TEMPLATES / "internvl.jinja").read_text())
+    path = folder / "tokenizer_config.json"
+    config = {**json.loads(path.read_text()), **INTERNVL_NAMED, "model_specific_special_tokens": INTERNVL_NAMED}
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return folder
+
+
+def llama4_processor() -> Path:
+    """``processors/llama4/`` (``pipelines/llama4.toml``): the sample tokenizer with Llama 4's image, tile and header
+    tokens, ``<|begin_of_text|>`` as bos."""
+    folder = processor_folder("llama4", LLAMA4_PROCESSOR, LLAMA4_TOKENS, (TEMPLATES / "llama4.jinja").read_text())
+    path = folder / "tokenizer_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "bos_token": "<|begin_of_text|>"}, indent=2,
+                               sort_keys=True) + "\n")
+    return folder
+
+
 def family_processors() -> list[Path]:
-    return [processor_folder("qwen3vl", QWEN3VL_PROCESSOR, QWEN_VISION_TOKENS, (TEMPLATES / "qwen3vl.jinja").read_text())]
+    return [processor_folder("qwen3vl", QWEN3VL_PROCESSOR, QWEN_VISION_TOKENS, (TEMPLATES / "qwen3vl.jinja").read_text()),
+            internvl3_processor(), llama4_processor(),
+            llava_onevision_processor(), qwen3omni_processor()]
+
+
+# LLaVA-OneVision and Qwen3-Omni: the real processors built at their classes' defaults and saved with
+# save_pretrained, so that the folder also loads as the processor (AutoProcessor) with named tokens.
+
+
+def llava_onevision_processor() -> Path:
+    """processors/llava_onevision/: LlavaOnevisionProcessor at its classes' defaults (384 px tiles, 36 grid
+    pinpoints, anyres_max_9, every video frame) with SigLIP's 729 features a tile, around the sample tokenizer
+    (``<image>`` / ``<video>`` added), saved by save_pretrained."""
+    from transformers import AutoTokenizer, LlavaOnevisionImageProcessor, LlavaOnevisionProcessor, LlavaOnevisionVideoProcessor
+
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "tokenizer"),
+                                        extra_special_tokens={"image_token": "<image>", "video_token": "<video>"})
+    proc = LlavaOnevisionProcessor(image_processor=LlavaOnevisionImageProcessor(), tokenizer=tok,
+                                   video_processor=LlavaOnevisionVideoProcessor(), num_image_tokens=729,
+                                   vision_feature_select_strategy="full",
+                                   chat_template=(TEMPLATES / "llava_onevision.jinja").read_text())
+    folder = ROOT / "processors" / "llava_onevision"
+    proc.save_pretrained(str(folder))
+    return folder
+
+
+def qwen3omni_processor() -> Path:
+    """processors/qwen3omni/: Qwen3OmniMoeProcessor at its classes' defaults but Qwen3-Omni's 16 px patches
+    (Qwen2-VL image and video processors, a 128-bin Whisper feature extractor), around the sample tokenizer with
+    the thinker's tokens added, saved by save_pretrained."""
+    from transformers import (
+        AutoTokenizer,
+        Qwen2VLImageProcessor,
+        Qwen2VLVideoProcessor,
+        Qwen3OmniMoeProcessor,
+        WhisperFeatureExtractor,
+    )
+
+    special = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "audio_token": "<|audio_pad|>",
+               "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>",
+               "audio_bos_token": "<|audio_start|>", "audio_eos_token": "<|audio_end|>"}
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "tokenizer"), extra_special_tokens=special)
+    proc = Qwen3OmniMoeProcessor(image_processor=Qwen2VLImageProcessor(patch_size=16),
+                                 video_processor=Qwen2VLVideoProcessor(patch_size=16, cap_pixels_per_frame=False),
+                                 feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tok,
+                                 chat_template=(TEMPLATES / "qwen3omni.jinja").read_text())
+    folder = ROOT / "processors" / "qwen3omni"
+    proc.save_pretrained(str(folder))
+    return folder
 
 
 def main() -> None:

@@ -106,9 +106,11 @@ def build_family(family: str, processor_folder: Path, source: Path, out: Path, *
 # ---------------------------------------------------------------- the plain HF way
 
 
-def hf_inputs(processor, record: dict, root: Path) -> dict[str, Any]:
+def hf_inputs(processor, record: dict, root: Path, nest_images: bool = False) -> dict[str, Any]:
     """The record through its HF processor: the template rendered, its own files loaded as transformers loads
-    them (``load_image``; ``load_video`` with PyAV, every frame, sampled by the processor; ``load_audio``)."""
+    them (``load_image``; ``load_video`` with PyAV, every frame, sampled by the processor; ``load_audio``).
+    ``nest_images``: the images as one list for the one text (``[[...]]``, what ``apply_chat_template`` hands the
+    processor), for a family whose processor treats a record's several images apart (LLaVA-OneVision)."""
     from transformers.audio_utils import load_audio
     from transformers.image_utils import load_image
     from transformers.video_utils import load_video
@@ -134,7 +136,7 @@ def hf_inputs(processor, record: dict, root: Path) -> dict[str, Any]:
                 audio.append(load_audio(str(root / part["audio"]), sampling_rate=rate))
     kwargs: dict[str, Any] = {}
     if images:
-        kwargs["images"] = images
+        kwargs["images"] = [images] if nest_images else images
     if videos:
         kwargs["videos"] = videos
         if any(m is not None for m in metadata):
@@ -158,13 +160,13 @@ def segments(row: dict) -> list[tuple[int, int, str]]:
     return [(int(a), int(b), row["segment_ids"][k]) for k, (a, b) in enumerate(zip(cu[:-1], cu[1:], strict=True))]
 
 
-def check_ids(ds: PackedDataset, processor, records: list[dict], root: Path) -> int:
+def check_ids(ds: PackedDataset, processor, records: list[dict], root: Path, nest_images: bool = False) -> int:
     """Every packed segment's ids equal the HF processor's ids for its record; returns the segments checked."""
     by_id = {r["id"]: r for r in records}
     checked = 0
     for row in (ds[i] for i in range(len(ds))):
         for a, b, rid in segments(row):
-            expected = hf_inputs(processor, by_id[rid], root)["input_ids"][0].tolist()
+            expected = hf_inputs(processor, by_id[rid], root, nest_images)["input_ids"][0].tolist()
             got = np.asarray(row["input_ids"][a:b]).tolist()
             assert got == expected, f"{rid}: packer {len(got)} ids, the HF processor {len(expected)}"
             checked += 1
@@ -180,17 +182,20 @@ def _ce(logits: torch.Tensor, labels: np.ndarray) -> tuple[torch.Tensor, int]:
 
 def check_equivalence(model, ds: PackedDataset, processor, records: list[dict], root: Path, impl: str,
                       rows: list[int] | None = None, towers: tuple[str, ...] = ("visual", "vision_tower", "audio_tower"),
-                      **collator: Any) -> None:
+                      nest_images: bool = False, reference_mask: bool = False, **collator: Any) -> None:
     """Packed rows through ``model(**model_inputs(batch))`` = each record alone through the HF processor and the
-    model (positions computed by the model): logits per segment (relative 1e-4) and gradients (1e-4)."""
+    model (positions computed by the model): logits per segment (relative 1e-4) and gradients (1e-4).
+    ``reference_mask``: keep the processor's all-ones ``attention_mask`` in the record-alone call (Qwen3-Omni's
+    thinker computes its 3-D positions only when given one)."""
     by_id = {r["id"]: r for r in records}
     picked = [ds[i] for i in (rows if rows is not None else range(len(ds)))]
     model.zero_grad()
     total, n_total, reference = 0.0, 0, {}
     for r, row in enumerate(picked):
         for a, b, rid in segments(row):
-            enc = hf_inputs(processor, by_id[rid], root)
-            enc.pop("attention_mask", None)
+            enc = hf_inputs(processor, by_id[rid], root, nest_images)
+            if not reference_mask:
+                enc.pop("attention_mask", None)
             enc.pop("token_type_ids", None) if "token_type_ids" not in model.forward.__code__.co_varnames else None
             logits = model(**enc, use_cache=False).logits[0]
             reference[(r, a)] = logits.detach()
@@ -220,3 +225,32 @@ def check_equivalence(model, ds: PackedDataset, processor, records: list[dict], 
         assert (p.grad - ref).abs().max() / scale <= 1e-4, f"gradient of {name}"
         compared += any(t in name for t in towers)
     assert compared > 0, "the towers' gradients were not compared"
+
+
+def check_pipeline_ids(pipeline: Path, out: Path) -> int:
+    """A sample pipeline (``pipelines/NAME.toml``) built over ``sample_data/``: every packed segment of a record written
+    in ``messages`` form with media parts has the ids its processor folder's processor (``AutoProcessor``) returns for
+    that record. Returns the segments checked."""
+    from transformers import AutoProcessor
+
+    config = resolve(pipeline, output=str(out))  # paths relative to the pipeline file, as the CLI resolves them
+    build(config, progress=False)
+    processor = AutoProcessor.from_pretrained(config.processor)
+    records = {}
+    for f in config.input_files():
+        for line in Path(f).read_text(encoding="utf-8").splitlines():
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(r, dict) and "id" in r and any(isinstance(m.get("content"), list) for m in r.get("messages", [])):
+                records[r["id"]] = (r, Path(f).parent)
+    ds = PackedDataset(out)
+    checked = 0
+    for row in (ds[i] for i in range(len(ds))):
+        for a, b, rid in segments(row):
+            if rid in records:
+                record, root = records[rid]
+                assert np.asarray(row["input_ids"][a:b]).tolist() == hf_inputs(processor, record, root)["input_ids"][0].tolist(), rid
+                checked += 1
+    return checked

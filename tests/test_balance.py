@@ -284,3 +284,35 @@ def test_hybrid_models_pay_pairs_only_in_their_attention_layers():
     hybrid = CostModel.for_model(text, training=False)
     full = CostModel.for_model(dict(text, layer_types=["full_attention"] * 2), training=False)
     assert hybrid.attention == full.attention / 2 == 4 * 4 * 16 / 2
+
+
+@pytest.mark.parametrize("family", ["internvl", "llama4"])
+def test_vision_cost_is_the_flop_count_of_a_tiled_tower(family):
+    """InternVL / Llama 4: the tower and its projector run on fixed tiles; every placeholder token costs a tile's FLOPs
+    over its tokens (tested on 3 tiles, as FlopCounterMode counts the tower, the pixel shuffle and the projector)."""
+    if family == "internvl":
+        from transformers import InternVLConfig, InternVLModel
+
+        cfg = InternVLConfig(text_config=dict(TEXT, model_type="qwen2"),
+                             vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                intermediate_size=64, image_size=56, patch_size=14))
+        cfg.vision_config._attn_implementation = "eager"
+        model = InternVLModel(cfg).eval()
+        run = lambda pixels: model.get_image_features(pixels, vision_feature_layer=-1,  # noqa: E731
+                                                      vision_feature_select_strategy="default")
+    else:
+        from transformers import Llama4Config, Llama4ForConditionalGeneration
+
+        cfg = Llama4Config(text_config=dict(TEXT, num_local_experts=2, interleave_moe_layer_step=1),
+                           vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                                              image_size=56, patch_size=14, pixel_shuffle_ratio=0.5, vision_output_dim=64,
+                                              projector_input_dim=64, projector_output_dim=64,
+                                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
+        cfg.vision_config._attn_implementation = "eager"
+        model = Llama4ForConditionalGeneration(cfg).eval()
+        run = lambda pixels: model.multi_modal_projector(model.vision_model(pixels).last_hidden_state)  # noqa: E731
+    counted = flops(lambda: run(torch.randn(3, 3, 56, 56)))
+    tokens = 3 * 4  # 16 patches a tile, pixel-shuffled by 0.5
+    stats = text_stats([1]) | {"tokens": np.zeros(1), "attention": np.zeros(1), "image_items": np.array([2.0]),
+                               "image_tokens": np.array([float(tokens)]), "image_square": np.array([80.0])}
+    assert CostModel.for_model(cfg, training=False)(stats)[0] == pytest.approx(counted, rel=1e-12)

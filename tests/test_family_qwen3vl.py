@@ -127,3 +127,21 @@ def test_verify_against_processor_passes_on_the_build_and_names_a_changed_settin
     bad = CliRunner().invoke(main, ["verify", str(root / "out"), "--against-processor", str(tmp_path / "other"),
                                     "--sample", "12"])
     assert bad.exit_code == 6 and "differ from" in bad.output and "first difference at token" in bad.output, bad.output
+
+
+def test_video_defaults_are_the_video_processors_and_image_defaults_the_published_checkpoints():
+    """Without --processor the family counts with Qwen3VLVideoProcessor's own defaults; the image processor class
+    is Qwen2-VL's (patch 14), so the family's image defaults are Qwen3-VL's published 16 x 2 instead."""
+    from transformers import Qwen3VLVideoProcessor
+
+    from packer.families.checkpoint import Checkpoint
+    from packer.families.qwen3vl import Qwen3VLSettings
+
+    s, vp = Qwen3VLSettings.resolve(Checkpoint()), Qwen3VLVideoProcessor()
+    assert (s.video_patch_size, s.video_merge_size, s.video_temporal_patch_size) == (vp.patch_size, vp.merge_size,
+                                                                                     vp.temporal_patch_size)
+    assert (s.video_min_pixels, s.video_max_pixels) == (vp.size.shortest_edge, vp.size.longest_edge)
+    assert (s.video_fps, s.video_min_frames, s.video_max_frames, s.max_video_tokens) == (vp.fps, vp.min_frames,
+                                                                                         vp.max_frames, vp.max_video_tokens)
+    assert s.video_sample == vp.do_sample_frames and s.cap_pixels_per_frame == bool(vp.cap_pixels_per_frame)
+    assert (s.image_patch_size, s.image_merge_size) == (16, 2)

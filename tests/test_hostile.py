@@ -365,7 +365,8 @@ KNOWN_REASONS = {
     "unknown_role", "image_count_mismatch", "audio_count_mismatch", "media_placeholder_mismatch", "missing_image",
     "corrupt_image", "unsupported_image", "missing_audio", "corrupt_audio", "audio_too_short", "media_outside_root",
     "no_trainable_tokens", "bad_media_path", "invalid_text", "invalid_id", "number_too_large", "nesting_too_deep",
-    "reserved_token_in_text", "template_error", "special_token_in_text",
+    "reserved_token_in_text", "template_error", "special_token_in_text", "bad_sample_rate", "bad_frame_rate",
+    "video_too_large", "media_too_long",
 }  # not internal_error: the fuzz must find no unforeseen failure
 
 

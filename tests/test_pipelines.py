@@ -21,7 +21,10 @@ from packer.media.probe import probe_audio, probe_image
 PIPELINES = sorted(p.name for p in (ROOT / "pipelines").glob("*.toml"))
 FAMILIES = {"llava15.toml": ("image",), "llava_next.toml": ("image",), "qwen2vl.toml": ("image",),
             "qwen2audio.toml": ("audio",), "qwen25omni.toml": ("image", "audio"), "sample.toml": ("image", "audio"),
-            "qwen2vl_video.toml": ("image", "video"), "qwen3vl.toml": ("image", "video"), "qwen35.toml": ("image", "video")}
+            "qwen2vl_video.toml": ("image", "video"), "qwen3vl.toml": ("image", "video"), "qwen35.toml": ("image", "video"),
+            "internvl3.toml": ("image", "video"), "llama4.toml": ("image",),
+
+            "llava_onevision.toml": ("image", "video"), "qwen3omni.toml": ("image", "audio", "video")}
 OTHER_BAD = 8  # the deliberately broken records of sample_data
 
 

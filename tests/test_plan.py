@@ -448,3 +448,30 @@ def test_plans_through_either_path_are_equal(monkeypatch, caps):
     for name in ("offsets", "indices", "starts", "lengths"):
         assert getattr(small, name).tolist() == getattr(large, name).tolist(), name
     assert small.n_bins > 10
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=st.lists(st.integers(1, 6), max_size=60), capacity=st.integers(1, 70_000), seed=st.integers(0, 10**6))
+def test_csr_with_values_and_sorted_lengths_equal_the_gathers_they_replace(sizes, capacity, seed):
+    """bfd's CSR pass places the lengths with the items, and its sorted lengths come from counts:
+    both equal the gathers ``lengths[order]`` / ``lengths[indices]`` they save, in both twins."""
+    from packer.pack import _bits, _small
+
+    rng = np.random.default_rng(seed)
+    n_bins = len(sizes)
+    assign = rng.permutation(np.repeat(np.arange(n_bins), sizes)).astype(np.int32)
+    lengths = rng.integers(1, capacity + 1, len(assign)).astype(np.int64)
+    order = _small.decreasing_order(lengths, capacity)
+    placed = _small.sorted_decreasing(lengths, capacity)
+    assert placed.tolist() == lengths[order].tolist()
+    for twin in (_small.csr_from_assignment_with, _bits.csr_from_assignment_with):
+        offsets, indices, values = twin(order, assign, n_bins, placed)
+        want = _small.csr_from_assignment(order, assign, n_bins)
+        assert offsets.tolist() == want[0].tolist() and indices.tolist() == want[1].tolist()
+        assert values.tolist() == lengths[indices].tolist()
+    perm = rng.permutation(n_bins).astype(np.int64)
+    new_offsets = np.zeros(n_bins + 1, np.int64)
+    np.cumsum(np.diff(offsets)[perm], out=new_offsets[1:])
+    a, b = _bits.reorder_pair(offsets, new_offsets, perm, indices, values)
+    assert a.tolist() == _small.reorder_values(offsets, new_offsets, perm, indices).tolist()
+    assert b.tolist() == _small.reorder_values(offsets, new_offsets, perm, values).tolist()

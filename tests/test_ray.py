@@ -3,6 +3,7 @@ fsspec URLs for inputs and outputs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -70,7 +71,14 @@ def test_fsspec_input_and_output(tmp_path):
     for e in [*m["files"]["packed"], *m["files"]["samples"]]:
         assert f"/builds/b1/{e['file']}" in names
     assert json.loads(mem.cat("/builds/b1/manifest.json"))["stats"] == m["stats"]
-    assert "/builds/b1/report.html" in names and not any("/.state/" in n for n in names)
+    assert "/builds/b1/report.html" in names and "/builds/b1/.state/fingerprint.json" in names  # written directly: resumable
+    # With --staging-dir the build is made in that local folder and uploaded at the end, resume state left out.
+    staged = build(dataclasses.replace(config, output="memory://builds/b2", staging_dir=str(tmp_path / "staging")),
+                   progress=False).to_dict()
+    assert strip(staged) == strip(m) and staged["execution"]["output"] == "memory://builds/b2"
+    names = set(mem.find("/builds/b2"))
+    assert "/builds/b2/manifest.json" in names and not any("/.state/" in n for n in names)
+    assert (tmp_path / "staging" / ".state").is_dir()
     # A local-directory URL works the same way.
     m2 = build(BuildConfig(input=(str(SAMPLE / "docs.jsonl"),), output=f"file://{tmp_path}/url-out", tokenizer=TOKENIZER),
                progress=False).to_dict()

@@ -339,3 +339,23 @@ def test_quarantine_detail_is_shown(sample_build):
             if e["id"] is not None:
                 assert f"<code>{html.escape(e['id'])}</code>" in page
     assert "&lt;image&gt;" in page  # a detail that names the tag is escaped, not markup
+
+
+def test_the_builds_report_from_its_workers_stats_equals_one_recomputed_from_the_shards(tmp_path, monkeypatch):
+    """Stage-3 workers hand the driver each shard's stats, merged over the batches they wrote (a remote
+    build is never read back for its report); ``packer report`` recomputes them from the shards: the
+    same report.json, byte for byte."""
+    from conftest import ROOT
+    from packer.build import build
+    from packer.config import resolve
+    from packer.report import write_report
+    from packer.stages import materialize
+
+    monkeypatch.setattr(materialize, "ROWS_PER_BATCH", 3)  # many batches per shard
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "out"
+    build(resolve(ROOT / "pipelines" / "sample.toml", output=str(out), shard_rows=10), progress=False)
+    built = (out / "report.json").read_bytes()
+    (out / "report.json").unlink()
+    write_report(out)
+    assert (out / "report.json").read_bytes() == built

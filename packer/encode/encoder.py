@@ -305,7 +305,7 @@ class Encoder:
                             f"{[p.kind for p in media]} (a template that drops or repeats a media part)")
         if not media:
             return []
-        record = RecordMedia({k: sum(p.kind == k for p in media) for k in MEDIA_ORDER})
+        record = RecordMedia({k: sum(p.kind == k for p in media) for k in MEDIA_ORDER}, tuple(media), self.prober.probe)
         by_kind = {k: [i for i, p in enumerate(media) if p.kind == k] for k in MEDIA_ORDER}
         taken = dict.fromkeys(MEDIA_ORDER, 0)
         out = []

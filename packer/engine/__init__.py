@@ -5,6 +5,7 @@ An engine has ``map(fn, tasks, setup, setup_args, in_process_state=None)``, yiel
 by ``setup(*setup_args)`` (with ``in_process_state``, the local engine's own process is one
 of the workers), and ``started(setup, setup_args)``, a context in which the workers of that
 map are started ahead of it (the local engine's; Ray starts its actors with the map).
+``in_process`` says whether ``in_process_state`` is used (the caller need not build it if not).
 
 A build holds :func:`stop_on_signals` while it runs: SIGTERM and SIGINT then kill the
 local workers and raise :class:`Interrupted` (a ``KeyboardInterrupt``), so the build's

@@ -53,6 +53,8 @@ class Interrupted(KeyboardInterrupt):
 
 
 class LocalEngine:
+    in_process = True  # map(..., in_process_state=) makes this process one of the workers
+
     def __init__(self, workers: int = 0):
         self.workers = workers or os.cpu_count() or 1
         self._early: tuple | None = None  # (setup, setup_args, ctx, pool) started ahead of its map

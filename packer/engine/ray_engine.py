@@ -4,10 +4,12 @@
 plan rows) into a Ray Dataset of one row per task and runs ``map_batches`` with a
 callable class, so each Ray worker builds the stage's state (tokenizer, memory maps)
 once and then processes many tasks. ``preserve_order`` keeps results in task order, which
-keeps the output byte-identical to the local engine's. Workers write their shards
-straight to the output folder (shared storage on a cluster); the driver only collects
-the small results. A worker process that dies is restarted and its task retried by Ray;
-an error raised by the stage itself (``--strict``) comes back to the driver unchanged.
+keeps the output byte-identical to the local engine's. Workers read their inputs and
+write their shards and journal entries straight to the output -- a shared folder, or an
+fsspec URL (``s3://``...) that each worker writes directly -- and the driver only
+collects the small results. A worker process that dies is restarted and its task
+retried by Ray; a stage Ray gives up on (a lost node) is run again for its unfinished
+tasks; an error raised by the stage itself (``--strict``) comes back to the driver unchanged.
 
 Without ``address`` a local Ray is started (``ray.init(num_cpus=workers)``); with
 ``address="auto"`` (inside a cluster) or ``ray://host:10001`` the driver joins it.
@@ -24,8 +26,12 @@ from typing import Any
 
 from packer.errors import PackerError
 
+RERUNS = 3  # times a stage is started again after Ray lost part of it (its finished tasks are reused)
+
 
 class RayEngine:
+    in_process = False  # the driver runs no task: in_process_state is not used
+
     def __init__(self, workers: int = 0, *, address: str | None = None, cpus_per_task: float = 1.0):
         try:
             import ray
@@ -54,11 +60,28 @@ class RayEngine:
 
     def map(self, fn: Callable[[Any, Any], Any], tasks: Iterable[Any], setup: Callable[..., Any], setup_args: tuple = (),
             *, in_process_state: Any = None) -> Iterator[Any]:
-        ray = self.ray
+        """``fn(state, task)`` for each task, in order. A run that Ray gives up on (a node lost
+        with results Ray Data cannot rebuild) is started again for the tasks not yet
+        returned, up to ``RERUNS`` times: their finished shards are reused through the
+        journal, so a rerun costs the lost work only."""
         items = [{"task": pickle.dumps(t)} for t in tasks]
-        if not items:
-            return
-        ctx = ray.data.DataContext.get_current()  # the process's own: what this map sets is put back when it ends
+        done = reruns = 0
+        while done < len(items):
+            try:
+                for value in self._run(fn, items[done:], setup, setup_args):
+                    yield value
+                    done += 1
+            except PackerError:
+                raise
+            except Exception as e:  # noqa: BLE001 -- Ray's system errors; the stage's own come back as PackerError
+                reruns += 1
+                if reruns > RERUNS:
+                    raise
+                logging.getLogger("packer").warning("Ray lost part of a stage (%s: %s); running its %d unfinished "
+                                                    "task(s) again", type(e).__name__, e, len(items) - done)
+
+    def _run(self, fn, items: list[dict], setup, setup_args) -> Iterator[Any]:
+        ctx = self.ray.data.DataContext.get_current()  # the process's own: what this map sets is put back when it ends
         before = ctx.execution_options.preserve_order, ctx.enable_progress_bars
         ctx.execution_options.preserve_order = True
         ctx.enable_progress_bars = False

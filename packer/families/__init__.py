@@ -18,6 +18,10 @@ from packer.errors import ConfigError
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.generic import Generic
 from packer.families.hf import HFProcessor
+from packer.families.internvl import InternVL
+from packer.families.llama4 import Llama4
+from packer.families.llava_onevision import LlavaOnevision
+from packer.families.qwen3omni import Qwen3Omni
 from packer.families.qwen3vl import Qwen3VL
 from packer.families.qwen35 import Qwen35
 
@@ -27,8 +31,12 @@ ALL_KINDS = ("image", "audio", "video")
 FAMILIES: dict[str, tuple[type[Family], tuple[str, ...]]] = {
     "generic": (Generic, ALL_KINDS),
     "qwen3vl": (Qwen3VL, ("image", "video")),
+    "internvl": (InternVL, ("image", "video")),
+    "llama4": (Llama4, ("image",)),
     "qwen35": (Qwen35, ("image", "video")),
     "hf": (HFProcessor, ("image", "audio")),  # any other processor, asked for each item's text
+    "llava_onevision": (LlavaOnevision, ("image", "video")),
+    "qwen3omni": (Qwen3Omni, ("image", "audio", "video")),
 }
 
 

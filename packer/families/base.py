@@ -27,6 +27,7 @@ Worked example, Qwen3-VL, a 4-frame video sampled to 2 temporal groups of 2 x 3 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -65,9 +66,17 @@ class Expansion:
 @dataclass(frozen=True)
 class RecordMedia:
     """What a family may need to know about the rest of the record (InternVL caps an image's
-    tiles by the number of images in it)."""
+    tiles by the number of images in it; Qwen3-Omni's clips are padded to the record's longest).
+    ``infos(kind)``: the probed infos of the record's items of that kind, in record order."""
 
     counts: dict[str, int]
+    parts: tuple[Any, ...] = field(default=(), compare=False, repr=False)
+    probe: Callable[[Any], Any] | None = field(default=None, compare=False, repr=False)
+
+    def infos(self, kind: str) -> list[Any]:
+        if self.probe is None:
+            raise ValueError("this RecordMedia carries no prober: the record's other items cannot be probed")
+        return [self.probe(p) for p in self.parts if p.kind == kind]
 
 
 class Family:

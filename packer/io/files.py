@@ -1,5 +1,8 @@
 """Atomic file writes: write to a temporary name beside the target, then rename.
 
+A remote target (:class:`~packer.io.remote.RemotePath`) is written by
+:func:`packer.io.remote.atomic_write` instead: committed whole, or not at all.
+
 A reader (or a resumed build) therefore never sees a half-written file under its
 final name; a crash leaves only ``*.tmp-*`` files, which the next build removes. Files
 are fsynced before the rename unless the process said otherwise (:func:`set_durable`,
@@ -44,6 +47,12 @@ def set_durable(durable: bool) -> None:
 
 @contextmanager
 def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO]:
+    if type(path).__name__ == "RemotePath":
+        from packer.io.remote import atomic_write
+
+        with atomic_write(path, mode) as f:
+            yield f
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".tmp-", dir=path.parent)
@@ -65,9 +74,38 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         f.write(text)
 
 
+class HashingWriter:
+    """A binary file that hashes and counts what is written through it (a shard's sha256 and
+    size without reading it back: a remote one would be downloaded again)."""
+
+    def __init__(self, f: IO[bytes]):
+        self.f = f
+        self.h = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data) -> int:
+        view = memoryview(data)
+        self.h.update(view)
+        self.size += view.nbytes
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def tell(self) -> int:
+        return self.size
+
+    @property
+    def closed(self) -> bool:
+        return self.f.closed
+
+    def sha256(self) -> str:
+        return self.h.hexdigest()
+
+
 def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with (path.open("rb") if type(path).__name__ == "RemotePath" else open(path, "rb")) as f:
         while chunk := f.read(block):
             h.update(chunk)
     return h.hexdigest()

@@ -2,8 +2,10 @@
 
 Plain paths go to the OS (fast paths, memory maps). A path with ``://`` (``s3://``,
 ``gs://``, ``memory://``, ``file://``...) goes through fsspec, which is imported only
-then: inputs and media are streamed from it, and an output URL is built in a local
-staging folder and uploaded when finished (:func:`upload`), manifest last.
+then: inputs and media are streamed from it. An output URL is a
+:class:`~packer.io.remote.RemotePath` (:func:`location`), written directly by the
+workers; with ``--staging-dir`` it is built in a local folder instead and uploaded when
+finished (:func:`upload`), manifest last.
 """
 
 from __future__ import annotations
@@ -17,6 +19,33 @@ def is_url(path: str | Path) -> bool:
     return "://" in str(path)
 
 
+def location(path):
+    """A build folder: a ``Path`` for a local path or ``file://`` URL, else a ``RemotePath``."""
+    from packer.io.remote import RemotePath
+
+    if isinstance(path, (Path, RemotePath)):
+        return path
+    text = str(path)
+    if text.startswith("file://"):
+        return Path(text[len("file://"):])
+    return RemotePath(text) if is_url(text) else Path(text)
+
+
+def is_remote(path) -> bool:
+    """True for a :class:`~packer.io.remote.RemotePath` (a build folder in object storage)."""
+    return type(path).__name__ == "RemotePath"
+
+
+def rmtree(path) -> None:
+    """Remove a folder and everything under it, local or remote; a missing one is fine."""
+    if is_remote(path):
+        path.rmtree()
+    else:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _fs(url: str):
     import fsspec
 
@@ -25,8 +54,14 @@ def _fs(url: str):
 
 def open_binary(path: str | Path) -> IO[bytes]:
     if is_url(path):
+        import io
+
+        from fsspec.spec import AbstractBufferedFile
+
         fs, p = _fs(str(path))
-        return fs.open(p, "rb")
+        f = fs.open(p, "rb")
+        # fsspec's buffered files (s3, gcs, az, http) take no size in readline(): the reader needs it
+        return io.BufferedReader(f, buffer_size=2**20) if isinstance(f, AbstractBufferedFile) else f
     return open(path, "rb")
 
 

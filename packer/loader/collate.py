@@ -30,7 +30,13 @@ videos' temporal positions (:mod:`packer.loader.mrope`) and adds ``second_per_gr
 the batch (Qwen2.5-VL's forward takes it, Qwen2-VL's does not). A Qwen2.5-VL ``processor``
 with a video in the batch and no ``tokens_per_second`` is refused rather than positioned
 the Qwen2-VL way. ``video_policy`` (a policy or a spec such as ``"qwen2vl:fps=1"``) names the
-build's frame sampling when it is not the one the video processor implies.
+build's frame sampling when it is not the one the video processor implies. A family with positions of
+its own (``family.positions``: Qwen3-Omni's TMRoPE) positions the rows itself; ``tokens_per_second`` is
+then the model config's ``position_id_per_seconds`` where it differs from the family's.
+
+A family whose text model takes a mask per layer type (Llama 4: chunked-attention and full-attention
+layers) builds ``attention_mask`` as ``{layer_type: mask}`` from the model's config:
+``PackedCollator(family=ds.family, model_config=model.config)``; see :mod:`packer.families.llama4`.
 
 Padding (``pad_to``, ``pad_to_multiple_of``) forms one more segment per row that
 nothing attends to or from and that attends only to itself, so no softmax row is
@@ -65,7 +71,8 @@ class PackedCollator:
                  pad_token_id: int = 0, rope: str = "default", loss: str = "token", mask_dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", image_processor=None, feature_extractor=None, processor=None,
                  patch_size: int | None = None, image_embeddings=None, audio_features=None, video_processor=None,
-                 video_policy=None, tokens_per_second: float | None = None, family: dict[str, Any] | None = None):
+                 video_policy=None, tokens_per_second: float | None = None, family: dict[str, Any] | None = None,
+                 model_config: Any = None):
         if attention not in ATTENTION:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
         family_obj = None
@@ -76,6 +83,7 @@ class PackedCollator:
             if rope == "default" and family.get("rope") == "mrope":
                 rope = "mrope"  # the family's positions: PackedCollator(family=ds.family) needs nothing more
         self.family = family
+        self.model_config = model_config  # the model's config, for a family whose masks depend on it (Llama 4)
         self._family = family_obj
         self._type_ids = {k: v for k, v in (family or {}).get("run_ids", {}).items() if v is not None} \
             if "mm_token_type_ids" in (family or {}).get("model_inputs", ()) else None
@@ -88,7 +96,7 @@ class PackedCollator:
                                  f"use it with rope='mrope' (Qwen2.5-VL)")
             if tokens_per_second <= 0:
                 raise ValueError(f"tokens_per_second must be positive, got {tokens_per_second}")
-            if processor is not None and not timed_processor:
+            if processor is not None and not timed_processor and not hasattr(family_obj, "positions"):
                 raise ValueError(f"tokens_per_second is Qwen2.5-VL's time-scaled mRoPE, but {type(processor).__name__} "
                                  f"takes no second_per_grid_ts: leave tokens_per_second out for Qwen2-VL")
         if loss not in ("token", "sample", "sqrt"):
@@ -105,6 +113,8 @@ class PackedCollator:
         self.pad_token_id, self.rope, self.loss = pad_token_id, rope, loss
         self.mask_dtype, self.device = mask_dtype, device
         self.tokens_per_second = tokens_per_second
+        # a family's own 3-D positions (Qwen3-Omni's TMRoPE), same signature as mrope_positions
+        self._positions = getattr(family_obj, "positions", None) or mrope_positions
         self._untimed = timed_processor and tokens_per_second is None and rope == "mrope"
         step = MediaStep(image_processor=image_processor, feature_extractor=feature_extractor, processor=processor,
                          patch_size=patch_size, image_embeddings=image_embeddings, audio_features=audio_features,
@@ -127,6 +137,9 @@ class PackedCollator:
             raise ValueError(trees.VARLEN_REFUSAL if self.attention in FLATTENED else
                              f"family {self.family['name']}: its linear-attention layers carry one state along a segment, "
                              f"so a branch cannot restart from its prompt; build with --preference pairs")
+        if tree is not None and self.rope == "mrope" and self._positions is not mrope_positions:
+            raise ValueError(f"family {self.family['name']}: its own positions (a family hook) do not position a "
+                             f"preference tree's branches after their prompt; build with --preference pairs")
         if self.attention in FLATTENED:
             rows = [_concatenate(rows)]
         length = self._length(max(int(r["n_tokens"]) for r in rows))
@@ -166,11 +179,11 @@ class PackedCollator:
             out.update(self.media_step(out["media"]))
         if self.rope == "mrope":
             out["position_ids"] = torch.stack([
-                mrope_positions(length, list(zip(c[:-1].tolist(), c[1:].tolist(), strict=True)), r["media"],
-                                self.tokens_per_second, parents=None if tree is None else tree[b].tolist())
+                self._positions(length, list(zip(c[:-1].tolist(), c[1:].tolist(), strict=True)), r["media"],
+                                self.tokens_per_second, **({} if tree is None else {"parents": tree[b].tolist()}))
                 for b, (c, r) in enumerate(zip(cu, rows, strict=True))], dim=1)
             pad = segment == torch.as_tensor([len(c) - 1 for c in cu])[:, None]
-            out["position_ids"][:, pad] = position[pad]
+            out["position_ids"][:, pad] = position[pad].to(out["position_ids"].dtype)
         else:
             out["position_ids"] = position
         if (self.family or {}).get("linear_attention"):
@@ -190,6 +203,10 @@ class PackedCollator:
         if (self.family or {}).get("linear_attention") and isinstance(out.get("attention_mask"), torch.Tensor):
             # a hybrid model takes one mask per layer type: ours for attention, none for the recurrent layers
             out["attention_mask"] = {"full_attention": out["attention_mask"], "linear_attention": None}
+        layer_masks = getattr(self._family, "attention_masks", None)  # a mask per layer type (Llama 4)
+        if layer_masks is not None:
+            out.update(layer_masks(cu, segment, position, self.attention, base=out.get("attention_mask"),
+                                   mask_dtype=self.mask_dtype, device=self.device, model_config=self.model_config))
         return out
 
     def _linear_attention(self, out: dict[str, Any], cu: list[np.ndarray], length: int, batch: int) -> None:
@@ -236,6 +253,7 @@ def _concatenate(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw", "image_sizes",
+              "batch_num_images",  # LLaVA-OneVision: the images of each record (which were tiled)
               "pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "input_features", "feature_attention_mask",
               "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from packer.io.fs import is_remote, location
 from packer.io.fs import stat as fs_stat
 from packer.media.load import resolve_ref
 from packer.shards.io import read_shard
@@ -37,7 +38,7 @@ class _ShardedTable:
                  check_media: bool = True):
         if format not in ("numpy", "torch"):
             raise ValueError(f"format must be numpy or torch, got {format!r}")
-        self.out = Path(out)
+        self.out = location(out)  # a local folder, or a URL: shards are then read through a local copy
         self.format = format
         self.manifest = Manifest.read(self.out)  # raises SchemaVersionError on an unknown version
         # Stored refs are relative to the build's media root; another root when the media moved.
@@ -65,7 +66,7 @@ class _ShardedTable:
 
     def _table(self, k: int) -> pa.Table:
         if k not in self._tables:
-            self._tables[k] = read_shard(self.out / self.entries[k].file)
+            self._tables[k] = read_shard(self.out / self.entries[k].file, self.entries[k].sha256)
         return self._tables[k]
 
     def column(self, name: str) -> pa.ChunkedArray:
@@ -148,7 +149,13 @@ class _ShardedTable:
         """The tokenizer as the build used it (``OUT/tokenizer``), placeholder tokens included."""
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(self.out / "tokenizer"))
+        folder = self.out / "tokenizer"
+        if is_remote(self.out):
+            from packer.io.cache import local_folder
+
+            folder = local_folder([(self.out / e.file, e.file.rsplit("/", 1)[-1], e.sha256)
+                                   for e in self.manifest.files.tokenizer])
+        return AutoTokenizer.from_pretrained(str(folder))
 
 
 def _runs(is_placeholder: np.ndarray) -> list[list[int]]:

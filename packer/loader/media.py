@@ -106,7 +106,7 @@ class MediaStep:
             video_processor = video_processor or getattr(processor, "video_processor", None)
             patch_size = patch_size or getattr(processor, "patch_size", None)
             strategy = getattr(processor, "vision_feature_select_strategy", "default")
-            if strategy not in (None, "default"):
+            if strategy not in (None, "default") and family is None:  # a family counts its own strategy
                 raise ValueError(f"vision_feature_select_strategy {strategy!r}: packer counts LLaVA images with "
                                  f"'default' (the CLS token dropped)")
         self.image_processor, self.feature_extractor = image_processor, feature_extractor
@@ -140,7 +140,8 @@ class MediaStep:
             out.update(self._audio(audio))
         if videos:
             out.update(self._videos(videos))
-        return out
+        merge = getattr(self.model_family, "merge_inputs", None)  # a family whose kinds share one input (InternVL)
+        return merge(out, ordered) if merge is not None else out
 
     # ------------------------------------------------------------------ images
 

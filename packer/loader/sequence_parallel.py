@@ -181,7 +181,8 @@ def _ulysses(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> 
     length = batch["input_ids"].shape[-1]
     extra = -(-length // size) * size - length
     mask = batch.get("attention_mask")
-    if extra and mask is not None and not isinstance(mask, torch.Tensor):
+    layer_masks = mask if isinstance(mask, dict) else {None: mask}  # a mask per layer type (Llama 4), or one
+    if extra and any(m is not None and not isinstance(m, torch.Tensor) for m in layer_masks.values()):
         raise ValueError(f"length {length} is not a multiple of the SP size {size}; build the BlockMask padded: "
                          f"PackedCollator(pad_to_multiple_of={size})")
     shift, shift_w = _shifted(batch)
@@ -203,8 +204,9 @@ def _ulysses(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> 
     padded = torch.cat([cu, torch.tensor([length + extra])]) if extra else cu
     local = torch.unique(torch.clamp(padded, lo, hi)) - lo
     if mask is not None:
-        if isinstance(mask, torch.Tensor) and extra:
-            mask = _extend_mask(mask, extra)
+        if extra:
+            grown = {k: _extend_mask(m, extra) for k, m in layer_masks.items()}
+            mask = grown if isinstance(mask, dict) else grown[None]
         out["attention_mask"] = mask  # global: Ulysses attends over the whole sequence
     pieces = [p for span in batch.get("media", []) for p in _pieces(span, [(lo, hi, 0)])]
     out["media"] = sorted(pieces, key=lambda p: (p.get("batch", 0), p["start"]))

@@ -105,6 +105,39 @@ def csr_from_assignment(order, assign, n_bins):
 
 
 @njit(cache=True)
+def csr_from_assignment_with(order, assign, n_bins, values):
+    """:func:`csr_from_assignment`, also placing ``values`` (``values[t]`` belongs to item
+    ``order[t]``) in the same CSR order in the same pass: no gather over the items after."""
+    counts = np.zeros(n_bins + 1, np.int64)
+    for t in range(order.shape[0]):
+        counts[assign[t] + 1] += 1
+    for b in range(n_bins):
+        counts[b + 1] += counts[b]
+    fill = counts[:-1].copy()
+    indices = np.empty(order.shape[0], np.int64)
+    placed = np.empty(order.shape[0], np.int64)
+    for t in range(order.shape[0]):
+        b = assign[t]
+        indices[fill[b]] = order[t]
+        placed[fill[b]] = values[t]
+        fill[b] += 1
+    return counts, indices, placed
+
+
+@njit(cache=True)
+def reorder_pair(offsets, new_offsets, perm, a, b):
+    """:func:`reorder_values` of two arrays in one pass over the bins."""
+    out_a = np.empty_like(a)
+    out_b = np.empty_like(b)
+    for k in range(perm.shape[0]):
+        src, dst = offsets[perm[k]], new_offsets[k]
+        for j in range(new_offsets[k + 1] - dst):
+            out_a[dst + j] = a[src + j]
+            out_b[dst + j] = b[src + j]
+    return out_a, out_b
+
+
+@njit(cache=True)
 def reorder_values(offsets, new_offsets, perm, values):
     """CSR ``values`` with bin ``perm[k]`` moved to position ``k``, copied block by block."""
     out = np.empty_like(values)

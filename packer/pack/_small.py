@@ -35,6 +35,23 @@ def csr_from_assignment(order: np.ndarray, assign: np.ndarray, n_bins: int) -> t
     return counts, np.asarray(order, np.int64)[np.argsort(assign, kind="stable")]
 
 
+def csr_from_assignment_with(order: np.ndarray, assign: np.ndarray, n_bins: int,
+                             values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`csr_from_assignment`, with ``values`` (``values[t]`` belongs to item ``order[t]``) in the same order."""
+    assign = np.asarray(assign, np.int64)
+    counts = np.zeros(n_bins + 1, np.int64)
+    np.cumsum(np.bincount(assign, minlength=n_bins), out=counts[1:])
+    by_bin = np.argsort(assign, kind="stable")
+    return counts, np.asarray(order, np.int64)[by_bin], np.asarray(values, np.int64)[by_bin]
+
+
+def sorted_decreasing(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    """``lengths[decreasing_order(lengths, capacity)]`` without the gather: lengths are 1..capacity,
+    so the sorted array is each value repeated as often as it occurs (one counting pass, written in order)."""
+    counts = np.bincount(lengths, minlength=capacity + 1)[::-1]
+    return np.repeat(np.arange(capacity, -1, -1, dtype=np.int64), counts)
+
+
 def reorder_values(offsets: np.ndarray, new_offsets: np.ndarray, perm: np.ndarray, values: np.ndarray) -> np.ndarray:
     """CSR ``values`` with bin ``perm[k]`` moved to position ``k``."""
     return values[concat_ranges(offsets[:-1][perm], np.diff(new_offsets))]

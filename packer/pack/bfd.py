@@ -39,10 +39,11 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int, *, seed: int = 0,
     class_rem = (np.arange(n_classes)[:, None] // stride[None, :]) % sizes[None, :] if len(caps) else np.zeros((1, 0), np.int64)
     order = _small.decreasing_order(lengths, capacity)
     need = constraints.need_for(len(lengths))[order].astype(np.int64)  # contiguous in placement order
-    args = (lengths[order], capacity, constraints.max_segments, need, caps, class_rem.astype(np.int64), stride)
+    placed = _small.sorted_decreasing(lengths, capacity)  # = lengths[order], without a random gather
+    args = (placed, capacity, constraints.max_segments, need, caps, class_rem.astype(np.int64), stride)
     if len(lengths) * n_classes < _small.SMALL:  # the Python loop visits every class for every item
-        return _small.csr_from_assignment(order, *_small.bfd(*args))
+        return _small.csr_from_assignment_with(order, *_small.bfd(*args), placed)
     from packer.pack._bfd_numba import bfd
-    from packer.pack._bits import csr_from_assignment
+    from packer.pack._bits import csr_from_assignment_with
 
-    return csr_from_assignment(order, *bfd(*args))
+    return csr_from_assignment_with(order, *bfd(*args), placed)

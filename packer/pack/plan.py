@@ -90,15 +90,17 @@ class Plan:
 
     def reorder(self, order: np.ndarray) -> Plan:
         """The same bins in another order (``order`` is a permutation of bin numbers)."""
-        if len(self.indices) < _small.SMALL:
-            reorder_values = _small.reorder_values
-        else:
-            from packer.pack._bits import reorder_values
-
         order = np.asarray(order, np.int64)
         offsets = np.zeros(len(order) + 1, np.int64)
         np.cumsum(np.diff(self.offsets)[order], out=offsets[1:])
-        moved = {k: reorder_values(self.offsets, offsets, order, getattr(self, k)) for k in ("indices", "lengths")}
+        if len(self.indices) < _small.SMALL:
+            reorder_values = _small.reorder_values
+            moved = {k: reorder_values(self.offsets, offsets, order, getattr(self, k)) for k in ("indices", "lengths")}
+        else:
+            from packer.pack._bits import reorder_pair, reorder_values
+
+            moved = dict(zip(("indices", "lengths"), reorder_pair(self.offsets, offsets, order, self.indices,
+                                                                  self.lengths), strict=True))
         # Whole samples start at 0: keep the (untouched, lazily allocated) zeros rather than copy them.
         starts = reorder_values(self.offsets, offsets, order, self.starts) if self.starts.any() else self.starts
         return dataclasses.replace(self, offsets=offsets, starts=starts, **moved)
@@ -136,15 +138,17 @@ def plan(lengths, capacity: int, *, algorithm: str = "bfd", seed: int = 0, order
     seg_constraints = constraints.subset(segs.sample)
 
     fn = spec.load()
+    placed = None  # the segments' lengths in bin order, when the algorithm gives them (no gather needed)
     if group_by is None:
-        offsets, take = fn(segs.length, capacity, seed=seed, constraints=seg_constraints)
-        offsets, take = np.asarray(offsets, np.int64), np.asarray(take, np.int64)
+        bins = fn(segs.length, capacity, seed=seed, constraints=seg_constraints)
+        offsets, take = np.asarray(bins[0], np.int64), np.asarray(bins[1], np.int64)
+        placed = np.asarray(bins[2], np.int64) if len(bins) > 2 else None
     else:  # one independent packing per group, bins concatenated
         groups = np.unique(np.asarray(group_by)[segs.sample], return_inverse=True)[1]
         offsets_parts, members = [np.zeros(1, np.int64)], []
         for g in range(int(groups.max()) + 1 if len(groups) else 0):
             idx = np.flatnonzero(groups == g)
-            offs, indices = fn(segs.length[idx], capacity, seed=seed + g, constraints=seg_constraints.subset(idx))
+            offs, indices = fn(segs.length[idx], capacity, seed=seed + g, constraints=seg_constraints.subset(idx))[:2]
             offsets_parts.append(np.asarray(offs[1:], np.int64) + sum(len(m) for m in members))
             members.append(idx[np.asarray(indices, np.int64)])
         offsets = np.concatenate(offsets_parts)
@@ -153,7 +157,7 @@ def plan(lengths, capacity: int, *, algorithm: str = "bfd", seed: int = 0, order
         indices, starts = take, np.zeros(len(take), np.int64)
     else:
         indices, starts = segs.sample[take], segs.start[take]
-    result = Plan(offsets, indices, starts, segs.length[take], capacity,
+    result = Plan(offsets, indices, starts, segs.length[take] if placed is None else placed, capacity,
                   dropped, segs.truncated, segs.split, segs.truncated_tokens, segs.pieces_dropped,
                   pieces_lost_media=segs.pieces_lost_media)
     _check_plan(result)

@@ -4,7 +4,7 @@ use, so ``import packer.pack`` stays free of numba.
 An algorithm is a pure function
 
     fn(lengths: int64[n], capacity: int, *, seed: int, constraints: Constraints)
-        -> (offsets: int64[b + 1], indices: int64[n])
+        -> (offsets: int64[b + 1], indices: int64[n]) or (offsets, indices, lengths[indices])
 
 placing every item (all lengths already in 1..capacity, every item's media within the
 caps) into bins in CSR layout. ``supports`` names the constraints it honours; the

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from packer.balance import group_steps, imbalance, imbalance_floor
@@ -43,10 +44,12 @@ from packer.config import FIELDS, BuildConfig
 from packer.cost import CostModel
 from packer.errors import ConfigError
 from packer.io.files import sha256_file, write_text_atomic
+from packer.io.fs import location
 from packer.shards.io import read_shards
 from packer.shards.manifest import REPORT_FILES, Manifest
 from packer.shards.schema import SAMPLE_SCHEMA, ShardEntry
-from packer.shards.stats import ShardStats, length_edges, shard_stats
+from packer.shards.stats import ShardStats, length_edges
+from packer.shards.stats import shard_stats as _shard_stats
 
 MEGABATCH = 50
 # Training throughput the GPU-hour figures assume: about a 7B dense model (6 x 7e9 FLOP per token) on one
@@ -120,8 +123,8 @@ def title(out: Path, manifest: Manifest) -> str:
     """The build's ``name`` when one is set, else the output folder's name.
 
     A pipeline file sets ``name``; a build that should be titled by its folder (``-i/-o``
-    on the command line) leaves it empty. An fsspec output is built in a staging folder,
-    so the name of the URL's last part is used when the manifest records one."""
+    on the command line) leaves it empty. An fsspec output built in a staging folder is
+    named by the URL's last part, which the manifest records."""
     name = str(manifest.config.get("name") or "").strip()
     if name:
         return name
@@ -174,22 +177,28 @@ def dropped_samples(out: Path, manifest: Manifest, cap: int = LIST_CAP) -> dict[
     return {"count": count, "by_reason": dict(by_reason.most_common()), "listed": listed, "capped": count > len(listed)}
 
 
-def truncated_samples(out: Path, manifest: Manifest, s: ShardStats, cap: int = LIST_CAP) -> dict[str, Any]:
+def truncated_samples(out: Path, manifest: Manifest, s: ShardStats, cap: int = LIST_CAP, samples: pa.Table | None = None,
+                      keys=None) -> dict[str, Any]:
     """Which samples ``--oversize truncate`` cut: a packed segment (identity = input file,
     line) shorter than its sample in the samples shards. Only ``truncate`` counts samples as
     truncated, and it keeps one piece from token 0, so no segment_start check is needed
-    (under ``split`` a short first piece is a split, not a truncation)."""
+    (under ``split`` a short first piece is a split, not a truncation). A build passes the
+    samples' source, line and length columns it planned from (``samples``) and ``keys(indices)``
+    for the few listed, so it reads no samples shard."""
     count = int(manifest.stats.get("truncated_samples", 0))
     result: dict[str, Any] = {"count": count, "tokens_cut": int(manifest.stats.get("truncated_tokens", 0)),
                               "found": 0, "listed": [], "capped": False}
     if not count or not manifest.files.samples:
         return result
-    samples = read_shards([out / e.file for e in manifest.files.samples], SAMPLE_SCHEMA)
+    if samples is None:
+        samples = read_shards([out / e.file for e in manifest.files.samples], SAMPLE_SCHEMA)
+        keys = lambda indices: samples.column("key").take(pa.array(indices)).to_pylist()  # noqa: E731
     if samples.num_rows == 0:
         return result
     sample_id = (samples.column("source_index").to_numpy().astype(np.int64) << 40) | samples.column("source_line").to_numpy()
     sample_len = samples.column("length").to_numpy().astype(np.int64)
-    preference = pc.list_value_length(samples.column("responses")).to_numpy(zero_copy_only=False) > 0
+    listed = "response_lengths" if "response_lengths" in samples.column_names else "responses"  # plan columns, or samples
+    preference = pc.list_value_length(samples.column(listed)).to_numpy(zero_copy_only=False) > 0
     sample_id[preference] = -1  # a preference record's segments are its responses, never a truncation
     order = np.argsort(sample_id, kind="stable")
     seg_id = s.array("seg_identity").astype(np.int64)
@@ -198,8 +207,7 @@ def truncated_samples(out: Path, manifest: Manifest, s: ShardStats, cap: int = L
     known = sample_id[pos] == seg_id
     cut = np.flatnonzero(known & (seg_len < sample_len[pos]))
     cut = cut[np.lexsort((seg_id[cut] & ((1 << 40) - 1), seg_id[cut] >> 40))]  # by input file, then line
-    keys = samples.column("key").take(pos[cut[:cap]]).to_pylist()
-    for k, key in zip(cut[:cap].tolist(), keys, strict=True):
+    for k, key in zip(cut[:cap].tolist(), keys(pos[cut[:cap]]), strict=True):
         source = int(seg_id[k] >> 40)
         result["listed"].append({"file": manifest.inputs[source] if source < len(manifest.inputs) else str(source),
                                  "line": int(seg_id[k] & ((1 << 40) - 1)), "id": key, "kept_tokens": int(seg_len[k]),
@@ -238,10 +246,14 @@ def padding_saved(schemes: dict[str, int], real: int, tokens_per_gpu_second: flo
 
 
 def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int = 8, seed: int = 0,
-           tokens_per_gpu_second: float = TOKENS_PER_GPU_SECOND) -> dict[str, Any]:
-    out = Path(out)
+           tokens_per_gpu_second: float = TOKENS_PER_GPU_SECOND, shard_stats: list[ShardStats] | None = None,
+           samples: tuple | None = None) -> dict[str, Any]:
+    """``shard_stats``: the packed shards' stats in manifest order when the caller has them (a build's
+    stage-3 workers computed them), else computed here from the shards; ``samples``: ``(columns,
+    keys)`` for :func:`truncated_samples` when the caller has them (a build), else read from the shards."""
+    out = location(out)
     manifest = manifest or Manifest.read(out)
-    shards = [shard_stats(out / e.file) for e in manifest.files.packed]
+    shards = shard_stats if shard_stats is not None else [_shard_stats(out / e.file) for e in manifest.files.packed]
     s = reduce(ShardStats.merge, shards, ShardStats())
     cap = manifest.max_length
     alone = s.array("seg_alone").astype(np.int64)  # a tree's branch with its prompt, the prompt itself left out
@@ -283,7 +295,7 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
                                                   "split_pieces_dropped", "split_lost_media")},
         "preference": preference_section(s, manifest),
         "quarantine_top": quarantine_examples(out, manifest),
-        "truncated": truncated_samples(out, manifest, s),
+        "truncated": truncated_samples(out, manifest, s, LIST_CAP, *(samples or ())),
         "dropped": dropped_samples(out, manifest),
         "attention": {"block_diagonal": s.attention, "dense": float(s.rows) * cap * cap,
                       "ratio": s.attention / max(1.0, float(s.rows) * cap * cap)},
@@ -307,7 +319,7 @@ def refresh_report(out: str | Path, *, html_path: str | Path | None = None, **se
     given (``report_ranks``, ``report_batch``, ``report_window``; None: the build's) recorded in
     its manifest, whose entries for ``report.json`` / ``report.html`` are updated to the new files
     (so ``packer verify`` keeps passing). Refuses a setting outside its range, as a build does."""
-    out = Path(out)
+    out = location(out)
     unknown = sorted(set(settings) - set(REPORT_SETTINGS))
     if unknown:
         raise ConfigError(f"unknown report setting(s) {', '.join(unknown)}; known: {', '.join(REPORT_SETTINGS)}")
@@ -328,11 +340,12 @@ def refresh_report(out: str | Path, *, html_path: str | Path | None = None, **se
 
 
 def write_report(out: str | Path, manifest: Manifest | None = None, *, html_path: str | Path | None = None,
-                 tokens_per_gpu_second: float = TOKENS_PER_GPU_SECOND) -> dict:
+                 tokens_per_gpu_second: float = TOKENS_PER_GPU_SECOND, shard_stats: list[ShardStats] | None = None,
+                 samples: tuple | None = None) -> dict:
     from packer.report.html import render
 
-    out = Path(out)
-    data = report(out, manifest, tokens_per_gpu_second=tokens_per_gpu_second)
+    out = location(out)
+    data = report(out, manifest, tokens_per_gpu_second=tokens_per_gpu_second, shard_stats=shard_stats, samples=samples)
     write_text_atomic(out / "report.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
     write_text_atomic(Path(html_path) if html_path else out / "report.html", render(data))
     return data

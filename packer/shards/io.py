@@ -1,7 +1,9 @@
 """Arrow IPC stream shards: written atomically, read memory-mapped, version-checked.
 
 The stream format is what ``datasets.Dataset.from_file`` and ``load_dataset("arrow")``
-read, and pyarrow and polars read it too, so shards need no packer to be opened.
+read, and pyarrow and polars read it too, so shards need no packer to be opened. A shard
+of a remote build (a :class:`~packer.io.remote.RemotePath`) is written straight to its
+URL and read through a local copy (:mod:`packer.io.cache`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from packer.errors import PackerError
-from packer.io.files import atomic_open, sha256_file
+from packer.io.files import HashingWriter, atomic_open
+from packer.io.fs import is_remote, location
 from packer.shards.schema import ShardEntry, check_schema
 
 BATCH_ROWS = 1024  # record batch size inside a shard: small enough for streaming readers
@@ -25,21 +28,28 @@ def write_shard(path: str | Path, table: pa.Table, root: str | Path) -> ShardEnt
 def write_shard_batches(path: str | Path, schema: pa.Schema, tables, root: str | Path) -> ShardEntry:
     """Like :func:`write_shard`, from an iterable of tables written one after another, so
     a shard of any size is written holding one batch of rows in memory at a time."""
-    path = Path(path)
+    path, root = location(path), location(root)
     rows = 0
     with atomic_open(path, "wb") as f:
-        with pa.ipc.new_stream(f, schema) as writer:
+        hashed = HashingWriter(f)
+        with pa.ipc.new_stream(hashed, schema) as writer:
             for table in tables:
                 writer.write_table(table, max_chunksize=BATCH_ROWS)
                 rows += table.num_rows
-    return ShardEntry(file=path.relative_to(root).as_posix(), rows=rows, bytes=path.stat().st_size, sha256=sha256_file(path))
+    return ShardEntry(file=path.relative_to(root).as_posix(), rows=rows, bytes=hashed.size, sha256=hashed.sha256())
 
 
-def read_shard(path: str | Path) -> pa.Table:
+def read_shard(path: str | Path, sha256: str | None = None) -> pa.Table:
     """Memory-map a shard (zero-copy) after checking its schema version. A missing,
-    truncated or damaged file raises :class:`~packer.errors.PackerError` naming it."""
+    truncated or damaged file raises :class:`~packer.errors.PackerError` naming it.
+    A remote shard is mapped from its local copy (checked against ``sha256`` when given)."""
     try:
-        source = pa.memory_map(str(path), "r")
+        local = path
+        if is_remote(path):
+            from packer.io.cache import local_copy
+
+            local = local_copy(path, sha256)
+        source = pa.memory_map(str(local), "r")
         reader = pa.ipc.open_stream(source)
         check_schema(reader.schema, str(path))
         return reader.read_all()
@@ -50,7 +60,7 @@ def read_shard(path: str | Path) -> pa.Table:
                           f"packer verify lists every problem, a rebuild replaces it") from None
 
 
-def read_shards(paths: list[Path], schema: pa.Schema) -> pa.Table:
+def read_shards(paths: list[Path], schema: pa.Schema, sha256: list[str] | None = None) -> pa.Table:
     """All shards of one kind as one (chunked, memory-mapped) table."""
-    tables = [read_shard(p) for p in paths]
+    tables = [read_shard(p, h) for p, h in zip(paths, sha256 or [None] * len(paths), strict=True)]
     return pa.concat_tables(tables) if tables else schema.empty_table()

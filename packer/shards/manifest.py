@@ -21,6 +21,7 @@ from typing import Any
 from packer import __version__
 from packer.errors import PackerError, SchemaVersionError
 from packer.io.files import write_text_atomic
+from packer.io.fs import location
 from packer.shards.schema import SCHEMA_VERSION, ShardEntry, version_message
 
 SECTIONS = ("embeddings", "audio_features")  # optional media passes, each {..., "files": [ShardEntry]}
@@ -175,13 +176,13 @@ class Manifest:
             raise PackerError(f"{where} is damaged or not a packer manifest ({type(e).__name__}: {e}); rebuild") from None
 
     def write(self, out: str | Path) -> Manifest:
-        write_text_atomic(Path(out) / MANIFEST, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        write_text_atomic(location(out) / MANIFEST, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
         return self
 
     @classmethod
     def read(cls, out: str | Path, *, allow_failed: bool = False) -> Manifest:
         """The manifest of a finished build (a failed one raises unless ``allow_failed``)."""
-        path = Path(out) / MANIFEST
+        path = location(out) / MANIFEST
         if not path.is_file():
             raise PackerError(f"{out} is not a finished packer build: {path} is missing")
         try:

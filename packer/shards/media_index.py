@@ -59,7 +59,7 @@ class MediaIndex:
     """``ref -> MediaFile`` over a build's ``media.arrow`` (memory-mapped on first use; picklable)."""
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
+        self.path = path if type(path).__name__ == "RemotePath" else Path(path)  # a remote build's: read via a local copy
         self._table: pa.Table | None = None
 
     def __getstate__(self) -> dict[str, Any]:

@@ -120,7 +120,11 @@ class ShardStats:
 
 def shard_stats(path: str | Path) -> ShardStats:
     """Stats of one packed shard, vectorised over its flattened columns (no per-token Python)."""
-    table = read_shard(path)
+    return table_stats(read_shard(path))
+
+
+def table_stats(table: pa.Table) -> ShardStats:
+    """Stats of packed rows (a shard, or any run of its rows: they merge to the shard's)."""
     stats = ShardStats(rows=table.num_rows)
     if table.num_rows == 0:
         return stats

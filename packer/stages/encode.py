@@ -23,13 +23,17 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+
 from packer.encode import Encoder, EncoderSpec
 from packer.errors import BadRecord, PackerError, StrictModeError
-from packer.ingest.reader import MAX_LINE_BYTES, RawLine, read_lines
+from packer.ingest.reader import MAX_LINE_BYTES, RawLine, read_lines, scan_lines
 from packer.io.files import set_durable, write_text_atomic
-from packer.io.fs import parent
-from packer.shards.io import write_shard
+from packer.io.fs import location, parent
+from packer.shards.io import read_shard, write_shard
 from packer.shards.schema import SAMPLE_SCHEMA, QuarantineEntry, Sample, ShardEntry, to_table
+from packer.stages.planning import plan_columns
 from packer.stages.state import INTERNAL_ERROR_FILE, Journal, shard_payload
 
 RAW_PREVIEW = 2000  # characters of a bad line kept in the quarantine
@@ -73,25 +77,36 @@ class EncodeResult:
     shard: ShardEntry | None
     reused: bool = False  # found finished in the journal (a resumed build)
     nbytes: int = 0  # input bytes the task covered (progress)
+    columns: pa.Table | None = None  # the shard's plan columns (planning.plan_columns): the driver plans from these
+    media: list | None = None  # media_files.media_rows of the shard: the driver writes the media index from these
 
 
 def make_tasks(files: list, chunk_records: int, counts: dict[str, int],
                max_line_bytes: int = MAX_LINE_BYTES, max_task_bytes: int | None = None) -> Iterator[EncodeTask]:
     """Stage 1's tasks over ``files``, in order: at most ``chunk_records`` records each, ended
-    after the line that reaches ``max_task_bytes`` (None: no byte bound)."""
+    after the line that reaches ``max_task_bytes`` (None: no byte bound). The driver's scan:
+    lines are located a block at a time (:func:`~packer.ingest.reader.scan_lines`) and tasks
+    cut per batch of lines, not per line."""
     index = 0
     for file_index, path in enumerate(files):
-        first: RawLine | None = None
-        n = 0
-        for raw in read_lines(path, counts, max_line_bytes):
-            if first is None:
-                first = raw
-            n += 1
-            if n == chunk_records or (max_task_bytes is not None and raw.end - first.offset >= max_task_bytes):
-                yield EncodeTask(index, str(path), first.offset, raw.end, first.line, n, max_line_bytes, file_index)
+        first: tuple[int, int] | None = None  # (line, offset) of the open task's first record
+        n = end = 0  # records in the open task; the end of its last one
+        for lines, starts, ends in scan_lines(path, counts, max_line_bytes):
+            k, m = 0, len(lines)
+            while k < m:
+                if first is None:
+                    first = (int(lines[k]), int(starts[k]))
+                last = k + chunk_records - n - 1  # the line that fills the task by count
+                if max_task_bytes is not None:  # or the first that reaches the byte bound
+                    last = min(last, k + int(np.searchsorted(ends[k:], first[1] + max_task_bytes)))
+                if last >= m:  # the task goes on in the next batch
+                    n, end, k = n + m - k, int(ends[m - 1]), m
+                    continue
+                n, end, k = n + last - k + 1, int(ends[last]), last + 1
+                yield EncodeTask(index, str(path), first[1], end, first[0], n, max_line_bytes, file_index)
                 index, first, n = index + 1, None, 0
         if first is not None:
-            yield EncodeTask(index, str(path), first.offset, raw.end, first.line, n, max_line_bytes, file_index)
+            yield EncodeTask(index, str(path), first[1], end, first[0], n, max_line_bytes, file_index)
             index += 1
 
 
@@ -106,7 +121,8 @@ class EncodeState:
 
 def setup(spec: EncoderSpec, out: str, strict: bool, durable: bool = True, on_internal_error: str = "stop") -> EncodeState:
     set_durable(durable)
-    return EncodeState(Encoder(spec), Path(out), strict, Journal(Path(out)), on_internal_error)
+    where = location(out)  # a local folder, or a URL the worker writes directly
+    return EncodeState(Encoder(spec), where, strict, Journal(where), on_internal_error)
 
 
 def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
@@ -117,8 +133,10 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
         done = None  # quarantined by an earlier run that allowed it: redone, and stopped at
     if done is not None:
         shard = ShardEntry(**done["shard"]) if done["shard"] else None
+        table = read_shard(state.out / shard.file, shard.sha256) if shard else None
         return EncodeResult(task.index, task.file, task.records, [QuarantineEntry(**q) for q in done["quarantine"]],
-                            shard, reused=True, nbytes=task.end - task.start)
+                            shard, reused=True, nbytes=task.end - task.start, columns=plan_columns(table) if shard else None,
+                            media=_media(state, table) if shard else [])
     samples, bad = [], []
     file_dir = parent(task.file)
     try:
@@ -138,16 +156,26 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
             bad.append(quarantine_entry(task.file, raw, result))
         else:
             samples.append(result)
-    shard = None
+    shard = columns = media = None
     target = state.out / "samples" / f"part-{task.index:05d}.arrow"
     try:  # output I/O (disk full, permissions) stops the build with the path, not a traceback
         if samples:
-            shard = write_shard(target, to_table(samples, SAMPLE_SCHEMA), state.out)
+            table = to_table(samples, SAMPLE_SCHEMA)
+            shard = write_shard(target, table, state.out)
+            columns, media = plan_columns(table), _media(state, table)
         state.journal.record("encode", task.index, shard_payload(shard, quarantine=[asdict(q) for q in bad], **identity))
     except OSError as e:
         raise PackerError(f"cannot write stage-1 output for task {task.index} under {state.out}: {e}; check the "
                           f"free space and permissions there") from e
-    return EncodeResult(task.index, task.file, task.records, bad, shard, nbytes=task.end - task.start)
+    return EncodeResult(task.index, task.file, task.records, bad, shard, nbytes=task.end - task.start, columns=columns,
+                        media=media if shard else [])
+
+
+def _media(state: EncodeState, table: pa.Table) -> list:
+    """The media-index rows of a task's samples, looked up here on the worker (:func:`media_rows`)."""
+    from packer.stages.media_files import media_rows
+
+    return media_rows(table, state.encoder.spec.media_base, bool(getattr(state.encoder.spec.config, "media_hash", False)))
 
 
 def stop_on_internal_error(out: Path, file: str, raw: RawLine, error: BadRecord) -> None:

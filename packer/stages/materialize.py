@@ -16,9 +16,11 @@ import pyarrow.compute as pc
 
 from packer._ranges import concat_ranges, csr_offsets
 from packer.io.files import set_durable
+from packer.io.fs import location
 from packer.pack.trees import PLAIN, PROMPT, structure
 from packer.shards.io import read_shard, write_shard_batches
 from packer.shards.schema import IGNORE, PACKED_SCHEMA, SAMPLE_SCHEMA, ShardEntry
+from packer.shards.stats import ShardStats, table_stats
 from packer.stages.state import Journal, shard_payload
 
 BYTES_PER_TOKEN = 8  # input_ids + labels, int32 each
@@ -115,29 +117,42 @@ class MaterializeState:
     journal: Journal
 
 
-def setup(out: str, sample_files: list[str], plan_sha256: str, durable: bool = True) -> MaterializeState:
+def setup(out: str, sample_files: list[str], plan_sha256: str, durable: bool = True,
+          sample_sha256: list[str] | None = None) -> MaterializeState:
+    """The samples and the plan, memory-mapped (a remote build's through local copies, checked
+    against ``sample_sha256`` / ``plan_sha256``)."""
     set_durable(durable)
-    out_path = Path(out)
-    samples = SampleStore([read_shard(out_path / f) for f in sample_files])
-    return MaterializeState(samples, read_shard(out_path / "plan.arrow"), out_path, plan_sha256, Journal(out_path))
+    out_path = location(out)
+    shas = sample_sha256 or [None] * len(sample_files)
+    samples = SampleStore([read_shard(out_path / f, sha) for f, sha in zip(sample_files, shas, strict=True)])
+    return MaterializeState(samples, read_shard(out_path / "plan.arrow", plan_sha256), out_path, plan_sha256,
+                            Journal(out_path))
 
 
 @dataclass(frozen=True)
 class MaterializeResult:
     shard: ShardEntry
     reused: bool = False  # found finished in the journal (a resumed build)
+    stats: ShardStats | None = None  # the report's accumulators for this shard, so the driver never reads it back
 
 
 def materialize_task(state: MaterializeState, task: MaterializeTask) -> MaterializeResult:
     identity = {"plan_sha256": state.plan_sha256, "rows": [task.row_start, task.row_stop]}
     done = state.journal.load("pack", task.index, check=identity)
     if done is not None:
-        return MaterializeResult(ShardEntry(**done["shard"]), reused=True)
-    batches = (pack_rows(state.samples, state.plan.slice(start, min(ROWS_PER_BATCH, task.row_stop - start)))
-               for start in range(task.row_start, task.row_stop, ROWS_PER_BATCH))
-    entry = write_shard_batches(state.out / "packed" / f"part-{task.index:05d}.arrow", PACKED_SCHEMA, batches, state.out)
+        entry = ShardEntry(**done["shard"])
+        return MaterializeResult(entry, reused=True, stats=table_stats(read_shard(state.out / entry.file, entry.sha256)))
+    stats = [ShardStats()]
+
+    def batches():
+        for start in range(task.row_start, task.row_stop, ROWS_PER_BATCH):
+            rows = pack_rows(state.samples, state.plan.slice(start, min(ROWS_PER_BATCH, task.row_stop - start)))
+            stats[0] = stats[0].merge(table_stats(rows))
+            yield rows
+
+    entry = write_shard_batches(state.out / "packed" / f"part-{task.index:05d}.arrow", PACKED_SCHEMA, batches(), state.out)
     state.journal.record("pack", task.index, shard_payload(entry, **identity))
-    return MaterializeResult(entry)
+    return MaterializeResult(entry, stats=stats[0])
 
 
 def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:

@@ -1,9 +1,12 @@
 """After stage 1: ``media.arrow``, the size, modification time (and with ``--media-hash`` the
 sha256) of every media file the samples name (:mod:`packer.shards.media_index`).
 
-The files are looked up once more after stage 1 rather than at probe time, so a file that
-changed while stage 1 ran may be recorded as it is now (the window is the stage's length);
-``packer verify --media`` and the loader compare against these rows.
+Each stage-1 task looks its samples' files up once more when it has written them
+(:func:`media_rows`, rather than at probe time), so a file that changed while the task ran
+may be recorded as it is now (the window is the task's length); the driver keeps each
+file's first row, in task order, and writes the index (:func:`write_media_index`). So the
+lookups (and hashes) run on the workers, in parallel, and the driver never reads the samples
+back. ``packer verify --media`` and the loader compare against these rows.
 """
 
 from __future__ import annotations
@@ -53,15 +56,19 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def write_media_index(out: Path, samples, media_root: str, with_hash: bool = False) -> ShardEntry | None:
-    """``OUT/media.arrow`` for ``samples`` (None, and no file, when they name no media)."""
+def media_rows(samples, media_root: str, with_hash: bool = False) -> list[MediaFile]:
+    """A row for every file ``samples`` name, by ref (a stage-1 task's, on its worker)."""
     refs = sorted(media_refs(samples))
-    if not refs:
+    if with_hash and len(refs) > 1:
+        with ThreadPoolExecutor(HASH_THREADS) as pool:
+            return list(pool.map(lambda r: file_row(r, media_root, True), refs))
+    return [file_row(r, media_root, with_hash) for r in refs]
+
+
+def write_media_index(out: Path, rows: list[MediaFile]) -> ShardEntry | None:
+    """``OUT/media.arrow`` from the tasks' rows (one per ref, sorted here; None, and no file, when
+    the samples name no media)."""
+    if not rows:
         (out / MEDIA_INDEX).unlink(missing_ok=True)
         return None
-    if with_hash:
-        with ThreadPoolExecutor(HASH_THREADS) as pool:
-            rows = list(pool.map(lambda r: file_row(r, media_root, True), refs))
-    else:
-        rows = [file_row(r, media_root, False) for r in refs]
-    return write_shard(out / MEDIA_INDEX, media_table(rows), out)
+    return write_shard(out / MEDIA_INDEX, media_table(sorted(rows, key=lambda r: r.ref)), out)

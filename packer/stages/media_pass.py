@@ -106,10 +106,12 @@ class _NoBar:
 
 def embeddings_task(out: str, sample_files: list[str], config, media_root: str) -> dict[str, Any]:
     """The embedding pass as one self-contained task (what the Ray engine ships to a GPU worker)."""
+    from packer.io.fs import location
     from packer.media.embed import EmbedSpec, ImageEmbedder
     from packer.shards.io import read_shards
     from packer.shards.schema import SAMPLE_SCHEMA
 
     embedder = ImageEmbedder(EmbedSpec.from_config(config))
-    samples = read_shards([Path(out) / f for f in sample_files], SAMPLE_SCHEMA)
-    return image_embeddings(Path(out), samples, embedder, config, _NoBar(), media_root)
+    where = location(out)
+    samples = read_shards([where / f for f in sample_files], SAMPLE_SCHEMA)
+    return image_embeddings(where, samples, embedder, config, _NoBar(), media_root)

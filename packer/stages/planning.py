@@ -1,10 +1,12 @@
 """Stage 2: plan. The samples' lengths (and a few attributes) in, ``plan.arrow`` out.
 
-Only the lengths array and, where constraints ask for them, per-sample media counts
-and modality labels are held in memory. Samples over ``max_length`` are the only rows
-read in full: their media spans (never cut through; a split piece that follows a span it
-does not hold is left out, ``split_lost_media``) and label masks (a piece with nothing to
-train is left out) feed the oversize policy of :func:`packer.pack.plan`.
+The driver holds a few columns per sample (:func:`plan_columns`: length, input file,
+line, modality, media counts; 32 bytes a sample), which each stage-1 task returns with its
+result, so the samples shards themselves are not read to plan (a remote build's would be
+downloaded). Samples over ``max_length`` are the only rows read in full
+(:class:`SampleRows`): their media spans (never cut through; a split piece that follows a
+span it does not hold is left out, ``split_lost_media``) and label masks (a piece with
+nothing to train is left out) feed the oversize policy of :func:`packer.pack.plan`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from packer._ranges import csr_offsets
 from packer.config import BuildConfig
 from packer.errors import ConfigError
 from packer.mix import Mix, mix
@@ -23,8 +26,55 @@ from packer.pack.trees import Responses, expand
 from packer.shards.schema import IGNORE, MEDIA_KINDS, PLAN_SCHEMA
 
 
+def plan_columns(samples: pa.Table) -> pa.Table:
+    """The columns of ``samples`` (rows of the samples schema) that stage 2 and the accounting read; a
+    preference sample's shared ``prefix`` and its responses' lengths (``response_lengths``, empty for other
+    samples: its responses are consecutive from token 0)."""
+    counts = media_counts(samples)
+    spans = samples.column("responses").combine_chunks() if samples.num_rows else pa.array([], samples.schema.field(
+        "responses").type)
+    response_lengths = pa.ListArray.from_arrays(spans.offsets, pc.struct_field(spans.values, "length"))
+    return pa.table({"length": samples.column("length"), "source_index": samples.column("source_index"),
+                     "source_line": samples.column("source_line"), "modality": samples.column("modality"),
+                     **{f"media_{k}": pa.array(v, pa.int32()) for k, v in counts.items()},
+                     "prefix": samples.column("prefix"), "response_lengths": response_lengths})
+
+
+class SampleRows:
+    """Whole rows of the samples shards by sample number; a shard is read (a remote one
+    downloaded) only when one of its rows is asked for."""
+
+    def __init__(self, paths: list, rows: list[int], sha256: list[str | None] | None = None):
+        from packer.shards.io import read_shard
+
+        self.read = read_shard
+        self.paths, self.sha256 = paths, sha256 or [None] * len(paths)
+        self.starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        self.tables: dict[int, pa.Table] = {}
+
+    def __call__(self, indices: np.ndarray, columns: list[str]) -> pa.Table:
+        indices = np.asarray(indices, np.int64)
+        shard = np.searchsorted(self.starts, indices, side="right") - 1
+        parts, order = [], []
+        for k in np.unique(shard).tolist():
+            if k not in self.tables:
+                self.tables[k] = self.read(self.paths[k], self.sha256[k])
+            mine = np.flatnonzero(shard == k)
+            parts.append(self.tables[k].select(columns).take(pa.array(indices[mine] - self.starts[k])))
+            order.append(mine)
+        if not parts:
+            from packer.shards.schema import SAMPLE_SCHEMA
+
+            return SAMPLE_SCHEMA.empty_table().select(columns)
+        table = pa.concat_tables(parts)
+        return table.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
+
+
 def media_counts(samples: pa.Table) -> dict[str, np.ndarray]:
-    """Number of media items of each kind per sample, chunk by chunk (no full copy)."""
+    """Number of media items of each kind per sample, chunk by chunk (no full copy); from
+    :func:`plan_columns`' counts when ``samples`` holds those."""
+    if "media" not in samples.column_names:
+        return {k: samples.column(f"media_{k}").to_numpy().astype(np.int64) for k in MEDIA_KINDS}
     counts = {k: np.zeros(samples.num_rows, np.int64) for k in MEDIA_KINDS}
     base = 0
     for chunk in samples.column("media").chunks:
@@ -46,40 +96,49 @@ def modality_codes(samples: pa.Table) -> tuple[np.ndarray, list[str]]:
     return (np.concatenate(codes) if codes else np.zeros(0, np.int32)), list(names)
 
 
-def oversize_inputs(samples: pa.Table, over: np.ndarray) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
-    """Media spans and trained-token masks of the samples over capacity (only those rows are read)."""
+def oversize_inputs(rows, over: np.ndarray) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """Media spans and trained-token masks of the samples over capacity (only those rows are read:
+    ``rows(indices, columns)``, a :class:`SampleRows`)."""
     protected, trained = {}, {}
     if over.size:
-        rows = [samples.slice(int(i), 1).select(["labels", "media"]).to_pylist()[0] for i in over]
-        for i, row in zip(over.tolist(), rows, strict=True):
+        for i, row in zip(over.tolist(), rows(over, ["labels", "media"]).to_pylist(), strict=True):
             protected[i] = np.array([(m["start"], m["length"]) for m in row["media"]], np.int64).reshape(-1, 2)
             trained[i] = np.asarray(row["labels"]) != IGNORE
     return protected, trained
 
 
 def preference_responses(samples: pa.Table) -> Responses:
-    """The preference samples' responses and shared prefixes (only those rows' lists are read)."""
-    n = pc.list_value_length(samples.column("responses")).to_numpy(zero_copy_only=False).astype(np.int64) \
+    """The preference samples' responses and shared prefixes, from :func:`plan_columns` (``response_lengths``)
+    or from the samples themselves (``responses``); only those rows' lists are read."""
+    column = "response_lengths" if "response_lengths" in samples.column_names else "responses"
+    n = pc.list_value_length(samples.column(column)).to_numpy(zero_copy_only=False).astype(np.int64) \
         if samples.num_rows else np.zeros(0, np.int64)
     rows = np.flatnonzero(n > 0)
     if not len(rows):
         empty = np.zeros(0, np.int64)
         return Responses(empty, empty, empty, empty, empty)
-    picked = samples.select(["responses", "prefix"]).take(pa.array(rows))
-    spans = pc.list_flatten(picked.column("responses"))
-    return Responses(rows, n[rows], picked.column("prefix").to_numpy().astype(np.int64),
-                     pc.struct_field(spans, "start").to_numpy().astype(np.int64),
-                     pc.struct_field(spans, "length").to_numpy().astype(np.int64))
+    picked = samples.select([column, "prefix"]).take(pa.array(rows))
+    flat = pc.list_flatten(picked.column(column))
+    lengths = (flat if column == "response_lengths" else pc.struct_field(flat, "length")).to_numpy().astype(np.int64)
+    counts = n[rows]
+    before = np.cumsum(lengths) - lengths  # tokens of the responses listed before each, over all samples
+    starts = before - np.repeat(before[csr_offsets(counts)[:-1]], counts)  # consecutive from each sample's token 0
+    return Responses(rows, counts, picked.column("prefix").to_numpy().astype(np.int64), starts, lengths)
 
 
-def plan_samples(samples: pa.Table, config: BuildConfig, source_of_file: list[int] | None = None) -> tuple[Plan, Mix]:
+def plan_samples(samples: pa.Table, config: BuildConfig, source_of_file: list[int] | None = None,
+                 rows=None) -> tuple[Plan, Mix]:
     """The plan of ``samples`` under ``config``, after the sources' weights and caps
     (:mod:`packer.mix`): the planner sees every copy; the plan names samples.
+    ``samples``: :func:`plan_columns` of the samples (or the samples themselves);
+    ``rows``: their whole rows (:class:`SampleRows`; by default taken from ``samples``).
     ``source_of_file[k]`` is the ``input`` entry input file ``k`` came from.
 
     A preference sample is one item of its length in the build's layout (:mod:`packer.pack.trees`),
     never cut: one over ``max_length`` is dropped (``preference_too_long``) whatever the oversize
     policy. The plan then holds its segments (a tree's prompt and branches, or each response)."""
+    if rows is None:
+        rows = lambda indices, columns: samples.select(columns).take(pa.array(indices))  # noqa: E731
     lengths = samples.column("length").to_numpy().astype(np.int64)
     responses = preference_responses(samples)
     layout = config.preference
@@ -92,21 +151,22 @@ def plan_samples(samples: pa.Table, config: BuildConfig, source_of_file: list[in
         lengths = lengths.copy()
         lengths[responses.sample] = items
         long_items = responses.sample[items > config.max_length]
-    file_of_sample = samples.column("source_index").to_numpy().astype(np.int64) if samples.num_rows else np.zeros(0, np.int64)
     sources = config.sources()
-    if source_of_file is not None and any(s.mixed for s in sources):
-        source_of_sample = np.asarray(source_of_file, np.int64)[file_of_sample]
-    else:
-        source_of_sample = np.zeros(len(lengths), np.int64)
-    m = mix(source_of_sample, sources, config.seed)
+    mixed = source_of_file is not None and any(s.mixed for s in sources)
+    if mixed:
+        file_of_sample = samples.column("source_index").to_numpy().astype(np.int64)
+        m = mix(np.asarray(source_of_file, np.int64)[file_of_sample], sources, config.seed)
+    else:  # every sample once: the selection is the identity (not built from source numbers, not copied below)
+        m = Mix(np.arange(len(lengths), dtype=np.int64), np.ones(len(lengths), np.int64))
     sel = m.selection
     dropped_long = np.zeros(0, np.int64)
     if len(long_items):
         dropped_long = np.intersect1d(long_items, sel)
         sel = sel[~np.isin(sel, long_items)]
+    subset = mixed or len(dropped_long) > 0  # the planner sees lengths[sel], not every sample once
     over = np.flatnonzero(lengths > config.max_length) if config.oversize in ("truncate", "split") else np.zeros(0, np.int64)
     over = over[~np.isin(over, responses.sample)]
-    protected, trained = oversize_inputs(samples, over)
+    protected, trained = oversize_inputs(rows, over)
     positions = {int(i): range(int(np.searchsorted(sel, i)), int(np.searchsorted(sel, i, "right"))) for i in over}
     caps = config.media_caps()
     group_by = modality_codes(samples)[0][sel] if config.group_by == "modality" else None
@@ -118,13 +178,13 @@ def plan_samples(samples: pa.Table, config: BuildConfig, source_of_file: list[in
                 v[responses.sample] //= responses.n
         media = {k: v[sel] for k, v in counts.items()}
     p = plan(
-        lengths[sel], config.max_length, algorithm=config.algorithm, seed=config.seed, order=config.order,
+        lengths[sel] if subset else lengths, config.max_length, algorithm=config.algorithm, seed=config.seed, order=config.order,
         oversize=config.oversize, max_segments=config.max_segments or None, media=media, max_media=caps or None,
         group_by=group_by,
         protected={int(q): protected[i] for i, qs in positions.items() for q in qs},
         trained={int(q): trained[i] for i, qs in positions.items() for q in qs},
     )
-    if not (len(sel) == len(lengths) and np.array_equal(sel, np.arange(len(lengths)))):  # copy k is not sample k
+    if subset and not (len(sel) == len(lengths) and np.array_equal(sel, np.arange(len(lengths)))):  # copy k != sample k
         p = dataclasses.replace(
             p, indices=sel[p.indices], dropped={r: np.unique(sel[v]) for r, v in p.dropped.items()},
             truncated=np.unique(sel[p.truncated]), split=np.unique(sel[p.split]))

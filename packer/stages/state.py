@@ -12,7 +12,10 @@
   entry exists and its shard still has the recorded sha256; otherwise it is redone.
 
 ``OUT/.packer.lock`` is held (``flock``) for the whole build, so two builds cannot write
-one folder; the kernel releases it when a process dies, ``kill -9`` included.
+one folder; the kernel releases it when a process dies, ``kill -9`` included. A build to
+a URL (object storage has no lock) holds it in a local folder named after the URL
+(:func:`packer.io.cache.lock_folder`): two builds of one URL from one machine exclude
+each other, builds from two machines must not share a URL.
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ class BuildLock:
     (:meth:`release` with ``discard``) leaves no lock file, and no folder it made."""
 
     def __init__(self, out: Path):
+        if not isinstance(out, Path):  # a RemotePath (an fsspec URL)
+            from packer.io.cache import lock_folder
+
+            out = lock_folder(str(out))
         if out.exists() and not out.is_dir():
             raise ConfigError(f"output {out} is a file, not a folder; choose another -o")
         self.out = out
@@ -236,14 +243,14 @@ def written_by_build(out: Path) -> set[Path]:
 
 def clear_build(out: Path) -> None:
     """Remove what :func:`written_by_build` names, the resume state, and build folders left empty."""
-    import shutil
+    from packer.io.fs import rmtree
 
     (out / "manifest.json").unlink(missing_ok=True)  # first, so a half-done rebuild never looks finished
     for path in sorted(written_by_build(out)):
-        if path.is_file() or path.is_symlink():
+        if path.is_file() or (isinstance(path, Path) and path.is_symlink()):
             path.unlink(missing_ok=True)
-    shutil.rmtree(out / STATE_DIR, ignore_errors=True)
-    shutil.rmtree(out / ".tokenizer.tmp", ignore_errors=True)
+    rmtree(out / STATE_DIR)
+    rmtree(out / ".tokenizer.tmp")
     for folder in BUILD_DIRS:
         try:
             (out / folder).rmdir()  # only when empty: a user's file keeps its folder

@@ -1,0 +1,57 @@
+"""InternVL3 / 3.5 test assets: ``InternVLProcessor`` built in code around the Qwen tokenizer (InternVL's text
+models are Qwen2.5 / Qwen3) with InternVL's named special tokens, saved into a checkpoint folder and loaded back;
+a tiny random-init ``InternVLForConditionalGeneration`` (Qwen2 text model).
+
+Tiles are 56 px of 14-px patches, so after the 0.5 pixel shuffle each tile (and each video frame) is 4
+``<IMG_CONTEXT>`` features (``image_seq_length``); at most 6 tiles an image (plus the thumbnail).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from family_assets import QWEN_TOKENIZER, TEMPLATES, FamilyAssets, _init, _save_and_load
+
+TILE = 56
+SEQ = 4  # (56 / 14)² x 0.5²
+# InternVL's tokenizer declares these as named extra special tokens (InternVLProcessor reads them as attributes).
+SPECIAL = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+           "video_token": "<video>"}
+
+
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(QWEN_TOKENIZER, extra_special_tokens=dict(SPECIAL))
+
+
+def internvl_processor(folder: Path, image: dict[str, Any] | None = None, video: dict[str, Any] | None = None):
+    """The processor saved into ``folder`` and loaded back; ``image`` / ``video`` override the sub-processors'
+    settings (the default video processor samples 3 frames, centred: every fixture clip has at least 3)."""
+    from transformers import GotOcr2ImageProcessor, InternVLProcessor, InternVLVideoProcessor
+
+    ip = GotOcr2ImageProcessor(**{"size": {"height": TILE, "width": TILE}, "max_patches": 6, **(image or {})})
+    vp = InternVLVideoProcessor(**{"size": {"height": TILE, "width": TILE}, "do_sample_frames": True, "num_frames": 3,
+                                   **(video or {})})
+    proc = InternVLProcessor(image_processor=ip, tokenizer=tokenizer(), video_processor=vp, image_seq_length=SEQ,
+                             chat_template=(TEMPLATES / "internvl.jinja").read_text())
+    return _save_and_load(proc, folder)
+
+
+def internvl_model(processor, impl: str, seed: int = 0):
+    from transformers import InternVLConfig, InternVLForConditionalGeneration
+
+    tok = processor.tokenizer
+    text = dict(model_type="qwen2", vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                tie_word_embeddings=False)
+    vision = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=TILE,
+                  patch_size=14)
+    cfg = InternVLConfig(vision_config=vision, text_config=text, image_token_id=tok.convert_tokens_to_ids("<IMG_CONTEXT>"),
+                         image_seq_length=SEQ, downsample_ratio=0.5, tie_word_embeddings=False)
+    cfg._attn_implementation = impl
+    return _init(InternVLForConditionalGeneration(cfg), seed)
+
+
+ASSETS = FamilyAssets("internvl", ("image", "video"), internvl_processor, internvl_model)

@@ -1,0 +1,60 @@
+"""LLaVA-OneVision test assets, built here (no download): ``LlavaOnevisionProcessor`` around the Qwen tokenizer
+with the family's ``<image>`` / ``<video>`` tokens added (as its tokenizer declares them), saved into a checkpoint
+folder and loaded back, and a tiny random-init ``LlavaOnevisionForConditionalGeneration`` (SigLIP tower + Qwen2).
+
+Scaled down, the geometry is the real one: 32 px tiles of 8 px patches (4 x 4 = 16 features a tile, the role of
+SigLIP's 27 x 27 = 729), grid pinpoints up to 3 x 3 tiles, and ``anyres_max_4`` so that grids of over 4.84 tiles'
+worth of features are interpolated down (the real ``anyres_max_9`` over 6 x 6 tiles does the same at 729).
+Videos are sampled to 3 frames (``num_frames``), so every batch's videos stack into one tensor.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from family_assets import QWEN_TOKENIZER, TEMPLATES, FamilyAssets, _init, _save_and_load
+
+TILE, PATCH = 32, 8
+PINPOINTS = [[32 * a, 32 * b] for a in range(1, 4) for b in range(1, 4)]
+SPECIAL = {"image_token": "<image>", "video_token": "<video>"}
+
+
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(QWEN_TOKENIZER, extra_special_tokens=SPECIAL)
+
+
+def processor(folder: Path, *, aspect: str = "anyres_max_4", strategy: str = "full", **video):
+    from transformers import LlavaOnevisionImageProcessor, LlavaOnevisionProcessor, LlavaOnevisionVideoProcessor
+
+    ip = LlavaOnevisionImageProcessor(size={"height": TILE, "width": TILE}, image_grid_pinpoints=PINPOINTS)
+    vp = LlavaOnevisionVideoProcessor(size={"height": TILE, "width": TILE}, **({"do_sample_frames": True, "num_frames": 3}
+                                                                              | video))
+    proc = LlavaOnevisionProcessor(image_processor=ip, tokenizer=tokenizer(), video_processor=vp,
+                                   num_image_tokens=(TILE // PATCH) ** 2 + (strategy == "default"),
+                                   vision_feature_select_strategy=strategy, vision_aspect_ratio=aspect,
+                                   chat_template=(TEMPLATES / "llava_onevision.jinja").read_text())
+    return _save_and_load(proc, folder)
+
+
+def model(processor, impl: str, seed: int = 0):
+    from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration
+
+    tok = processor.tokenizer
+    vision = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, image_size=TILE, patch_size=PATCH, vision_use_head=False)
+    text = dict(model_type="qwen2", vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192, tie_word_embeddings=False)
+    cfg = LlavaOnevisionConfig(vision_config=vision, text_config=text, image_token_index=tok.convert_tokens_to_ids("<image>"),
+                               video_token_index=tok.convert_tokens_to_ids("<video>"), image_grid_pinpoints=PINPOINTS,
+                               vision_aspect_ratio=processor.vision_aspect_ratio,
+                               vision_feature_select_strategy=processor.vision_feature_select_strategy,
+                               vision_feature_layer=-1)
+    cfg._attn_implementation = impl
+    cfg.text_config._attn_implementation = impl
+    cfg.vision_config._attn_implementation = impl
+    return _init(LlavaOnevisionForConditionalGeneration(cfg), seed)
+
+
+ASSETS = FamilyAssets("llava_onevision", ("image", "video"), processor, model)

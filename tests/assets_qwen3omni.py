@@ -1,0 +1,65 @@
+"""Qwen3-Omni (thinker) test assets, built here (no download): ``Qwen3OmniMoeProcessor`` around the Qwen tokenizer
+with the family's tokens declared as its tokenizer declares them (``image_token`` ``<|image_pad|>``, ``audio_token``
+``<|audio_pad|>``, ``audio_bos_token`` ``<|audio_start|>``, ...), saved into a checkpoint folder and loaded back, and a
+tiny random-init ``Qwen3OmniMoeThinkerForConditionalGeneration``: 2 layers, a mixture of 2 experts, a 2-layer vision
+tower (patch 16, merge 2, DeepStack at layer 0) and a 2-layer audio encoder (128 mel bins, 100-frame blocks).
+
+Images take 4 to 48 tokens (32 px each); videos are sampled at 2 frames a second, at most 8 frames, at the size the
+processor imposes on every call (128 to 768 tokens a frame pair); audio at 16 kHz, whole (no 30 s cut).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from family_assets import QWEN_TOKENIZER, TEMPLATES, FamilyAssets, _init, _save_and_load
+
+SPECIAL = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "audio_token": "<|audio_pad|>",
+           "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>",
+           "audio_bos_token": "<|audio_start|>", "audio_eos_token": "<|audio_end|>"}
+IMAGE_SIZE = {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 48}
+
+
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(QWEN_TOKENIZER, extra_special_tokens=SPECIAL)
+
+
+def processor(folder: Path, **video):
+    from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor, Qwen3OmniMoeProcessor, WhisperFeatureExtractor
+
+    ip = Qwen2VLImageProcessor(patch_size=16, merge_size=2, size=IMAGE_SIZE, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    vp = Qwen2VLVideoProcessor(patch_size=16, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3,
+                               **({"do_sample_frames": True, "fps": 2, "max_frames": 8, "cap_pixels_per_frame": False} | video))
+    fe = WhisperFeatureExtractor(feature_size=128)
+    proc = Qwen3OmniMoeProcessor(image_processor=ip, video_processor=vp, feature_extractor=fe, tokenizer=tokenizer(),
+                                 chat_template=(TEMPLATES / "qwen3omni.jinja").read_text())
+    return _save_and_load(proc, folder)
+
+
+def model(processor, impl: str, seed: int = 0, position_id_per_seconds: int = 13):
+    from transformers import Qwen3OmniMoeThinkerConfig, Qwen3OmniMoeThinkerForConditionalGeneration
+
+    tok = processor.tokenizer
+    ids = {k: tok.convert_tokens_to_ids(v) for k, v in SPECIAL.items()}
+    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, moe_intermediate_size=32, num_experts=2, num_experts_per_tok=2,
+                max_position_embeddings=8192, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                               "mrope_section": [2, 3, 3], "interleaved": True})
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=4, patch_size=16, spatial_merge_size=2,
+                  temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=64, deepstack_visual_indexes=[0])
+    audio = dict(num_mel_bins=128, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=64, d_model=32,
+                 output_dim=64, downsample_hidden_size=16, n_window=50, n_window_infer=400)
+    cfg = Qwen3OmniMoeThinkerConfig(text_config=text, vision_config=vision, audio_config=audio,
+                                    image_token_id=ids["image_token"], video_token_id=ids["video_token"],
+                                    audio_token_id=ids["audio_token"], audio_start_token_id=ids["audio_bos_token"],
+                                    vision_start_token_id=ids["vision_bos_token"],
+                                    position_id_per_seconds=position_id_per_seconds)
+    cfg._attn_implementation = impl
+    for sub in (cfg.text_config, cfg.vision_config, cfg.audio_config):
+        sub._attn_implementation = impl
+    return _init(Qwen3OmniMoeThinkerForConditionalGeneration(cfg), seed)
+
+
+ASSETS = FamilyAssets("qwen3omni", ("image", "audio", "video"), processor, model, rope="mrope")

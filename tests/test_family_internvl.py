@@ -1,0 +1,242 @@
+"""InternVL3 / 3.5, token for token with ``InternVLProcessor`` and logit for logit with
+``InternVLForConditionalGeneration``.
+
+The processor (``assets_internvl``: 56-px tiles of 4 features, at most 6 tiles an image, videos sampled to 3
+frames) is saved into a checkpoint folder the build reads with ``--processor``; records hold the awkward media
+of the family harness. The tile arithmetic and the frame sampling are also compared with the classes' own over
+grids of sizes, and the per-record tile cap (``total_max_patches``) with the processor given that cap.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("av")
+pytest.importorskip("torchvision")
+
+from assets_internvl import ASSETS, SEQ, internvl_processor  # noqa: E402
+from family_harness import build_family, check_equivalence, check_ids, check_pipeline_ids, write_media, write_records  # noqa: E402
+
+from packer.families.checkpoint import read_checkpoint  # noqa: E402
+from packer.families.internvl import InternVLSettings, number_of_tiles, record_max_patches, video_indices  # noqa: E402
+from packer.loader import MediaMismatchError, PackedCollator, PackedDataset  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("internvl")
+    files = write_media(root, ASSETS.kinds)
+    source, records = write_records(root, ASSETS.kinds, files)
+    processor = ASSETS.processor(root / "checkpoint")
+    manifest = build_family("internvl", root / "checkpoint", source, root / "out", max_segments=4)
+    return root, records, processor, manifest, files
+
+
+def test_settings_equal_the_saved_processor(built):
+    root, _, processor, manifest, _ = built
+    family = manifest["tokenizer"]["family"]
+    assert family["name"] == "internvl" and family["processor_class"] == "InternVLProcessor"
+    s = InternVLSettings(**family["settings"])
+    ip, vp, tok = processor.image_processor, processor.video_processor, processor.tokenizer
+    assert s.image_seq_length == processor.image_seq_length == SEQ
+    assert (s.tile_height, s.tile_width) == (ip.size.height, ip.size.width)
+    assert (s.min_patches, s.max_patches) == (ip.min_patches, ip.max_patches)
+    assert s.crop_to_patches is processor.images_kwargs["crop_to_patches"] is True  # the processor forces tiling
+    assert (s.video_sample, s.video_num_frames, s.video_initial_shift) == (vp.do_sample_frames, vp.num_frames, "true")
+    assert (s.image_token, s.start_image_token, s.end_image_token, s.video_token) == (
+        tok.context_image_token, tok.start_image_token, tok.end_image_token, tok.video_token)
+
+
+def test_defaults_equal_the_classes_defaults():
+    from transformers import GotOcr2ImageProcessor, InternVLVideoProcessor
+
+    s = InternVLSettings.resolve(read_checkpoint(""))
+    ip, vp = GotOcr2ImageProcessor(), InternVLVideoProcessor()
+    assert (s.tile_height, s.tile_width, s.min_patches, s.max_patches) == (ip.size.height, ip.size.width, ip.min_patches,
+                                                                          ip.max_patches)
+    assert (s.video_sample, s.video_num_frames or None, s.video_fps or None) == (vp.do_sample_frames, vp.num_frames, vp.fps)
+    assert s.initial_shift() is vp.initial_shift is True
+    import inspect
+
+    from transformers import InternVLProcessor
+
+    assert s.image_seq_length == inspect.signature(InternVLProcessor.__init__).parameters["image_seq_length"].default
+
+
+def test_processor_options_override(tmp_path):
+    from packer.errors import ConfigError
+
+    internvl_processor(tmp_path / "ck")
+    s = InternVLSettings.resolve(read_checkpoint(str(tmp_path / "ck")), "max_patches=2,total_max_patches=8")
+    assert (s.max_patches, s.total_max_patches, s.tile_height) == (2, 8, 56)
+    with pytest.raises(ConfigError, match="video_initial_shift"):
+        InternVLSettings.resolve(read_checkpoint(""), "video_initial_shift=middle")
+
+
+@pytest.mark.parametrize("tile, low, high", [(448, 1, 12), (56, 1, 6), (384, 2, 9), (100, 3, 3)])
+def test_tiles_equal_the_image_processor(tile, low, high):
+    from transformers import GotOcr2ImageProcessor
+
+    ip = GotOcr2ImageProcessor(size={"height": tile, "width": tile}, min_patches=low, max_patches=high, crop_to_patches=True)
+    s = InternVLSettings(tile_height=tile, tile_width=tile, min_patches=low, max_patches=high)
+    sizes = [(h, w) for h in (1, 2, 13, 55, 56, 57, 200, 448, 449, 896, 1000, 2600) for w in (1, 10, 56, 300, 447, 900, 4000)]
+    for h, w in sizes:
+        assert number_of_tiles(h, w, s, high) == ip.get_number_of_image_patches(h, w, {}), (h, w)
+    import torch  # the tiles the processor really cuts, for a few sizes
+
+    for h, w in [(30, 100), (100, 30), (7, 700), (56, 56), (120, 61)]:
+        out = ip(images=[torch.zeros(3, h, w, dtype=torch.uint8)], return_tensors="pt")
+        assert int(out["num_patches"][0]) == number_of_tiles(h, w, s, high)
+
+
+def test_frame_sampling_equals_the_video_processor():
+    from transformers import InternVLVideoProcessor
+    from transformers.video_utils import VideoMetadata
+
+    checked = 0
+    for settings in ({"num_frames": 3}, {"num_frames": 8, "initial_shift": False}, {"fps": 2.0}, {"num_frames": 5, "initial_shift": 1.5},
+                     {"fps": 1.0, "initial_shift": 0}):
+        vp = InternVLVideoProcessor(do_sample_frames=True, **settings)
+        shift = settings.get("initial_shift", True)
+        s = InternVLSettings(video_sample=True, video_num_frames=settings.get("num_frames", 0),
+                             video_fps=settings.get("fps", 0.0),
+                             video_initial_shift=str(shift).lower() if isinstance(shift, bool) else str(shift))
+        for frames in (1, 2, 3, 5, 8, 17, 24, 80, 301):
+            for rate in (4.0, 24.0, 29.97, 30.0):
+                meta = VideoMetadata(total_num_frames=frames, fps=rate)
+                try:
+                    expected = vp.sample_frames(meta, num_frames=vp.num_frames, fps=vp.fps, initial_shift=vp.initial_shift).tolist()
+                except (ValueError, ZeroDivisionError):
+                    with pytest.raises(ValueError):
+                        video_indices(frames, rate, s)
+                    continue
+                assert video_indices(frames, rate, s) == expected, (settings, frames, rate)
+                checked += 1
+    assert checked > 100
+    assert video_indices(7, 30.0, InternVLSettings()) == list(range(7))  # do_sample_frames=False: every frame
+    # where the processor raises, the family raises ValueError: the encoder quarantines the record (unsupported_video)
+    with pytest.raises(ValueError, match="num_frames=4 exceeds the video's 3 frames"):
+        video_indices(3, 30.0, InternVLSettings(video_sample=True, video_num_frames=4))
+    with pytest.raises(ValueError, match="states none"):
+        video_indices(5, 0.0, InternVLSettings(video_sample=True, video_fps=2.0))  # a frame list without a rate
+
+
+def test_ids_equal_the_hf_processor(built):
+    root, records, processor, _, _ = built
+    check_ids(PackedDataset(root / "out"), processor, records, root)
+
+
+class CappedProcessor:
+    """The HF processor called as InternVL's fine-tuning code tiles: ``max_patches`` capped by the record's images."""
+
+    def __init__(self, processor, total: int):
+        self.processor, self.total = processor, total
+
+    def __getattr__(self, name):
+        return getattr(self.processor, name)
+
+    def __call__(self, *args, images=None, **kwargs):
+        if images:
+            kwargs["max_patches"] = max(1, min(self.processor.image_processor.max_patches, self.total // len(images)))
+        return self.processor(*args, images=images, **kwargs)
+
+
+def test_tiles_capped_by_the_record_images(built, tmp_path):
+    """``total_max_patches``: the ids equal the processor's given the capped ``max_patches`` (lmms-eval #1069,
+    InternVL's fine-tuning rule); the 30-image record gets one tile an image, a single image all 6; the
+    loader tiles each image with its record's cap, and the counts agree."""
+    root, records, processor, _, _ = built
+    out = tmp_path / "out"
+    build_family("internvl", root / "checkpoint", root / "records.jsonl", out, max_segments=4,
+                 processor_options="total_max_patches=6")
+    ds = PackedDataset(out)
+    check_ids(ds, CappedProcessor(processor, 6), records, root)
+    s = InternVLSettings(max_patches=6, total_max_patches=6)
+    assert [record_max_patches(s, n) for n in (1, 2, 3, 4, 7, 30)] == [6, 3, 2, 1, 1, 1]
+    spans = [m for i in range(len(ds)) for m in ds[i]["media"] if m["kind"] == "image"]
+    assert max(m["tokens"] for m in spans) > SEQ  # some image is tiled
+    batch = PackedCollator(processor=processor, family=ds.family)([ds[i] for i in range(len(ds))])
+    assert batch["pixel_values"].shape[0] * SEQ == int(sum(m["tokens"] for m in batch["media"]))
+    uncapped = PackedCollator(processor=processor, family=PackedDataset(root / "out").family)
+    with pytest.raises(MediaMismatchError, match=r"img/\S+: the build gave this image \d+ placeholder positions"):
+        uncapped([ds[i] for i in range(len(ds))])
+
+
+def test_every_frame_when_the_processor_does_not_sample(built, tmp_path):
+    """The class default (``do_sample_frames=False``): every decoded frame is a ``Frame{i}:`` tile. Records with
+    two videos are left out: the processor cannot stack videos of different frame counts (it raises)."""
+    root, records, _, _, _ = built
+    processor = internvl_processor(tmp_path / "ck", video={"do_sample_frames": False, "num_frames": None})
+    kept = [r for r in records if sum(p.get("type") == "video" for m in r["messages"] if isinstance(m["content"], list)
+                                      for p in m["content"]) <= 1]
+    source = root / "one_video.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    build_family("internvl", tmp_path / "ck", source, tmp_path / "out", max_segments=4)
+    ds = PackedDataset(tmp_path / "out")
+    check_ids(ds, processor, kept, root)
+    frames = [m["tokens"] // SEQ for i in range(len(ds)) for m in ds[i]["media"] if m["kind"] == "video"]
+    assert max(frames) == 80  # the 20 s clip, whole
+
+
+@pytest.mark.slow  # a real forward and backward of every packed row
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_packed_rows_equal_each_record_alone(built, impl):
+    root, records, processor, _, _ = built
+    ds = PackedDataset(root / "out")
+    model = ASSETS.model(processor, impl)
+    # every row but the one holding the 30-image record (1,200 tokens of 151k-wide logits; its ids are checked above):
+    # images tiled and not, sampled videos, frame lists, a video beside an image
+    many = {r["id"] for r in records if json.dumps(r).count('"type": "image"') > 3}
+    rows = [i for i in range(len(ds)) if not many & set(ds[i]["segment_ids"])]
+    check_equivalence(model, ds, processor, records, root, impl, rows=rows, towers=("vision_tower", "multi_modal_projector"))
+
+
+def test_loader_merges_tiles_and_frames_in_placeholder_order(built):
+    """The record holding a video then an image: ``pixel_values`` = the video's frames, then the image's tiles, as
+    InternVLProcessor merges them (the model scatters both into ``<IMG_CONTEXT>``)."""
+    root, records, processor, _, _ = built
+    ds = PackedDataset(root / "out")
+    rid = next(r["id"] for r in records if '"video"' in json.dumps(r) and '"image"' in json.dumps(r))
+    row = next(ds[i] for i in range(len(ds)) if rid in ds[i]["segment_ids"])
+    batch = PackedCollator(processor=processor, family=ds.family)([row])
+    from family_harness import hf_inputs
+
+    expected = hf_inputs(processor, next(r for r in records if r["id"] == rid), root)["pixel_values"]
+    k = row["segment_ids"].index(rid)
+    before = sum(m["tokens"] for m in batch["media"] if m["segment"] < k) // SEQ
+    got = batch["pixel_values"][before : before + expected.shape[0]]
+    assert got.shape == expected.shape and np.allclose(got.numpy(), expected.numpy(), atol=1e-6)
+
+
+@pytest.mark.slow  # builds the sample pipeline
+def test_sample_pipeline_ids_equal_its_processor(tmp_path):
+    """``pipelines/internvl3.toml`` over sample_data: its records' ids equal the sample processor folder's processor's."""
+    from conftest import ROOT
+
+    assert check_pipeline_ids(ROOT / "pipelines" / "internvl3.toml", tmp_path / "out") >= 10
+
+
+@pytest.mark.parametrize("mode, attention", [("ulysses", "sdpa"), ("ring", "varlen")])
+def test_sequence_parallel_pieces_scatter_tiles_and_frames(built, mode, attention):
+    """Under SP each rank's ``<IMG_CONTEXT>`` placeholders take the rows of the merged image-and-frame features the
+    unsliced batch gives them: ``local_media_rows`` over every span, images and videos together (one placeholder)."""
+    import torch
+    from test_sequence_parallel import global_position
+
+    from packer.loader import local_media_rows, shard_for_sequence_parallel
+
+    root, _, processor, _, _ = built
+    ds = PackedDataset(root / "out")
+    batch = PackedCollator(attention=attention, family=ds.family)([ds[i] for i in range(len(ds))])
+    ctx = processor.tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>")
+    where = batch["input_ids"] == ctx
+    feature = (where.flatten().cumsum(0) - 1).reshape(where.shape)  # the row-major scatter: k-th placeholder, k-th row
+    assert int(where.sum()) == sum(m["tokens"] for m in batch["media"])
+    for rank in range(3):
+        part = shard_for_sequence_parallel(batch, rank, 3, mode=mode)
+        local = torch.nonzero(part["input_ids"] == ctx).tolist()
+        at = [(b, int(part["global_index"][t]) if mode == "ulysses" else global_position(part, mode, t)) for b, t in local]
+        assert local_media_rows(part["media"], batch["media"]).tolist() == [int(feature[b, g]) for b, g in at]

@@ -1,0 +1,375 @@
+"""Llama 4, token for token with ``Llama4Processor`` and logit for logit with ``Llama4ForConditionalGeneration``.
+
+The processor (``assets_llama4``: 56-px tiles of 4 ``<|patch|>`` features, at most 6 tiles plus the global one)
+is saved into a checkpoint folder the build reads with ``--processor``; records hold the awkward images of the
+family harness. The tiny text model has chunked-attention layers of 16-position chunks, so every packed segment
+crosses chunk boundaries: the collator's per-layer-type masks must restart the chunks at each segment. The
+canvas choice is also compared with ``get_best_fit`` / ``find_supported_resolutions`` and the image processor
+over grids of sizes, and the expansion with ``Llama4Processor._prompt_split_image``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("torchvision")
+
+from assets_llama4 import ASSETS, CHUNK, PER_TILE, llama4_processor  # noqa: E402
+from family_harness import (  # noqa: E402
+    build_family,
+    check_equivalence,
+    check_ids,
+    check_pipeline_ids,
+    hf_inputs,
+    segments,
+    write_media,
+    write_records,
+)
+
+from packer.families.base import Run  # noqa: E402
+from packer.families.checkpoint import read_checkpoint  # noqa: E402
+from packer.families.llama4 import (  # noqa: E402
+    Llama4Settings,
+    best_fit,
+    chunk_segments,
+    image_pieces,
+    supported_resolutions,
+    tile_grid,
+)
+from packer.loader import PackedCollator, PackedDataset, model_inputs  # noqa: E402
+from packer.loader.sequence_parallel import shard_for_sequence_parallel  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llama4")
+    files = write_media(root, ASSETS.kinds)
+    source, records = write_records(root, ASSETS.kinds, files)
+    processor = ASSETS.processor(root / "checkpoint")
+    manifest = build_family("llama4", root / "checkpoint", source, root / "out", max_segments=4)
+    return root, records, processor, manifest
+
+
+def test_settings_equal_the_saved_processor(built):
+    _, _, processor, manifest = built
+    family = manifest["tokenizer"]["family"]
+    assert family["name"] == "llama4" and family["processor_class"] == "Llama4Processor"
+    s = Llama4Settings(**family["settings"])
+    ip = processor.image_processor
+    assert (s.tile_size, s.tile_size) == (ip.size.height, ip.size.width)
+    assert (s.max_patches, s.resize_to_max_canvas) == (ip.max_patches, ip.resize_to_max_canvas)
+    assert s.patch_size == processor.patch_size and round(1 / s.pixel_shuffle_ratio**2) == processor.downsample_ratio
+    assert s.image_token == processor.image_token and s.tokens_per_tile == PER_TILE
+
+
+def test_defaults_equal_the_classes_defaults():
+    import inspect
+
+    from transformers import Llama4ImageProcessor, Llama4Processor
+
+    s = Llama4Settings.resolve(read_checkpoint(""))
+    ip = Llama4ImageProcessor()
+    assert (s.tile_size, s.tile_size, s.max_patches, s.resize_to_max_canvas) == (
+        ip.size.height, ip.size.width, ip.max_patches, ip.resize_to_max_canvas)
+    defaults = inspect.signature(Llama4Processor.__init__).parameters
+    assert (s.patch_size, s.pixel_shuffle_ratio, s.image_token) == (
+        defaults["patch_size"].default, defaults["pixel_shuffle_ratio"].default, defaults["image_token"].default)
+    assert s.tokens_per_tile == 144
+
+
+def test_processor_options_override(tmp_path):
+    llama4_processor(tmp_path / "ck")
+    s = Llama4Settings.resolve(read_checkpoint(str(tmp_path / "ck")), "max_patches=4,resize_to_max_canvas=true")
+    assert (s.tile_size, s.max_patches, s.resize_to_max_canvas) == (56, 4, True)
+
+
+@pytest.mark.parametrize("max_patches", [1, 4, 6, 16])
+@pytest.mark.parametrize("to_max", [False, True])
+def test_canvas_equals_get_best_fit(max_patches, to_max):
+    from transformers.image_utils import SizeDict
+    from transformers.models.llama4.image_processing_llama4 import find_supported_resolutions, get_best_fit
+
+    ours = supported_resolutions(max_patches, 336)
+    theirs = find_supported_resolutions(max_patches, SizeDict(height=336, width=336))
+    assert ours == list(theirs)
+    sizes = [(h, w) for h in (1, 2, 13, 100, 335, 336, 337, 500, 672, 1000, 1344, 2600, 5000)
+             for w in (1, 7, 100, 300, 336, 601, 1008, 2000, 4000)]
+    resolutions = torch.tensor(theirs)
+    for h, w in sizes:
+        assert best_fit(h, w, ours, to_max) == tuple(get_best_fit((h, w), resolutions, resize_to_max_canvas=to_max).tolist())
+
+
+def test_tiles_equal_the_image_processor():
+    from transformers import Llama4ImageProcessor
+
+    for settings in ({}, {"resize_to_max_canvas": True}, {"max_patches": 3}):
+        ip = Llama4ImageProcessor(size={"height": 56, "width": 56}, **{"max_patches": 6, **settings})
+        s = Llama4Settings(tile_size=56, **{"max_patches": 6, **settings})
+        for h, w in [(1, 1), (30, 100), (100, 30), (7, 700), (56, 56), (57, 112), (200, 300), (13, 2600), (2000, 10)]:
+            out = ip(images=[torch.zeros(3, h, w, dtype=torch.uint8)], return_tensors="pt")
+            assert tuple(out["aspect_ratios"][0].tolist()) == tile_grid(h, w, s), (settings, h, w)
+
+
+def test_expansion_equals_prompt_split_image(built):
+    _, _, processor, _ = built
+    for rows, columns in [(1, 1), (1, 2), (2, 1), (2, 3), (4, 4), (1, 6)]:
+        pieces = image_pieces(rows, columns, 7)
+        text = "".join(p.token * p.count if isinstance(p, Run) else p for p in pieces)
+        assert text == processor._prompt_split_image((rows, columns), 7)
+        assert sum(p.count for p in pieces if isinstance(p, Run)) == 7 * (rows * columns + (rows * columns > 1))
+
+
+def test_ids_equal_the_hf_processor(built):
+    root, records, processor, _ = built
+    check_ids(PackedDataset(root / "out"), processor, records, root)
+
+
+def test_tile_runs_are_separate_runs_of_one_span(built):
+    """A tiled image is one media span whose ``runs`` are its tiles' ``<|patch|>`` runs (the separators and
+    ``<|image|>`` between them are text inside the span)."""
+    root, _, processor, _ = built
+    ds = PackedDataset(root / "out")
+    patch = processor.tokenizer.convert_tokens_to_ids("<|patch|>")
+    tiled = [(ds[i], m) for i in range(len(ds)) for m in ds[i]["media"] if m["tokens"] > PER_TILE]
+    assert tiled
+    for row, m in tiled:
+        ids = np.asarray(row["input_ids"][m["start"] : m["start"] + m["length"]])
+        assert [n for _, n in m["runs"]] == [PER_TILE] * (m["tokens"] // PER_TILE)
+        assert int((ids == patch).sum()) == m["tokens"] and ids[0] == ids[-1] == patch
+
+
+@pytest.mark.slow  # a real forward and backward of every packed row
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_packed_rows_equal_each_record_alone(built, impl):
+    root, records, processor, _ = built
+    ds = PackedDataset(root / "out")
+    model = ASSETS.model(processor, impl)
+    many = {r["id"] for r in records if str(r).count("'image'") > 3}  # the 30-image record: ids checked above
+    rows = [i for i in range(len(ds)) if not many & set(ds[i]["segment_ids"])]
+    check_equivalence(model, ds, processor, records, root, impl, rows=rows, towers=("vision_model", "multi_modal_projector"),
+                      model_config=model.config)
+
+
+def _packed_forward(model, ds, processor, rows, attention, **collator):
+    batch = PackedCollator(attention=attention, pad_to_multiple_of=64, processor=processor, family=ds.family,
+                           model_config=model.config, **collator)([ds[i] for i in rows])
+    with torch.no_grad():
+        return model(**model_inputs(batch)).logits, batch
+
+
+def _alone(model, ds, processor, records, rows):
+    by_id = {r["id"]: r for r in records}
+    out = {}
+    with torch.no_grad():
+        for r, i in enumerate(rows):
+            for a, b, rid in segments(ds[i]):
+                enc = hf_inputs(processor, by_id[rid], ds.out.parent)
+                enc.pop("attention_mask", None)
+                out[(r, a, b)] = model(**enc, use_cache=False).logits[0]
+    return out
+
+
+def _worst(logits, reference):
+    return max(float((logits[r, a:b] - ref).abs().max() / ref.abs().max()) for (r, a, b), ref in reference.items())
+
+
+@pytest.fixture(scope="module")
+def small_rows(built):
+    """The shortest packed row (a tiled image's record then another, crossing several chunks) and its records alone
+    through the sdpa model."""
+    root, records, processor, _ = built
+    ds = PackedDataset(root / "out")
+    rows = sorted(range(len(ds)), key=lambda i: ds[i]["n_tokens"])[:1]
+    row = ds[rows[0]]
+    assert len(row["cu_seqlens"]) > 2 and row["n_tokens"] > 3 * CHUNK and any(m["tokens"] > PER_TILE for m in row["media"])
+    model = ASSETS.model(processor, "sdpa")
+    return ds, rows, model, _alone(model, ds, processor, records, rows)
+
+
+@pytest.mark.slow
+def test_one_mask_for_every_layer_would_leak_across_chunks(built, small_rows):
+    """The control: the generic single mask (causal within segments) given to every layer differs from the record
+    alone -- the chunked layers would attend across chunks -- while the per-layer-type masks equal it."""
+    _, _, processor, _ = built
+    ds, rows, model, reference = small_rows
+    logits, batch = _packed_forward(model, ds, processor, rows, "sdpa")
+    assert set(batch["attention_mask"]) == {"chunked_attention", "full_attention"} and _worst(logits, reference) <= 1e-4
+    single = dict(batch, attention_mask=batch["attention_mask"]["full_attention"])
+    with torch.no_grad():
+        leaked = model(**model_inputs(single)).logits
+    assert _worst(leaked, reference) > 1e-2
+
+
+@pytest.mark.slow
+def test_flex_block_masks_per_layer_type(built, small_rows):
+    """FlexAttention (forward on CPU): a BlockMask per layer type gives each segment its logits alone."""
+    _, _, processor, _ = built
+    ds, rows, model, reference = small_rows
+    flex = ASSETS.model(processor, "flex_attention")
+    flex.load_state_dict(model.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logits, batch = _packed_forward(flex, ds, processor, rows, "flex")
+    from torch.nn.attention.flex_attention import BlockMask
+
+    assert all(isinstance(m, BlockMask) for m in batch["attention_mask"].values())
+    assert _worst(logits, reference) <= 1e-4
+
+
+def test_chunk_segments_and_masks():
+    """Chunks restart at every segment (a 5-token segment then a 7-token one, chunks of 3, padding to 14)."""
+    from packer.loader import masks
+
+    segment, position = masks.segments_and_positions([[0, 5, 12]], 14)
+    chunks = chunk_segments(segment, position, 3)
+    assert chunks.tolist() == [[0, 0, 0, 1, 1, 2, 2, 2, 3, 3, 3, 4, 5, 5]]
+    collate = PackedCollator(attention="eager", family={"name": "llama4", "modalities": ["image"], "settings": {}},
+                             model_config=_config(CHUNK=3))
+    row = {"input_ids": np.arange(12), "labels": np.arange(12), "cu_seqlens": np.asarray([0, 5, 12]), "n_tokens": 12,
+           "media": []}
+    out = collate([row])["attention_mask"]
+    assert set(out) == {"chunked_attention", "full_attention"}
+    chunked = out["chunked_attention"][0, 0] == 0
+    assert chunked.tolist() == masks.allowed(chunk_segments(*masks.segments_and_positions([[0, 5, 12]], 12), 3))[0, 0].tolist()
+    assert chunked[7, 5] and not chunked[8, 7] and not chunked[4, 2] and chunked[4, 3]  # segment 2 restarts at 5
+
+
+def _config(CHUNK=CHUNK, layer_types=("chunked_attention", "full_attention"), tuning=True, floor=8192):
+    from transformers import Llama4TextConfig
+
+    return Llama4TextConfig(num_hidden_layers=len(layer_types), layer_types=list(layer_types), attention_chunk_size=CHUNK,
+                            no_rope_layers=[int(t == "chunked_attention") for t in layer_types],
+                            attn_temperature_tuning=tuning, floor_scale=floor, vocab_size=32, hidden_size=16,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+
+
+def _rows(*lengths_per_row):
+    out = []
+    for lengths in lengths_per_row:
+        n = sum(lengths)
+        out.append({"input_ids": np.arange(n) % 30, "labels": np.arange(n) % 30, "cu_seqlens": np.cumsum([0, *lengths]),
+                    "n_tokens": n, "media": []})
+    return out
+
+
+FAMILY = {"name": "llama4", "modalities": ["image"], "settings": {}}
+
+
+def test_refusals():
+    """Without the model's config, under a flattened form over the chunk size, and where the NoPE layers'
+    temperature tuning would see row positions past floor_scale - 1 in a later segment: a ValueError saying why."""
+    with pytest.raises(ValueError, match=r"pass PackedCollator\(model_config=model.config"):
+        PackedCollator(family=FAMILY)(_rows([5, 5]))
+    with pytest.raises(ValueError, match="attention='varlen' cannot isolate Llama 4's chunked-attention layers"):
+        PackedCollator(attention="varlen", family=FAMILY, model_config=_config(CHUNK=8))(_rows([5, 6]))
+    short = PackedCollator(attention="varlen", family=FAMILY, model_config=_config(CHUNK=16))(_rows([5, 6]))
+    assert short["cu_seq_lens_q"].tolist() == [0, 5, 11] and "attention_mask" not in short  # chunks never apply
+    tuned = _config(floor=16)
+    with pytest.raises(ValueError, match=r"row 0 packs 2 segments into 16 tokens.*attn_temperature_tuning=False"):
+        PackedCollator(family=FAMILY, model_config=tuned)(_rows([10, 6]))
+    PackedCollator(family=FAMILY, model_config=tuned)(_rows([10, 5], [40]))  # last position 14 < 15; one segment: fine
+    PackedCollator(family=FAMILY, model_config=_config(floor=16, tuning=False))(_rows([10, 30]))
+
+
+@pytest.mark.slow
+def test_temperature_tuning_refusal_is_needed(built, small_rows):
+    """With floor_scale below the rows' length the collator refuses; forced through anyway, the later segments'
+    logits differ from theirs alone -- the refusal guards a real leak, not a formality."""
+    import packer.families.llama4 as llama4
+
+    _, _, processor, _ = built
+    ds, rows, _, _ = small_rows
+    model = ASSETS.model(processor, "sdpa", floor_scale=8, attn_scale=2.0)
+    with pytest.raises(ValueError, match="attn_temperature_tuning"):
+        _packed_forward(model, ds, processor, rows, "sdpa")
+    from unittest import mock
+
+    records = built[1]
+    with mock.patch.object(llama4, "check_temperature_tuning", lambda cu, config: None):
+        logits, _ = _packed_forward(model, ds, processor, rows, "sdpa")
+    reference = _alone(model, ds, processor, records, rows)
+    first = {k: v for k, v in reference.items() if k[1] == 0}
+    later = {k: v for k, v in reference.items() if k[1] > 0}
+    assert _worst(logits, first) <= 1e-4 < _worst(logits, later)  # the later segment fails the equivalence check
+
+
+def test_ulysses_keeps_a_mask_per_layer_type():
+    """Sequence parallelism (Ulysses) keeps every layer type's global mask, grown for its padding like the single one."""
+    collate = PackedCollator(attention="eager", family=FAMILY, model_config=_config(CHUNK=4))
+    batch = collate(_rows([5, 6]))
+    parts = [shard_for_sequence_parallel(batch, r, 4) for r in range(4)]
+    for p in parts:
+        assert set(p["attention_mask"]) == {"chunked_attention", "full_attention"}
+        for kind, mask in p["attention_mask"].items():
+            assert mask.shape[-1] == 12 and torch.equal(mask[..., :11, :11], batch["attention_mask"][kind])
+            assert mask[0, 0, 11, 11] == 0 and (mask[0, 0, 11, :11] < 0).all()  # the SP padding sees itself only
+
+
+def test_flex_masks_equal_the_sdpa_masks():
+    """Each layer type's BlockMask (flex) allows exactly what its sdpa mask allows, with the block layout FlexAttention's
+    own ``create_block_mask`` finds for that rule (chunked: causal, same segment, same chunk of the segment)."""
+    from torch.nn.attention.flex_attention import create_block_mask, create_mask
+
+    from packer.loader import masks
+
+    rows = _rows([40, 100, 7], [200, 3])
+    config = _config(CHUNK=32)
+    flex = PackedCollator(attention="flex", family=FAMILY, model_config=config)(rows)["attention_mask"]
+    sdpa = PackedCollator(attention="sdpa", family=FAMILY, model_config=config)(rows)["attention_mask"]
+    segment, position = masks.segments_and_positions([r["cu_seqlens"] for r in rows], 203)
+    for kind in ("full_attention", "chunked_attention"):
+        block = flex[kind]
+        dense = create_mask(block.mask_mod, 2, 1, 203, 203, device="cpu")
+        assert torch.equal(dense, sdpa[kind])
+
+        def rule(b, h, q, kv, kind=kind):
+            same = (segment[b, q] == segment[b, kv]) & (q >= kv)
+            return same & (position[b, q] // 32 == position[b, kv] // 32) if kind == "chunked_attention" else same
+
+        ref = create_block_mask(rule, 2, None, 203, 203, device="cpu")
+        assert torch.equal(block.to_dense(), ref.to_dense()) and torch.equal(block.full_kv_num_blocks, ref.full_kv_num_blocks)
+
+
+@pytest.mark.slow  # builds the sample pipeline
+def test_sample_pipeline_ids_equal_its_processor(tmp_path):
+    """``pipelines/llama4.toml`` over sample_data: its records' ids equal the sample processor folder's processor's."""
+    from conftest import ROOT
+
+    assert check_pipeline_ids(ROOT / "pipelines" / "llama4.toml", tmp_path / "out") >= 10
+
+
+def test_sequence_parallel_pieces_scatter_tiles(built):
+    """Ulysses: each rank's ``<|patch|>`` placeholders (tile runs split by separators, cut anywhere) take the rows of
+    the unsliced batch's tile features, and the per-layer-type masks stay global."""
+    from packer.loader import local_media_rows
+
+    root, _, processor, _ = built
+    ds = PackedDataset(root / "out")
+    batch = PackedCollator(family=ds.family, model_config=_config())([ds[i] for i in range(len(ds))])
+    patch = processor.tokenizer.convert_tokens_to_ids("<|patch|>")
+    where = batch["input_ids"] == patch
+    feature = (where.flatten().cumsum(0) - 1).reshape(where.shape)
+    for rank in range(3):
+        part = shard_for_sequence_parallel(batch, rank, 3)
+        assert set(part["attention_mask"]) == {"chunked_attention", "full_attention"}
+        local = torch.nonzero(part["input_ids"] == patch).tolist()
+        expected = [int(feature[b, int(part["global_index"][t])]) for b, t in local]
+        assert local_media_rows(part["media"], batch["media"], kind="image").tolist() == expected
+
+
+def test_loader_names_a_file_the_processor_tiles_otherwise(built):
+    """A collator given another processor setting than the build's (max_patches 2 instead of 6) raises naming the file."""
+    from transformers import Llama4ImageProcessor
+
+    from packer.loader import MediaMismatchError
+
+    root, _, _, _ = built
+    ds = PackedDataset(root / "out")
+    other = Llama4ImageProcessor(size={"height": 56, "width": 56}, max_patches=2)
+    with pytest.raises(MediaMismatchError, match=r"img/\S+: the build gave this image \d+ placeholder positions but "
+                                                 r"Llama4ImageProcessor .* produces \d+ features"):
+        PackedCollator(image_processor=other, family=ds.family, model_config=_config())([ds[i] for i in range(len(ds))])

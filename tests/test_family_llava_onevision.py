@@ -1,0 +1,206 @@
+"""LLaVA-OneVision, token for token with ``LlavaOnevisionProcessor`` and logit for logit with
+``LlavaOnevisionForConditionalGeneration``.
+
+The processor is built in code (``tests/assets_llava_onevision.py``: 32 px tiles, 16 features a tile, pinpoints up
+to 3 x 3 tiles, ``anyres_max_4``, videos sampled to 3 frames) and saved into a checkpoint folder that the build reads
+with ``--processor``; the chat template is a LLaVA-OneVision-style fixture. Records hold the awkward media of the family
+harness; a record's images reach the processor as one list (``apply_chat_template``'s way), so a record of several
+images takes each image's base features and a newline, a record of one image the anyres tiles.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("av")
+pytest.importorskip("torchvision")
+
+from assets_llava_onevision import ASSETS  # noqa: E402
+from family_harness import build_family, check_equivalence, check_ids, write_media, write_records  # noqa: E402
+
+from packer.loader import PackedDataset  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llava_onevision")
+    files = write_media(root, ASSETS.kinds)
+    source, records = write_records(root, ASSETS.kinds, files)
+    processor = ASSETS.processor(root / "checkpoint")
+    manifest = build_family("llava_onevision", root / "checkpoint", source, root / "out", max_segments=4)
+    return root, records, processor, manifest
+
+
+def test_ids_equal_the_hf_processor(built):
+    root, records, processor, _ = built
+    check_ids(PackedDataset(root / "out"), processor, records, root, nest_images=True)
+
+
+@pytest.mark.slow  # a real forward and backward of every packed row
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_packed_rows_equal_each_record_alone(built, impl):
+    root, records, processor, _ = built
+    ds = PackedDataset(root / "out")
+    model = ASSETS.model(processor, impl)
+    # the row of r0: a tiled image (anyres), a record of two images (base + newline each), videos
+    rows = [i for i in range(len(ds)) if "r0" in ds[i]["segment_ids"]]
+    spans = ds[rows[0]]["media"]
+    assert {m["tokens"] for m in spans if m["kind"] == "image"} >= {17, 72} and any(m["kind"] == "video" for m in spans)
+    check_equivalence(model, ds, processor, records, root, impl, rows=rows, nest_images=True)
+
+
+def assert_settings(s: dict, processor) -> None:
+    """Every setting the family uses equals the loaded processor's."""
+    ip, vp = processor.image_processor, processor.video_processor
+    assert s["image_size"] == ip.size["height"] == ip.size["width"]
+    assert s["pinpoints"] == "/".join(f"{h}x{w}" for h, w in ip.image_grid_pinpoints)
+    assert (s["num_image_tokens"], s["vision_feature_select_strategy"], s["vision_aspect_ratio"]) == (
+        processor.num_image_tokens, processor.vision_feature_select_strategy, processor.vision_aspect_ratio)
+    assert (s["video_sample"], s["video_num_frames"], s["video_fps"]) == (vp.do_sample_frames, vp.num_frames or 0,
+                                                                         vp.fps or 0.0)
+    assert (s["image_token"], s["video_token"]) == (processor.image_token, processor.video_token)
+
+
+def test_settings_are_the_checkpoints(built):
+    _, _, processor, manifest = built
+    family = manifest["tokenizer"]["family"]
+    assert family["name"] == "llava_onevision" and family["processor_class"] == "LlavaOnevisionProcessor"
+    assert_settings(family["settings"], processor)
+    assert family["settings"]["image_size"] == 32 and family["settings"]["video_num_frames"] == 3
+
+
+def test_the_sample_checkpoint_is_the_processors():
+    """sample_data/processors/llava_onevision (written by make_sample_data.py): loads as the real processor, and the
+    family reads the same settings from it."""
+    from dataclasses import asdict
+
+    from transformers import AutoProcessor
+
+    from conftest import SAMPLE
+    from packer.families.checkpoint import read_checkpoint
+    from packer.families.llava_onevision import LlavaOnevisionSettings
+
+    folder = SAMPLE / "processors" / "llava_onevision"
+    processor = AutoProcessor.from_pretrained(str(folder))
+    settings = asdict(LlavaOnevisionSettings.resolve(read_checkpoint(str(folder))))
+    assert_settings(settings, processor)
+    assert settings["num_image_tokens"] == 729 and settings["vision_aspect_ratio"] == "anyres_max_9"
+
+
+def test_defaults_are_the_processor_classes():
+    import inspect
+
+    from transformers import LlavaOnevisionImageProcessor, LlavaOnevisionProcessor, LlavaOnevisionVideoProcessor
+
+    from packer.families.checkpoint import Checkpoint
+    from packer.families.llava_onevision import LlavaOnevisionSettings
+
+    d = LlavaOnevisionSettings()
+    assert LlavaOnevisionSettings.resolve(Checkpoint()) == d
+    ip, vp = LlavaOnevisionImageProcessor(), LlavaOnevisionVideoProcessor()
+    assert d.image_size == ip.size["height"] == ip.size["width"] and ip.crop_size is None
+    assert d.pinpoints == "/".join(f"{h}x{w}" for h, w in ip.image_grid_pinpoints)
+    assert (d.video_sample, vp.num_frames, vp.fps) == (vp.do_sample_frames, None, None)
+    init = inspect.signature(LlavaOnevisionProcessor.__init__).parameters
+    assert (d.vision_aspect_ratio, d.image_token, d.video_token) == (
+        init["vision_aspect_ratio"].default, init["image_token"].default, init["video_token"].default)
+    assert init["num_image_tokens"].default is None and init["vision_feature_select_strategy"].default is None
+
+
+SIZES = [(1, 1), (2000, 10), (13, 2600), (200, 300), (384, 384), (385, 383), (720, 1280), (1080, 1920), (4000, 3000),
+         (2304, 2304), (5000, 200), (97, 5003), (768, 1153), (1, 700)]
+
+
+@pytest.mark.parametrize("strategy, tokens", [("full", 729), ("default", 577)])
+def test_image_counts_equal_the_processor_at_its_defaults(strategy, tokens):
+    """The real geometry (384 px tiles, 36 pinpoints, anyres_max_9) over many sizes: the family's count of a
+    record's one image = ``LlavaOnevisionProcessor._get_num_multimodal_tokens``."""
+    import random
+
+    from assets_llava_onevision import tokenizer
+    from transformers import LlavaOnevisionImageProcessor, LlavaOnevisionProcessor, LlavaOnevisionVideoProcessor
+
+    from packer.families.llava_onevision import LlavaOnevisionSettings, image_tokens
+
+    proc = LlavaOnevisionProcessor(image_processor=LlavaOnevisionImageProcessor(), tokenizer=tokenizer(),
+                                   video_processor=LlavaOnevisionVideoProcessor(), num_image_tokens=tokens, vision_feature_select_strategy=strategy)
+    rng = random.Random(0)
+    sizes = SIZES + [(rng.randint(1, 4000), rng.randint(1, 4000)) for _ in range(300)]
+    expected = proc._get_num_multimodal_tokens(image_sizes=sizes)["num_image_tokens"]
+    s = LlavaOnevisionSettings(num_image_tokens=tokens, vision_feature_select_strategy=strategy)
+    assert [image_tokens(h, w, 1, s) for h, w in sizes] == expected
+
+
+def test_frame_sampling_equals_the_processor():
+    from transformers.video_utils import VideoMetadata, default_sample_indices_fn
+
+    from packer.families.llava_onevision import LlavaOnevisionSettings, video_frames
+
+    for frames in (1, 2, 3, 7, 17, 80, 301):
+        for fps in (0.0, 4.0, 23.976, 30.0):
+            meta = VideoMetadata(total_num_frames=frames, fps=fps or None)
+            for setting in ({"video_num_frames": 3}, {"video_num_frames": 8}, {"video_fps": 1.0}, {"video_fps": 2.5}, {}):
+                s = LlavaOnevisionSettings(video_sample=True, **setting)
+                kwargs = {"num_frames": s.video_num_frames or None, "fps": s.video_fps or None}
+                try:
+                    expected = default_sample_indices_fn(meta, **kwargs).tolist()
+                except ValueError:
+                    expected = None
+                try:
+                    got = video_frames(frames, fps, s)
+                except ValueError:
+                    got = None
+                assert got == expected, (frames, fps, setting)
+
+
+def test_refusals(built, tmp_path):
+    """A checkpoint without num_image_tokens; more sampled frames than a clip holds (quarantined, as the processor
+    raises); a batch whose videos keep different frame counts (the model takes one tensor)."""
+    import json
+
+    from transformers.video_utils import VideoMetadata
+
+    from packer.build import build
+    from packer.config import resolve
+    from packer.errors import ConfigError
+    from packer.families import make_family
+    from packer.loader import PackedCollator
+
+    root, records, processor, _ = built
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    config = json.loads((root / "checkpoint" / "processor_config.json").read_text())
+    del config["num_image_tokens"]
+    (folder / "processor_config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="no num_image_tokens.*num_image_tokens=729"):
+        make_family(resolve(None, family="llava_onevision", processor=str(folder)))
+
+    clip = [r for r in records if "tenth_s.mp4" in json.dumps(r)]  # 3 frames
+    (tmp_path / "clip.jsonl").write_text(json.dumps(clip[0]) + "\n" + json.dumps(records[-1]) + "\n")  # + text only
+    m = build(resolve(None, input=[str(tmp_path / "clip.jsonl")], output=str(tmp_path / "o"), family="llava_onevision",
+                      processor=str(root / "checkpoint"), processor_options="video_num_frames=4", media_root=str(root),
+                      max_bad_fraction=1.0),
+              progress=False).to_dict()
+    assert m["accounting"]["quarantined_by_reason"] == {"unsupported_video": 1}
+    assert "3 frame(s) cannot give the 4" in (tmp_path / "o" / "quarantine.jsonl").read_text()
+    with pytest.raises(ValueError, match="exceeds total_num_frames=3"):  # what the processor does with that clip
+        processor.video_processor.sample_frames(VideoMetadata(total_num_frames=3, fps=30.0), num_frames=4)
+
+    ds = PackedDataset(root / "out")
+    row = next(ds[i] for i in range(len(ds)) if sum(m["kind"] == "video" for m in ds[i]["media"]) > 1)
+    family = {**ds.family, "settings": {**ds.family["settings"], "video_sample": False}}  # every frame: counts differ
+    with pytest.raises(ValueError, match="must keep the same number of frames.*video_num_frames=N"):
+        PackedCollator(processor=processor, family=family)([row])
+
+
+@pytest.mark.slow  # the processor over a sample of the build, twice
+def test_verify_against_processor_passes_on_the_build_and_names_a_changed_setting(built, tmp_path):
+    from packer.against_processor import verify_against_processor
+
+    root, _, _, _ = built
+    mismatches, checked = verify_against_processor(root / "out", str(root / "checkpoint"), sample=8)
+    assert checked == 8 and mismatches == [], [str(m) for m in mismatches]
+    # another anyres cap (a 3 x 3 grid no longer interpolated) and another frame count
+    ASSETS.processor(tmp_path / "other", aspect="anyres_max_9", num_frames=2)
+    mismatches, checked = verify_against_processor(root / "out", str(tmp_path / "other"), sample=14)
+    assert {"image", "video"} <= {k for m in mismatches for k in ("image", "video") if k in m.detail}

@@ -1,0 +1,280 @@
+"""Qwen3-Omni (thinker), token for token with ``Qwen3OmniMoeProcessor``, position for position with the thinker's
+``get_rope_index`` (TMRoPE) and logit for logit with ``Qwen3OmniMoeThinkerForConditionalGeneration``.
+
+The processor is built in code (``tests/assets_qwen3omni.py``: patch 16 x merge 2, small image budgets, videos
+sampled at 2 fps and at most 8 frames, 128 mel bins) and saved into a checkpoint folder that the build reads with
+``--processor``; the chat template is a Qwen3-Omni-style fixture. Records hold the awkward media of the family harness
+and a few more: a clip of 1,300 samples alone and beside a longer one (its count depends on the record's longest
+clip), and a record holding an image, a video and two clips. Two harness records are refused, as the processor refuses
+them: a 5 ms clip (0 mel frames: no position) and a frame list without a rate (the checkpoint samples by fps).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("av")
+pytest.importorskip("torchvision")
+
+from assets_qwen3omni import ASSETS  # noqa: E402
+from family_harness import (  # noqa: E402
+    build_family,
+    check_equivalence,
+    check_ids,
+    hf_inputs,
+    segments,
+    write_media,
+    write_records,
+)
+
+from packer.loader import PackedCollator, PackedDataset  # noqa: E402
+
+REFUSED = {"5ms_16k.wav": "audio_too_short", '["img/plain_300x200.jpg", "img/plain_300x200.jpg", "img/plain_300x200.'
+           'jpg", "img/plain_300x200.jpg", "img/plain_300x200.jpg"]': "unsupported_video"}
+
+
+def _refused(record: dict) -> str | None:
+    """Why the processor refuses a harness record (None: it takes it)."""
+    text = json.dumps(record)
+    return next((reason for key, reason in REFUSED.items() if key in text and '"fps"' not in text), None)
+
+
+def _extra(root) -> list[dict]:
+    """The short clip alone and beside a longer one; an image, a video and two clips in one record."""
+    import soundfile as sf
+
+    rng = np.random.default_rng(0)
+    sf.write(root / "aud" / "short_1300.wav", rng.uniform(-0.5, 0.5, 1300).astype(np.float32), 16000)
+    clip = lambda name: {"type": "audio", "audio": f"aud/{name}"}  # noqa: E731
+    users = [[clip("short_1300.wav")], [clip("1s_48k_stereo.wav"), clip("short_1300.wav")],
+             [{"type": "image", "image": "img/photo.webp"}, clip("2s_44k.mp3"), {"type": "video", "video": "vid/odd_17f.mp4"},
+              clip("short_1300.wav")]]
+    return [{"id": f"x{k}", "messages": [{"role": "user", "content": [*u, {"type": "text", "text": "What is it?"}]},
+                                         {"role": "assistant", "content": "Noise and a gradient."}]}
+            for k, u in enumerate(users)]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen3omni")
+    files = write_media(root, ASSETS.kinds)
+    source, records = write_records(root, ASSETS.kinds, files)
+    refused = [r for r in records if _refused(r)]
+    assert sorted(_refused(r) for r in refused) == sorted(REFUSED.values())
+    records = [r for r in records if not _refused(r)] + _extra(root)
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    processor = ASSETS.processor(root / "checkpoint")
+    manifest = build_family("qwen3omni", root / "checkpoint", source, root / "out", max_segments=4)
+    return root, records, refused, processor, manifest
+
+
+def test_ids_equal_the_hf_processor(built):
+    root, records, _, processor, _ = built
+    check_ids(PackedDataset(root / "out"), processor, records, root)
+
+
+def test_a_clips_count_depends_on_the_records_longest(built):
+    """1,300 samples: 8 mel frames alone (1 position), 9 beside a longer clip (2): the feature extractor pads the
+    record's clips to the longest and the mask counts ceil(1300 / 160)."""
+    ds = PackedDataset(built[0] / "out")
+    short = {}
+    for row in (ds[i] for i in range(len(ds))):
+        for m in row["media"]:
+            if m["kind"] == "audio" and m["ref"].endswith("short_1300.wav"):
+                short[row["segment_ids"][m["segment"]]] = m["tokens"]
+    assert short == {"x0": 1, "x1": 2, "x2": 2}  # and test_ids_equal_the_hf_processor: the processor's ids
+
+
+def _rope_reference(model, processor, record: dict, root, **overrides) -> torch.Tensor:
+    """The thinker's own positions of a record run alone: ``get_rope_index`` on the processor's outputs."""
+    enc = hf_inputs(processor, record, root)
+    seconds = enc.get("video_second_per_grid")
+    if seconds is not None and "second_per_grid" in overrides:
+        seconds = torch.full_like(seconds, overrides["second_per_grid"])
+    mask = enc.get("feature_attention_mask")
+    positions, _ = model.model.get_rope_index(enc["input_ids"], enc.get("image_grid_thw"), enc.get("video_grid_thw"),
+                                              enc["attention_mask"], False, None if mask is None else mask.sum(-1),
+                                              seconds)
+    return positions[:, 0]
+
+
+import torch  # noqa: E402
+
+
+@pytest.mark.parametrize("case", ["defaults", "fractional", "model_rate"])
+def test_positions_equal_get_rope_index(built, case):
+    """Every segment of every packed row gets exactly the positions the thinker computes for its record alone:
+    at the settings' 2 s a temporal grid (26 ids a step); with a call fps of 3 (0.667 s a grid: fractional
+    positions); with a model whose position_id_per_seconds is 25, given to the collator."""
+    root, records, _, processor, _ = built
+    ds = PackedDataset(root / "out")
+    family, collator, overrides = ds.family, {}, {}
+    if case == "fractional":
+        family = {**family, "settings": {**family["settings"], "call_fps": 3.0}}
+        overrides["second_per_grid"] = 2 / 3
+    model = ASSETS.model(processor, "sdpa", position_id_per_seconds=25 if case == "model_rate" else 13)
+    if case == "model_rate":
+        collator["tokens_per_second"] = 25
+    by_id = {r["id"]: r for r in records}
+    rows = [ds[i] for i in range(len(ds))]
+    batch = PackedCollator(family=family, **collator)(rows)
+    assert batch["position_ids"].dtype == torch.float32
+    videos = 0
+    for r, row in enumerate(rows):
+        for a, b, rid in segments(row):
+            expected = _rope_reference(model, processor, by_id[rid], root, **overrides)
+            assert torch.equal(batch["position_ids"][:, r, a:b], expected), rid
+            videos += sum(m["kind"] == "video" for m in row["media"] if a <= m["start"] < b)
+    assert videos >= 5
+    if case == "fractional":
+        assert (batch["position_ids"] % 1 != 0).any()
+
+
+def assert_settings(s: dict, processor) -> None:
+    """Every setting the family uses equals the loaded processor's."""
+    ip, vp, fe = processor.image_processor, processor.video_processor, processor.feature_extractor
+    assert (s["image_patch_size"], s["image_merge_size"], s["image_min_pixels"], s["image_max_pixels"]) == (
+        ip.patch_size, ip.merge_size, ip.size["shortest_edge"], ip.size["longest_edge"])
+    assert (s["video_patch_size"], s["video_merge_size"], s["video_temporal_patch_size"]) == (
+        vp.patch_size, vp.merge_size, vp.temporal_patch_size)
+    assert (s["video_sample"], s["video_fps"], s["video_min_frames"], s["video_max_frames"], s["video_num_frames"]) == (
+        vp.do_sample_frames, vp.fps or 0.0, vp.min_frames, vp.max_frames, vp.num_frames or 0)
+    assert (s["cap_pixels_per_frame"], s["max_video_tokens"]) == (bool(vp.cap_pixels_per_frame), vp.max_video_tokens)
+    size = processor.videos_kwargs["size"]  # the processor's, passed to the video processor on every call
+    assert (s["video_min_pixels"], s["video_max_pixels"]) == (size["shortest_edge"], size["longest_edge"])
+    assert (vp.size["shortest_edge"], vp.size["longest_edge"]) != (size["shortest_edge"], size["longest_edge"])
+    assert (s["sampling_rate"], s["hop_length"]) == (processor.audio_kwargs["sampling_rate"], fe.hop_length)
+    assert (s["n_window"], s["position_id_per_seconds"]) == (processor.n_window, processor.position_id_per_seconds)
+    assert (s["image_token"], s["video_token"], s["audio_token"]) == (
+        processor.image_token, processor.video_token, processor.audio_token)
+    assert (s["vision_start"], s["vision_end"], s["audio_start"], s["audio_end"]) == (
+        processor.vision_bos_token, processor.vision_eos_token, processor.audio_bos_token, processor.audio_eos_token)
+
+
+def test_settings_are_the_checkpoints(built):
+    _, _, _, processor, manifest = built
+    family = manifest["tokenizer"]["family"]
+    assert family["name"] == "qwen3omni" and family["processor_class"] == "Qwen3OmniMoeProcessor"
+    assert_settings(family["settings"], processor)
+    assert family["settings"]["video_fps"] == 2 and family["settings"]["image_patch_size"] == 16
+
+
+def test_the_sample_checkpoint_is_the_processors():
+    """sample_data/processors/qwen3omni (written by make_sample_data.py): loads as the real processor, and the family
+    reads the same settings from it."""
+    from dataclasses import asdict
+
+    from transformers import AutoProcessor
+
+    from conftest import SAMPLE
+    from packer.families.checkpoint import read_checkpoint
+    from packer.families.qwen3omni import Qwen3OmniSettings
+
+    folder = SAMPLE / "processors" / "qwen3omni"
+    processor = AutoProcessor.from_pretrained(str(folder))
+    settings = asdict(Qwen3OmniSettings.resolve(read_checkpoint(str(folder))))
+    assert_settings(settings, processor)
+    assert settings["image_patch_size"] == 16 and not settings["video_sample"]
+
+
+def test_defaults_are_the_processor_classes():
+    from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor, Qwen3OmniMoeProcessor, WhisperFeatureExtractor
+
+    from packer.families.checkpoint import Checkpoint
+    from packer.families.qwen3omni import Qwen3OmniSettings
+
+    d = Qwen3OmniSettings()
+    assert Qwen3OmniSettings.resolve(Checkpoint()) == d
+    ip, vp, fe = Qwen2VLImageProcessor(), Qwen2VLVideoProcessor(), WhisperFeatureExtractor()
+    assert (d.image_patch_size, d.image_merge_size, d.image_min_pixels, d.image_max_pixels) == (
+        ip.patch_size, ip.merge_size, ip.size["shortest_edge"], ip.size["longest_edge"])
+    assert (d.video_patch_size, d.video_merge_size, d.video_temporal_patch_size, d.video_min_frames, d.video_max_frames) == (
+        vp.patch_size, vp.merge_size, vp.temporal_patch_size, vp.min_frames, vp.max_frames)
+    assert (d.video_sample, vp.fps, vp.num_frames, d.cap_pixels_per_frame, d.max_video_tokens) == (
+        vp.do_sample_frames, None, None, bool(vp.cap_pixels_per_frame), vp.max_video_tokens)
+    size = Qwen3OmniMoeProcessor.videos_kwargs["size"]
+    assert (d.video_min_pixels, d.video_max_pixels) == (size["shortest_edge"], size["longest_edge"])
+    assert (d.sampling_rate, d.hop_length) == (Qwen3OmniMoeProcessor.audio_kwargs["sampling_rate"], fe.hop_length)
+    assert (d.n_window, d.position_id_per_seconds) == (Qwen3OmniMoeProcessor.n_window,
+                                                      Qwen3OmniMoeProcessor.position_id_per_seconds)
+
+
+def test_audio_counts_equal_the_processor():
+    """One clip of L samples: the family's count = ``Qwen3OmniMoeProcessor._get_num_audio_tokens`` (L // hop mel
+    frames, 100-frame blocks) for every L up to 3 s and a sweep to 10 minutes."""
+    from types import SimpleNamespace
+
+    from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import Qwen3OmniMoeProcessor
+
+    from packer.families.qwen3omni import audio_output_length, mel_frames
+
+    proc = SimpleNamespace(n_window=50, feature_extractor=SimpleNamespace(hop_length=160))
+    lengths = list(range(0, 48000)) + list(range(48000, 16000 * 600, 997))
+    expected = [Qwen3OmniMoeProcessor._get_num_audio_tokens(proc, n) for n in lengths]
+    assert [audio_output_length(mel_frames(n, n, 160)) for n in lengths] == expected
+    assert audio_output_length(100) == 13 and audio_output_length(6000) == 780  # 13 a second, 60 s -> 780
+
+
+@pytest.fixture(scope="module")
+def small(built):
+    """A second build of a few records (an image alone; the short clip alone and beside a longer one; an image, a
+    video and two clips in one record): short rows for the model checks."""
+    root, records, _, _, _ = built
+    picked = [r for r in records if r["id"] in ("x0", "x1", "x2", "r0")]
+    source = root / "small.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in picked))
+    build_family("qwen3omni", root / "checkpoint", source, root / "small", max_segments=3)
+    return PackedDataset(root / "small"), picked
+
+
+@pytest.mark.slow  # a real forward and backward of every packed row
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_packed_rows_equal_each_record_alone(built, small, impl):
+    root, _, _, processor, _ = built
+    ds, records = small
+    assert {m["kind"] for i in range(len(ds)) for m in ds[i]["media"]} == {"image", "audio", "video"}
+    model = ASSETS.model(processor, impl)
+    check_equivalence(model, ds, processor, records, root, impl, reference_mask=True)
+
+
+def test_refusals(built, tmp_path):
+    """Audio inside a video is refused at start-up; the two harness records the processor cannot take are quarantined:
+    the 5 ms clip (0 mel frames, no position; the feature extractor's STFT raises on it) and the frame list without a
+    rate (the video processor samples by fps and raises)."""
+    from packer.build import build
+    from packer.config import resolve
+    from packer.errors import ConfigError
+    from packer.families import make_family
+
+    root, records, refused, processor, _ = built
+    with pytest.raises(ConfigError, match="use_audio_in_video .* is not reproduced"):
+        make_family(resolve(None, family="qwen3omni", processor=str(root / "checkpoint"),
+                            processor_options="use_audio_in_video=true"))
+
+    source = tmp_path / "refused.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in [*refused, records[-1]]))
+    m = build(resolve(None, input=[str(source)], output=str(tmp_path / "o"), family="qwen3omni",
+                      processor=str(root / "checkpoint"), media_root=str(root), max_bad_fraction=1.0),
+              progress=False).to_dict()
+    assert m["accounting"]["quarantined_by_reason"] == {"audio_too_short": 1, "unsupported_video": 1}
+    for record in refused:  # the processor raises on both
+        video = _refused(record) == "unsupported_video"
+        with pytest.raises(ValueError if video else RuntimeError, match="fps" if video else "Padding size"):
+            hf_inputs(processor, record, root)
+
+
+@pytest.mark.slow  # the processor over a sample of the build, twice
+def test_verify_against_processor_passes_on_the_build_and_names_a_changed_setting(built, tmp_path):
+    from packer.against_processor import verify_against_processor
+
+    root = built[0]
+    mismatches, checked = verify_against_processor(root / "out", str(root / "checkpoint"), sample=10)
+    assert checked == 10 and mismatches == [], [str(m) for m in mismatches]
+    other = ASSETS.processor(tmp_path / "other", max_frames=4)  # fewer frames of a long clip
+    other.image_processor.size = {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 24}  # another max_pixels
+    other.save_pretrained(str(tmp_path / "other"))
+    mismatches, checked = verify_against_processor(root / "out", str(tmp_path / "other"), sample=24)
+    assert {"image", "video"} <= {k for m in mismatches for k in ("image", "video") if k in m.detail}
