@@ -62,9 +62,8 @@ demo-check:
 	cd $(DEMO_VENV) && bin/packer build $(CURDIR)/pipelines/sample.toml -o $(CURDIR)/$(DEMO_VENV)/out --overwrite
 	$(DEMO_VENV)/bin/packer verify $(DEMO_VENV)/out --media
 
-# trl is a side-by-side baseline for the planner benchmark only, never a runtime dependency.
+# trl (the planner benchmark's baseline, the TRL recipe's test) is in the test layer, never a runtime dependency.
 bench: setup
-	$(BIN)/python -c "import trl" 2>/dev/null || $(BIN)/python -m pip install --quiet trl==1.16.0
 	@for f in bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
 
 # Regenerates sample_data/ (images, audio, JSONL, tokenizer) from its committed script.

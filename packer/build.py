@@ -61,6 +61,7 @@ class Encoded:
     quarantine: ShardEntry
     blank_lines: int
     input_sources: list[int] = field(default_factory=list)  # the `input` entry each input file came from
+    audio_truncated: int = 0  # clips of the samples cut to the audio encoder's window (--long-audio truncate)
     columns: pa.Table | None = None  # planning.plan_columns of every sample, from the stage-1 results (None: read the shards)
     media: list = field(default_factory=list)  # the media index's rows, one per file, from the stage-1 results
 
@@ -114,6 +115,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
                 lock.release(discard=True)  # refused: no lock file left in a folder that holds no build of ours
                 raise
             set_durable(config.durable)  # this process; the stages' worker setups get it too
+            warn_sample_tokenizer(config, files)  # once the build is under way (a refused one says only why)
             encoded = encode_inputs(out, files, tasks, counts, setup_args, driver, engine, progress)
             encoded.input_sources = [k for _, k in inputs]
             warn_no_encoder(out, config, encoded)
@@ -128,6 +130,34 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
             if frozen:
                 gc.unfreeze()
             lock.release()
+
+
+def sample_tokenizer(tokenizer: str) -> Path | None:
+    """The ``sample_data`` folder when ``tokenizer`` is its toy tokenizer or one of its sample processor checkpoints
+    (``sample_data/processors/NAME``: the family pipelines' own), else None."""
+    path = Path(tokenizer)
+    if not tokenizer or "://" in tokenizer or not path.is_dir():
+        return None
+    path = path.resolve()
+    if path.parts[-2:] == ("sample_data", "tokenizer"):
+        return path.parent
+    return path.parents[1] if path.parts[-3:-1] == ("sample_data", "processors") else None
+
+
+def warn_sample_tokenizer(config: BuildConfig, files: list) -> None:
+    """One line on stderr when data from outside ``sample_data`` is built with the sample tokenizer or a sample
+    processor checkpoint (a pipeline file run with -i / -o keeps it): the build would be useless for a real model."""
+    which = config.tokenizer or config.processor
+    folder = sample_tokenizer(which)
+    if folder is None:
+        return
+    outside = [f for f in files if fs.is_url(f) or folder not in Path(f).resolve().parents]
+    if outside:
+        what = ("--tokenizer with your model's" if config.tokenizer or not config.processor
+                else "--processor with your model's checkpoint")
+        print(f"packer: warning: {outside[0]}{f' and {len(outside) - 1:,} more' if len(outside) > 1 else ''} built with "
+              f"{which}, a toy the pipelines ship with for sample_data: pass {what} (a hub name or a folder)",
+              file=sys.stderr)
 
 
 def warn_no_encoder(out: Path, config: BuildConfig, encoded: Encoded) -> None:
@@ -343,7 +373,7 @@ def _repack_into(out: Path, source: Path, manifest: Manifest, config: BuildConfi
     acc = manifest.accounting
     by_file = {name: FileAccount(records=f.records, quarantined=f.quarantined) for name, f in acc.by_file.items()}
     encoded = Encoded(manifest.inputs, manifest.files.samples, by_file, acc.quarantined_by_reason, manifest.files.quarantine,
-                      acc.blank_lines, manifest.input_sources)
+                      acc.blank_lines, manifest.input_sources, audio_truncated=int(manifest.stats.get("audio_truncated", 0)))
     engine = get_engine(config.engine, config.workers or 1, address=config.ray_address, cpus_per_task=config.cpus_per_task)
     return plan_and_pack(out, config, encoded, manifest.tokenizer, engine, progress, media_root=manifest.media_root,
                          sections=manifest.sections, tokenizer_files=manifest.files.tokenizer, media_index=manifest.files.media,
@@ -382,7 +412,7 @@ def encode_inputs(out: Path, files: list[Path], tasks, counts: dict[str, int], s
     shards, columns, media = [], [], {}
     qpath = out / "quarantine.jsonl"
     stage = Stage("encode", "records", bytes_total=sum(fs.stat(f)[0] for f in files), enabled=progress)
-    reused = n_tasks = 0
+    reused = n_tasks = cut = 0
     with atomic_open(qpath, "w") as qf:
         for res in engine.map(encode.encode_task, tasks, encode.setup, setup_args, in_process_state=driver):
             for entry in res.quarantine:
@@ -395,14 +425,14 @@ def encode_inputs(out: Path, files: list[Path], tasks, counts: dict[str, int], s
                 columns.append(res.columns)
                 for row in res.media or ():
                     media.setdefault(row.ref, row)  # a file several tasks name: its first row, in task order
-            reused, n_tasks = reused + res.reused, n_tasks + 1
+            reused, n_tasks, cut = reused + res.reused, n_tasks + 1, cut + res.audio_truncated
             stage.advance(res.records, res.nbytes)
     resumed = f"; {reused} of {n_tasks} tasks reused from the interrupted run" if reused else ""
     stage.done(f"{stage.count:,} records ({sum(quarantined.values()):,} quarantined){resumed}")
     quarantine = ShardEntry(qpath.name, sum(quarantined.values()), qpath.stat().st_size, sha256_file(qpath))
     return Encoded(list(by_file), shards, by_file, dict(quarantined), quarantine, counts.get("blank_lines", 0),
                    columns=pa.concat_tables(columns) if columns else plan_columns(SAMPLE_SCHEMA.empty_table()),
-                   media=list(media.values()))
+                   media=list(media.values()), audio_truncated=cut)
 
 
 def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any], engine, progress, *,
@@ -446,8 +476,8 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
         files=Files(samples=encoded.sample_shards, packed=packed, plan=plan_entry, quarantine=encoded.quarantine,
                     dropped=write_dropped(out, rows, p), tokenizer=list(tokenizer_files or []), media=media_index),
         accounting=accounting(by_file, encoded.quarantined, dropped, encoded.blank_lines),
-        stats=_stats(config, samples, p), execution=config.execution_dict(), sections=dict(sections or {}),
-        repacked_from=repacked_from, code=code_identity(),
+        stats={**_stats(config, samples, p), **_row_lengths(config, p), "audio_truncated": encoded.audio_truncated},
+        execution=config.execution_dict(), sections=dict(sections or {}), repacked_from=repacked_from, code=code_identity(),
     )
     from packer.report import REPORT_FILES, write_report
 
@@ -533,6 +563,20 @@ def _stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:
         "split_lost_media": int(p.pieces_lost_media),
         "samples_by_modality": {n: int(c) for n, c in sorted(zip(names, counts, strict=True)) if c},
     }
+
+
+def _row_lengths(config: BuildConfig, p: Plan) -> dict[str, Any]:
+    """``--row-lengths``: the lengths (chosen from the planned rows for ``auto``), rows per length and the padding."""
+    from packer.pack import buckets
+
+    k, given = buckets.parse(config.row_lengths, config.max_length)
+    if k is None and given is None:
+        return {}
+    tokens = p.bin_tokens()
+    lengths = given if given is not None else buckets.choose_lengths(tokens, k, config.max_length)
+    rows = np.bincount(buckets.bucket_of(tokens, lengths), minlength=len(lengths))
+    return {"row_lengths": [int(x) for x in lengths], "rows_by_length": [int(x) for x in rows],
+            "row_length_padding": buckets.padding(tokens, lengths)}
 
 
 def auto_workers(workers: int, files: list) -> int:

@@ -110,7 +110,9 @@ def main():
 @click.argument("pipeline", required=False, type=click.Path(dir_okay=False))
 @_config_options(FIELDS)
 def build(pipeline, **options):
-    """Build packed shards. PIPELINE defaults to pipelines/sample.toml; flags override its keys."""
+    """Build packed shards. PIPELINE defaults to pipelines/sample.toml; flags override its keys.
+
+    Give --tokenizer (your model's: a hub name or a folder): the pipelines' own is sample_data's toy tokenizer."""
     from packer.build import build as run_build
     from packer.config import resolve
     from packer.summary import summarize, summary_text

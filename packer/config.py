@@ -141,6 +141,10 @@ class BuildConfig:
     embed_batch_size: int = _opt(32, "Images per batch in the embedding pass.", stage="content", group="media")
     embed_gpus: float = _opt(0.0, "With --engine ray: GPUs reserved by the embedding pass task.",
                              stage="execution", group="execution")
+    long_audio: str = _opt("truncate", "A clip longer than the audio encoder's window (Qwen2-Audio: 30 s): truncate counts "
+                                       "the window the model sees (its processor cuts the rest; counted as audio_truncated), "
+                                       "drop quarantines the record (audio_too_long).", choices=("truncate", "drop"),
+                           stage="content", group="media")
     audio_features: str = _opt("", "Store audio features: whisper[:feature_size=128] (WhisperFeatureExtractor's "
                                    "input_features, 30 s padded, float32); empty: off.", stage="content", group="media")
     max_length: int = _opt(4096, "Capacity of a packed row, in tokens.", stage="plan", group="packing")
@@ -160,6 +164,10 @@ class BuildConfig:
                                    "segment with its own copy of the prompt, a record's segments adjacent in one row); tree "
                                    "(the prompt once, each response a branch attending to it). repack switches pairs <-> tree.",
                            choices=("none", "pairs", "tree"), stage="plan", group="packing")
+    row_lengths: str = _opt("", "A few fixed row lengths for compiled training: auto (4 the planner chooses from the rows, "
+                                "least padding), auto:K, or N,N,... (max_length added); the collator pads each batch to "
+                                "the smallest that holds it (PackedCollator(row_lengths=ds.row_lengths)). Empty: off.",
+                            stage="plan", group="packing")
     group_by: str = _opt("none", "Rows hold samples of one group only (modality: text, image, audio, ...).",
                          choices=("none", "modality"), stage="plan", group="packing")
     order: str = _opt("shuffle", "Row order: shuffled with the seed; sequential (source order, for curricula: rows by "
@@ -242,6 +250,12 @@ class BuildConfig:
             values = [getattr(self, k) for k in group]
             if not all(values) or len(set(values)) != len(values):
                 raise ConfigError(f"{', '.join(group)} must be different non-empty strings, got {values}")
+        from packer.pack.buckets import parse
+
+        try:
+            parse(self.row_lengths, self.max_length)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         from packer.encode.render import template_clock
         from packer.families import FAMILIES, resolve_kinds
 

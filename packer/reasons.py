@@ -15,6 +15,7 @@ FIXES = {
     "corrupt_audio": "damaged audio files: repair or remove them (quarantine.jsonl names each)",
     "unsupported_image": "an image the policy cannot resize (aspect ratio over 200?): crop it, or drop the record",
     "audio_too_short": "clips too short for the encoder to give one position: drop or pad them",
+    "audio_too_long": "clips longer than the audio encoder's window, dropped by --long-audio drop: cut them into pieces",
     "missing_video": "files are not where records say: check the paths, or set --media-root",
     "corrupt_video": "damaged video files: re-encode or remove them (quarantine.jsonl names each)",
     "no_video_stream": "files listed as video hold no video stream: list them as audio / image, or drop them",
@@ -58,7 +59,8 @@ FIXES = {
     "media_in_response": "a response holds an image / clip / video: media belong to the shared prompt",
     "preference_too_long": "a preference record (all its responses) longer than --max-length: raise it",
 }
-NOT_BAD = ("no_encoder",)  # a pipeline's declared choice, warned about: not counted against --max-bad-fraction
+NOT_BAD = ("no_encoder", "audio_too_long")  # declared choices (modalities, --long-audio drop): not counted against
+# --max-bad-fraction
 
 
 def fix(reason: str) -> str:

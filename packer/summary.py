@@ -56,6 +56,8 @@ def summarize(out: str | Path) -> dict[str, Any]:
         "truncated_tokens": stats.get("truncated_tokens", 0),
         "split_samples": stats.get("split_samples", 0),
         "split_pieces": stats.get("split_pieces", 0),
+        "audio_truncated": stats.get("audio_truncated", 0),
+        "long_audio": manifest.config.get("long_audio", "truncate"),
         "shards": len(manifest.files.packed),
     }
 
@@ -77,6 +79,9 @@ def summary_text(s: dict[str, Any]) -> str:
         lines.append(f"  truncated    {s['truncated_samples']:,} samples ({s['truncated_tokens']:,} tokens cut)")
     if s["split_samples"]:
         lines.append(f"  split        {s['split_samples']:,} samples into {s['split_pieces']:,} pieces")
+    if s.get("audio_truncated"):
+        lines.append(f"  audio cut    {s['audio_truncated']:,} clips longer than the audio encoder's window: the model sees "
+                     f"their first window (--long-audio drop quarantines them instead)")
     for title, counts in (("quarantined", s["quarantined_by_reason"]), ("dropped", s["dropped_by_reason"])):
         if counts:
             lines.append(f"  {title:<12} " + ", ".join(f"{r} {n:,}" for r, n in sorted(counts.items(), key=lambda kv: -kv[1])))

@@ -128,6 +128,21 @@ def qwen2audio_processor(tok):
     return Qwen2AudioProcessor(feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tok)
 
 
+def qwen25omni_model(ids: dict[str, int], vocab: int, impl: str, seed: int = 0):
+    """A tiny Qwen2.5-Omni thinker (audio tower, then the vision tower, in its forward)."""
+    from transformers import Qwen2_5OmniThinkerConfig, Qwen2_5OmniThinkerForConditionalGeneration
+
+    cfg = Qwen2_5OmniThinkerConfig(
+        text_config=dict(TEXT, vocab_size=vocab, rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=2, hidden_size=64, intermediate_size=64, num_heads=4, patch_size=14, spatial_merge_size=2,
+                           temporal_patch_size=2, out_hidden_size=64, fullatt_block_indexes=[1], window_size=56),
+        audio_config=dict(d_model=32, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64, num_mel_bins=128,
+                          output_dim=64, n_window=50),
+        image_token_index=ids["<|image_pad|>"], audio_token_index=ids["<|AUDIO|>"], video_token_index=ids["<|video_pad|>"])
+    cfg._attn_implementation = impl
+    return _init(Qwen2_5OmniThinkerForConditionalGeneration(cfg), seed)
+
+
 QWEN_IMAGE = dict(image_token="<|image_pad|>", image_begin="<|vision_start|>", image_end="<|vision_end|>",
                   image_tokens=f"dynamic:min_pixels={QWEN_PIXELS['min_pixels']},max_pixels={QWEN_PIXELS['max_pixels']}")
 

@@ -15,7 +15,8 @@ from packer.config import BuildConfig, resolve
 from packer.errors import BuildFailedError, ConfigError, StrictModeError
 
 COLUMNS = ["input_ids", "labels", "cu_seqlens", "segment_ids", "segment_source", "segment_line", "segment_start",
-           "segment_modality", "segment_parent", "segment_group", "segment_role", "segment_weight", "media", "n_tokens"]
+           "segment_modality", "segment_parent", "segment_group", "segment_role", "segment_weight", "media", "n_tokens",
+           "segment_trained", "n_trained"]
 IGNORE = -100
 
 

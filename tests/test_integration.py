@@ -20,7 +20,7 @@ def test_hf_trainer_steps_on_the_sample_build(sample_build, tmp_path):
     from hf_trainer import train
 
     out, _ = sample_build
-    losses = train(str(out), steps=8, output_dir=str(tmp_path / "trainer"))
+    losses = train(str(out), steps=8, output_dir=str(tmp_path / "trainer"), accumulation=1)
     assert len(losses) == 8 and all(x == x for x in losses)  # finite, no NaN
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3, losses
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import ROOT
 from packer.balance import imbalance
 from packer.errors import SchemaVersionError
 from packer.loader import (
@@ -315,3 +316,30 @@ def test_block_mask_equals_create_block_mask(seed):
     ref = create_block_mask(mask_mod, segment.shape[0], None, length, length, device="cpu")
     assert torch.equal(ours.to_dense(), ref.to_dense())
     assert torch.equal(ours.full_kv_num_blocks, ref.full_kv_num_blocks)
+
+
+def test_stored_supervised_counts_equal_the_labels_and_give_the_same_weights(sample_build, tmp_path):
+    """segment_trained / n_trained (stage 3) are what the labels say, split pieces included, and the
+    collator's sample / sqrt weights from them equal the weights counted from the labels."""
+    from packer.build import build
+    from packer.config import resolve
+    from packer.loader.dataset import supervised_counts
+
+    out, _ = sample_build
+    split = tmp_path / "split"
+    build(resolve(ROOT / "pipelines" / "sample.toml", output=str(split), max_length=512, oversize="split",
+                  max_bad_fraction=1.0), progress=False)
+    for folder in (out, split):
+        ds = PackedDataset(folder)
+        rows = [ds[i] for i in range(len(ds))]
+        for r in rows:
+            counted = supervised_counts(r["labels"], r["cu_seqlens"])
+            assert list(r["segment_trained"]) == counted.tolist() and r["n_trained"] == counted.sum() > 0
+        for kind in ("sample", "sqrt"):
+            collate = PackedCollator(loss=kind, pad_to_multiple_of=64)
+            stored = collate(rows[:4])["loss_weights"]
+            recounted = collate([{k: v for k, v in r.items() if k not in ("segment_trained", "n_trained")} for r in rows[:4]])
+            assert torch.equal(stored, recounted["loss_weights"])
+            flat = PackedCollator(loss=kind, attention="varlen")
+            assert torch.equal(flat(rows[:4])["loss_weights"],
+                               flat([{k: v for k, v in r.items() if k != "segment_trained"} for r in rows[:4]])["loss_weights"])

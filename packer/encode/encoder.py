@@ -48,7 +48,7 @@ from packer.ingest.formats import decode_json, parse_record, record_id
 from packer.ingest.reader import RawLine
 from packer.ingest.records import Conversation, Document, Preference
 from packer.io.fs import is_url
-from packer.media.counter import MediaProber
+from packer.media.counter import MediaProber, kept_seconds
 from packer.shards.schema import IGNORE, MEDIA_KINDS, MediaSpan, ResponseSpan, Sample
 
 MEDIA_ORDER = MEDIA_KINDS  # the order a modality name lists its kinds in
@@ -116,6 +116,7 @@ class RenderedChat:
     items: list[tuple[int, Expansion]] = field(default_factory=list)  # (media item index, expansion) in text order
     edits: list[tuple[int, int, int]] = field(default_factory=list)
     spans: list[tuple[int, int]] | None = None  # the trained character spans of ``full``, once labelled
+    clips_cut: int = 0  # audio clips longer than the encoder's window (counted as audio_truncated)
 
     @property
     def marked(self) -> bool:
@@ -138,6 +139,9 @@ class Encoder:
         self.reserved_list = list(self.reserved_ids)
         self.run_id_list = list(dict.fromkeys(self.run_ids.values()))
         self.prober = MediaProber(config.image_check, video_check=getattr(config, "video_check", "verify"))
+        self.kept_audio = kept_seconds(self.family)  # seconds of a clip the audio encoder sees (None: all)
+        self.clips_cut = 0  # clips of the encoded samples cut to that window (audio_truncated)
+        self._record_cut = 0
         tokens = {self.family.media_token(k): k for k in self.family.kinds}
         self._media_re = re.compile(f"(?<!{MARK_START})(" + "|".join(map(re.escape, sorted(tokens, key=len, reverse=True)))
                                     + ")") if tokens else None
@@ -259,6 +263,7 @@ class Encoder:
         messages = self._messages(conv)
         full = self.renderer.render(messages)
         positions = self._media_positions(full)
+        self._record_cut = 0
         items = self._expand_media(conv, [self._media_kind[token] for _, token in positions])
         text, edits = full, []
         if items:
@@ -273,7 +278,7 @@ class Encoder:
         assistant = [i for i, t in enumerate(conv.turns) if t.role == "assistant"]
         trained = {i for i in assistant if conv.turns[i].trained}  # a TRL prompt's assistant turns: context
         return RenderedChat(full, text, messages, self.config.train_on, assistant, trained,
-                            self.config.train_on_empty_think, items, edits)
+                            self.config.train_on_empty_think, items, edits, clips_cut=self._record_cut)
 
     def _messages(self, conv: Conversation) -> list[dict[str, Any]]:
         """Messages for the template: text marked (typed control tokens stay text); each media part as a
@@ -314,6 +319,11 @@ class Encoder:
             taken[kind] += 1
             part = media[index]
             info = self.prober.probe(part)
+            if kind == "audio" and self.kept_audio is not None and info.frames > self.kept_audio * info.sample_rate:
+                if getattr(self.config, "long_audio", "truncate") == "drop":  # the model would see only the window
+                    raise BadRecord("audio_too_long", f"{part.ref!r} is {info.seconds:.1f} s; the audio encoder sees "
+                                                      f"{self.kept_audio:g} s (--long-audio drop)")
+                self._record_cut += 1
             try:
                 expansion = self.family.expand(kind, info, part, record)
             except ValueError as e:
@@ -344,6 +354,8 @@ class Encoder:
             raise BadRecord("no_trainable_tokens", "the record has no token to train on (no assistant turn?)")
         kinds = [k for k in MEDIA_ORDER if any(m.kind == k for m in media)]
         rid = record_id(obj)
+        first = chat[0] if isinstance(chat, list) else chat  # a preference record's prompt clips: once, not per response
+        self.clips_cut += first.clips_cut if first is not None else 0  # counted once the record is a sample
         return Sample(
             key=rid if rid is not None else f"{file}:{raw.line}",
             source_file=file,

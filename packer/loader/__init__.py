@@ -11,8 +11,9 @@
 
 from packer.loader.collate import ATTENTION, PackedCollator, model_inputs
 from packer.loader.dataset import MediaChangedError, PackedDataset, SampleDataset
+from packer.loader.dummy import MediaDummies, media_dummies
 from packer.loader.logps import ResponseLogps, dpo_loss, packed_logps, token_logps
-from packer.loader.loss import loss_weights, packed_loss
+from packer.loader.loss import loss_norm, loss_weights, packed_loss
 from packer.loader.media import MediaMismatchError
 from packer.loader.mrope import mrope_positions
 from packer.loader.samplers import CostModel, SplitModalitySampler, TokenBalancedSampler
@@ -20,7 +21,17 @@ from packer.loader.sequence_parallel import local_media_rows, shard_for_sequence
 from packer.loader.stored import StoredFeatures
 from packer.media.load import MediaLoadError
 
-__all__ = ["ATTENTION", "CostModel", "MediaChangedError", "MediaLoadError", "MediaMismatchError", "PackedCollator",
-           "PackedDataset", "ResponseLogps", "SampleDataset", "SplitModalitySampler", "StoredFeatures",
-           "TokenBalancedSampler", "dpo_loss", "local_media_rows", "loss_weights", "model_inputs", "mrope_positions",
-           "packed_logps", "packed_loss", "shard_for_sequence_parallel", "token_logps"]
+
+def __getattr__(name: str):
+    if name == "PackedTrainer":  # imports transformers' Trainer (and Accelerate): only when asked for
+        from packer.loader.trainer import PackedTrainer
+
+        return PackedTrainer
+    raise AttributeError(f"module 'packer.loader' has no attribute {name!r}")
+
+
+__all__ = ["ATTENTION", "CostModel", "MediaChangedError", "MediaDummies", "MediaLoadError", "MediaMismatchError",
+           "PackedCollator", "PackedDataset", "PackedTrainer", "ResponseLogps", "SampleDataset", "SplitModalitySampler",
+           "StoredFeatures", "TokenBalancedSampler", "dpo_loss", "local_media_rows", "loss_norm", "loss_weights",
+           "media_dummies", "model_inputs", "mrope_positions", "packed_logps", "packed_loss", "shard_for_sequence_parallel",
+           "token_logps"]

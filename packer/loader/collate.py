@@ -72,7 +72,7 @@ class PackedCollator:
                  device: str | torch.device = "cpu", image_processor=None, feature_extractor=None, processor=None,
                  patch_size: int | None = None, image_embeddings=None, audio_features=None, video_processor=None,
                  video_policy=None, tokens_per_second: float | None = None, family: dict[str, Any] | None = None,
-                 model_config: Any = None):
+                 model_config: Any = None, dummy_media=None, row_lengths: list[int] | None = None):
         if attention not in ATTENTION:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
         family_obj = None
@@ -104,6 +104,11 @@ class PackedCollator:
         for name, value in (("pad_to", pad_to), ("pad_to_multiple_of", pad_to_multiple_of)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be positive, got {value}")
+        if row_lengths is not None and (pad_to is not None or pad_to_multiple_of is not None):
+            raise ValueError("row_lengths fixes the padded lengths: give it without pad_to / pad_to_multiple_of")
+        # A build's fixed row lengths (--row-lengths): each batch padded to the smallest that holds it, so a
+        # compiled model sees a few shapes; flattened batches to one of them times the rows.
+        self.row_lengths = sorted(int(x) for x in row_lengths) if row_lengths else None
         if attention == "position_ids":
             warnings.warn(
                 "attention='position_ids' isolates packed segments only under flash-attention kernels "
@@ -121,12 +126,21 @@ class PackedCollator:
                          video_processor=video_processor, video_policy=video_policy, timed=tokens_per_second is not None,
                          family=family_obj)
         self.media_step = step if step.enabled else None
+        self.dummy_media = dummy_media  # packer.loader.dummy.MediaDummies: every tower runs on every rank
 
-    def _length(self, n: int) -> int:
+    def _length(self, n: int, grow: bool = False, rows: int = 1) -> int:
+        if self.row_lengths is not None:
+            fits = [x * rows for x in self.row_lengths if x * rows >= n]
+            if fits:
+                return fits[0]
+            if not grow:
+                raise ValueError(f"a batch needs {n} positions, more than the longest row length {self.row_lengths[-1]} "
+                                 f"x {rows} row(s): these rows are not from the build whose row_lengths these are")
+            return n
         if self.pad_to is not None:
-            if n > self.pad_to:
+            if n > self.pad_to and not grow:
                 raise ValueError(f"a batch needs {n} positions but pad_to is {self.pad_to}; raise pad_to")
-            n = self.pad_to
+            n = max(n, self.pad_to)
         if self.multiple:
             n = -(-n // self.multiple) * self.multiple
         return n
@@ -140,9 +154,18 @@ class PackedCollator:
         if tree is not None and self.rope == "mrope" and self._positions is not mrope_positions:
             raise ValueError(f"family {self.family['name']}: its own positions (a family hook) do not position a "
                              f"preference tree's branches after their prompt; build with --preference pairs")
+        dummy_inputs: dict[str, Any] = {}
+        indices = [int(r["index"]) for r in rows] if all("index" in r for r in rows) else None
+        if self.dummy_media is not None:  # may grow one row past pad_to by its few positions
+            sizes = [int(r["n_tokens"]) for r in rows]
+            flat = self.attention in FLATTENED
+            self._length(sum(sizes) if flat else max(sizes), rows=len(rows) if flat else 1)  # the real rows must fit
+            rows, dummy_inputs = self.dummy_media.add(rows)
+        n_rows = len(rows)
         if self.attention in FLATTENED:
             rows = [_concatenate(rows)]
-        length = self._length(max(int(r["n_tokens"]) for r in rows))
+        length = self._length(max(int(r["n_tokens"]) for r in rows), grow=bool(dummy_inputs),
+                              rows=n_rows if self.attention in FLATTENED else 1)
         cu = [np.asarray(r["cu_seqlens"], dtype=np.int64) for r in rows]
         batch = len(rows)
         input_ids = torch.full((batch, length), self.pad_token_id, dtype=torch.long)
@@ -156,7 +179,9 @@ class PackedCollator:
         if tree is not None:
             position = trees.positions(position, segment, cu, tree)
         out: dict[str, Any] = {"input_ids": input_ids, "labels": labels, "seq_idx": segment.to(torch.int32)}
-        out["loss_weights"] = loss_weights(labels, segment, self.loss)
+        if indices is not None:
+            out["rows"] = indices  # the dataset rows of this batch (PackedDataset's index)
+        out["loss_weights"] = loss_weights(labels, segment, self.loss, _stored_counts(rows, int(segment.max()) + 1))
         if self._type_ids is not None:  # 0 text, 1 image, 2 video, 3 audio placeholders (the processors' own values)
             types = torch.zeros_like(input_ids)
             for kind, value in (("image", 1), ("video", 2), ("audio", 3)):
@@ -171,12 +196,13 @@ class PackedCollator:
             out["responses"] = trees.responses(rows)
         if tree is not None:
             out["segment_parent"] = [p.tolist() for p in tree]
-        if self._untimed and any(m["kind"] == "video" for m in out["media"]):
+        if self._untimed and any(m["kind"] == "video" and not m.get("dummy") for m in out["media"]):
             raise ValueError("the batch holds a video and the processor is a Qwen2.5-VL one (time-scaled mRoPE), but the "
                              "collator has no tokens_per_second: pass PackedCollator(rope='mrope', "
                              "tokens_per_second=model.config.vision_config.tokens_per_second, ...)")
         if self.media_step is not None:
-            out.update(self.media_step(out["media"]))
+            out.update(self.media_step([m for m in out["media"] if not m.get("dummy")]))
+        out.update(dummy_inputs)
         if self.rope == "mrope":
             out["position_ids"] = torch.stack([
                 self._positions(length, list(zip(c[:-1].tolist(), c[1:].tolist(), strict=True)), r["media"],
@@ -196,8 +222,14 @@ class PackedCollator:
                 trees.block_mask(segment, tree, self.device)
         elif self.attention == "varlen":
             bounds = _bounds(cu[0], length)
+            if self.row_lengths is not None:  # padding in pieces of at most a row length: max_seqlen is one of them
+                top = self.row_lengths[-1]
+                bounds = np.concatenate([cu[0], np.arange(int(cu[0][-1]) + top, length, top), [length]]) \
+                    if length > cu[0][-1] else cu[0]
             cu_t = torch.as_tensor(bounds, dtype=torch.int32)
             max_len = int(np.diff(bounds).max()) if len(bounds) > 1 else 0
+            if self.row_lengths is not None:
+                max_len = next((x for x in self.row_lengths if x >= max_len), max_len)  # a Python int of a few values
             out.update(cu_seqlens=cu_t, max_seqlen=max_len, cu_seq_lens_q=cu_t, cu_seq_lens_k=cu_t,
                        max_length_q=max_len, max_length_k=max_len)
         if (self.family or {}).get("linear_attention") and isinstance(out.get("attention_mask"), torch.Tensor):
@@ -227,22 +259,37 @@ def _bounds(cu: np.ndarray, length: int) -> np.ndarray:
     return cu if length == cu[-1] else np.append(cu, length)
 
 
+def _stored_counts(rows: list[dict[str, Any]], n_segments: int) -> torch.Tensor | None:
+    """``[B, n_segments]`` supervised tokens per segment as the shards store them (0 for the
+    padding segment), or None when a row lacks them (the weights then count the labels)."""
+    if not all("segment_trained" in r for r in rows):
+        return None
+    counts = torch.zeros(len(rows), n_segments, dtype=torch.long)
+    for b, r in enumerate(rows):
+        stored = torch.as_tensor(np.asarray(r["segment_trained"], dtype=np.int64))
+        counts[b, : len(stored)] = stored
+    return counts
+
+
 def _concatenate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """All rows of a batch as one long row (the flattened forms)."""
     offsets = np.cumsum([0] + [int(r["n_tokens"]) for r in rows])
     segments = np.cumsum([0] + [len(r["cu_seqlens"]) - 1 for r in rows])
+    stored = {"segment_trained": np.concatenate([np.asarray(r["segment_trained"], dtype=np.int64) for r in rows])} \
+        if all("segment_trained" in r for r in rows) else {}
     roles = {}
     if all(r.get("segment_role") is not None for r in rows):  # pairs rows: their responses, groups renumbered
-        def column(r: dict[str, Any], key: str, default: list) -> list:
-            return default if r.get(key) is None else list(r[key])
+        def column(r: dict[str, Any], key: str, fill) -> list:
+            """The row's ``key`` per segment; segments past it (a dummy media segment) get ``fill(k)``."""
+            given = [] if r.get(key) is None else list(r[key])
+            return given + [fill(k) for k in range(len(given), len(r["cu_seqlens"]) - 1)]
 
-        roles = {"segment_role": [x for r in rows for x in r["segment_role"]],
-                 "segment_ids": [x for r in rows for x in r["segment_ids"]],
-                 "segment_weight": [x for r in rows for x in column(r, "segment_weight", [None] * len(r["segment_role"]))],
+        roles = {"segment_role": [x for r in rows for x in column(r, "segment_role", lambda k: "")],
+                 "segment_ids": [x for r in rows for x in column(r, "segment_ids", lambda k: "")],
+                 "segment_weight": [x for r in rows for x in column(r, "segment_weight", lambda k: None)],
                  "segment_group": [int(g) + int(s) for r, s in zip(rows, segments, strict=False)
-                                   for g in column(r, "segment_group", list(range(len(r["segment_role"]))))]}
-    return {
-        **roles,
+                                   for g in column(r, "segment_group", lambda k: k)]}
+    return {**stored, **roles,
         "input_ids": np.concatenate([np.asarray(r["input_ids"]) for r in rows]),
         "labels": np.concatenate([np.asarray(r["labels"]) for r in rows]),
         "cu_seqlens": np.concatenate([[0]] + [np.asarray(r["cu_seqlens"][1:]) + o for r, o in zip(rows, offsets, strict=False)]),
@@ -258,8 +305,10 @@ MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "mm_token_type_ids"
               "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
-def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+def model_inputs(batch: dict[str, Any], model=None) -> dict[str, Any]:
     """The keyword arguments for ``model(**...)`` of the HF causal-LM / VLM / audio-LM classes.
+    Given the ``model``, first refuses a mask form its attention implementation would ignore
+    (:func:`packer.loader.checks.check_attention`: a flattened ``varlen`` batch under SDPA).
 
     Leaves out what only packer uses (``labels`` -- use :func:`~packer.loader.packed_loss` -- ``media``,
     ``seq_idx``, ``loss_weights``) and ``cu_seqlens`` / ``max_seqlen``, names the
@@ -267,6 +316,10 @@ def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
     as ``cu_seq_lens_q/k`` and ``max_length_q/k``. ``use_cache=False``: training builds
     no KV cache.
     """
+    if model is not None:
+        from packer.loader.checks import attention_form, check_attention
+
+        check_attention(model, attention_form(batch))
     out = {k: batch[k] for k in MODEL_KEYS if k in batch}
     out["use_cache"] = False
     return out

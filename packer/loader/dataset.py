@@ -21,6 +21,7 @@ from packer.media.load import resolve_ref
 from packer.shards.io import read_shard
 from packer.shards.manifest import Manifest
 from packer.shards.media_index import MediaIndex
+from packer.shards.schema import IGNORE
 from packer.shards.stats import ROW_FIELDS, shard_stats
 
 ARRAY_COLUMNS = ("input_ids", "labels", "cu_seqlens")
@@ -81,6 +82,8 @@ class _ShardedTable:
         row = self._table(k).slice(int(index - self.starts[k]), 1).to_pylist()[0]
         out = {}
         for name in self.columns:
+            if name not in row:  # a column newer than the build (supervised counts): derived by the subclass
+                continue
             value = row[name]
             if name in ARRAY_COLUMNS:
                 value = np.asarray(value, dtype=np.int32)
@@ -90,22 +93,28 @@ class _ShardedTable:
                     value = torch.from_numpy(value.astype(np.int64))
             out[name] = value
         if "media" in out:
-            ids = None
+            cache: dict[str, np.ndarray] = {}
             for m in out["media"]:
-                if m["tokens"] != m["length"]:  # text between the item's runs: where each run is
-                    if ids is None:
-                        ids = np.asarray(row["input_ids"], dtype=np.int64)
-                    m["runs"] = _runs(ids[m["start"] : m["start"] + m["length"]] == self._run_ids[m["kind"]])
-                if m["ref"].startswith("{"):  # a video given as frame images: {"frames": [refs], "fps": rate}
-                    listed = json.loads(m["ref"])
-                    m["frames"] = [resolve_ref(r, self.media_root) for r in listed["frames"]]
-                    m["path"], m["fps"] = m["frames"][0], float(listed.get("fps") or 0.0)
-                    for ref, path in zip(listed["frames"], m["frames"], strict=True):
-                        self._check_media(ref, path)
-                else:
-                    m["path"] = resolve_ref(m["ref"], self.media_root)
-                    self._check_media(m["ref"], m["path"])
+                self._resolve(m, row["input_ids"], cache)
         return out
+
+    def _resolve(self, m: dict[str, Any], input_ids, cache: dict[str, np.ndarray]) -> dict[str, Any]:
+        """Give a media span its file (``path``; ``frames`` and ``fps`` for a video given as frame images),
+        checked against the build's media index, and its ``runs`` where text lies between them."""
+        if m["tokens"] != m["length"]:  # text between the item's runs: where each run is
+            if "ids" not in cache:
+                cache["ids"] = np.asarray(input_ids, dtype=np.int64)
+            m["runs"] = _runs(cache["ids"][m["start"] : m["start"] + m["length"]] == self._run_ids[m["kind"]])
+        if m["ref"].startswith("{"):  # a video given as frame images: {"frames": [refs], "fps": rate}
+            listed = json.loads(m["ref"])
+            m["frames"] = [resolve_ref(r, self.media_root) for r in listed["frames"]]
+            m["path"], m["fps"] = m["frames"][0], float(listed.get("fps") or 0.0)
+            for ref, path in zip(listed["frames"], m["frames"], strict=True):
+                self._check_media(ref, path)
+        else:
+            m["path"] = resolve_ref(m["ref"], self.media_root)
+            self._check_media(m["ref"], m["path"])
+        return m
 
     def _check_media(self, ref: str, path: str) -> None:
         """The file as the build read it (``media.arrow``): the same size, and the same modification
@@ -166,7 +175,8 @@ def _runs(is_placeholder: np.ndarray) -> list[list[int]]:
 
 class PackedDataset(_ShardedTable):
     """Packed rows: ``input_ids``, ``labels``, ``cu_seqlens`` (arrays), ``segment_ids``,
-    ``segment_modality``, ``media`` (lists) and ``n_tokens``. Each media span gets a
+    ``segment_modality``, ``media``, ``segment_trained`` (lists), ``n_tokens``, ``n_trained`` and
+    ``index`` (the row's number). Each media span gets a
     ``path``: its ``ref`` joined onto the build's media root (``Manifest.media_root``),
     or onto ``media_root=`` when the media moved; a moved build folder needs nothing.
     Each media file is checked against the build's media index when a row is read (one
@@ -176,7 +186,42 @@ class PackedDataset(_ShardedTable):
 
     kind = "packed"
     columns = ("input_ids", "labels", "cu_seqlens", "segment_ids", "segment_modality", "segment_parent", "segment_group",
-               "segment_role", "segment_weight", "media", "n_tokens")
+               "segment_role", "segment_weight", "media", "n_tokens", "segment_trained", "n_trained")
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        row = super().__getitem__(index)
+        row["index"] = index if index >= 0 else index + len(self)  # which row: the batch lists them (``rows``)
+        if "segment_trained" not in row:  # a build from before the stored counts: count them here
+            counts = supervised_counts(row["labels"], row["cu_seqlens"])
+            row["segment_trained"], row["n_trained"] = counts.tolist(), int(counts.sum())
+        return row
+
+    @property
+    def row_lengths(self) -> list[int] | None:
+        """The build's fixed row lengths (``--row-lengths``), for ``PackedCollator(row_lengths=...)``; None without."""
+        return self.manifest.stats.get("row_lengths")
+
+    def to_hf_dataset(self):
+        """The packed rows as a ``datasets.Dataset``: the shards memory-mapped (``Dataset.from_file``,
+        nothing copied), with a transform that gives each media span its ``path`` as this dataset
+        does. For trainers that take only HF datasets (TRL's ``SFTTrainer``, docs/training.md);
+        rows keep every column, so give the trainer :class:`PackedCollator` and
+        ``remove_unused_columns=False``."""
+        import datasets
+
+        if not self.entries:
+            raise ValueError(f"{self.out} holds no packed rows")
+        parts = [datasets.Dataset.from_file(str(self.out / e.file)) for e in self.entries]
+        table = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+
+        def with_paths(batch: dict[str, list]) -> dict[str, list]:
+            if "media" in batch:
+                batch["media"] = [[self._resolve(dict(m), ids, {}) for m in spans]
+                                  for spans, ids in zip(batch["media"], batch["input_ids"], strict=True)]
+            return batch
+
+        table.set_transform(with_paths)
+        return table
 
     def row_stats(self) -> dict[str, np.ndarray]:
         """Per row: tokens, sum of squared segment lengths, media items and media tokens
@@ -185,6 +230,14 @@ class PackedDataset(_ShardedTable):
         stats = [shard_stats(self.out / e.file) for e in self.entries]
         return {name: np.concatenate([s.array(f"row_{name}") for s in stats]) if stats else np.zeros(0)
                 for name in ROW_FIELDS}
+
+
+def supervised_counts(labels, cu_seqlens) -> np.ndarray:
+    """Supervised tokens (label != -100, a segment's first token never) of each segment, int64."""
+    trained = np.asarray(labels) != IGNORE
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    trained[cu[:-1][cu[:-1] < len(trained)]] = False
+    return np.asarray([int(trained[a:b].sum()) for a, b in zip(cu[:-1], cu[1:], strict=True)], dtype=np.int64)
 
 
 class SampleDataset(_ShardedTable):
@@ -208,6 +261,8 @@ class SampleDataset(_ShardedTable):
             row["input_ids"], row["labels"] = row["input_ids"][: self.max_length], row["labels"][: self.max_length]
             row["cu_seqlens"][-1] = row["n_tokens"] = self.max_length
             row["media"] = [m for m in row["media"] if m["start"] + m["length"] <= self.max_length]
+        counts = supervised_counts(row["labels"], row["cu_seqlens"])
+        row["segment_trained"], row["n_trained"] = counts.tolist(), int(counts.sum())
         return row
 
     @property

@@ -22,18 +22,31 @@ import torch
 from packer.shards.schema import IGNORE
 
 
-def loss_weights(labels: torch.Tensor, segment: torch.Tensor, kind: str) -> torch.Tensor:
+def loss_weights(labels: torch.Tensor, segment: torch.Tensor, kind: str, counts: torch.Tensor | None = None) -> torch.Tensor:
     """``[B, L]`` float32 weights aligned with ``labels`` (unshifted: the weight of
-    target ``labels[b, t]``); 0 wherever the label is -100."""
+    target ``labels[b, t]``); 0 wherever the label is -100. ``counts[b, s]``: the
+    supervised tokens of segment ``s`` of row ``b`` as the shards store them
+    (``segment_trained``); counted from ``labels`` when not given."""
     trained = labels != IGNORE
     w = trained.to(torch.float32)
     if kind == "token":
         return w
-    n_segments = int(segment.max()) + 1 if segment.numel() else 1
-    flat = segment + torch.arange(segment.shape[0])[:, None] * n_segments  # distinct per row
-    counts = torch.bincount(flat[trained], minlength=segment.shape[0] * n_segments).to(torch.float32)
-    per_token = counts[flat].clamp(min=1)
+    if counts is not None:
+        per_token = torch.gather(counts.to(torch.float32), 1, segment).clamp(min=1)
+    else:
+        n_segments = int(segment.max()) + 1 if segment.numel() else 1
+        flat = segment + torch.arange(segment.shape[0])[:, None] * n_segments  # distinct per row
+        counted = torch.bincount(flat[trained], minlength=segment.shape[0] * n_segments).to(torch.float32)
+        per_token = counted[flat].clamp(min=1)
     return w / (per_token if kind == "sample" else per_token.sqrt())
+
+
+def loss_norm(batch: dict) -> torch.Tensor:
+    """The batch's ``sum(w)`` over the targets :func:`packed_loss` scores: a micro-batch's share
+    of the step's denominator (all-reduce it over ranks and add it over accumulation steps)."""
+    if "shift_loss_weights" in batch:
+        return batch["shift_loss_weights"].sum()
+    return batch["loss_weights"][..., 1:].sum()
 
 
 def packed_loss(logits: torch.Tensor, batch: dict, *, reduce: bool = True):

@@ -71,3 +71,22 @@ class MediaCounter:
         from packer.families.generic import policy_count
 
         return policy_count(self.policies[part.kind], part.kind, self.prober.probe(part), part)
+
+
+def kept_seconds(owner: Any) -> float | None:
+    """Seconds of a clip the audio encoder sees (None: all of it), for a family or an audio policy: its
+    own ``kept_seconds`` when it states one; a family's audio policy (the generic family's
+    ``policies["audio"]``); Qwen2-Audio's ``max_seconds`` under ``long=truncate``, Whisper's window
+    under ``windows=one``. Splitting and rate policies keep everything. A clip longer than this is
+    cut by the model's processor: the encoder counts it as ``audio_truncated`` (``--long-audio``)."""
+    own = getattr(owner, "kept_seconds", None)
+    if own is not None:
+        return own() if callable(own) else float(own)
+    policies = getattr(owner, "policies", None)
+    if isinstance(policies, dict) and "audio" in policies:
+        return kept_seconds(policies["audio"])
+    if getattr(owner, "long", None) == "truncate" and hasattr(owner, "max_seconds"):
+        return float(owner.max_seconds)
+    if getattr(owner, "windows", None) == "one" and hasattr(owner, "window_seconds"):
+        return float(owner.window_seconds)
+    return None

@@ -21,6 +21,10 @@ All numbers come from the packed shards (and the manifest's accounting), so
   were dropped (``dropped.jsonl``) and the quarantine's reasons with examples (file:line,
   id, detail); lists capped at :data:`LIST_CAP` entries, with the total count;
 - ``title``: the build's ``name`` when one is set, else the output folder's name;
+- ``trained_tokens`` / ``trained_share``: the tokens with a label, of all tokens;
+- ``sample_row`` (one row decoded, trained tokens marked) and ``media`` (tokens per image / clip,
+  image sizes and clip durations): :mod:`packer.report.examples`; ``oversize.audio_truncated``,
+  clips cut to the audio encoder's window;
 - ``preference`` (a ``--preference`` build): records, responses, the layout, and the tokens the
   packed records take as pairs and as trees (``saved_against_pairs``); the batching comparison
   counts each response as it runs alone (a tree's branch with its prompt).
@@ -45,6 +49,7 @@ from packer.cost import CostModel
 from packer.errors import ConfigError
 from packer.io.files import sha256_file, write_text_atomic
 from packer.io.fs import location
+from packer.report.examples import media_section, sample_row
 from packer.shards.io import read_shards
 from packer.shards.manifest import REPORT_FILES, Manifest
 from packer.shards.schema import SAMPLE_SCHEMA, ShardEntry
@@ -274,6 +279,7 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
     row_stats = {"tokens": s.array("row_tokens"), "attention": s.array("row_attention"),
                  "media_items": s.array("row_media_items"), "media_tokens": s.array("row_media_tokens")}
     acc, stats = manifest.accounting, manifest.stats
+    trained = sum(m.trained_tokens for m in s.per_modality.values())
     return {
         "schema_version": manifest.schema_version,
         "title": title(out, manifest),
@@ -282,6 +288,7 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
         "records": acc.records_read, "samples": s.samples(), "segments": s.segments, "duplicate_ids": s.duplicate_ids(),
         "rows": s.rows, "tokens": s.tokens, "max_length": cap,
         "fill": s.tokens / max(1, s.rows * cap), "lower_bound": lower, "gap_to_lower_bound": s.rows - lower,
+        "trained_tokens": trained, "trained_share": trained / max(1, s.tokens),
         "per_modality": {k: v.__dict__ for k, v in sorted(s.per_modality.items())},
         "histograms": {
             "length_edges": edges.tolist(),
@@ -292,7 +299,9 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
         },
         "accounting": dataclasses.asdict(acc),
         "oversize": {k: stats.get(k, 0) for k in ("truncated_samples", "truncated_tokens", "split_samples", "split_pieces",
-                                                  "split_pieces_dropped", "split_lost_media")},
+                                                  "split_pieces_dropped", "split_lost_media", "audio_truncated")},
+        "sample_row": sample_row(out, manifest),
+        "media": media_section(out, manifest),
         "preference": preference_section(s, manifest),
         "quarantine_top": quarantine_examples(out, manifest),
         "truncated": truncated_samples(out, manifest, s, LIST_CAP, *(samples or ())),

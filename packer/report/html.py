@@ -27,6 +27,11 @@ code{font:12px ui-monospace,Menlo,Consolas,monospace;color:#34495e}
 .scroll{max-height:420px;overflow:auto;border:1px solid #e6eaef}
 .legend span{display:inline-block;margin-right:12px;font-size:12px}
 .legend i{display:inline-block;width:10px;height:10px;margin-right:4px}
+.row{background:#fff;border:1px solid #dde3ea;border-radius:8px;padding:8px 12px}
+.seg{border-left:3px solid #9aa5b1;margin:8px 0;padding:2px 10px}
+.seg .h{color:#5b6675;font-size:12px;margin-bottom:4px}
+.seg .x{font:12px/1.6 ui-monospace,Menlo,Consolas,monospace;white-space:pre-wrap;word-break:break-word}
+.x .t{background:#d3f0d7;color:#114a1d}.x .u{color:#6b7684}.x .m{background:#e3e9f6;color:#2b4a8a;border-radius:3px;padding:0 3px}
 """
 
 
@@ -260,11 +265,14 @@ def step_balance_section(b: dict[str, Any]) -> str:
 
 def truncated_section(r: dict[str, Any]) -> str:
     t = r["truncated"]
+    clips = r["oversize"].get("audio_truncated", 0)
+    audio = (f"<p>{clips:,} audio clips longer than the encoder's window were cut to it: the model sees their first window "
+             f"(<code>--long-audio drop</code> quarantines such records instead).</p>" if clips else "")
     if not t["count"]:
-        return "<p>No sample was truncated.</p>"
+        return audio + "<p>No sample was truncated.</p>"
     rows = [[_where(e), f"<code>{html.escape(str(e['id']))}</code>", _n(e["kept_tokens"]), _n(e["cut_tokens"])]
             for e in t["listed"]]
-    return (f"<p>{t['count']:,} sample(s) longer than {r['max_length']:,} tokens were truncated; "
+    return audio + (f"<p>{t['count']:,} sample(s) longer than {r['max_length']:,} tokens were truncated; "
             f"{t['tokens_cut']:,} tokens cut.</p>"
             + _scroll(_table(["input file:line", "id", "tokens kept", "tokens cut"], rows, {2, 3}), len(rows))
             + _capped(t, "truncated samples"))
@@ -311,26 +319,93 @@ def preference_section(r: dict[str, Any]) -> str:
     return "<h2>Preference records</h2>" + _table(["", "value"], rows, {1})
 
 
+def _card(key: str, label: str, value: str, sub: str) -> str:
+    return (f'<div class="card" data-key="{key}"><div class="l">{label}</div><div class="v">{value}</div>'
+            f'<div class="sub">{sub}</div></div>')
+
+
+def headline(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The first screen's cards: (key, label, value, line under it); the browser test reads them back."""
+    b, pad, over = r["batching"], r["padding"], r["oversize"]
+    saved = pad["saved_by_packing"]["padded_random"]
+    return [
+        ("fill", "fill", f"{100 * r['fill']:.2f}%", f"of {r['max_length']:,} tokens per row"),
+        ("trained_share", "tokens trained", f"{100 * r.get('trained_share', 0):.1f}%",
+         f"{r.get('trained_tokens', 0):,} of {r['tokens']:,} tokens carry a label"),
+        ("rows", "rows", f"{r['rows']:,}", f"lower bound {r['lower_bound']:,} (+{r['gap_to_lower_bound']:,})"),
+        ("speedup", "speed-up vs padding", f"{b['speedup_vs_padded_random']:.2f}x", f"random batches of {b['batch_size']}"),
+        ("padding_saved", "padding saved", _gpu_time(saved["gpu_hours"]),
+         f"{_n(saved['tokens'])} tokens per pass, at {pad['tokens_per_gpu_second']:,.0f} tokens/s/GPU"),
+        ("attention", "attention work", f"{100 * r['attention']['ratio']:.1f}%", "of dense L x L masks"),
+        ("truncated", "samples truncated", f"{over['truncated_samples']:,}", f"{over['truncated_tokens']:,} tokens cut"),
+        ("audio_truncated", "audio clips cut", f"{over.get('audio_truncated', 0):,}", "to the audio encoder's window"),
+    ]
+
+
+def sample_row_section(r: dict[str, Any]) -> str:
+    """One packed row as the model sees it: each segment's text, trained tokens highlighted, media collapsed."""
+    s = r.get("sample_row")
+    if not s:
+        return "<p>No row to show.</p>"
+    if "error" in s:
+        return f"<p>Row {s['row']} cannot be shown: {html.escape(s['error'])}</p>"
+    blocks = []
+    for k, seg in enumerate(s["shown"]):
+        parts = []
+        for p in seg["pieces"]:
+            if "media" in p:
+                parts.append(f'<span class="m">[{html.escape(p["media"])} x{p["count"]:,}]</span>')
+            else:
+                parts.append(f'<span class="{"t" if p["trained"] else "u"}">{html.escape(p["text"])}</span>')
+        more = f' <span class="u">&hellip; {seg["hidden"]:,} more tokens</span>' if seg["hidden"] else ""
+        role = f' &middot; {html.escape(seg["role"])}' if seg.get("role") else ""
+        if seg.get("parent", -1) >= 0:
+            role += f' (attends to segment {seg["parent"] + 1})'
+        blocks.append(f'<div class="seg"><div class="h">segment {k + 1} &middot; <code>{html.escape(str(seg["id"]))}</code> '
+                      f'&middot; {html.escape(seg["modality"])}{role} &middot; {seg["tokens"]:,} tokens, '
+                      f'{seg["trained"]:,} trained</div><div class="x">{"".join(parts)}{more}</div></div>')
+    rest = s["segments"] - len(s["shown"])
+    note = f"<p class='sub'>&hellip; and {rest} more segment(s).</p>" if rest > 0 else ""
+    legend = ('<div class="legend"><span><i style="background:#d3f0d7"></i>trained (has a label)</span>'
+              '<span><i style="background:#f4f6f9;border:1px solid #9aa5b1"></i>not trained (prompt, template, padding)</span>'
+              '<span><i style="background:#e3e9f6"></i>media placeholders</span></div>')
+    alone = ("each its own sample (no segment attends to another)" if not any(g.get("parent", -1) >= 0 for g in s["shown"])
+             else "each its own sample, but for a preference tree's responses, which attend to their prompt")
+    return (f"<p>Row {s['row']:,} of the first shard: {s['tokens']:,} tokens in {s['segments']} segments, {alone}."
+            f"</p>{legend}<div class='row'>{''.join(blocks)}</div>{note}")
+
+
+def media_panels(r: dict[str, Any]) -> list[str]:
+    """Tokens per item for each media kind; image sizes and clip durations from the files' headers."""
+    m = r.get("media") or {}
+    panels = []
+    for kind, h in m.get("tokens_per_item", {}).items():
+        bins = [f"{e:,}" for e in h["edges"][:-1]] + [f"{h['edges'][-1]:,}+"]
+        panels.append(_panel(f"Placeholder tokens per {kind} ({h['items']:,} items, mean {h['mean']:,.0f}; bin k from "
+                             f"its label to the next)", bar_chart(bins, {kind: h["counts"]}, y_label=f"{kind}s")))
+    for key, title in (("image_sides", "Image size: longest side (px)"), ("audio_seconds", "Clip duration (s)")):
+        h = m.get(key)
+        if not h:
+            continue
+        bins = [f"{e:g}" for e in h["edges"][:-1]] + [f"{h['edges'][-1]:g}+"]
+        sampled = (f"; {h['probed']:,} of {h['distinct']:,} distinct files read" if h["probed"] < h["distinct"]
+                   else f"; {h['distinct']:,} distinct files")
+        bad = f", {h['unreadable']:,} unreadable now" if h["unreadable"] else ""
+        panels.append(_panel(f"{title}{sampled}{bad}", bar_chart(bins, {"files": h["counts"]}, y_label="files")))
+    return panels
+
+
 def render(r: dict[str, Any]) -> str:
-    b, h, pad = r["batching"], r["histograms"], r["padding"]
+    b, h = r["batching"], r["histograms"]
     edges = h["length_edges"]
     length_bins = [f"{edges[i]}" for i in range(len(edges) - 1)]
-    saved = pad["saved_by_packing"]["padded_random"]
-    cards = [
-        ("fill", f"{100 * r['fill']:.2f}%", f"of {r['max_length']:,} tokens per row"),
-        ("rows", f"{r['rows']:,}", f"lower bound {r['lower_bound']:,} (+{r['gap_to_lower_bound']:,})"),
-        ("speed-up vs padding", f"{b['speedup_vs_padded_random']:.2f}x", f"random batches of {b['batch_size']}"),
-        ("padding saved", _gpu_time(saved["gpu_hours"]),
-         f"{_n(saved['tokens'])} tokens per pass, at {pad['tokens_per_gpu_second']:,.0f} tokens/s/GPU"),
-        ("attention work", f"{100 * r['attention']['ratio']:.1f}%", "of dense L x L masks"),
-    ]
-    card_html = "".join(f'<div class="card"><div class="l">{t}</div><div class="v">{v}</div><div class="sub">{s}</div></div>'
-                        for t, v, s in cards)
+    card_html = "".join(_card(*c) for c in headline(r))
     acc = r["accounting"]
     accounting = _table(["", "count"], [
         ["records read", _n(acc["records_read"])], ["packed samples", _n(acc["samples_packed"])],
         ["quarantined", _n(acc["quarantined"])], ["dropped", _n(acc["dropped"])],
         ["truncated samples", _n(r["oversize"]["truncated_samples"])], ["split samples", _n(r["oversize"]["split_samples"])],
+        ["audio clips cut to the encoder's window", _n(r["oversize"].get("audio_truncated", 0))],
         *[[f"dropped: {html.escape(k)}", _n(v)] for k, v in acc["dropped_by_reason"].items()],
     ], {1})
     by_file = _table(["input file", "records", "packed", "quarantined", "dropped"], [
@@ -355,6 +430,7 @@ def render(r: dict[str, Any]) -> str:
                                                      b["packed"]["real_share"]]}, y_label="real share", percent=True)),
     ]
     charts.append(rank_panel(r["rank_imbalance"]))
+    charts += media_panels(r)
     config = _table(["key", "value"], [[f"<code>{html.escape(k)}</code>", f"<code>{html.escape(json.dumps(v))}</code>"]
                                        for k, v in sorted(r["config"].items())])
     name = html.escape(r.get("title") or r["build"]["name"] or "packer build")
@@ -364,6 +440,7 @@ def render(r: dict[str, Any]) -> str:
             f"{html.escape(r['build']['created_at'])} · {r['records']:,} records → {r['rows']:,} rows of "
             f"{r['max_length']:,} tokens</div>"
             f"<div class='cards'>{card_html}</div>"
+            f"<h2>A packed row, as the model sees it</h2>{sample_row_section(r)}"
             f"<h2>Accounting</h2><div class='grid'><div>{accounting}</div><div>{by_file}</div></div>"
             f"<h2>Modalities</h2>{modal}{preference_section(r)}"
             f"<h2>Charts</h2><div class='grid'>{''.join(charts)}</div>"

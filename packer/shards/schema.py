@@ -19,6 +19,7 @@ A packed row, worked example (two segments, capacity 8)::
     segment_parent [-1, -1]   segment_group [0, 1]   segment_role ["", ""]   segment_weight [nan, nan]
     media      [{segment: 1, kind: "image", start: 3, length: 1, tokens: 1, ref: "cat.png", llm_grid: []}]
     n_tokens   6
+    segment_trained [2, 1]   n_trained 3           # supervised tokens (labels != -100) per segment, per row
 
 A preference record packed as a tree (``--preference tree``): its prompt once, then each
 response as a branch whose parent is the prompt (it attends to the prompt and to itself)::
@@ -168,6 +169,7 @@ class PackedRow:
     responses of one record are told apart from another copy of it; ``segment_role`` is ``""``
     for SFT records, ``prompt`` for a tree's shared prompt, else the response's role;
     ``segment_weight`` the response's reward / weight (NaN: none given).
+    ``segment_trained`` / ``n_trained`` count the supervised tokens per segment and per row.
     """
 
     input_ids: Int32List
@@ -184,6 +186,10 @@ class PackedRow:
     segment_weight: Annotated[tuple[float, ...], pa.list_(pa.float32())]
     media: Annotated[tuple[MediaSpan, ...], list_of(MediaSpan)]
     n_tokens: Int32
+    # Supervised tokens (labels != -100) of each segment and of the row: the loss denominators
+    # (token / sample / sqrt weights) without recounting labels, before any batch is loaded.
+    segment_trained: Int32List = ()
+    n_trained: Int32 = 0
 
 
 @dataclass(frozen=True)

@@ -181,6 +181,9 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
 
     labels = gather("labels")
     labels[tok_off[:-1]] = IGNORE
+    supervised = (labels != IGNORE).view(np.int8)
+    seg_trained = np.add.reduceat(supervised, tok_off[:-1], dtype=np.int64) if len(seg_len) else np.zeros(0, np.int64)
+    seg_trained[seg_len == 0] = 0  # reduceat gives the next element for an empty range (never planned; kept exact)
     n_cu = np.diff(row_seg) + 1
     cu_values = tok_off[concat_ranges(row_seg[:-1], n_cu)] - np.repeat(row_tok[:-1], n_cu)
     row_seg32 = pa.array(row_seg, pa.int32())
@@ -215,6 +218,9 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
             "segment_weight": pa.ListArray.from_arrays(row_seg32, pa.array(tree["weight"], pa.float32())),
             "media": pa.array(media, PACKED_SCHEMA.field("media").type),
             "n_tokens": pa.array(np.diff(row_tok), pa.int32()),
+            "segment_trained": pa.ListArray.from_arrays(row_seg32, pa.array(seg_trained, pa.int32())),
+            "n_trained": pa.array(np.add.reduceat(seg_trained, row_seg[:-1]) if len(seg_trained) else np.zeros(len(row_seg) - 1),
+                                  pa.int32()),
         },
         schema=PACKED_SCHEMA,
     )

@@ -56,9 +56,3 @@ class SplitModalitySampler(ResumableMixin, torch.utils.data.Sampler):
         longest = int(np.argmax([self.lengths[b].max() for b in batches]))
         order = np.concatenate([[longest], order[order != longest]])
         return np.stack([batches[k] for k in order])
-
-    def __iter__(self):
-        return self._yield(self.assignment()[:, self.rank, :].reshape(-1))
-
-    def __len__(self) -> int:
-        return self.steps * self.batch_size - self._skip

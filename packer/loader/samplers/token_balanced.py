@@ -64,9 +64,3 @@ class TokenBalancedSampler(ResumableMixin, torch.utils.data.Sampler):
         order = np.resize(order, self.steps * self.num_replicas * self.batch_size)  # repeats from the start to pad
         return group_steps(order, self.costs, self.num_replicas, self.batch_size, self.window,
                            rng if self.shuffle else None)
-
-    def __iter__(self):
-        return self._yield(self.assignment()[:, self.rank, :].reshape(-1))
-
-    def __len__(self) -> int:
-        return self.steps * self.batch_size - self._skip

@@ -1,0 +1,210 @@
+"""``PackedTrainer``: the HF ``Trainer`` over a packed build, every packed-training rule wired in.
+
+    from packer.loader import PackedCollator, PackedDataset, PackedTrainer
+    trainer = PackedTrainer(model=model, args=TrainingArguments(...), train_dataset=PackedDataset("out/qwen2vl"),
+                            data_collator=PackedCollator(attention="sdpa", rope="mrope", processor=processor, loss="sample"))
+    trainer.train()                                   # torchrun / accelerate launch: the same script
+
+What the plain ``Trainer`` gets wrong on packed rows, and what this does instead:
+
+- data: each rank reads its own rows through :class:`TokenBalancedSampler` (``world_size`` ranks,
+  ``per_device_train_batch_size`` rows, ``seed``, cost-balanced steps), a new order every epoch;
+  the loader is not handed to Accelerate (which would shard it a second time);
+- the model call: ``model(**model_inputs(batch))``, so the Qwen2-VL vision tower never sees the
+  batch's ``cu_seqlens``; the mask form is checked against the model's attention implementation
+  first (:func:`~packer.loader.checks.check_attention`: ``varlen`` under SDPA is refused);
+- the loss: :func:`packed_loss` with the collator's token / sample / sqrt weights, divided by the
+  *global* sum of weights of the optimizer step -- every micro-batch of the gradient-accumulation
+  window on every rank, one all-reduce per step -- times the world size (DDP and FSDP average
+  gradients over ranks): the loss and gradients of one big batch (tested over 2 processes
+  against a plain loop);
+- rows without media: with more than one rank and a build that declares media, the collator
+  gets the model's dummy media (:mod:`packer.loader.dummy`), so every rank runs every tower
+  (``dummy_media=False`` turns it off, ``True`` on);
+- resume: ``train(resume_from_checkpoint=...)`` restarts mid-epoch at the next unseen row. The
+  Trainer skips the batches already trained (indices only, no data loaded) and this loader sets
+  the epoch's order before it does; each checkpoint holds ``packer_sampler.json`` (seed, ranks,
+  rows per rank, rows, epoch and rows consumed), and a resume whose sampler would deal other
+  rows (another seed, world size, batch size or build) is refused, since no exact resume exists.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Trainer
+
+from packer.loader.checks import check_attention, implementation
+from packer.loader.collate import PackedCollator, model_inputs
+from packer.loader.dummy import media_dummies, towers
+from packer.loader.loss import loss_norm, packed_loss
+from packer.loader.samplers import TokenBalancedSampler
+from packer.loader.samplers.token_balanced import WINDOW
+
+SAMPLER_STATE = "packer_sampler.json"  # in each checkpoint folder
+MATCHED = ("seed", "num_replicas", "batch_size", "rows", "window")  # what decides the rows a rank gets
+
+
+class Batches(torch.utils.data.BatchSampler):
+    """``batch_size`` consecutive indices of the sampler at a time, forwarding ``set_epoch``
+    (the Trainer calls it on the batch sampler it finds under Accelerate's skip wrapper)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+
+class PackedLoader(torch.utils.data.DataLoader):
+    """A DataLoader whose ``set_epoch`` reaches the sampler (the Trainer calls it every epoch)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batch_sampler.set_epoch(epoch)
+
+
+def default_attention(model) -> str:
+    """The collator's mask form for the model's attention implementation."""
+    impl = implementation(model) or "sdpa"
+    return "varlen" if "flash" in impl else "flex" if "flex" in impl else "eager" if impl == "eager" else "sdpa"
+
+
+class PackedTrainer(Trainer):
+    """A ``transformers.Trainer`` for :class:`~packer.loader.PackedDataset`; see the module docstring.
+
+    ``data_collator`` defaults to ``PackedCollator`` with the mask form of the model's attention
+    implementation and the build's family (text builds; give one with ``processor=`` for media). ``cost`` / ``window``
+    go to :class:`TokenBalancedSampler`. Other arguments are the Trainer's.
+    """
+
+    def __init__(self, model=None, args=None, train_dataset=None, data_collator=None, *, cost=None, window: int = WINDOW,
+                 dummy_media: bool | None = None, **kwargs):
+        if train_dataset is not None and not hasattr(train_dataset, "row_stats"):
+            raise TypeError(f"PackedTrainer trains on a PackedDataset (its rows' costs balance the ranks), got "
+                            f"{type(train_dataset).__name__}; for other datasets use transformers.Trainer")
+        collator = data_collator if data_collator is not None else PackedCollator(
+            attention=default_attention(model), family=getattr(train_dataset, "family", None))
+        if not isinstance(collator, PackedCollator):
+            raise TypeError(f"data_collator must be a PackedCollator, got {type(collator).__name__}")
+        if model is not None:
+            check_attention(model, collator.attention)
+        super().__init__(model=model, args=args, train_dataset=train_dataset, data_collator=collator, **kwargs)
+        self.cost, self.window = cost, window
+        self._sampler: TokenBalancedSampler | None = None
+        self.loss_is_scaled_for_ga = True  # compute_loss divides by the whole step's weights: no further division
+        if self._wants_dummies(dummy_media, model, train_dataset) and collator.dummy_media is None:
+            collator = copy.copy(collator)  # the caller's collator is left as it was
+            collator.dummy_media = media_dummies(model, train_dataset)
+            self.data_collator = collator
+
+    def _wants_dummies(self, dummy_media: bool | None, model, dataset) -> bool:
+        if dummy_media is not None:
+            if dummy_media and (model is None or not towers(model)):
+                raise ValueError(f"dummy_media=True, but packer knows no towers of {type(model).__name__}: register its "
+                                 f"family in packer.loader.dummy.FAMILIES")
+            return dummy_media
+        declared = bool(dataset is not None and dataset.manifest.config.get("modalities"))
+        return self.args.world_size > 1 and declared and model is not None and bool(towers(model))
+
+    # ------------------------------------------------------------------ data
+
+    def sampler(self) -> TokenBalancedSampler:
+        """This rank's sampler (built once: its costs read every shard's row statistics)."""
+        if self._sampler is None:
+            args = self.args
+            self._sampler = TokenBalancedSampler(self.train_dataset, num_replicas=args.world_size, rank=args.process_index,
+                                                 batch_size=args.per_device_train_batch_size, seed=_data_seed(args),
+                                                 drop_last=args.dataloader_drop_last, cost=self.cost, window=self.window)
+        return self._sampler
+
+    def get_train_dataloader(self) -> PackedLoader:
+        if self.train_dataset is None:
+            raise ValueError("PackedTrainer: training requires a train_dataset")
+        args, sampler = self.args, self.sampler()
+        workers = args.dataloader_num_workers
+        extra = {"prefetch_factor": args.dataloader_prefetch_factor, "persistent_workers": args.dataloader_persistent_workers,
+                 "multiprocessing_context": args.dataloader_multiprocessing_context} if workers else {}
+        return PackedLoader(self.train_dataset, batch_sampler=Batches(sampler, sampler.batch_size, drop_last=False),
+                            collate_fn=self.data_collator, num_workers=workers, pin_memory=args.dataloader_pin_memory,
+                            **extra)
+
+    def _get_collator_with_removed_columns(self, data_collator, description=None):
+        return data_collator  # packed rows are not model inputs: the collator builds those
+
+    # ------------------------------------------------------------------ loss
+
+    def get_batch_samples(self, epoch_iterator, num_batches: int, device) -> tuple[list, torch.Tensor | None]:
+        """The step's micro-batches and the global sum of their loss weights (all ranks)."""
+        batches = []
+        for _ in range(num_batches):
+            try:
+                batches.append(next(epoch_iterator))
+            except StopIteration:
+                break
+        if not batches:
+            return batches, None
+        norm = sum(loss_norm(b).to(torch.float64) for b in batches).to(device)
+        if self.args.world_size > 1:
+            torch.distributed.all_reduce(norm)
+        return batches, norm
+
+    def compute_loss(self, model, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
+        """``sum(w * ce)`` over this micro-batch / the step's global ``sum(w)`` x world size; without the
+        step's sum (evaluation) the micro-batch's own weighted mean."""
+        outputs = model(**model_inputs(inputs))
+        total, local = packed_loss(outputs.logits, inputs, reduce=False)
+        if num_items_in_batch is None:
+            loss = total / local.clamp(min=torch.finfo(local.dtype).tiny)
+        else:
+            norm = torch.as_tensor(num_items_in_batch, dtype=total.dtype, device=total.device)
+            loss = total * self.accelerator.num_processes / norm.clamp(min=torch.finfo(total.dtype).tiny)
+        return (loss, outputs) if return_outputs else loss
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def sampler_state(self) -> dict[str, Any]:
+        """The sampler that deals this run's rows and where the run stands in its epoch."""
+        args, sampler = self.args, self.sampler()
+        steps_per_update = math.ceil(sampler.steps / args.gradient_accumulation_steps) if sampler.steps else 1
+        epoch, update = divmod(self.state.global_step, steps_per_update)
+        batches = min(update * args.gradient_accumulation_steps, sampler.steps)
+        return {"seed": sampler.seed, "num_replicas": sampler.num_replicas,
+                "batch_size": sampler.batch_size, "rows": len(self.train_dataset), "window": sampler.window,
+                "epoch": int(epoch), "consumed": int(batches * sampler.batch_size), "global_step": self.state.global_step}
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save and self.train_dataset is not None:
+            folder = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / SAMPLER_STATE).write_text(json.dumps(self.sampler_state(), indent=2, sort_keys=True) + "\n")
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
+        if resume_from_checkpoint:
+            self.check_resume(resume_from_checkpoint)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def check_resume(self, checkpoint: str | bool) -> None:
+        """Refuse a resume whose sampler would deal other rows than the run that saved ``checkpoint``."""
+        if checkpoint is True:
+            from transformers.trainer_utils import get_last_checkpoint
+
+            checkpoint = get_last_checkpoint(self.args.output_dir)
+            if checkpoint is None:
+                return  # the Trainer says there is nothing to resume
+        path = Path(checkpoint) / SAMPLER_STATE
+        if not path.is_file() or self.train_dataset is None:
+            return  # not a PackedTrainer checkpoint: the Trainer's own resume
+        saved = json.loads(path.read_text())
+        current = self.sampler_state()
+        changed = [f"{k} {saved[k]} -> {current[k]}" for k in MATCHED if saved.get(k) != current[k]]
+        if changed:
+            raise ValueError(f"{checkpoint} was saved by a run whose sampler dealt other rows ({', '.join(changed)}): "
+                             f"resuming would repeat some rows and skip others. Resume with the same seed, world size, "
+                             f"per-device batch size and build, or start a new run from its weights")
+
+
+def _data_seed(args) -> int:
+    return args.data_seed if getattr(args, "data_seed", None) is not None else args.seed
