@@ -445,7 +445,8 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     rows = SampleRows(paths, [e.rows for e in encoded.sample_shards], shas)
     samples = encoded.columns if encoded.columns is not None else plan_columns(read_shards(paths, SAMPLE_SCHEMA, shas))
     stage = Stage("plan", "samples", enabled=progress)
-    p, m = plan_samples(samples, config, encoded.input_sources, rows)
+    joined = tuple((tokenizer.get("family") or {}).get("joined_kinds") or ())
+    p, m = plan_samples(samples, config, encoded.input_sources, rows, joined)
     dropped = {r: len(v) for r, v in p.dropped.items()}
     stage.done(f"{samples.num_rows:,} samples -> {p.n_bins:,} rows (lower bound {p.lower_bound:,}), "
                f"{sum(dropped.values()):,} dropped")

@@ -204,3 +204,32 @@ def test_verify_against_processor_passes_on_the_build_and_names_a_changed_settin
     ASSETS.processor(tmp_path / "other", aspect="anyres_max_9", num_frames=2)
     mismatches, checked = verify_against_processor(root / "out", str(tmp_path / "other"), sample=14)
     assert {"image", "video"} <= {k for m in mismatches for k in ("image", "video") if k in m.detail}
+
+
+@pytest.mark.parametrize("oversize", ["truncate", "split"])
+def test_a_cut_never_keeps_some_of_a_records_images(built, tmp_path, oversize):
+    """One image is tiled (anyres) and two are not: a truncated or split record that kept one of its two images
+    would be counted for two by the build and tiled by the processor (found in review). The images are cut all or
+    none: here the sample cannot fit its images in a row, so it is dropped, never packed half."""
+    import json
+
+    from packer.build import build
+    from packer.config import resolve
+
+    root, _, processor, _ = built
+    long = " ".join(["word"] * 60)
+    image = lambda name: {"type": "image", "image": str(next(root.rglob(name)).relative_to(root))}  # noqa: E731
+    rec = {"id": "two", "messages": [
+        {"role": "user", "content": [image("plain_300x200.jpg"), {"type": "text", "text": "q"}]},
+        {"role": "assistant", "content": "first answer " + long},
+        {"role": "user", "content": [{"type": "text", "text": long}, image("photo.webp")]},
+        {"role": "assistant", "content": "second answer"}]}
+    text = {"id": "text", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    (root / "two.jsonl").write_text(json.dumps(rec) + "\n" + json.dumps(text) + "\n")
+    m = build(resolve(None, input=[str(root / "two.jsonl")], output=str(tmp_path / "o"), family="llava_onevision",
+                      processor=str(root / "checkpoint"), max_length=90, oversize=oversize, max_bad_fraction=1.0),
+              progress=False).to_dict()
+    assert m["accounting"]["dropped_by_reason"] == {"media_over_capacity": 1}
+    whole = build(resolve(None, input=[str(root / "two.jsonl")], output=str(tmp_path / "w"), family="llava_onevision",
+                          processor=str(root / "checkpoint"), max_length=4096), progress=False).to_dict()
+    assert whole["tokenizer"]["family"]["joined_kinds"] == ["image"] and whole["accounting"]["samples_packed"] == 2

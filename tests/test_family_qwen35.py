@@ -87,3 +87,13 @@ def test_attention_layers_and_the_tower_are_exact_under_packing(built, impl):
     rows = [i for i in range(len(ds))]
     for i in rows:  # the collator takes one row at a time for a hybrid family
         check_equivalence(model, ds, processor, records, root, impl, rows=[i])
+
+
+def test_sequence_parallelism_of_the_linear_attention_layers_is_refused(built):
+    from packer.loader.sequence_parallel import shard_for_sequence_parallel
+
+    root, _, _, _ = built
+    ds = PackedDataset(root / "out")
+    batch = PackedCollator(attention="sdpa", family=ds.family, pad_to_multiple_of=7)([ds[0]])
+    with pytest.raises(ValueError, match="linear-attention layers .* not supported"):
+        shard_for_sequence_parallel(batch, 0, 2, mode="ulysses")

@@ -135,3 +135,45 @@ def test_named_templates(tmp_path):
     with pytest.raises(ConfigError, match="chat_template"):
         Encoder(EncoderSpec.of(tokenizer=only))
     assert os.path.exists(folder)
+
+
+def test_reasoning_fields_reach_the_template_and_are_trained(folders):
+    """A message's reasoning_content / thinking / reasoning reaches the template under every name transformers aliases
+    it to (gpt-oss reads ``thinking``, Qwen3 ``reasoning_content``): the ids equal apply_chat_template's, and the
+    reasoning the turn emits is trained with its answer (gpt-oss: the analysis message, then the final one)."""
+    from family_assets import QWEN_TOKENIZER
+
+    enc = Encoder(EncoderSpec.of(tokenizer=folders["gpt_oss"]))
+    messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "Four.", "reasoning": "add them"}]
+    s = encode(enc, messages)
+    clock = enc.renderer.variables["strftime_now"]
+    reference = enc.tok.apply_chat_template(messages, tokenize=True, return_dict=True, current_date=clock("%Y-%m-%d"))
+    assert s.input_ids.tolist() == list(reference["input_ids"])
+    assert [enc.tok.decode(r) for r in trained_runs(s)] == [
+        "<|channel|>analysis<|message|>add them<|end|><|start|>assistant<|channel|>final<|message|>Four.<|return|>"]
+    qwen = Encoder(EncoderSpec.of(tokenizer=QWEN_TOKENIZER))
+    messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "Four.", "reasoning_content": "add"}]
+    s = encode(qwen, messages)
+    assert s.input_ids.tolist() == list(qwen.tok.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
+    assert [qwen.tok.decode(r) for r in trained_runs(s)] == ["<think>\nadd\n</think>\n\nFour.<|im_end|>\n"]
+
+
+@pytest.mark.slow  # a few seconds of labelling: the bound on a template that rewrites past turns
+def test_a_template_that_rewrites_past_turns_labels_in_linear_time():
+    """Qwen3 drops the reasoning of assistant turns before the last query: the content is then searched for, and the
+    search stays near its turn (it used to scan to the end of the conversation for every turn: 2.9 MB took 11 s)."""
+    import time
+
+    from family_assets import QWEN_TOKENIZER
+
+    enc = Encoder(EncoderSpec.of(tokenizer=QWEN_TOKENIZER))
+    costs = []
+    for turns in (1500, 6000):
+        messages = []
+        for k in range(turns):
+            messages += [{"role": "user", "content": f"q{k}"}, {"role": "assistant", "content": f"<think>r{k}</think>\na{k}"}]
+        started = time.process_time()
+        s = encode(enc, messages)
+        costs.append(time.process_time() - started)
+        assert len(trained_runs(s)) == turns
+    assert costs[1] < 8 * costs[0] + 1.0, costs  # 4x the turns: linear (a quadratic search is 16x)

@@ -292,7 +292,11 @@ class Encoder:
                                 for p in t.parts]
             else:
                 content = "".join(mark(p.text) if p.kind == "text" else self.family.media_token(p.kind) for p in t.parts)
-            out.append({"role": t.role, "content": content})
+            message: dict[str, Any] = {"role": t.role, "content": content}
+            if t.reasoning:  # transformers' _alias_reasoning_fields: every name a template may read it by
+                key, text = t.reasoning
+                message = {"thinking": mark(text), **message, key: mark(text), "reasoning_content": mark(text)}
+            out.append(message)
         return out
 
     def _media_positions(self, full: str) -> list[tuple[int, str]]:

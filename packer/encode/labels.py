@@ -122,10 +122,12 @@ class Labeller:
             return None
         marker = marker_for(messages)
         roles = tuple(m["role"] for m in messages)
-        cached = self.skeletons.get(roles)
-        if cached is None and roles not in self.skeletons and len(self.skeletons) < SKELETONS:
-            cached = self.skeletons[roles] = self.skeleton(messages, range(len(messages)), marker)
-        spans = self._align(messages, full, *cached) if cached else None
+        spans = None
+        if all(isinstance(m["content"], str) for m in messages if m["role"] != "assistant"):  # else it cannot align
+            cached = self.skeletons.get(roles)
+            if cached is None and roles not in self.skeletons and len(self.skeletons) < SKELETONS:
+                cached = self.skeletons[roles] = self.skeleton(messages, range(len(messages)), marker)
+            spans = self._align(messages, full, *cached) if cached else None
         if spans is None:
             own = self.skeleton(messages, [i for i, role in enumerate(roles) if role == "assistant"], marker)
             spans = self._align(messages, full, *own) if own else None
@@ -171,12 +173,12 @@ class Labeller:
             piece, message = pieces[k], messages[j]
             assistant = message["role"] == "assistant"
             if assistant:
-                h = piece.rfind(header)
+                h = _header_at(piece, header, message)
                 if h >= 0:
                     fixed = piece[: h + len(header)]
                 else:  # the prompt opens more than the turn shows (DeepSeek-R1: "<｜Assistant｜><think>\n"): its start
-                    k = next((k for k in range(len(header) - 1, 0, -1) if piece.endswith(header[:k])), 0)
-                    if not k:
+                    n = next((n for n in range(len(header) - 1, 0, -1) if piece.endswith(header[:n])), 0)
+                    if not n:
                         return None
                     fixed = piece
             else:
@@ -208,12 +210,21 @@ class Labeller:
     @staticmethod
     def _content_end(full: str, message: dict[str, Any], start: int, fixed: str) -> int:
         """Where an assistant turn's content ends in ``full``: after its own text when the next fixed text
-        follows it there (right at ``start``, or after an inserted block), else the next fixed text's start."""
+        follows it there (right at ``start``, or after an inserted block), else the next fixed text's start.
+        Every search stops near the turn (the next fixed text, plus the content's length when the content itself
+        holds that text): a template that rewrote the turn (Qwen3 drops past reasoning) costs its own length, not
+        the rest of the conversation, so labelling stays linear in the record."""
         content = message["content"]
         if isinstance(content, str) and content:
-            at = start if full.startswith(content, start) else full.find(content, start)
+            if full.startswith(content, start) and full.startswith(fixed, start + len(content)):
+                return start + len(content)
+            nxt = full.find(fixed, start)
+            if nxt < 0:
+                return -1
+            at = full.find(content, start, nxt + len(content))
             if at >= 0 and full.startswith(fixed, at + len(content)):
                 return at + len(content)
+            return nxt
         return full.find(fixed, start)
 
     def _span(self, full: str, start: int, content_end: int) -> tuple[int, int, int]:
@@ -274,6 +285,22 @@ class Labeller:
                     blocks = subtract(blocks, drop)
                 return blocks
         return self.spans(messages, full, trained, train_on_empty_think=train_on_empty_think)
+
+
+REASONING = ("reasoning_content", "thinking", "reasoning")  # the fields transformers lets a template read reasoning from
+
+
+def _header_at(piece: str, header: str, message: dict[str, Any]) -> int:
+    """Where the assistant turn's header starts in the template text before its content: the last one, or, when the
+    template wrote the turn's reasoning field there (gpt-oss's analysis message before its final one), the last one
+    before that reasoning -- so the reasoning the turn emits is trained with it."""
+    for key in REASONING:
+        value = message.get(key)
+        if isinstance(value, str) and value:
+            r = piece.rfind(value)
+            if r >= 0:
+                return piece.rfind(header, 0, r)
+    return piece.rfind(header)
 
 
 def text_of(message: dict[str, Any]) -> str:

@@ -284,6 +284,7 @@ def probe_conversations(media_kinds: tuple[str, ...] = ()) -> list[list[dict[str
          {"role": "user", "content": odd}, {"role": "assistant", "content": "<think>\nx\n</think>\n\nok"}],
         [user, {"role": "assistant", "content": "a"}, {"role": "tool", "content": "21 C"},
          {"role": "assistant", "content": ""}],
+        [user, {"thinking": "reason", "role": "assistant", "content": "answer", "reasoning_content": "reason"}],
     ]
     for kind in media_kinds:
         parts = [{"type": kind}, {"type": "text", "text": "what is this?"}]

@@ -117,6 +117,13 @@ class Family:
         """The resolved settings (JSON-able): recorded in the manifest and the build fingerprint."""
         return {}
 
+    def joined_kinds(self) -> tuple[str, ...]:
+        """Kinds whose items' counts depend on the other items of the record (LLaVA-OneVision tiles one image, not
+        two; Qwen3-Omni pads a record's clips to its longest): a cut must keep all of them or none, so the planner
+        protects them as one span (a truncated or split sample never holds a subset the processor would count
+        otherwise)."""
+        return ()
+
     # Loader hooks (train time, torch imported inside), optional: a family defines the ones whose loading
     # differs from the generic media step (packer.loader.media.MediaStep), which calls them when present.
     #
@@ -132,5 +139,5 @@ class Family:
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "processor_class": self.processor_class, "modalities": list(self.kinds),
                 "runs": {k: v for k, v in self.run_tokens().items() if k in self.kinds}, "rope": self.rope,
-                "model_inputs": list(self.model_inputs),
+                "model_inputs": list(self.model_inputs), "joined_kinds": list(self.joined_kinds()),
                 "settings": self.settings()}

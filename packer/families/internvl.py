@@ -199,6 +199,9 @@ class InternVL(Family):
                        s.end_image_token]
         return Expansion(tuple(pieces))
 
+    def joined_kinds(self) -> tuple[str, ...]:
+        return ("image",) if self.s.total_max_patches else ()  # the tile cap divides by the record's images
+
     def settings(self) -> dict[str, Any]:
         return asdict(self.s)
 

@@ -199,6 +199,9 @@ class LlavaOnevision(Family):
         pooled = math.ceil(int(math.sqrt(s.num_image_tokens)) / 2)
         return Expansion((Run(s.video_token, frames * pooled * pooled + 1),), extra={"frames": frames})
 
+    def joined_kinds(self) -> tuple[str, ...]:
+        return ("image",)  # one image is tiled (anyres), two or more are not: a cut must not leave one of several
+
     def settings(self) -> dict[str, Any]:
         return asdict(self.s)
 

@@ -212,6 +212,9 @@ class Qwen3Omni(Family):
         self.video_plan(info)
         return self.s.video_policy().count(info.frames, info.fps, info.height, info.width)
 
+    def joined_kinds(self) -> tuple[str, ...]:
+        return ("audio",)  # a record's clips are padded to its longest: a cut must keep all of them or none
+
     def settings(self) -> dict[str, Any]:
         return asdict(self.s)
 

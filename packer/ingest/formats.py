@@ -60,6 +60,8 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
                   "bard": "assistant", "model": "assistant", "function_call": "assistant", "system": "system",
                   "tool": "tool", "function": "tool", "observation": "tool"}
 PATH_KEYS = ("path", "url", "file")
+# A message's reasoning, under any of the names transformers accepts (and aliases for the template)
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
 def decode_json(data: bytes) -> dict[str, Any]:
@@ -241,7 +243,10 @@ def _message_turn(m: dict[str, Any], where: str, media: _MediaQueue) -> Turn:
         parts = [p for j, item in enumerate(content) for p in _content_part(item, f"{where}.content[{j}]", media)]
     else:
         raise BadRecord("wrong_type", f"{where}.content must be a string or a list, got {type(content).__name__}")
-    return Turn(role, tuple(parts), structured=isinstance(content, list))
+    reasoning = next(((key, m[key]) for key in REASONING_FIELDS if m.get(key) is not None), ())
+    if reasoning and not isinstance(reasoning[1], str):
+        raise BadRecord("wrong_type", f"{where}.{reasoning[0]} must be a string, got {type(reasoning[1]).__name__}")
+    return Turn(role, tuple(parts), structured=isinstance(content, list), reasoning=reasoning)
 
 
 def _turns_of(value: Any, key: str, role: str, media: _MediaQueue) -> list[Turn]:
@@ -262,7 +267,7 @@ def _prompt_completion_turns(obj: dict[str, Any], media: _MediaQueue) -> list[Tu
             raise BadRecord("empty_text", "'completion' is empty: nothing to train on")
         part = _turns_of(value, key, role, media)
         if key == "prompt":
-            part = [Turn(t.role, t.parts, trained=False, structured=t.structured) for t in part]
+            part = [Turn(t.role, t.parts, trained=False, structured=t.structured, reasoning=t.reasoning) for t in part]
         turns += part
     return turns
 

@@ -36,6 +36,7 @@ class Turn:
     trained: bool = True  # False: an assistant turn given as context (a TRL prompt's): rendered, never trained
     structured: bool = False  # the record gave the content as a list of parts (rendered as a list where the family
     #                           renders structured content, as HF's processor.apply_chat_template would)
+    reasoning: tuple[str, str] = ()  # (field, text): the turn's reasoning_content / thinking / reasoning, for the template
 
 
 @dataclass(frozen=True)

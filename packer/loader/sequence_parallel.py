@@ -81,6 +81,11 @@ def shard_for_sequence_parallel(batch: dict[str, Any], rank: int, size: int, *, 
     if positions.dim() not in (2, 3) or positions.shape[-2:] != batch["input_ids"].shape:
         raise ValueError(f"position_ids of shape {tuple(positions.shape)} do not match input_ids "
                          f"{tuple(batch['input_ids'].shape)}: expected [B, L] or mRoPE [3, B, L]")
+    mask = batch.get("attention_mask")
+    if isinstance(mask, dict) and "linear_attention" in mask:
+        raise ValueError("sequence parallelism of a hybrid model's linear-attention layers (Qwen3.5's gated delta nets) "
+                         "is not supported: their recurrence runs along the whole sequence, which no slice holds; "
+                         "train it without sequence parallelism")
     if mode == "ulysses":
         return _ulysses(batch, rank, size, pad_token_id)
     if mode == "ring" and any(p >= 0 for row in batch.get("segment_parent", ()) for p in row):
@@ -205,7 +210,7 @@ def _ulysses(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> 
     local = torch.unique(torch.clamp(padded, lo, hi)) - lo
     if mask is not None:
         if extra:
-            grown = {k: _extend_mask(m, extra) for k, m in layer_masks.items()}
+            grown = {k: _extend_mask(m, extra) if m is not None else None for k, m in layer_masks.items()}
             mask = grown if isinstance(mask, dict) else grown[None]
         out["attention_mask"] = mask  # global: Ulysses attends over the whole sequence
     pieces = [p for span in batch.get("media", []) for p in _pieces(span, [(lo, hi, 0)])]

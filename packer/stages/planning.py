@@ -96,13 +96,21 @@ def modality_codes(samples: pa.Table) -> tuple[np.ndarray, list[str]]:
     return (np.concatenate(codes) if codes else np.zeros(0, np.int32)), list(names)
 
 
-def oversize_inputs(rows, over: np.ndarray) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+def oversize_inputs(rows, over: np.ndarray, joined: tuple[str, ...] = ()) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
     """Media spans and trained-token masks of the samples over capacity (only those rows are read:
-    ``rows(indices, columns)``, a :class:`SampleRows`)."""
+    ``rows(indices, columns)``, a :class:`SampleRows`). The items of a ``joined`` kind (a family whose count of one
+    item depends on the others: ``Family.joined_kinds``) are protected as one span from the first to the last, so
+    a cut keeps all of them or none."""
     protected, trained = {}, {}
     if over.size:
         for i, row in zip(over.tolist(), rows(over, ["labels", "media"]).to_pylist(), strict=True):
-            protected[i] = np.array([(m["start"], m["length"]) for m in row["media"]], np.int64).reshape(-1, 2)
+            spans = [(m["start"], m["length"]) for m in row["media"] if m["kind"] not in joined]
+            for kind in joined:
+                items = [(m["start"], m["start"] + m["length"]) for m in row["media"] if m["kind"] == kind]
+                if items:
+                    first, last = min(a for a, _ in items), max(b for _, b in items)
+                    spans.append((first, last - first))
+            protected[i] = np.array(sorted(spans), np.int64).reshape(-1, 2)
             trained[i] = np.asarray(row["labels"]) != IGNORE
     return protected, trained
 
@@ -127,12 +135,13 @@ def preference_responses(samples: pa.Table) -> Responses:
 
 
 def plan_samples(samples: pa.Table, config: BuildConfig, source_of_file: list[int] | None = None,
-                 rows=None) -> tuple[Plan, Mix]:
+                 rows=None, joined: tuple[str, ...] = ()) -> tuple[Plan, Mix]:
     """The plan of ``samples`` under ``config``, after the sources' weights and caps
     (:mod:`packer.mix`): the planner sees every copy; the plan names samples.
     ``samples``: :func:`plan_columns` of the samples (or the samples themselves);
     ``rows``: their whole rows (:class:`SampleRows`; by default taken from ``samples``).
-    ``source_of_file[k]`` is the ``input`` entry input file ``k`` came from.
+    ``source_of_file[k]`` is the ``input`` entry input file ``k`` came from; ``joined``: the family's kinds
+    whose items are cut all or none (:func:`oversize_inputs`).
 
     A preference sample is one item of its length in the build's layout (:mod:`packer.pack.trees`),
     never cut: one over ``max_length`` is dropped (``preference_too_long``) whatever the oversize
@@ -166,7 +175,7 @@ def plan_samples(samples: pa.Table, config: BuildConfig, source_of_file: list[in
     subset = mixed or len(dropped_long) > 0  # the planner sees lengths[sel], not every sample once
     over = np.flatnonzero(lengths > config.max_length) if config.oversize in ("truncate", "split") else np.zeros(0, np.int64)
     over = over[~np.isin(over, responses.sample)]
-    protected, trained = oversize_inputs(rows, over)
+    protected, trained = oversize_inputs(rows, over, joined)
     positions = {int(i): range(int(np.searchsorted(sel, i)), int(np.searchsorted(sel, i, "right"))) for i in over}
     caps = config.media_caps()
     group_by = modality_codes(samples)[0][sel] if config.group_by == "modality" else None
