@@ -395,3 +395,16 @@ def test_inspect_shows_roles_and_branches_and_batches_encode_as_lines_do(builds,
         one = chatml.encode_line(raw, "t.jsonl", SAMPLE)
         assert got.input_ids.tolist() == one.input_ids.tolist() and got.labels.tolist() == one.labels.tolist()
         assert got.responses == one.responses and got.prefix == one.prefix
+
+
+@pytest.mark.slow  # the real Qwen3 tokenizer
+def test_a_responses_reasoning_field_reaches_the_template_and_is_trained_with_it():
+    enc = Encoder(EncoderSpec.of(tokenizer=QWEN3, preference="tree"))
+    record = {"prompt": PROMPT, "chosen": [{"role": "assistant", "content": "It is 4.", "reasoning_content": "add them"}],
+              "rejected": ANSWERS[1]}
+    sample = encode(enc, record)
+    chosen = segments(sample)[0]
+    text = enc.tok.decode(chosen[0][chosen[1] != IGNORE])
+    assert "add them" in text and "It is 4." in text
+    sft = encode(enc, {"prompt": PROMPT, "completion": record["chosen"]})
+    assert chosen[0].tolist() == sft.input_ids.tolist() and chosen[1].tolist() == sft.labels.tolist()

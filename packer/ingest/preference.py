@@ -22,11 +22,12 @@ or a video is refused (``media_in_response``), so a shared prompt holds every me
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 from packer.errors import BadRecord
-from packer.ingest.records import Preference, Response, Turn
+from packer.ingest.records import Preference, Response
 
 FORMATS = ("preference", "unpaired_preference", "responses")
 NEEDS = {"preference": (("chosen",), ("rejected",)), "unpaired_preference": (("prompt",), ("completion",), ("label",)),
@@ -69,8 +70,7 @@ def parse(obj: dict[str, Any], fmt: str, media, turns_of, rid: str | None) -> Pr
         prompt_value, values = obj["prompt"], [(f"{key}[{i}]", v) for i, v in enumerate(listed)]
         roles = [str(i) for i in range(len(listed))]
         weights = _weights(obj, len(listed))
-    prompt = tuple(Turn(t.role, t.parts, trained=False, structured=t.structured)
-                   for t in turns_of(prompt_value, "prompt", "user"))
+    prompt = tuple(dataclasses.replace(t, trained=False) for t in turns_of(prompt_value, "prompt", "user"))
     responses = []
     for (where, value), role, weight in zip(values, roles, weights, strict=True):
         if isinstance(value, str) and not value.strip():
