@@ -12,7 +12,10 @@ of the build's records, from their own lines and files, the plain HF way:
   frame, turned upright, sampled by the processor itself), frame lists as images, audio through
   ``load_audio`` at the feature extractor's rate;
 - ``processor(text=..., images=..., videos=..., audio=...)``, with control tokens the record typed marked as
-  text (``sanitize_control_tokens``) exactly as the build did.
+  text (``sanitize_control_tokens``) exactly as the build did;
+- the build's chat template (its ``--chat-template``, else the processor's) and the build's time for a template
+  that reads the clock (rendered then by packer's checked compiled path: transformers' public path reads the
+  wall clock).
 
 Each sampled record whose ids differ is a :class:`Mismatch` (file, line, id, both counts, the first
 position that differs). A preference record is checked response by response: each response's tokens
@@ -53,10 +56,14 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
     """(mismatching records, records checked): ``sample`` records of the build at ``out`` re-run through
     ``processor`` (a folder or hub id)."""
     from packer.config import BuildConfig
+    from packer.io import fs
     from packer.shards.io import read_shards
     from packer.shards.manifest import Manifest
     from packer.shards.schema import SAMPLE_SCHEMA
 
+    if fs.is_url(str(out)):
+        raise PackerError(f"--against-processor reads a local build: copy {out} here first (packer verify without it "
+                          f"checks a remote build)")
     out = Path(out)
     manifest = Manifest.read(out)
     proc = _load(processor)
@@ -68,6 +75,7 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
     root = media_root or manifest.media_root
     rows = samples.take(chosen).select(["source_index", "source_line", "key", "input_ids", "media", "responses"]).to_pylist()
     lines = _lines(manifest.inputs, {(r["source_index"], r["source_line"]) for r in rows})
+    renderer = _renderer(proc, config)
     mismatches = []
     for r in rows:
         file = manifest.inputs[r["source_index"]]
@@ -77,7 +85,7 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
             parts = [(r["key"], record, r)] if not r["responses"] else [
                 (f"{r['key']} ({response['role']})", record.conversation(k), _response_row(r, response))
                 for k, response in enumerate(r["responses"])]
-            checked = [(key, sub, _processor_ids(proc, conv, config, family, placeholders, sub, root))
+            checked = [(key, sub, _processor_ids(proc, renderer, conv, config, family, placeholders, sub, root))
                        for key, conv, sub in parts]
         except (BadRecord, OSError, ValueError) as e:
             mismatches.append(Mismatch(file, r["source_line"], r["key"], len(r["input_ids"]), 0, 0,
@@ -113,10 +121,12 @@ def _load(name: str):
 
 def _choose(samples, n: int, seed: int) -> np.ndarray:
     """``n`` sample rows: records with media first (each modality's share kept), then text, drawn with ``seed``."""
-    modality = samples.column("modality").cast("string").to_numpy(zero_copy_only=False) if samples.num_rows else []
+    from packer.stages.planning import modality_codes
+
+    codes, names = modality_codes(samples)  # small integers, no string per sample
     rng = np.random.default_rng(seed)
-    media = np.flatnonzero(np.asarray(modality) != "text")
-    text = np.flatnonzero(np.asarray(modality) == "text")
+    is_text = np.isin(codes, [k for k, name in enumerate(names) if name == "text"])
+    media, text = np.flatnonzero(~is_text), np.flatnonzero(is_text)
     picked = rng.permutation(media)[:n].tolist()
     picked += rng.permutation(text)[: max(0, n - len(picked))].tolist()
     return np.asarray(sorted(picked), dtype=np.int64)
@@ -140,6 +150,23 @@ def _lines(inputs: list[str], wanted: set[tuple[int, int]]) -> dict[tuple[int, i
     return out
 
 
+def _renderer(proc, config):
+    """The build's template (its name or .jinja file, else the processor's) rendered with the build's time, and its
+    control tokens marked as the build marked them."""
+    from packer.encode.render import Renderer, template_clock
+
+    tok = proc.tokenizer
+    if not config.chat_template and isinstance(getattr(proc, "chat_template", None), str) and proc.chat_template:
+        import copy
+
+        tok = copy.copy(tok)  # the processor's own template over the tokenizer's (a shallow copy: nothing shared changes)
+        tok.chat_template = proc.chat_template
+    try:
+        return Renderer(tok, config.chat_template, template_clock(config.template_time))
+    except PackerError:
+        return None  # no template: documents only
+
+
 def _parse(raw: bytes, file: str, config):
     from packer.ingest.formats import decode_json, parse_record
     from packer.io.fs import parent
@@ -149,36 +176,26 @@ def _parse(raw: bytes, file: str, config):
     return parse_record(decode_json(raw), config.format, base, tags, allow_outside_root=config.allow_outside_media_root)
 
 
-def _processor_ids(proc, conv, config, family: dict, placeholders: dict[str, int], row: dict, root: str) -> list[int]:
-    from packer.encode.render import MARK_END, MARK_START, control_tokens
+def _processor_ids(proc, renderer, conv, config, family: dict, placeholders: dict[str, int], row: dict,
+                   root: str) -> list[int]:
+    from packer.encode.encoder import template_messages
+    from packer.encode.render import MARK_START
 
     if not hasattr(conv, "turns"):  # a document: the tokenizer alone
         ids = proc.tokenizer(conv.text, add_special_tokens=True, split_special_tokens=True)["input_ids"]
         eos = proc.tokenizer.eos_token_id
         return list(ids) + ([eos] if config.append_eos and eos is not None and (not ids or ids[-1] != eos) else [])
     tok = proc.tokenizer
-    source = proc.chat_template if isinstance(proc.chat_template, str) else tok.get_chat_template()
-    controls = sorted(control_tokens(tok, source), key=len, reverse=True)
-
-    def mark(text: str) -> str:
-        text = text.replace(MARK_START, "").replace(MARK_END, "")
-        for t in controls:  # longest first, as one regex would
-            text = text.replace(t, f"{MARK_START}{t}{MARK_END}")
-        return text
-
+    if renderer is None:
+        raise PackerError(f"{type(proc).__name__} has no chat template to render the build's conversations with")
     if family.get("name", "generic") == "generic":
         text = _collapsed_text(tok, row, placeholders)
     else:
-        messages = []
-        for t in conv.turns:
-            media = any(p.kind != "text" for p in t.parts)
-            if media or t.structured:
-                content: Any = [{"type": "text", "text": mark(p.text)} if p.kind == "text" else {"type": p.kind}
-                                for p in t.parts]
-            else:
-                content = "".join(mark(p.text) for p in t.parts)
-            messages.append({"role": t.role, "content": content})
-        text = proc.apply_chat_template(messages, tokenize=False)
+        messages = template_messages(conv, True, lambda kind: "", renderer.mark)
+        if "strftime_now" in renderer.source:  # the public path reads the wall clock: the build's time, compiled
+            text = renderer.render(messages)
+        else:
+            text = proc.apply_chat_template(messages, tokenize=False, chat_template=renderer.source)
     kwargs = _media_kwargs(proc, conv.media, nest=family.get("name", "generic") != "generic")
     marked = MARK_START in text
     enc = proc(text=[text], sanitize_control_tokens=marked, **kwargs)

@@ -233,6 +233,11 @@ def _check_row(row: dict, max_length: int, placeholders: set[int], kind_ids: dic
         return out
     if n > max_length:
         out.append(f"n_tokens {n} > max_length {max_length}")
+    if "segment_trained" in row:  # the loss denominators the collator reads: they must be the labels' own counts
+        counts = np.add.reduceat((labels != IGNORE).astype(np.int64), cu[:-1]).tolist()
+        if list(row["segment_trained"]) != counts or row.get("n_trained") != sum(counts):
+            out.append(f"segment_trained {list(row['segment_trained'])[:8]} / n_trained {row.get('n_trained')} differ from "
+                       f"the labels' supervised tokens {counts[:8]} / {sum(counts)} (the loss would be normalised wrong)")
     if not len(row["segment_ids"]) == len(row["segment_modality"]) == len(cu) - 1:
         out.append("segment_ids / segment_modality do not have one entry per segment")
     if np.any(labels[cu[:-1]] != IGNORE):

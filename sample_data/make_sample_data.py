@@ -373,9 +373,53 @@ def llama4_processor() -> Path:
     return folder
 
 
+# Gemma3Processor's and Gemma3ImageProcessor's published settings (896-px images, 256 soft tokens an image)
+GEMMA3_PROCESSOR = {
+    "processor_class": "Gemma3Processor", "image_seq_length": 256,
+    "image_processor": {"image_processor_type": "Gemma3ImageProcessor", "size": {"height": 896, "width": 896},
+                        "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True, "resample": 2,
+                        "rescale_factor": 1 / 255, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
+}
+# Gemma 4's processor classes' defaults (280-token images, 70-token video frames, 16 kHz audio), but 4 frames a video:
+# the class default, 32, is more than any sample clip holds (the processor refuses such clips, and so does packer)
+GEMMA4_PROCESSOR = {
+    "processor_class": "Gemma4Processor", "image_seq_length": 280, "audio_seq_length": 750, "audio_ms_per_token": 40,
+    "image_processor": {"image_processor_type": "Gemma4ImageProcessor", "patch_size": 16, "max_soft_tokens": 280,
+                        "pooling_kernel_size": 3, "do_convert_rgb": True, "do_normalize": False, "do_rescale": True,
+                        "do_resize": True, "resample": 3, "rescale_factor": 1 / 255, "image_mean": [0.0, 0.0, 0.0],
+                        "image_std": [1.0, 1.0, 1.0]},
+    "video_processor": {"video_processor_type": "Gemma4VideoProcessor", "patch_size": 16, "max_soft_tokens": 70,
+                        "pooling_kernel_size": 3, "num_frames": 4, "do_sample_frames": True, "do_convert_rgb": True,
+                        "do_normalize": True, "do_rescale": True, "do_resize": True, "resample": 3,
+                        "rescale_factor": 1 / 255, "image_mean": [0.0, 0.0, 0.0], "image_std": [1.0, 1.0, 1.0],
+                        "return_metadata": False},
+    "feature_extractor": {"feature_extractor_type": "Gemma4AudioFeatureExtractor", "feature_size": 128,
+                          "sampling_rate": 16000, "padding_value": 0.0, "return_attention_mask": True,
+                          "frame_length": 320, "hop_length": 160, "min_frequency": 0.0, "max_frequency": 8000.0,
+                          "preemphasis": 0.0, "preemphasis_htk_flavor": True, "fft_overdrive": False, "dither": 0.0,
+                          "input_scale_factor": 1.0, "mel_floor": 0.001, "per_bin_mean": None, "per_bin_stddev": None},
+}
+# the tokens Gemma's tokenizers name (the processors read tokenizer.boi_token, ...), their turn tokens and <bos>
+GEMMA3_NAMED = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+GEMMA4_NAMED = {"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>", "audio_token": "<|audio|>",
+                "boa_token": "<|audio>", "eoa_token": "<audio|>"}
+
+
+def gemma_processor(name: str, processor: dict, named: dict[str, str], other: list[str]) -> Path:
+    """``processors/gemma3|gemma4/`` (``pipelines/gemma3|4.toml``): the sample tokenizer with the family's named
+    media tokens, its turn tokens and ``<bos>``; the template the tests' fixture."""
+    folder = processor_folder(name, processor, [*named.values(), *other], (TEMPLATES / f"{name}.jinja").read_text())
+    path = folder / "tokenizer_config.json"
+    config = {**json.loads(path.read_text()), **named, "model_specific_special_tokens": named, "bos_token": "<bos>"}
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return folder
+
+
 def family_processors() -> list[Path]:
     return [processor_folder("qwen3vl", QWEN3VL_PROCESSOR, QWEN_VISION_TOKENS, (TEMPLATES / "qwen3vl.jinja").read_text()),
             internvl3_processor(), llama4_processor(),
+            gemma_processor("gemma3", GEMMA3_PROCESSOR, GEMMA3_NAMED, ["<bos>", "<start_of_turn>", "<end_of_turn>"]),
+            gemma_processor("gemma4", GEMMA4_PROCESSOR, GEMMA4_NAMED, ["<bos>", "<|turn>", "<turn|>", "<|video|>"]),
             llava_onevision_processor(), qwen3omni_processor()]
 
 

@@ -18,6 +18,7 @@ For a family (``tests/family_assets.py``: its processor saved into a checkpoint 
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -95,29 +96,41 @@ def write_records(folder: Path, kinds: tuple[str, ...], files: dict[str, Path], 
     return path, records
 
 
-def build_family(family: str, processor_folder: Path, source: Path, out: Path, **settings: Any) -> dict:
+def build_family(family: str, processor_folder: Path, source: Path, out: Path,
+                 quarantined: dict[str, str] | None = None, **settings: Any) -> dict:
+    """Build ``source``; nothing is quarantined but the records ``quarantined`` names (id -> reason)."""
     manifest = build(resolve(None, input=[str(source)], output=str(out), family=family, processor=str(processor_folder),
-                             max_length=settings.pop("max_length", 4096), order="planner", max_bad_fraction=0.0,
-                             **settings), progress=False).to_dict()
-    assert manifest["accounting"]["quarantined"] == 0, manifest["accounting"]
+                             max_length=settings.pop("max_length", 4096), order="planner",
+                             max_bad_fraction=1.0 if quarantined else 0.0, **settings), progress=False).to_dict()
+    lines = (out / "quarantine.jsonl").read_text().splitlines() if quarantined else []
+    found = {json.loads(line)["id"]: json.loads(line)["reason"] for line in lines}
+    assert found == (quarantined or {}), found
+    assert manifest["accounting"]["quarantined"] == len(found), manifest["accounting"]
     return manifest
 
 
 # ---------------------------------------------------------------- the plain HF way
 
 
-def hf_inputs(processor, record: dict, root: Path, nest_images: bool = False) -> dict[str, Any]:
+def hf_inputs(processor, record: dict, root: Path, nest_images: bool = False,
+              call: dict[str, Any] | None = None) -> dict[str, Any]:
     """The record through its HF processor: the template rendered, its own files loaded as transformers loads
     them (``load_image``; ``load_video`` with PyAV, every frame, sampled by the processor; ``load_audio``).
     ``nest_images``: the images as one list for the one text (``[[...]]``, what ``apply_chat_template`` hands the
-    processor), for a family whose processor treats a record's several images apart (LLaVA-OneVision)."""
+    processor), for a family whose processor treats a record's several images apart (LLaVA-OneVision).
+    ``call``: keyword arguments of the processor call (Gemma 3's ``do_pan_and_scan=True``). A rendering that
+    starts with the tokenizer's BOS is tokenized without adding another, the rule of the processor's
+    ``apply_chat_template(tokenize=True)`` (Gemma's tokenizers add a BOS, and their templates write one). A content
+    part written without its type (``{"audio": ref}``, as packer reads it) is given one for the template."""
     from transformers.audio_utils import load_audio
     from transformers.image_utils import load_image
     from transformers.video_utils import load_video
 
-    text = processor.apply_chat_template(record["messages"], tokenize=False)
+    messages = [{**m, "content": [_typed(p) for p in m["content"]]} if isinstance(m.get("content"), list) else m
+                for m in record["messages"]]
+    text = processor.apply_chat_template(messages, tokenize=False)
     images, videos, metadata, audio = [], [], [], []
-    for message in record["messages"]:
+    for message in messages:
         content = message["content"]
         for part in content if isinstance(content, list) else []:
             kind = part["type"]
@@ -134,7 +147,10 @@ def hf_inputs(processor, record: dict, root: Path, nest_images: bool = False) ->
             elif kind == "audio":
                 rate = processor.feature_extractor.sampling_rate
                 audio.append(load_audio(str(root / part["audio"]), sampling_rate=rate))
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = dict(call or {})
+    bos = processor.tokenizer.bos_token
+    if bos is not None and text.startswith(bos):
+        kwargs["add_special_tokens"] = False
     if images:
         kwargs["images"] = [images] if nest_images else images
     if videos:
@@ -144,6 +160,13 @@ def hf_inputs(processor, record: dict, root: Path, nest_images: bool = False) ->
     if audio:
         kwargs["audio"] = audio
     return processor(text=[text], return_tensors="pt", **kwargs)
+
+
+def _typed(part: dict) -> dict:
+    """A content part with its ``type``: packer reads ``{"audio": ref}`` as an audio part, the template needs the type."""
+    if "type" in part:
+        return part
+    return {"type": next((k for k in ("image", "video", "audio") if k in part), "text"), **part}
 
 
 def _upright(frames: np.ndarray, path: Path) -> np.ndarray:
@@ -160,13 +183,14 @@ def segments(row: dict) -> list[tuple[int, int, str]]:
     return [(int(a), int(b), row["segment_ids"][k]) for k, (a, b) in enumerate(zip(cu[:-1], cu[1:], strict=True))]
 
 
-def check_ids(ds: PackedDataset, processor, records: list[dict], root: Path, nest_images: bool = False) -> int:
+def check_ids(ds: PackedDataset, processor, records: list[dict], root: Path, nest_images: bool = False,
+              call: dict[str, Any] | None = None) -> int:
     """Every packed segment's ids equal the HF processor's ids for its record; returns the segments checked."""
     by_id = {r["id"]: r for r in records}
     checked = 0
     for row in (ds[i] for i in range(len(ds))):
         for a, b, rid in segments(row):
-            expected = hf_inputs(processor, by_id[rid], root, nest_images)["input_ids"][0].tolist()
+            expected = hf_inputs(processor, by_id[rid], root, nest_images, call)["input_ids"][0].tolist()
             got = np.asarray(row["input_ids"][a:b]).tolist()
             assert got == expected, f"{rid}: packer {len(got)} ids, the HF processor {len(expected)}"
             checked += 1
@@ -182,49 +206,80 @@ def _ce(logits: torch.Tensor, labels: np.ndarray) -> tuple[torch.Tensor, int]:
 
 def check_equivalence(model, ds: PackedDataset, processor, records: list[dict], root: Path, impl: str,
                       rows: list[int] | None = None, towers: tuple[str, ...] = ("visual", "vision_tower", "audio_tower"),
-                      nest_images: bool = False, reference_mask: bool = False, **collator: Any) -> None:
+                      nest_images: bool = False, reference_mask: bool = False, call: dict[str, Any] | None = None,
+                      **collator: Any) -> None:
     """Packed rows through ``model(**model_inputs(batch))`` = each record alone through the HF processor and the
     model (positions computed by the model): logits per segment (relative 1e-4) and gradients (1e-4).
     ``reference_mask``: keep the processor's all-ones ``attention_mask`` in the record-alone call (Qwen3-Omni's
-    thinker computes its 3-D positions only when given one)."""
+    thinker computes its 3-D positions only when given one); ``call``: the processor call's options (:func:`hf_inputs`).
+
+    The packed batch runs first; then each record alone, its logits compared and its share of the loss
+    backpropagated at once, so at most one record's graph is held (logits are vocabulary-wide)."""
     by_id = {r["id"]: r for r in records}
     picked = [ds[i] for i in (rows if rows is not None else range(len(ds)))]
-    model.zero_grad()
-    total, n_total, reference = 0.0, 0, {}
-    for r, row in enumerate(picked):
-        for a, b, rid in segments(row):
-            enc = hf_inputs(processor, by_id[rid], root, nest_images)
-            if not reference_mask:
-                enc.pop("attention_mask", None)
-            enc.pop("token_type_ids", None) if "token_type_ids" not in model.forward.__code__.co_varnames else None
-            logits = model(**enc, use_cache=False).logits[0]
-            reference[(r, a)] = logits.detach()
-            loss, n = _ce(logits, np.asarray(row["labels"][a:b]))
-            total, n_total = total + loss, n_total + n
-    (total / n_total).backward()
-    grads_ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
     collate = PackedCollator(attention=impl, pad_to_multiple_of=64, processor=processor, family=ds.family, **collator)
     batch = collate(picked)
     model.zero_grad()
     logits = model(**model_inputs(batch)).logits
+    packed_loss(logits, batch).backward()
+    logits = logits.detach()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    model.zero_grad()
+    n_total = sum(int((np.asarray(row["labels"][a + 1 : b]) != IGNORE).sum()) for row in picked for a, b, _ in segments(row))
     for r, row in enumerate(picked):
         for a, b, rid in segments(row):
-            ref = reference[(r, a)]
+            enc = hf_inputs(processor, by_id[rid], root, nest_images, call)
+            if not reference_mask:
+                enc.pop("attention_mask", None)
+            if "token_type_ids" not in inspect.signature(model.forward).parameters:  # the wrapper's own names hide them
+                enc.pop("token_type_ids", None)
+            alone = model(**enc, use_cache=False).logits[0]
+            ref = alone.detach()
             diff = (logits[r, a:b] - ref).abs().max() / ref.abs().max()
             assert diff <= 1e-4, f"row {r} segment {rid}: relative logit difference {diff:.2e}"
-    packed_loss(logits, batch).backward()
+            loss, _ = _ce(alone, np.asarray(row["labels"][a:b]))
+            (loss / n_total).backward()
+            del alone, loss
+    grads_ref = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     compared = 0
     floor = 1e-6 * max(g.abs().max() for g in grads_ref.values())  # gradients that are zero in exact arithmetic
-    for name, p in model.named_parameters():
+    for name, _ in model.named_parameters():
         if name not in grads_ref:
-            assert p.grad is None or not p.grad.any(), name
+            assert name not in grads or not grads[name].any(), name
             continue
         ref = grads_ref[name]
         scale = ref.abs().max().clamp(min=floor)
-        assert (p.grad - ref).abs().max() / scale <= 1e-4, f"gradient of {name}"
+        assert name in grads, f"{name} has a gradient alone and none packed"
+        assert (grads[name] - ref).abs().max() / scale <= 1e-4, f"gradient of {name}"
         compared += any(t in name for t in towers)
     assert compared > 0, "the towers' gradients were not compared"
+
+
+def check_flex_forward(flex_model, reference_model, ds: PackedDataset, processor, records: list[dict], root: Path,
+                       rows: list[int], call: dict[str, Any] | None = None, **collator: Any) -> None:
+    """FlexAttention on a CPU, forward only (its backward needs CUDA): packed rows through ``flex_model`` with the
+    collator's ``BlockMask`` s give each segment the logits ``reference_model`` (same weights, sdpa) gives the
+    record alone (relative 1e-4)."""
+    import warnings
+
+    by_id = {r["id"]: r for r in records}
+    picked = [ds[i] for i in rows]
+    # static shapes only: a recompile for other shapes would go dynamic, and inductor's dynamic-shape flex kernel for
+    # the CPU does not compile with torch 2.11 (CppCompileError)
+    torch._dynamo.reset()
+    with torch.no_grad(), warnings.catch_warnings(), torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        warnings.simplefilter("ignore")
+        batch = PackedCollator(attention="flex", pad_to_multiple_of=128, processor=processor, family=ds.family,
+                               **collator)(picked)
+        logits = flex_model(**model_inputs(batch)).logits
+        for r, row in enumerate(picked):
+            for a, b, rid in segments(row):
+                enc = hf_inputs(processor, by_id[rid], root, call=call)
+                enc.pop("attention_mask", None)
+                ref = reference_model(**enc, use_cache=False).logits[0]
+                diff = (logits[r, a:b] - ref).abs().max() / ref.abs().max()
+                assert diff <= 1e-4, f"flex: row {r} segment {rid}: relative logit difference {diff:.2e}"
 
 
 def check_pipeline_ids(pipeline: Path, out: Path) -> int:

@@ -82,3 +82,25 @@ def test_what_the_route_cannot_do_is_refused_naming_it(built, tmp_path):
     with pytest.raises(ConfigError, match="give --processor"):
         build(resolve(None, input=[str(root / "records.jsonl")], output=str(tmp_path / "n"), family="hf",
                       tokenizer=str(root / "checkpoint"), modalities=["image"]), progress=False)
+
+
+def test_a_processor_whose_text_depends_on_the_other_items_is_refused(tmp_path):
+    """LLaVA-OneVision tiles one image and not two: asking about each image alone would be wrong (found in review)."""
+    from assets_llava_onevision import ASSETS
+
+    ASSETS.processor(tmp_path / "ov")
+    (tmp_path / "x.jsonl").write_text('{"text": "x"}\n')
+    with pytest.raises(ConfigError, match="writes another text for an image when the record holds two"):
+        build(resolve(None, input=[str(tmp_path / "x.jsonl")], output=str(tmp_path / "o"), family="hf",
+                      processor=str(tmp_path / "ov"), modalities=["image"]), progress=False)
+
+
+def test_an_image_over_the_blank_image_bound_is_refused_not_allocated(built):
+    from types import SimpleNamespace
+
+    from packer.families import make_family
+
+    root, _, _, _ = built
+    family = make_family(resolve(None, family="hf", processor=str(root / "checkpoint"), modalities=["image"]))
+    with pytest.raises(ValueError, match="over the hf route's"):
+        family.expand("image", SimpleNamespace(width=20000, height=20000), None, None)

@@ -23,8 +23,8 @@ FAMILIES = {"llava15.toml": ("image",), "llava_next.toml": ("image",), "qwen2vl.
             "qwen2audio.toml": ("audio",), "qwen25omni.toml": ("image", "audio"), "sample.toml": ("image", "audio"),
             "qwen2vl_video.toml": ("image", "video"), "qwen3vl.toml": ("image", "video"), "qwen35.toml": ("image", "video"),
             "internvl3.toml": ("image", "video"), "llama4.toml": ("image",),
-
-            "llava_onevision.toml": ("image", "video"), "qwen3omni.toml": ("image", "audio", "video")}
+            "llava_onevision.toml": ("image", "video"), "qwen3omni.toml": ("image", "audio", "video"),
+            "gemma3.toml": ("image",), "gemma4.toml": ("image", "audio", "video")}
 OTHER_BAD = 8  # the deliberately broken records of sample_data
 
 

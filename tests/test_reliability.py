@@ -238,6 +238,7 @@ def test_verify_passes_a_clean_build_and_names_what_is_broken(clean_build):
     table = pa.ipc.open_stream(pa.memory_map(str(third))).read_all()
     rows = table.to_pylist()
     rows[1]["cu_seqlens"] = [0, 5, 3, rows[1]["n_tokens"]]
+    rows[2]["segment_trained"] = [c + 1 for c in rows[2]["segment_trained"]]  # a loss denominator off by one
     from packer.shards.io import write_shard
 
     entry = write_shard(third, pa.Table.from_pylist(rows, schema=table.schema), clean_build)
@@ -248,5 +249,6 @@ def test_verify_passes_a_clean_build_and_names_what_is_broken(clean_build):
     assert f"{first.relative_to(clean_build)}: sha256 differs" in text
     assert f"{second.relative_to(clean_build)}: missing" in text
     assert f"{third.relative_to(clean_build)} row 1: cu_seqlens" in text
+    assert f"{third.relative_to(clean_build)} row 2: segment_trained" in text
     r = CliRunner().invoke(main, ["verify", str(clean_build)])
     assert r.exit_code == 6 and "problem(s)" in r.output

@@ -281,23 +281,7 @@ class Encoder:
                             self.config.train_on_empty_think, items, edits, clips_cut=self._record_cut)
 
     def _messages(self, conv: Conversation) -> list[dict[str, Any]]:
-        """Messages for the template: text marked (typed control tokens stay text); each media part as a
-        ``{"type": kind}`` content part (structured family) or as its media token in the text (generic)."""
-        mark = self.renderer.mark
-        out = []
-        for t in conv.turns:
-            media = any(p.kind != "text" for p in t.parts)
-            if self.family.structured and (media or t.structured):
-                content: Any = [{"type": "text", "text": mark(p.text)} if p.kind == "text" else {"type": p.kind}
-                                for p in t.parts]
-            else:
-                content = "".join(mark(p.text) if p.kind == "text" else self.family.media_token(p.kind) for p in t.parts)
-            message: dict[str, Any] = {"role": t.role, "content": content}
-            if t.reasoning:  # transformers' _alias_reasoning_fields: every name a template may read it by
-                key, text = t.reasoning
-                message = {"thinking": mark(text), **message, key: mark(text), "reasoning_content": mark(text)}
-            out.append(message)
-        return out
+        return template_messages(conv, self.family.structured, self.family.media_token, self.renderer.mark)
 
     def _media_positions(self, full: str) -> list[tuple[int, str]]:
         if self._media_re is None:
@@ -501,6 +485,27 @@ class Encoder:
                 delta += new - old
             mask &= ~span_mask(starts, inserted, len(chat.text))
         return mask
+
+
+def template_messages(conv: Conversation, structured: bool, media_token: Callable[[str], str],
+                      mark: Callable[[str], str]) -> list[dict[str, Any]]:
+    """Messages for the chat template: text marked (typed control tokens stay text); each media part as a
+    ``{"type": kind}`` content part (a structured family, as ``processor.apply_chat_template`` passes it) or as its
+    media token in the text (generic); a turn's reasoning under every name transformers aliases it to."""
+    out = []
+    for t in conv.turns:
+        media = any(p.kind != "text" for p in t.parts)
+        if structured and (media or t.structured):
+            content: Any = [{"type": "text", "text": mark(p.text)} if p.kind == "text" else {"type": p.kind}
+                            for p in t.parts]
+        else:
+            content = "".join(mark(p.text) if p.kind == "text" else media_token(p.kind) for p in t.parts)
+        message: dict[str, Any] = {"role": t.role, "content": content}
+        if t.reasoning:  # transformers' _alias_reasoning_fields: every name a template may read it by
+            key, text = t.reasoning
+            message = {"thinking": mark(text), **message, key: mark(text), "reasoning_content": mark(text)}
+        out.append(message)
+    return out
 
 
 def _shift(pos: int, edits: list[tuple[int, int, int]]) -> int:

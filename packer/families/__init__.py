@@ -16,6 +16,8 @@ from typing import Any
 
 from packer.errors import ConfigError
 from packer.families.base import Expansion, Family, RecordMedia, Run
+from packer.families.gemma3 import Gemma3
+from packer.families.gemma4 import Gemma4
 from packer.families.generic import Generic
 from packer.families.hf import HFProcessor
 from packer.families.internvl import InternVL
@@ -34,6 +36,8 @@ FAMILIES: dict[str, tuple[type[Family], tuple[str, ...]]] = {
     "internvl": (InternVL, ("image", "video")),
     "llama4": (Llama4, ("image",)),
     "qwen35": (Qwen35, ("image", "video")),
+    "gemma3": (Gemma3, ("image",)),
+    "gemma4": (Gemma4, ("image", "video", "audio")),
     "hf": (HFProcessor, ("image", "audio")),  # any other processor, asked for each item's text
     "llava_onevision": (LlavaOnevision, ("image", "video")),
     "qwen3omni": (Qwen3Omni, ("image", "audio", "video")),

@@ -72,11 +72,15 @@ class RecordMedia:
     counts: dict[str, int]
     parts: tuple[Any, ...] = field(default=(), compare=False, repr=False)
     probe: Callable[[Any], Any] | None = field(default=None, compare=False, repr=False)
+    _infos: dict[str, list[Any]] = field(default_factory=dict, compare=False, repr=False)
 
     def infos(self, kind: str) -> list[Any]:
+        """Probed once per record and kind (a family asking for every item's neighbours stays linear)."""
         if self.probe is None:
             raise ValueError("this RecordMedia carries no prober: the record's other items cannot be probed")
-        return [self.probe(p) for p in self.parts if p.kind == kind]
+        if kind not in self._infos:
+            self._infos[kind] = [self.probe(p) for p in self.parts if p.kind == kind]
+        return self._infos[kind]
 
 
 class Family:
@@ -131,6 +135,8 @@ class Family:
     #   video_inputs(video_processor, spans, check) -> dict              ... of its videos (frames decoded here)
     #   audio_inputs(feature_extractor, waves, spans, check) -> dict     ... of its clips
     #   row_inputs(input_ids, run_ids) -> dict                           per-token model inputs (token_type_ids)
+    #   attention_masks(cu, segment, position, attention, *, base, mask_dtype, device, model_config, input_ids,
+    #                   run_ids) -> dict                                 the mask per layer type (Llama 4, Gemma)
     #
     # ``spans`` are the batch's media spans of that kind in scatter order (row, then position), each with
     # ``path`` / ``frames`` resolved; ``check(span, produced, by, stored_grid=None)`` raises a named

@@ -12,7 +12,9 @@ for a 40 x 60 image its processor expands to 20 placeholders in 64 tokens.)
 What it cannot do is refused at the start, naming what is missing: a processor without a replacement
 method for a kind the build declares, videos (a blank clip of a real clip's frame count is gigabytes; the
 named families count videos from their headers), and processors whose text for one item depends on the
-others (InternVL caps tiles by the number of images: use its named family). Exact by the processor's own
+others (checked on two small blank items against one: LLaVA-OneVision tiles one image and not two: use
+its named family). An image over 16 M pixels or a clip over 10 minutes is refused (``unsupported_image``
+/ ``unsupported_audio``): the blank item asked about would cost more memory than the record is worth. Exact by the processor's own
 rule, not by a test of the family's arithmetic: ``packer verify --against-processor`` checks a build.
 
 Needs transformers' processor classes (and torch / torchvision where they do): ``pip install 'packer[train]'``.
@@ -30,6 +32,8 @@ from packer.errors import ConfigError
 from packer.families.base import Expansion, Family, RecordMedia, Run
 
 CACHE = 4096  # sizes whose expansion a worker keeps
+MAX_BLANK_PIXELS = 4096 * 4096  # the largest blank image asked about (48 MB of RGB, ~200 MB once the processor floats it)
+MAX_BLANK_SECONDS = 600.0  # the longest silent clip asked about (10 min: 38 MB of float32 at 16 kHz)
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,33 @@ class HFSettings:
         extractor = getattr(proc, "feature_extractor", None) or getattr(proc, "audio_processor", None)
         if extractor is not None and getattr(extractor, "sampling_rate", None):
             found["sampling_rate"] = int(extractor.sampling_rate)
-        return cls(**found)
+        settings = cls(**found)
+        independent(proc, settings)
+        return settings
+
+
+def independent(proc: Any, s: HFSettings) -> None:
+    """Refuse a processor whose text for one item depends on the record's other items (LLaVA-OneVision tiles one
+    image but not two): this route asks about each item alone. Checked once, on small blank items."""
+    from PIL import Image
+
+    probes = {"image": lambda: Image.new("RGB", (64, 48)), "audio": lambda: np.zeros(s.sampling_rate or 16000, np.float32)}
+    for kind in ("image", "audio"):
+        token = getattr(s, f"{kind}_token")
+        if not token:
+            continue
+        try:
+            _, (alone,) = ask(proc, kind, [probes[kind]()], token)
+            _, together = ask(proc, kind, [probes[kind](), probes[kind]()], token, nested=True)
+        except Exception:  # noqa: BLE001 -- a kind this processor cannot run on a probe: judged where it is used
+            continue
+        if together != [alone, alone]:
+            raise ConfigError(f"family hf: {type(proc).__name__} writes another text for an {kind} when the record holds "
+                              f"two, so it cannot be asked about each item alone; use its named family "
+                              f"({', '.join(sorted(NAMED))}) or a build with one {kind} per record")
+
+
+NAMED = ("internvl", "llama4", "llava_onevision", "qwen35", "qwen3omni", "qwen3vl")
 
 
 _PROCESSORS: dict[str, Any] = {}
@@ -121,8 +151,14 @@ class HFProcessor(Family):
         if kind == "image":
             from PIL import Image
 
+            if info.width * info.height > MAX_BLANK_PIXELS:
+                raise ValueError(f"{info.width}x{info.height} is over the hf route's {MAX_BLANK_PIXELS:,}-pixel bound (it asks "
+                                 f"the processor about a blank image of that size); resize it, or use a named family")
             item: Any = Image.new("RGB", (info.width, info.height))
         else:
+            if info.frames / info.sample_rate > MAX_BLANK_SECONDS:
+                raise ValueError(f"{info.frames / info.sample_rate:.0f} s is over the hf route's {MAX_BLANK_SECONDS:.0f} s bound "
+                                 f"(it asks the processor about a silent clip of that length); cut it, or use a named family")
             item = np.zeros(-(-info.frames * self.s.sampling_rate // info.sample_rate), dtype=np.float32)
         _, (text,) = ask(proc, kind, [item], self.media_token(kind))
         return split_runs(text, getattr(self.s, f"{kind}_run"))
@@ -166,12 +202,14 @@ def split_runs(text: str, run: str) -> Expansion:
 
 
 
-def ask(proc: Any, kind: str, items: list, token: str, **kwargs: Any) -> tuple[Any, list[str]]:
-    """The processor run on ``items`` (one sample whose text is ``token`` per item) with
-    ``return_text_replacement_offsets``: (its outputs, the text it writes for each item)."""
+def ask(proc: Any, kind: str, items: list, token: str, *, nested: bool = False, **kwargs: Any) -> tuple[Any, list[str]]:
+    """The processor run on ``items`` (one sample whose text is ``token`` per item; ``nested``: images given as that
+    sample's list, as ``apply_chat_template`` gives a conversation's) with ``return_text_replacement_offsets``:
+    (its outputs, the text it writes for each item)."""
     media = {"image": "images", "audio": "audio"}[kind]
     extra = {"sampling_rate": load_sampling_rate(proc)} if kind == "audio" else {}
-    out = proc(text=[token * len(items)], **{media: items}, return_text_replacement_offsets=True, **extra, **kwargs)
+    given = [items] if nested and kind == "image" else items
+    out = proc(text=[token * len(items)], **{media: given}, return_text_replacement_offsets=True, **extra, **kwargs)
     replacements = [r["replacement"] for r in out["text_replacement_offsets"][0] if r["type"] == kind]
     if len(replacements) != len(items):
         raise ValueError(f"{type(proc).__name__} wrote {len(replacements)} {kind} replacement(s) for {len(items)} item(s)")

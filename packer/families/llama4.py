@@ -188,7 +188,7 @@ class Llama4(Family):
         return {"pixel_values": pixels}
 
     def attention_masks(self, cu: list[Any], segment: Any, position: Any, attention: str, *, base: Any, mask_dtype: Any,
-                        device: Any, model_config: Any) -> dict[str, Any]:
+                        device: Any, model_config: Any, **_: Any) -> dict[str, Any]:
         """The batch's ``attention_mask`` for ``Llama4TextModel``: one mask per layer type (see the module docstring),
         in the form ``attention`` names (``cu``: each row's segment boundaries, padding excluded; ``segment`` /
         ``position``: ``[B, L]``, padding included; ``base``: the collator's own mask, causal within segments: the

@@ -35,8 +35,10 @@ its own (``family.positions``: Qwen3-Omni's TMRoPE) positions the rows itself; `
 then the model config's ``position_id_per_seconds`` where it differs from the family's.
 
 A family whose text model takes a mask per layer type (Llama 4: chunked-attention and full-attention
-layers) builds ``attention_mask`` as ``{layer_type: mask}`` from the model's config:
-``PackedCollator(family=ds.family, model_config=model.config)``; see :mod:`packer.families.llama4`.
+layers; Gemma 3 / 4: sliding-window layers, image tokens attending within their image both ways)
+builds ``attention_mask`` as ``{layer_type: mask}`` from the model's config:
+``PackedCollator(family=ds.family, model_config=model.config)``; see :mod:`packer.families.llama4`
+and :mod:`packer.families.gemma3`.
 
 Padding (``pad_to``, ``pad_to_multiple_of``) forms one more segment per row that
 nothing attends to or from and that attends only to itself, so no softmax row is
@@ -238,7 +240,8 @@ class PackedCollator:
         layer_masks = getattr(self._family, "attention_masks", None)  # a mask per layer type (Llama 4)
         if layer_masks is not None:
             out.update(layer_masks(cu, segment, position, self.attention, base=out.get("attention_mask"),
-                                   mask_dtype=self.mask_dtype, device=self.device, model_config=self.model_config))
+                                   mask_dtype=self.mask_dtype, device=self.device, model_config=self.model_config,
+                                   input_ids=input_ids, run_ids=(self.family or {}).get("run_ids", {})))
         return out
 
     def _linear_attention(self, out: dict[str, Any], cu: list[np.ndarray], length: int, batch: int) -> None:
@@ -302,7 +305,8 @@ def _concatenate(rows: list[dict[str, Any]]) -> dict[str, Any]:
 MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw", "image_sizes",
               "batch_num_images",  # LLaVA-OneVision: the images of each record (which were tiled)
               "pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "input_features", "feature_attention_mask",
-              "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+              "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
+              "token_type_ids", "image_position_ids", "video_position_ids", "num_frames_per_video", "input_features_mask")
 
 
 def model_inputs(batch: dict[str, Any], model=None) -> dict[str, Any]:

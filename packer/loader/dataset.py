@@ -8,6 +8,7 @@ maps the shards itself on first access, so pickling is cheap and no memory is co
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,7 @@ class _ShardedTable:
                                     f"may no longer match. Rebuild, or check it with packer verify {self.out} --media "
                                     f"hash; PackedDataset(..., check_media=False) trains on the files as they are")
 
-    @property
+    @functools.cached_property
     def _run_ids(self) -> dict[str, int | None]:
         return {k: self.manifest.placeholder_id(k) for k in ("image", "audio", "video")}
 

@@ -22,6 +22,8 @@ scores, so it needs ``0`` / ``dtype.min`` instead -- a bool mask there silently 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -42,11 +44,53 @@ def segments_and_positions(cu_seqlens: list[list[int]] | list, length: int) -> t
     return segment, position
 
 
-def allowed(segment: torch.Tensor) -> torch.Tensor:
-    """``[B, 1, L, L]`` bool: query i may attend key j (same segment, j <= i)."""
+def allowed(segment: torch.Tensor, blocks: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
+    """``[B, 1, L, L]`` bool: query i may attend key j (same segment, j <= i).
+
+    ``blocks`` (:func:`media_blocks`): tokens of one block also attend to its later tokens (Gemma's image
+    tokens, bidirectional within their image); ``window``: only keys less than ``window`` positions back
+    (a sliding-window layer; what transformers' ``sliding_window_overlay`` keeps)."""
     length = segment.shape[-1]
+    same = segment[:, :, None] == segment[:, None, :]
     causal = torch.ones(length, length, dtype=torch.bool, device=segment.device).tril()
-    return (segment[:, :, None] == segment[:, None, :]).logical_and_(causal)[:, None]
+    ok = same & causal
+    if blocks is not None:
+        ok |= same & (blocks[:, :, None] == blocks[:, None, :]) & (blocks[:, :, None] >= 0)
+    if window is not None:
+        q = torch.arange(length, device=segment.device)
+        ok &= (q[:, None] - q[None, :]) < window
+    return ok[:, None]
+
+
+def layer_masks(segment: torch.Tensor, layout: dict[str, dict[str, Any]], attention: str, *,
+                blocks: torch.Tensor | None = None, mask_dtype: torch.dtype = torch.float32,
+                device: str | torch.device = "cpu") -> dict[str, Any]:
+    """One mask per layer type in ``attention``'s form (sdpa bool, eager additive, flex ``BlockMask``):
+    ``layout[layer_type]`` says its ``window`` (None: none) and whether ``blocks`` apply to it."""
+    out: dict[str, Any] = {}
+    for layer_type, spec in layout.items():
+        own = blocks if spec["blocks"] else None
+        if attention == "flex":
+            out[layer_type] = block_mask(segment, device, blocks=own, window=spec["window"])
+        else:
+            ok = allowed(segment, own, spec["window"])
+            out[layer_type] = ok if attention == "sdpa" else additive(ok, mask_dtype)
+    return out
+
+
+def media_blocks(input_ids: torch.Tensor, ids: list[int]) -> torch.Tensor:
+    """``[B, L]``: each run of consecutive ``ids`` numbered 0, 1, ... along the row, -1 elsewhere (what
+    transformers' Gemma ``get_block_sequence_ids_for_mask`` makes of ``token_type_ids``). Worked example,
+    ``I`` an image placeholder::
+
+        tokens   t  I  I  t  I  I  I  t
+        blocks  -1  0  0 -1  1  1  1 -1
+    """
+    hit = torch.zeros_like(input_ids, dtype=torch.bool)
+    for i in ids:
+        hit |= input_ids == i
+    start = hit & ~torch.nn.functional.pad(hit, (1, 0))[:, :-1]
+    return torch.where(hit, torch.cumsum(start.long(), dim=1) - 1, torch.full_like(input_ids, -1))
 
 
 def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -54,15 +98,19 @@ def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
 
 
-def block_mask(segment: torch.Tensor, device: str | torch.device, block_size: int = 128):
-    """A FlexAttention ``BlockMask`` for causal attention within segments, built on ``device``.
+def block_mask(segment: torch.Tensor, device: str | torch.device, block_size: int = 128,
+               blocks: torch.Tensor | None = None, window: int | None = None):
+    """A FlexAttention ``BlockMask`` of :func:`allowed` (causal within segments; ``blocks`` and ``window``
+    as there), built on ``device``.
 
     The block structure comes straight from the segment numbers instead of evaluating the
     mask at every (q, kv) pair as ``create_block_mask`` does (which takes seconds per
     batch at 8 x 8192 on a CPU): a kv block is *full* for a q block when both lie in one
-    segment and the kv block is strictly earlier, *partial* when their segment ranges
-    overlap and it is not later (the diagonal included), else skipped. Exactly the blocks
-    ``create_block_mask`` finds; the tests compare the two.
+    segment and the kv block is strictly earlier (and, with a window, wholly inside it),
+    *partial* when their segment ranges overlap and it is not later (and not wholly outside
+    the window) or when one media block spans both, else skipped. Exactly the blocks
+    ``create_block_mask`` finds (the tests compare the two), or with media blocks a superset
+    of its partial blocks: a partial block is evaluated element by element, so that is exact too.
     """
     from torch.nn.attention.flex_attention import BlockMask
 
@@ -73,10 +121,23 @@ def block_mask(segment: torch.Tensor, device: str | torch.device, block_size: in
     first, last = padded[:, ::block_size], padded[:, block_size - 1 :: block_size]  # [B, nb]
     q_first, q_last = first[:, :, None], last[:, :, None]
     k_first, k_last = first[:, None, :], last[:, None, :]
-    blocks = torch.arange(n_blocks)
-    earlier_or_same = blocks[None, :] <= blocks[:, None]
-    any_allowed = earlier_or_same & (k_first <= q_last) & (k_last >= q_first)
-    full = (blocks[None, :] < blocks[:, None]) & (q_first == q_last) & (k_first == k_last) & (q_first == k_first)
+    blocks_q = torch.arange(n_blocks)[:, None]
+    blocks_k = torch.arange(n_blocks)[None, :]
+    any_allowed = (blocks_k <= blocks_q) & (k_first <= q_last) & (k_last >= q_first)
+    full = (blocks_k < blocks_q) & (q_first == q_last) & (k_first == k_last) & (q_first == k_first)
+    if window is not None:  # q - kv < window: some pair of the two blocks / every pair
+        any_allowed = any_allowed & ((blocks_q - blocks_k - 1) * block_size + 1 < window)
+        full = full & ((blocks_q - blocks_k + 1) * block_size - 1 < window)
+    blk = None
+    if blocks is not None:
+        blk = torch.nn.functional.pad(blocks, (0, n_blocks * block_size - length), value=-1)
+        for b in range(batch):
+            ids = blk[b]
+            for g in torch.unique(ids[ids >= 0]).tolist():
+                where = torch.nonzero(ids == g).flatten()
+                lo, hi = int(where[0]) // block_size, int(where[-1]) // block_size
+                any_allowed[b, lo : hi + 1, lo : hi + 1] = True
+        blk = blk.to(device)
     partial = any_allowed & ~full
 
     def layout(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,7 +146,13 @@ def block_mask(segment: torch.Tensor, device: str | torch.device, block_size: in
         return counts.to(device), indices.to(device)
 
     def mask_mod(b, h, q, kv):
-        return (seg[b, q] == seg[b, kv]) & (q >= kv)
+        same = seg[b, q] == seg[b, kv]
+        ok = same & (q >= kv)
+        if blk is not None:
+            ok = ok | (same & (blk[b, q] == blk[b, kv]) & (blk[b, q] >= 0))
+        if window is not None:
+            ok = ok & (q - kv < window)
+        return ok
 
     kv_num, kv_idx = layout(partial)
     full_num, full_idx = layout(full)

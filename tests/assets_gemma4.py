@@ -1,0 +1,70 @@
+"""Gemma 4 test assets: ``Gemma4Processor`` built in code around the Qwen tokenizer with Gemma 4's tokens (as its
+tokenizer declares them: ``image_token`` / ``boi_token`` / ``eoi_token``, ``audio_token`` / ``boa_token`` /
+``eoa_token``, the turn tokens, a ``<bos>`` it adds; the processor adds ``<|video|>`` itself), saved into a
+checkpoint folder and loaded back; a tiny random ``Gemma4ForConditionalGeneration`` with image, video and audio
+towers, a sliding-window layer (window shorter than an image) and a full one, ``use_bidirectional_attention="vision"``.
+
+Budgets are small: 4 px patches (the smallest budget, 70 soft tokens, is ~100 x 100 px), 3 frames a video,
+16 mel bins.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from family_assets import QWEN_TOKENIZER, TEMPLATES, FamilyAssets, _init, _save_and_load
+
+TOKENS = {"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>", "audio_token": "<|audio|>",
+          "boa_token": "<|audio>", "eoa_token": "<audio|>", "sot_token": "<|turn>", "eot_token": "<turn|>"}
+PATCH = 4
+MEL_BINS = 16
+SLIDING_WINDOW = 16
+
+
+def gemma4_tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(QWEN_TOKENIZER, extra_special_tokens=TOKENS, bos_token="<bos>", add_bos_token=True)
+
+
+def gemma4_processor(folder: Path, **video):
+    from transformers import Gemma4AudioFeatureExtractor, Gemma4ImageProcessor, Gemma4Processor, Gemma4VideoProcessor
+
+    ip = Gemma4ImageProcessor(patch_size=PATCH, max_soft_tokens=70)
+    vp = Gemma4VideoProcessor(**{"patch_size": PATCH, "max_soft_tokens": 70, "num_frames": 3, **video})
+    fe = Gemma4AudioFeatureExtractor(feature_size=MEL_BINS)
+    proc = Gemma4Processor(feature_extractor=fe, image_processor=ip, tokenizer=gemma4_tokenizer(), video_processor=vp,
+                           chat_template=(TEMPLATES / "gemma4.jinja").read_text())
+    return _save_and_load(proc, folder)
+
+
+def gemma4_config(processor, impl: str = "sdpa"):
+    from transformers import Gemma4Config
+
+    tok = processor.tokenizer
+    ids = {name: tok.convert_tokens_to_ids(token) for name, token in TOKENS.items()}
+    text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, global_head_dim=8, max_position_embeddings=4096,
+                sliding_window=SLIDING_WINDOW, layer_types=["sliding_attention", "full_attention"],
+                hidden_size_per_layer_input=4, vocab_size_per_layer_input=len(tok), use_bidirectional_attention="vision",
+                pad_token_id=tok.pad_token_id, rms_norm_eps=1e-6)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
+                  head_dim=8, patch_size=PATCH, pooling_kernel_size=3, position_embedding_size=1024)
+    audio = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, subsampling_conv_channels=[MEL_BINS, 8],
+                 output_proj_dims=32)
+    cfg = Gemma4Config(text_config=text, vision_config=vision, audio_config=audio, image_token_id=ids["image_token"],
+                       video_token_id=processor.video_token_id, audio_token_id=ids["audio_token"],
+                       boi_token_id=ids["boi_token"], eoi_token_id=ids["eoi_token"], boa_token_id=ids["boa_token"],
+                       eoa_token_index=ids["eoa_token"], tie_word_embeddings=False)
+    cfg._attn_implementation = impl
+    cfg.audio_config._attn_implementation = "eager"  # the audio tower's chunked attention exists in eager only
+    return cfg
+
+
+def gemma4_model(processor, impl: str, seed: int = 0):
+    from transformers import Gemma4ForConditionalGeneration
+
+    return _init(Gemma4ForConditionalGeneration(gemma4_config(processor, impl)), seed)
+
+
+ASSETS = FamilyAssets("gemma4", ("image", "video", "audio"), gemma4_processor, gemma4_model)

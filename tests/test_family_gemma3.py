@@ -1,0 +1,187 @@
+"""Gemma 3, token for token with ``Gemma3Processor`` and logit for logit with ``Gemma3ForConditionalGeneration``.
+
+The processor is built in code (16 px images, 4 soft tokens an image) and saved into a checkpoint folder that the
+builds read with ``--processor``; the chat template is a Gemma-3-style fixture. Two builds of the harness's
+awkward records: the processor's defaults, and pan and scan on (crops of 8 px and more, as training would call
+``processor(..., do_pan_and_scan=True, pan_and_scan_min_crop_size=8)``). The model's sliding window (3) is
+shorter than an image, so the masks' window and bidirectional blocks both matter.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+pytest.importorskip("torchvision")
+
+from assets_gemma3 import ASSETS, IMAGE_SEQ_LENGTH, gemma3_config  # noqa: E402
+from family_harness import (  # noqa: E402
+    build_family,
+    check_equivalence,
+    check_flex_forward,
+    check_ids,
+    check_pipeline_ids,
+    hf_inputs,
+    segments,
+    write_media,
+    write_records,
+)
+
+from packer.families.checkpoint import read_checkpoint  # noqa: E402
+from packer.families.gemma3 import Gemma3Settings  # noqa: E402
+from packer.loader import PackedCollator, PackedDataset  # noqa: E402
+from packer.loader.media import MediaMismatchError  # noqa: E402
+
+SCAN_CALL = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 8}
+SCAN_OPTIONS = "do_pan_and_scan=true,pan_and_scan_min_crop_size=8"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gemma3")
+    files = write_media(root, ASSETS.kinds)
+    source, records = write_records(root, ASSETS.kinds, files)
+    processor = ASSETS.processor(root / "checkpoint")
+    plain = build_family("gemma3", root / "checkpoint", source, root / "plain", max_segments=4)
+    build_family("gemma3", root / "checkpoint", source, root / "scan", max_segments=4, processor_options=SCAN_OPTIONS)
+    return root, records, processor, plain
+
+
+def test_settings_equal_the_processor(built):
+    _, _, processor, manifest = built
+    family = manifest["tokenizer"]["family"]
+    assert family["name"] == "gemma3" and family["processor_class"] == "Gemma3Processor"
+    settings = family["settings"]
+    assert settings["image_seq_length"] == processor.image_seq_length == IMAGE_SEQ_LENGTH  # from the checkpoint
+    tok = processor.tokenizer
+    assert (settings["boi_token"], settings["image_token"], settings["eoi_token"]) == (tok.boi_token, tok.image_token,
+                                                                                     tok.eoi_token)
+    for key in ("do_pan_and_scan", "pan_and_scan_min_crop_size", "pan_and_scan_max_num_crops",
+                "pan_and_scan_min_ratio_to_activate"):
+        assert settings[key] == processor.images_kwargs[key], key  # what the processor passes at every call
+    defaults = Gemma3Settings()
+    from transformers import Gemma3Processor
+
+    assert defaults.image_seq_length == inspect.signature(Gemma3Processor.__init__).parameters["image_seq_length"].default
+
+
+def test_a_checkpoints_pan_and_scan_never_reaches_the_processor(tmp_path):
+    """An image processor saved with do_pan_and_scan=True: Gemma3Processor still passes its own default (off)."""
+    from assets_gemma3 import gemma3_tokenizer
+    from family_assets import _save_and_load
+    from PIL import Image
+    from transformers import Gemma3ImageProcessor, Gemma3Processor
+
+    ip = Gemma3ImageProcessor(size={"height": 16, "width": 16}, do_pan_and_scan=True, pan_and_scan_min_crop_size=8)
+    processor = _save_and_load(Gemma3Processor(image_processor=ip, tokenizer=gemma3_tokenizer(), image_seq_length=4),
+                               tmp_path)
+    assert read_checkpoint(str(tmp_path)).image_processor["do_pan_and_scan"] is True
+    assert not Gemma3Settings.resolve(read_checkpoint(str(tmp_path))).do_pan_and_scan
+    wide = Image.new("RGB", (120, 30))
+    assert len(processor(text=["<start_of_image>"], images=[wide])["pixel_values"]) == 1  # no crop
+    assert len(processor(text=["<start_of_image>"], images=[wide], **SCAN_CALL)["pixel_values"]) == 5
+
+
+def test_ids_equal_the_hf_processor(built):
+    root, records, processor, _ = built
+    check_ids(PackedDataset(root / "plain"), processor, records, root)
+    scan = PackedDataset(root / "scan")
+    check_ids(scan, processor, records, root, call=SCAN_CALL)
+    spans = [m for i in range(len(scan)) for m in scan[i]["media"]]
+    cropped = [m for m in spans if m["tokens"] > IMAGE_SEQ_LENGTH]
+    assert cropped and all(m["length"] > m["tokens"] for m in cropped)  # crops, with the text between them
+    assert {m["tokens"] // IMAGE_SEQ_LENGTH for m in spans} >= {1, 3, 5}  # no crop, 2 crops, 4 crops
+
+
+def test_token_type_ids_equal_the_processors(built):
+    root, records, processor, _ = built
+    by_id = {r["id"]: r for r in records}
+    ds = PackedDataset(root / "scan")
+    rows = [ds[i] for i in range(len(ds))]
+    batch = PackedCollator(family=ds.family, model_config=gemma3_config(processor))(rows)
+    for r, row in enumerate(rows):
+        for a, b, rid in segments(row):
+            expected = hf_inputs(processor, by_id[rid], root, call=SCAN_CALL)["token_type_ids"][0].tolist()
+            assert batch["token_type_ids"][r, a:b].tolist() == expected, rid
+
+
+def test_loader_names_a_file_whose_crops_changed(built):
+    root, _, processor, _ = built
+    ds = PackedDataset(root / "scan")
+    row = next(ds[i] for i in range(len(ds)) if any(m["tokens"] > IMAGE_SEQ_LENGTH for m in ds[i]["media"]))
+    span = next(m for m in row["media"] if m["tokens"] > IMAGE_SEQ_LENGTH)
+    span["path"] = str(root / "img" / "one_1x1.png")  # a square image now: no crop
+    collate = PackedCollator(processor=processor, family=ds.family, model_config=gemma3_config(processor))
+    with pytest.raises(MediaMismatchError, match=r"one_1x1.png: the build gave this image \d+ placeholder positions but "
+                                                 r"Gemma3ImageProcessor \(pan and scan on"):
+        collate([row])
+
+
+@pytest.mark.slow  # a real forward and backward of every packed row
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_packed_rows_equal_each_record_alone(built, impl):
+    root, records, processor, _ = built
+    ds = PackedDataset(root / "scan")
+    model = ASSETS.model(processor, impl)
+    check_equivalence(model, ds, processor, records, root, impl, call=SCAN_CALL, model_config=model.config)
+
+
+@pytest.mark.slow  # FlexAttention compiles its kernel on the CPU (forward only there)
+def test_flex_rows_equal_each_record_alone(built):
+    root, records, processor, _ = built
+    ds = PackedDataset(root / "scan")
+    flex = ASSETS.model(processor, "flex_attention")
+    check_flex_forward(flex, ASSETS.model(processor, "sdpa"), ds, processor, records, root, rows=list(range(len(ds))),
+                       call=SCAN_CALL, model_config=flex.config)
+
+
+def test_crop_counts_equal_transformers():
+    """packer's crop count = Gemma3ImageProcessor.pan_and_scan_batched's, over many sizes and settings."""
+    import numpy as np
+    import torch
+    from transformers import Gemma3ImageProcessor
+
+    from packer.families.gemma3 import pan_and_scan_crops
+
+    rng = np.random.default_rng(0)
+    sizes = [(1, 1), (10, 2000), (2000, 10), (300, 200), (256, 512), (100, 120), (120, 100), (513, 256)]
+    sizes += [tuple(int(x) for x in rng.integers(1, 3000, 2)) for _ in range(300)]
+    ip = Gemma3ImageProcessor()
+    for min_crop, max_crops, ratio in ((256, 4, 1.2), (8, 4, 1.2), (64, 3, 2.0), (300, 8, 1.0)):
+        s = Gemma3Settings(do_pan_and_scan=True, pan_and_scan_min_crop_size=min_crop, pan_and_scan_max_num_crops=max_crops,
+                           pan_and_scan_min_ratio_to_activate=ratio)
+        for h, w in sizes:
+            crops = ip.pan_and_scan_batched(torch.empty(1, 3, h, w, dtype=torch.uint8), min_crop, max_crops, ratio)
+            assert pan_and_scan_crops(h, w, s) == len(crops), (h, w, min_crop, max_crops, ratio)
+
+
+def test_sequence_parallel_pieces_scatter_images_and_crops(built):
+    """Ulysses: each rank's ``<image_soft_token>`` placeholders (an image's runs split by its crops' text, cut anywhere)
+    take the rows of the unsliced batch's features; the masks per layer type stay global, token types are sliced."""
+    import torch
+
+    from packer.loader import local_media_rows
+    from packer.loader.sequence_parallel import shard_for_sequence_parallel
+
+    root, _, processor, _ = built
+    ds = PackedDataset(root / "scan")
+    batch = PackedCollator(family=ds.family, model_config=gemma3_config(processor))([ds[i] for i in range(len(ds))])
+    soft = processor.tokenizer.image_token_id
+    where = batch["input_ids"] == soft
+    feature = (where.flatten().cumsum(0) - 1).reshape(where.shape)
+    for rank in range(3):
+        part = shard_for_sequence_parallel(batch, rank, 3)
+        assert set(part["attention_mask"]) == {"full_attention", "sliding_attention"}
+        assert torch.equal(part["token_type_ids"] == 1, part["input_ids"] == soft)
+        local = torch.nonzero(part["input_ids"] == soft).tolist()
+        expected = [int(feature[b, int(part["global_index"][t])]) for b, t in local]
+        assert local_media_rows(part["media"], batch["media"], kind="image").tolist() == expected
+
+
+@pytest.mark.slow  # builds the sample pipeline
+def test_sample_pipeline_ids_equal_its_processor(tmp_path):
+    """``pipelines/gemma3.toml`` over sample_data: its records' ids equal the sample processor folder's processor's."""
+    from conftest import ROOT
+
+    assert check_pipeline_ids(ROOT / "pipelines" / "gemma3.toml", tmp_path / "out") >= 10
