@@ -189,3 +189,20 @@ def test_packed_logps_sums_each_responses_own_targets_and_dpo_loss_is_the_sigmoi
         alone.pairs()
     with pytest.raises(ValueError, match="lists no responses"):
         packed_logps(logits, {k: v for k, v in batch.items() if k != "responses"})
+
+
+def test_families_whose_own_masks_or_positions_cannot_hold_a_tree_refuse_tree_rows(rows):
+    from packer.loader.collate import PackedCollator as Collator
+
+    collate = Collator(attention="sdpa")
+    collate._family = type("MaskFamily", (), {"attention_masks": staticmethod(lambda *a, **k: {})})()
+    collate.family = {"name": "gemma3"}
+    with pytest.raises(ValueError, match="family gemma3: its masks per layer type"):
+        collate(rows)
+    collate._family, collate.family = None, {"name": "qwen3omni"}
+    collate.rope, collate._positions = "mrope", lambda *a, **k: None
+    with pytest.raises(ValueError, match="family qwen3omni: its own positions"):
+        collate(rows)
+    collate.family = {"name": "qwen35", "linear_attention": True}
+    with pytest.raises(ValueError, match="linear-attention layers carry one state"):
+        collate(rows)

@@ -156,6 +156,10 @@ class PackedCollator:
         if tree is not None and self.rope == "mrope" and self._positions is not mrope_positions:
             raise ValueError(f"family {self.family['name']}: its own positions (a family hook) do not position a "
                              f"preference tree's branches after their prompt; build with --preference pairs")
+        if tree is not None and getattr(self._family, "attention_masks", None) is not None:
+            raise ValueError(f"family {self.family['name']}: its masks per layer type (sliding windows, image blocks) are "
+                             f"built from the segments alone and would not let a tree's branch see its prompt; build "
+                             f"with --preference pairs")
         dummy_inputs: dict[str, Any] = {}
         indices = [int(r["index"]) for r in rows] if all("index" in r for r in rows) else None
         if self.dummy_media is not None:  # may grow one row past pad_to by its few positions
