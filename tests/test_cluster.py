@@ -206,10 +206,12 @@ def test_ray_from_s3_to_s3_has_the_local_engines_bytes(cluster, reference):
         logs = (c.root / node / "session_latest" / "logs").glob("worker-*.out")
         assert any("MapWorker(MapBatches(_Stage))" in p.read_text(errors="replace") for p in logs), node
     # The driver planned from the columns stage 1 returned and reported from the stats stage 3 returned:
-    # it downloaded no packed shard, and no samples shard but the one holding the sample it truncated.
+    # it downloaded no packed shard but the first (the report's example row), and no samples shard but the
+    # one holding the sample it truncated.
     downloaded = set(downloads.read_text().split()) if downloads.exists() else set()
-    assert m["stats"]["truncated_samples"] == 1 and len(downloaded) == 1, downloaded
-    assert downloaded.pop().startswith("s3://builds/ray/samples/part-")
+    assert m["stats"]["truncated_samples"] == 1 and len(downloaded) == 2, downloaded
+    assert "s3://builds/ray/packed/part-00000.arrow" in downloaded, downloaded
+    assert next(iter(downloaded - {"s3://builds/ray/packed/part-00000.arrow"})).startswith("s3://builds/ray/samples/part-")
 
 
 def test_a_worker_node_killed_mid_stage_1_costs_time_not_bytes(cluster, reference):

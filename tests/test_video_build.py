@@ -59,6 +59,7 @@ def test_packed_video_rows_equal_each_segment_alone(video_build, version):
             for k, (a, b) in enumerate(zip(cu[:-1], cu[1:], strict=True)):
                 alone = {**row, "input_ids": row["input_ids"][a:b], "labels": row["labels"][a:b],
                          "cu_seqlens": [0, b - a], "n_tokens": b - a, "segment_ids": [row["segment_ids"][k]],
+                         "segment_trained": [row["segment_trained"][k]], "n_trained": int(row["segment_trained"][k]),
                          "media": [{**m, "segment": 0, "start": m["start"] - a} for m in row["media"] if m["segment"] == k]}
                 ref = model(**model_inputs(collate([alone]))).logits[0]
                 diff = (logits[r, a:b] - ref).abs().max() / ref.abs().max()

@@ -274,6 +274,9 @@ def _stored_counts(rows: list[dict[str, Any]], n_segments: int) -> torch.Tensor 
     counts = torch.zeros(len(rows), n_segments, dtype=torch.long)
     for b, r in enumerate(rows):
         stored = torch.as_tensor(np.asarray(r["segment_trained"], dtype=np.int64))
+        if len(stored) != len(r["cu_seqlens"]) - 1:
+            raise ValueError(f"row {b}: segment_trained has {len(stored)} entries for {len(r['cu_seqlens']) - 1} "
+                             "segments; a row cut by hand must cut segment_trained (and n_trained) with it")
         counts[b, : len(stored)] = stored
     return counts
 

@@ -301,7 +301,7 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
         "oversize": {k: stats.get(k, 0) for k in ("truncated_samples", "truncated_tokens", "split_samples", "split_pieces",
                                                   "split_pieces_dropped", "split_lost_media", "audio_truncated")},
         "sample_row": sample_row(out, manifest),
-        "media": media_section(out, manifest),
+        "media": media_section(manifest, s),
         "preference": preference_section(s, manifest),
         "quarantine_top": quarantine_examples(out, manifest),
         "truncated": truncated_samples(out, manifest, s, LIST_CAP, *(samples or ())),

@@ -9,7 +9,8 @@ durations).
 - ``media``: the placeholder tokens of every image / clip / video (histograms, every item);
   the longest side of the images and the duration of the clips, read from the files' headers
   (:mod:`packer.media.probe`, nothing decoded) for at most :data:`PROBED` distinct files per kind,
-  spread evenly over their sorted refs (the count probed is stated).
+  spread evenly over the refs the shards' stats offer (each shard up to
+  :data:`packer.shards.stats.PROBED_REFS` a kind, spread over its sorted refs; the count probed is stated).
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from packer.shards.io import read_shard
 from packer.shards.manifest import Manifest
 from packer.shards.schema import IGNORE
+from packer.shards.stats import ShardStats, spread
 
 SHOWN_TOKENS = 400  # tokens of a segment shown in the rendered row
 SHOWN_SEGMENTS = 4
@@ -47,9 +48,7 @@ def sample_row(out: Path, manifest: Manifest) -> dict[str, Any] | None:
     index = int(np.argmax(score))
     row = head.slice(index, 1).to_pylist()[0]
     try:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
+        tok = _decoder(out / "tokenizer")
     except Exception as e:  # noqa: BLE001 -- no tokenizer here: the report stands without the example
         return {"row": index, "error": f"cannot load {out / 'tokenizer'}: {str(e).splitlines()[0][:160]}"}
     cu, ids, labels = row["cu_seqlens"], row["input_ids"], row["labels"]
@@ -62,6 +61,18 @@ def sample_row(out: Path, manifest: Manifest) -> dict[str, Any] | None:
                       "trained": sum(v != IGNORE for v in labels[a:b]), "pieces": pieces, "hidden": hidden,
                       "role": row["segment_role"][k], "parent": row["segment_parent"][k]})  # a preference tree's
     return {"row": index, "tokens": row["n_tokens"], "segments": len(cu) - 1, "shown": shown}
+
+
+def _decoder(folder: Path) -> Any:
+    """Something with ``decode(ids)`` for the build's tokenizer: its ``tokenizer.json`` through the
+    ``tokenizers`` library (light; transformers' tokenizer import pulls in torch), else transformers."""
+    if (folder / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(folder / "tokenizer.json"))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
 
 
 def _pieces(tok, ids: list[int], labels: list[int], a: int, b: int,
@@ -81,24 +92,17 @@ def _pieces(tok, ids: list[int], labels: list[int], a: int, b: int,
         end = t + 1
         while end < b and end - t < budget and (labels[end] != IGNORE) == trained and not any(s[0] == end for s in spans):
             end += 1
-        pieces.append({"text": tok.decode(ids[t:end]), "trained": bool(trained)})
+        pieces.append({"text": tok.decode(ids[t:end], skip_special_tokens=False), "trained": bool(trained)})
         budget -= end - t
         t = end
     return pieces, b - t
 
 
-def media_section(out: Path, manifest: Manifest) -> dict[str, Any]:
-    """Per kind: placeholder tokens per item (histogram), and sizes / durations from a sample of the files."""
-    kinds, lengths, refs = [], [], []
-    for entry in manifest.files.packed:
-        spans = pc.list_flatten(read_shard(out / entry.file).column("media"))
-        if len(spans):
-            kinds.append(pc.struct_field(spans, "kind").cast(pa.string()).to_numpy(zero_copy_only=False))
-            lengths.append(pc.struct_field(spans, "length").to_numpy())
-            refs.append(pc.struct_field(spans, "ref").to_numpy(zero_copy_only=False))
-    kind = np.concatenate(kinds) if kinds else np.zeros(0, object)
-    length = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-    ref = np.concatenate(refs) if refs else np.zeros(0, object)
+def media_section(manifest: Manifest, stats: ShardStats) -> dict[str, Any]:
+    """Per kind: placeholder tokens per item (histogram), and sizes / durations from a sample of the files
+    (the shards' stats carry both: no packed shard is read again)."""
+    kind = stats.array("span_kinds").astype(object) if stats.span_kinds else np.zeros(0, object)
+    length = stats.array("span_tokens").astype(np.int64)
     tokens = {}
     for k in sorted(set(kind.tolist())):
         n = length[kind == k]
@@ -106,8 +110,8 @@ def media_section(out: Path, manifest: Manifest) -> dict[str, Any]:
         tokens[k] = {"edges": edges, "counts": _hist(n, edges), "items": int(len(n)), "mean": float(n.mean())}
     out_section: dict[str, Any] = {"tokens_per_item": tokens}
     root = manifest.media_root
-    images = sorted(set(ref[kind == "image"].tolist()))
-    clips = sorted(set(ref[kind == "audio"].tolist()))
+    images = sorted(set(stats.media_refs.get("image", [])))
+    clips = sorted(set(stats.media_refs.get("audio", [])))
     if images:
         out_section["image_sides"] = _probed(images, root, _image_side, SIDE_EDGES, "px")
     if clips:
@@ -122,7 +126,7 @@ def _hist(values: np.ndarray, edges: list[float]) -> list[int]:
 
 
 def _probed(refs: list[str], root: str, measure, edges: list[float], unit: str) -> dict[str, Any]:
-    picked = refs if len(refs) <= PROBED else [refs[int(i)] for i in np.linspace(0, len(refs) - 1, PROBED)]
+    picked = spread(refs, PROBED)
     values, unreadable = [], 0
     for ref in picked:
         try:

@@ -23,6 +23,12 @@ ROW_FIELDS = ("tokens", "attention", "media_items", "media_tokens", "image_items
               "audio_items", "audio_tokens", "audio_square", "video_items", "video_tokens", "video_square")
 KINDS = MEDIA_KINDS
 PREFERENCE_FIELDS = ("preference_records", "responses", "tree_prompts", "tree_branches", "tokens_saved")
+PROBED_REFS = 2000  # distinct files per kind a shard offers the report's size / duration histograms
+
+
+def spread(items: list, n: int) -> list:
+    """At most ``n`` of ``items``, evenly spaced (the first and the last kept)."""
+    return items if len(items) <= n else [items[int(i)] for i in np.linspace(0, len(items) - 1, n)]
 
 
 def length_edges(max_length: int) -> np.ndarray:
@@ -82,6 +88,11 @@ class ShardStats:
     tree_prompts: int = 0
     tree_branches: int = 0
     tokens_saved: int = 0
+    # the report's media section: each span's kind and placeholder tokens, and per kind (image, audio) up to
+    # PROBED_REFS distinct files evenly spread over the shard's sorted refs (headers the report reads)
+    span_kinds: list[np.ndarray] = field(default_factory=list)
+    span_tokens: list[np.ndarray] = field(default_factory=list)
+    media_refs: dict[str, list[str]] = field(default_factory=dict)
 
     def merge(self, other: ShardStats) -> ShardStats:
         per_modality = dict(self.per_modality)
@@ -99,6 +110,9 @@ class ShardStats:
             self.seg_identity + other.seg_identity, self.sample_ids + other.sample_ids,
             *(getattr(self, f"row_{n}") + getattr(other, f"row_{n}") for n in ROW_FIELDS[4:]),
             **{k: getattr(self, k) + getattr(other, k) for k in PREFERENCE_FIELDS},
+            span_kinds=self.span_kinds + other.span_kinds, span_tokens=self.span_tokens + other.span_tokens,
+            media_refs={k: self.media_refs.get(k, []) + other.media_refs.get(k, [])
+                        for k in sorted({*self.media_refs, *other.media_refs})},
         )
 
     def samples(self) -> int:
@@ -178,6 +192,14 @@ def table_stats(table: pa.Table) -> ShardStats:
         timed = (span_kind == "video") & (pc.list_value_length(grid).fill_null(0).to_numpy(zero_copy_only=False) > 0)
         if timed.any():
             span_steps[timed] = np.maximum(pc.list_element(grid.filter(pa.array(timed)), 0).to_numpy(), 1)
+    stats.span_kinds = [span_kind.astype(object)]
+    stats.span_tokens = [span_len.astype(np.int64)]
+    if len(spans):
+        refs = pc.struct_field(spans, "ref").to_numpy(zero_copy_only=False)
+        for kind in ("image", "audio"):
+            distinct = sorted(set(refs[span_kind == kind].tolist()))
+            if distinct:
+                stats.media_refs[kind] = spread(distinct, PROBED_REFS)
     for kind in KINDS:
         k = span_kind == kind
         per_row = lambda w, k=k: [np.bincount(span_row[k], weights=w, minlength=table.num_rows)]  # noqa: E731
