@@ -18,8 +18,10 @@ of the build's records, from their own lines and files, the plain HF way:
   wall clock).
 
 Each sampled record whose ids differ is a :class:`Mismatch` (file, line, id, both counts, the first
-position that differs). A sample is drawn with the seed, media records first, so a small ``--sample``
-covers every modality the build holds.
+position that differs). A preference record is checked response by response: each response's tokens
+against the processor on its conversation (prompt + response), the id naming the response's role.
+A sample is drawn with the seed, media records first, so a small ``--sample`` covers every
+modality the build holds.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
     family = manifest.tokenizer.get("family") or {"name": "generic"}
     placeholders = manifest.placeholders
     root = media_root or manifest.media_root
-    rows = samples.take(chosen).select(["source_index", "source_line", "key", "input_ids", "media"]).to_pylist()
+    rows = samples.take(chosen).select(["source_index", "source_line", "key", "input_ids", "media", "responses"]).to_pylist()
     lines = _lines(manifest.inputs, {(r["source_index"], r["source_line"]) for r in rows})
     renderer = _renderer(proc, config)
     mismatches = []
@@ -79,17 +81,31 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
         file = manifest.inputs[r["source_index"]]
         raw = lines[(r["source_index"], r["source_line"])]
         try:
-            expected = _processor_ids(proc, renderer, raw, file, config, family, placeholders, r, root)
+            record = _parse(raw, file, config)
+            parts = [(r["key"], record, r)] if not r["responses"] else [
+                (f"{r['key']} ({response['role']})", record.conversation(k), _response_row(r, response))
+                for k, response in enumerate(r["responses"])]
+            checked = [(key, sub, _processor_ids(proc, renderer, conv, config, family, placeholders, sub, root))
+                       for key, conv, sub in parts]
         except (BadRecord, OSError, ValueError) as e:
             mismatches.append(Mismatch(file, r["source_line"], r["key"], len(r["input_ids"]), 0, 0,
                                        f"the processor refused the record: {type(e).__name__}: {e}"))
             continue
-        got = list(r["input_ids"])
-        if got != expected:
-            first = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), min(len(got), len(expected)))
-            mismatches.append(Mismatch(file, r["source_line"], r["key"], len(got), len(expected), first,
-                                       _media_note(r["media"])))
+        for key, sub, expected in checked:
+            got = list(sub["input_ids"])
+            if got != expected:
+                first = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b),
+                             min(len(got), len(expected)))
+                mismatches.append(Mismatch(file, r["source_line"], key, len(got), len(expected), first,
+                                           _media_note(sub["media"])))
     return mismatches, len(rows)
+
+
+def _response_row(row: dict, response: dict) -> dict:
+    """A preference sample's response as a row of its own: its tokens, and the media spans inside them."""
+    a, n = response["start"], response["length"]
+    return {"input_ids": row["input_ids"][a : a + n],
+            "media": [{**m, "start": m["start"] - a} for m in row["media"] if a <= m["start"] < a + n]}
 
 
 def _load(name: str):
@@ -151,16 +167,20 @@ def _renderer(proc, config):
         return None  # no template: documents only
 
 
-def _processor_ids(proc, renderer, raw: bytes, file: str, config, family: dict, placeholders: dict[str, int],
-                   row: dict, root: str) -> list[int]:
-    from packer.encode.encoder import template_messages
-    from packer.encode.render import MARK_START
+def _parse(raw: bytes, file: str, config):
     from packer.ingest.formats import decode_json, parse_record
     from packer.io.fs import parent
 
     base = Path(config.media_root) if config.media_root else parent(file)
     tags = {"image": config.image_tag, "audio": config.audio_tag, "video": config.video_tag}
-    conv = parse_record(decode_json(raw), config.format, base, tags, allow_outside_root=config.allow_outside_media_root)
+    return parse_record(decode_json(raw), config.format, base, tags, allow_outside_root=config.allow_outside_media_root)
+
+
+def _processor_ids(proc, renderer, conv, config, family: dict, placeholders: dict[str, int], row: dict,
+                   root: str) -> list[int]:
+    from packer.encode.encoder import template_messages
+    from packer.encode.render import MARK_START
+
     if not hasattr(conv, "turns"):  # a document: the tokenizer alone
         ids = proc.tokenizer(conv.text, add_special_tokens=True, split_special_tokens=True)["input_ids"]
         eos = proc.tokenizer.eos_token_id

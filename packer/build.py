@@ -44,7 +44,7 @@ from packer.shards.schema import SAMPLE_SCHEMA, ShardEntry
 from packer.stages import encode, materialize
 from packer.stages.manifest import FileAccount, accounting
 from packer.stages.media_files import write_media_index
-from packer.stages.planning import SampleRows, modality_codes, plan_columns, plan_samples, plan_table
+from packer.stages.planning import SampleRows, modality_codes, plan_columns, plan_samples, plan_table, preference_responses
 from packer.stages.state import BuildLock, code_identity, fingerprint, open_state
 
 SMALL_INPUT_BYTES = 16 * 2**20
@@ -336,6 +336,10 @@ def repack(source: str | Path, *, progress: bool = True, **overrides: Any) -> Ma
         raise ConfigError("repack needs an output folder: -o OUT2")
     values = {**manifest.config, **{k: v for k, v in overrides.items() if v is not None}}
     config = BuildConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    was = manifest.config.get("preference", "none")
+    if (was == "none") != (config.preference == "none"):
+        raise ConfigError(f"repack cannot change preference from {was!r} to {config.preference!r}: whether preference "
+                          f"records are read is decided by stage 1 (run packer build); repack switches pairs <-> tree")
     if Path(config.output).resolve() == source.resolve():
         raise ConfigError("repack writes a new build: -o must differ from the source folder")
     check_plan_options(config)
@@ -525,12 +529,26 @@ def _count_outcomes(by_file: dict[str, FileAccount], inputs: list[str], samples,
         acc.packed = int(n_samples[k] - n_dropped[k] - n_skipped[k])
 
 
+def _preference_stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any] | None:
+    """The packed preference records (each copy an item) and their tokens in both layouts."""
+    responses = preference_responses(samples)
+    if not len(responses.sample):
+        return None
+    items = p.indices[p.starts == 0]  # one segment of each item starts at its sample's token 0
+    at = np.searchsorted(responses.sample, items)
+    at = at[(at < len(responses.sample)) & (responses.sample[np.minimum(at, len(responses.sample) - 1)] == items)]
+    return {"layout": config.preference, "records": int(len(at)), "responses": int(responses.n[at].sum()),
+            **{f"{layout}_tokens": int(responses.item_lengths(layout)[at].sum()) for layout in ("pairs", "tree")}}
+
+
 def _stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:
     codes, names = modality_codes(samples)
     placed = np.zeros(len(codes), bool)  # a byte a sample, no sort: split pieces count their sample once
     placed[p.indices] = True
     counts = np.bincount(codes[placed], minlength=len(names)) if len(p.indices) else np.zeros(len(names))
+    preference = _preference_stats(config, samples, p)
     return {
+        **({"preference": preference} if preference else {}),
         "max_length": config.max_length,
         "rows": p.n_bins,
         "segments": int(len(p.indices)),

@@ -57,7 +57,8 @@ class BuildConfig:
                                   stage="content", group="input")
     output: str = _opt("out/packed", "Output folder.", short="-o", stage="execution", group="output")
     format: str = _opt("auto", "Record shape, or auto-detect per line.",
-                       choices=("auto", "llava", "sharegpt", "messages", "prompt_completion", "alpaca", "text"),
+                       choices=("auto", "llava", "sharegpt", "messages", "prompt_completion", "alpaca", "text",
+                                "preference", "unpaired_preference", "responses"),
                        stage="content", group="input")
     media_root: str | None = _opt(None, "Folder that relative media paths are resolved against (default: the JSONL file's).",
                                   stage="content", group="input")
@@ -158,6 +159,11 @@ class BuildConfig:
     max_images: int = _opt(0, "Most images in one packed row (0: no limit).", stage="plan", group="packing")
     max_audio: int = _opt(0, "Most audio clips in one packed row (0: no limit).", stage="plan", group="packing")
     max_videos: int = _opt(0, "Most videos in one packed row (0: no limit).", stage="plan", group="packing")
+    preference: str = _opt("none", "Preference / multi-response records (prompt + chosen / rejected, completion + label, a "
+                                   "list of responses): none (quarantined as preference_record); pairs (each response a "
+                                   "segment with its own copy of the prompt, a record's segments adjacent in one row); tree "
+                                   "(the prompt once, each response a branch attending to it). repack switches pairs <-> tree.",
+                           choices=("none", "pairs", "tree"), stage="plan", group="packing")
     row_lengths: str = _opt("", "A few fixed row lengths for compiled training: auto (4 the planner chooses from the rows, "
                                 "least padding), auto:K, or N,N,... (max_length added); the collator pads each batch to "
                                 "the smallest that holds it (PackedCollator(row_lengths=ds.row_lengths)). Empty: off.",
@@ -226,6 +232,9 @@ class BuildConfig:
         if self.max_length > MAX_LENGTH:
             raise ConfigError(f"max_length = {self.max_length:,} is over {MAX_LENGTH:,} (2^31 - 1: positions and "
                               f"cu_seqlens are int32)")
+        if self.preference != "none" and self.train_on == "all":
+            raise ConfigError(f"preference = {self.preference!r} trains the responses only; train_on = 'all' would train "
+                              f"the prompt too: leave train_on at 'assistant'")
         if not 0.0 <= self.max_bad_fraction <= 1.0:
             raise ConfigError(f"max_bad_fraction must be between 0 and 1, got {self.max_bad_fraction}")
         if self.workers < 0:

@@ -54,6 +54,10 @@ FIXES = {
     "over_media_cap": "more media than --max-images / --max-audio / --max-media allow in a row: raise the cap",
     "nothing_trainable": "samples (or pieces) with no trained token left after the cut: raise --max-length",
     "split_lost_media": "split pieces that lost the media their text follows: raise --max-length",
+    "preference_record": "preference / multi-response records in an SFT build: pass --preference pairs or tree",
+    "preference_prompt_diverges": "the chat template renders the prompt differently for each response: fix the template",
+    "media_in_response": "a response holds an image / clip / video: media belong to the shared prompt",
+    "preference_too_long": "a preference record (all its responses) longer than --max-length: raise it",
 }
 NOT_BAD = ("no_encoder", "audio_too_long")  # declared choices (modalities, --long-audio drop): not counted against
 # --max-bad-fraction

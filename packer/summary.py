@@ -115,6 +115,10 @@ def row_detail(out: str | Path, index: int, *, preview_chars: int = 100) -> dict
                "trained_tokens": int((row["labels"][a:b] != -100).sum()),
                "media": [{"kind": m["kind"], "start": m["start"] - a, "length": m["length"], "tokens": m["tokens"],
                           "ref": m["ref"], "llm_grid": m["llm_grid"]} for m in spans]}
+        if row["segment_role"][k]:  # a preference record's segment: its role, and a tree branch's parent
+            weight = row["segment_weight"][k]
+            seg.update(role=row["segment_role"][k], parent=row["segment_parent"][k],
+                       weight=None if weight is None or weight != weight else weight)  # NaN: none given
         if tok is not None:
             seg["preview"] = _preview(tok, row["input_ids"][a:b].tolist(), [(m["start"] - a, m["length"], m["kind"])
                                                                               for m in spans], preview_chars)
@@ -146,7 +150,10 @@ def row_text(detail: dict[str, Any]) -> str:
              f"{len(detail['segments'])} segments"]
     for s in detail["segments"]:
         media = ", ".join(f"{m['kind']} {m['ref']} @{m['start']}+{m['length']}" for m in s["media"])
-        lines.append(f"  [{s['segment']}] {s['id']}  {s['modality']}  {s['tokens']:,} tokens, "
+        role = ""
+        if "role" in s:
+            role = f"  {s['role']}" + (f" (branch of [{s['parent']}])" if s["parent"] >= 0 else "")
+        lines.append(f"  [{s['segment']}] {s['id']}{role}  {s['modality']}  {s['tokens']:,} tokens, "
                      f"{s['trained_tokens']:,} trained{'  ' + media if media else ''}")
         if "preview" in s:
             lines.append(f"      {s['preview']}")

@@ -16,10 +16,14 @@ Checks, naming the file (and row) of every problem found:
   modification time (``stat``; size only under another ``--media-root``, since a copy
   changes the time), or same sha256 (``hash``, for a build made with ``--media-hash``);
 - every packed row: ``cu_seqlens`` starts at 0, increases, ends at ``n_tokens`` = the
-  number of ids and labels; ``n_tokens <= max_length``; one id and modality per segment;
-  labels -100 at every segment start and on every placeholder / begin / end token; media
-  spans inside their segment, starting and ending with their kind's placeholder id and
-  holding ``tokens`` of them, and no placeholder id outside a span;
+  number of ids and labels; ``n_tokens <= max_length``; one id, modality, parent, group, role
+  and weight per segment; labels -100 at every segment start and on every placeholder / begin /
+  end token; media spans inside their segment, starting and ending with their kind's
+  placeholder id and holding ``tokens`` of them, and no placeholder id outside a span;
+- preference records in a row: a record's segments consecutive (its group), of one input
+  line; a parent an earlier segment of the group, a tree's ``prompt`` (untrained, holding the
+  record's media: no media in a branch), its branches starting with one same token; a
+  ``chosen`` with exactly one ``rejected`` in its group;
 - the accounting: records read = packed + quarantined + dropped, per file and in total;
   the quarantine and ``dropped.jsonl`` have one line per record they count; the packed
   rows hold every packed sample, counted by integer identity (input file, line; pieces
@@ -256,6 +260,44 @@ def _check_row(row: dict, max_length: int, placeholders: set[int], kind_ids: dic
     pads = np.isin(ids, [v for v in kind_ids.values() if v is not None])
     if np.any(pads & ~covered):
         out.append("a placeholder id lies outside every media span")
+    return out + _check_trees(row, cu, ids, labels)
+
+
+def _check_trees(row: dict, cu: np.ndarray, ids: np.ndarray, labels: np.ndarray) -> list[str]:
+    """The preference structure of a row (see the module docstring)."""
+    n = len(cu) - 1
+    parent, group, role, weight = (row.get(k) for k in ("segment_parent", "segment_group", "segment_role", "segment_weight"))
+    if any(v is None or len(v) != n for v in (parent, group, role, weight)):
+        return ["segment_parent / segment_group / segment_role / segment_weight do not have one entry per segment"]
+    out = []
+    identity = list(zip(row["segment_source"], row["segment_line"], strict=True))
+    media_segments = {m["segment"] for m in row["media"]}
+    for j in range(n):
+        g, p = group[j], parent[j]
+        if not 0 <= g <= j or group[g] != g or (g < j and (group[j - 1] != g or identity[j] != identity[g])):
+            out.append(f"segment {j}'s group {g} is not a run of consecutive segments of one record")
+        if role[j] == "" and (g != j or p != -1):
+            out.append(f"segment {j} belongs to no preference record but has a group or a parent")
+        if p == -1:
+            continue
+        if not g <= p < j or role[p] != "prompt" or role[j] in ("", "prompt"):
+            out.append(f"segment {j} ({role[j]!r}) has parent {p}, which is not an earlier prompt of its record")
+            continue
+        first = next(k for k in range(p + 1, j + 1) if parent[k] == p)
+        if ids[cu[j]] != ids[cu[first]]:
+            out.append(f"segment {j}: a tree's branches do not start with the same (last shared) token")
+        if j in media_segments:
+            out.append(f"segment {j} is a tree's branch holding media (a prompt's media belong to the prompt, once)")
+    for j in range(n):
+        if role[j] == "prompt" and np.any(labels[cu[j] : cu[j + 1]] != IGNORE):
+            out.append(f"segment {j} is a tree's prompt with trained tokens")
+        if role[j] == "prompt" and j + 1 < n and parent[j + 1] != j:
+            out.append(f"segment {j} is a tree's prompt that no branch follows")
+    for g in sorted(set(group)):
+        members = [role[j] for j in range(n) if group[j] == g]
+        if ("chosen" in members or "rejected" in members) and (members.count("chosen"), members.count("rejected")) != (1, 1):
+            out.append(f"the record at segment {g} holds {members.count('chosen')} chosen and "
+                       f"{members.count('rejected')} rejected responses (1 and 1 expected)")
     return out
 
 

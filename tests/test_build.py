@@ -15,7 +15,8 @@ from packer.config import BuildConfig, resolve
 from packer.errors import BuildFailedError, ConfigError, StrictModeError
 
 COLUMNS = ["input_ids", "labels", "cu_seqlens", "segment_ids", "segment_source", "segment_line", "segment_start",
-           "segment_modality", "media", "n_tokens", "segment_trained", "n_trained"]
+           "segment_modality", "segment_parent", "segment_group", "segment_role", "segment_weight", "media", "n_tokens",
+           "segment_trained", "n_trained"]
 IGNORE = -100
 
 
@@ -47,9 +48,9 @@ def test_layout_and_schema(sample_build):
     assert not list(out.rglob("*.tmp-*"))
     for t in packed_tables(out, manifest):
         assert t.column_names == COLUMNS
-        assert t.schema.metadata[b"packer.schema_version"] == b"3"
+        assert t.schema.metadata[b"packer.schema_version"] == b"4"
         assert t.schema.field("segment_modality").type == pa.list_(pa.dictionary(pa.int32(), pa.string()))
-    assert manifest["schema_version"] == 3 and manifest["status"] == "complete"
+    assert manifest["schema_version"] == 4 and manifest["status"] == "complete"
     assert manifest["tokenizer"]["vocab_size"] > 1000 and len(manifest["tokenizer"]["sha256"]) == 64
 
 

@@ -188,7 +188,8 @@ def test_decode_errors(line, reason, match):
     [
         ({"foo": 1}, "unknown_format", r"no 'conversations', 'messages', 'prompt' \+ 'completion', 'instruction' \+ 'output' "
                                        r"or 'text' field \(keys: foo\)"),
-        ({"prompt": "x", "chosen": "a", "rejected": "b"}, "unknown_format", "a 'prompt' needs a 'completion'"),
+        ({"prompt": "x", "score": 1}, "unknown_format", "a 'prompt' needs a 'completion', 'chosen' \\+ 'rejected' or a list "
+                                                        "of 'responses'"),
         ({"instruction": "x"}, "unknown_format", "an Alpaca 'instruction' needs an 'output'"),
         ({"text": 42}, "wrong_type", "'text' must be a string"),
         ({"text": "  \n"}, "empty_text", "'text' is empty"),

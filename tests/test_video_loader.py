@@ -313,7 +313,8 @@ def test_shard_stats_count_video_per_kind(tmp_path):
     def row(media, n=40):
         return PackedRow(input_ids=tuple(range(n)), labels=tuple(range(n)), cu_seqlens=(0, 20, n), segment_ids=("a", "b"),
                          segment_source=(0, 0), segment_line=(1, 2), segment_start=(0, 0), segment_modality=("video", "image"),
-                         media=tuple(media), n_tokens=n)
+                         segment_parent=(-1, -1), segment_group=(0, 1), segment_role=("", ""),
+                         segment_weight=(float("nan"),) * 2, media=tuple(media), n_tokens=n)
 
     video = MediaSpan(segment=0, kind="video", start=2, length=12, tokens=12, ref="v.mp4", llm_grid=(3, 2, 2), second_per_grid_t=0.5)
     image = MediaSpan(segment=1, kind="image", start=22, length=6, tokens=6, ref="i.png", llm_grid=(1, 2, 3))

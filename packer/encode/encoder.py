@@ -26,6 +26,7 @@ chunk's records are tokenized one by one instead. The tokens are the same either
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -36,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from packer.encode import preference
 from packer.encode.labels import Labeller, span_mask
 from packer.encode.render import MARK_END, MARK_START, Renderer, probe_conversations, template_clock
 from packer.encode.tokenizer import fingerprint, load_tokenizer
@@ -44,10 +46,10 @@ from packer.errors import BadRecord, PackerError
 from packer.families import Expansion, Family, RecordMedia, Run, family_from_state, make_family
 from packer.ingest.formats import decode_json, parse_record, record_id
 from packer.ingest.reader import RawLine
-from packer.ingest.records import Conversation, Document
+from packer.ingest.records import Conversation, Document, Preference
 from packer.io.fs import is_url
 from packer.media.counter import MediaProber, kept_seconds
-from packer.shards.schema import IGNORE, MEDIA_KINDS, MediaSpan, Sample
+from packer.shards.schema import IGNORE, MEDIA_KINDS, MediaSpan, ResponseSpan, Sample
 
 MEDIA_ORDER = MEDIA_KINDS  # the order a modality name lists its kinds in
 TOKENIZE_BATCH = 1000  # texts per tokenizer call: the wrapper's cost is paid per call, memory grows with the batch
@@ -113,6 +115,7 @@ class RenderedChat:
     train_on_empty_think: bool
     items: list[tuple[int, Expansion]] = field(default_factory=list)  # (media item index, expansion) in text order
     edits: list[tuple[int, int, int]] = field(default_factory=list)
+    spans: list[tuple[int, int]] | None = None  # the trained character spans of ``full``, once labelled
     clips_cut: int = 0  # audio clips longer than the encoder's window (counted as audio_truncated)
 
     @property
@@ -211,7 +214,8 @@ class Encoder:
         A batch that raises leaves the memo empty for its kind: each record then tokenizes its own text
         in :meth:`_finish`, so the failure (if it is one record's) stays that record's."""
         docs = list(dict.fromkeys(rec.text for _, rec, _ in prepared if isinstance(rec, Document)))
-        chats = list(dict.fromkeys(chat.text for _, _, chat in prepared if chat is not None and not chat.marked))
+        rendered = [c for _, _, chat in prepared for c in (chat if isinstance(chat, list) else [chat])]
+        chats = list(dict.fromkeys(c.text for c in rendered if c is not None and not c.marked))
         memo: dict = {}
         try:  # a chunk holds at most TOKENIZE_BATCH records: one call per kind
             for text, (ids, _) in zip(docs, self.text.encode(docs, special=True, split=True, offsets=False), strict=True):
@@ -228,8 +232,10 @@ class Encoder:
 
     # ------------------------------------------------------------------ one record
 
-    def _prepare(self, raw: RawLine, file_dir: Path | str) -> tuple[dict, Conversation | Document, RenderedChat | None]:
-        """Everything before tokenizing: parse, check, render the chat template, expand the media."""
+    def _prepare(self, raw: RawLine, file_dir: Path | str) -> tuple[dict, Conversation | Document | Preference,
+                                                                      RenderedChat | list[RenderedChat] | None]:
+        """Everything before tokenizing: parse, check, render the chat template, expand the media (a preference
+        record: each response's conversation, prompt + response, rendered on its own)."""
         if raw.too_long:
             raise BadRecord("line_too_long", f"the line has {raw.too_long:,} bytes, over the max_line_bytes limit")
         obj = decode_json(raw.data)
@@ -238,6 +244,15 @@ class Encoder:
                               allow_outside_root=self.config.allow_outside_media_root)
         if isinstance(record, Document):
             return obj, record, None
+        if isinstance(record, Preference):
+            if self.config.preference == "none":
+                raise BadRecord("preference_record", f"a preference / multi-response record ({len(record.responses)} "
+                                                     f"response(s)); this build packs SFT records only: pass --preference "
+                                                     f"pairs or tree to pack it with its roles")
+            conversations = [record.conversation(k) for k in range(len(record.responses))]
+            for conv in conversations:
+                self._check_modalities(conv)
+            return obj, record, [self._render(conv) for conv in conversations]
         self._check_modalities(record)
         return obj, record, self._render(record)
 
@@ -310,20 +325,25 @@ class Encoder:
     def _finish(self, raw: RawLine, file: str, source_index: int, obj: dict, record: Conversation | Document,
                 chat: RenderedChat | None) -> Sample:
         """Everything after rendering: tokens (from the batch when there is one), labels, media, checks."""
+        responses, prefix = (), 0
         if isinstance(record, Document):
             ids, trained, media = self._encode_document(record)
+        elif isinstance(record, Preference):
+            ids, trained, media, responses, prefix = self._encode_preference(record, chat)
         else:
             ids, trained, media = self._encode_conversation(record, chat)
         labels = ids.copy() if trained is None else np.where(trained, ids, IGNORE).astype(np.int32)
-        if len(labels):
-            labels[0] = IGNORE  # a segment's first token is never the target of the previous one
+        for start in [r.start for r in responses] or [0]:
+            if len(labels):
+                labels[start] = IGNORE  # a segment's first token is never the target of the previous one
         self._check_reserved_untrained(labels)
         n_trained = int(np.count_nonzero(labels != IGNORE))
         if n_trained == 0:
             raise BadRecord("no_trainable_tokens", "the record has no token to train on (no assistant turn?)")
         kinds = [k for k in MEDIA_ORDER if any(m.kind == k for m in media)]
         rid = record_id(obj)
-        self.clips_cut += chat.clips_cut if chat is not None else 0  # counted once the record is a sample
+        first = chat[0] if isinstance(chat, list) else chat  # a preference record's prompt clips: once, not per response
+        self.clips_cut += first.clips_cut if first is not None else 0  # counted once the record is a sample
         return Sample(
             key=rid if rid is not None else f"{file}:{raw.line}",
             source_file=file,
@@ -335,6 +355,8 @@ class Encoder:
             length=len(ids),
             n_trained=n_trained,
             media=tuple(media),
+            responses=tuple(responses),
+            prefix=prefix,
         )
 
     def _check_modalities(self, conv: Conversation) -> None:
@@ -417,6 +439,35 @@ class Encoder:
         media.sort(key=lambda m: m.start)
         return np.concatenate(pieces_ids), np.concatenate(pieces_mask), media
 
+    def _encode_preference(self, record: Preference, chats: list[RenderedChat]):
+        """Each response as its own conversation (prompt + response), one after the other, and the tokens they
+        share (:mod:`packer.encode.preference`): ``(ids, trained, media, responses, prefix)``."""
+        parts = [self._encode_conversation(record.conversation(k), chat) for k, chat in enumerate(chats)]
+        roles = [r.role for r in record.responses]
+        for (_, trained, _), role in zip(parts, roles, strict=True):
+            if not trained[1:].any():
+                raise BadRecord("no_trainable_tokens", f"response {role!r} has no token to train on (no assistant turn, "
+                                                       f"or an empty one)")
+        prefix = 0
+        if len(parts) > 1:
+            prefix = preference.tree_prefix([p[0] for p in parts], [p[1] for p in parts], [c.text for c in chats],
+                                            [self._prompt_end(c) for c in chats],
+                                            [m.start + m.length for p in parts for m in p[2]], roles)
+        responses, media, start = [], [], 0
+        for (ids, _, spans), response in zip(parts, record.responses, strict=True):
+            responses.append(ResponseSpan(start, len(ids), response.role, response.weight))
+            media += [dataclasses.replace(m, start=m.start + start) for m in spans]
+            start += len(ids)
+        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), media, responses, prefix)
+
+    def _prompt_end(self, chat: RenderedChat) -> int:
+        """Where the prompt ends in ``chat.text``: the header of the first trained turn (its start when the template
+        has no generation prompt)."""
+        full, at = chat.full, min(s for s, _ in chat.spans)
+        header = self.labeller.header
+        h = full.rfind(header, 0, at) if header else -1
+        return _shift(h if h >= 0 else at, chat.edits)
+
     def _labels(self, chat: RenderedChat, ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """The bool mask of ``ids`` to train: the assistant spans (mapped from ``full`` onto the expanded text);
         nothing a media expansion inserted is ever trained."""
@@ -425,6 +476,7 @@ class Encoder:
         else:
             spans = self.labeller.trained_spans(chat.messages, chat.full, chat.assistant, chat.trained,
                                                 chat.train_on_empty_think)
+            chat.spans = spans
             mask = span_mask(starts, [(_shift(s, chat.edits), _shift(e, chat.edits)) for s, e in spans], len(chat.text))
         if chat.edits:
             inserted, delta = [], 0

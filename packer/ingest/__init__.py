@@ -2,6 +2,7 @@
 
 from packer.ingest.formats import detect_format, parse_record
 from packer.ingest.reader import RawLine, read_lines
-from packer.ingest.records import Conversation, Document, Part, Turn
+from packer.ingest.records import Conversation, Document, Part, Preference, Response, Turn
 
-__all__ = ["Conversation", "Document", "Part", "RawLine", "Turn", "detect_format", "parse_record", "read_lines"]
+__all__ = ["Conversation", "Document", "Part", "Preference", "RawLine", "Response", "Turn", "detect_format", "parse_record",
+           "read_lines"]

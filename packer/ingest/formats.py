@@ -22,6 +22,10 @@ Shapes (auto-detected per line by their key fields, in this order, or forced wit
   turn ``instruction + "\\n\\n" + input`` (just ``instruction`` when ``input`` is empty, just
   ``input`` when ``instruction`` is) and the assistant turn ``output``.
 - ``text``:     ``{"text": "..."}`` (last, so an Alpaca record's rendered ``text`` column is ignored)
+- ``preference`` / ``unpaired_preference`` / ``responses``: one prompt and several responses
+  (TRL ``prompt`` / ``chosen`` / ``rejected``, ``prompt`` / ``completion`` / ``label``, a list of
+  ``responses``), parsed into a :class:`~packer.ingest.records.Preference` by
+  :mod:`packer.ingest.preference`; detected before ``prompt_completion``.
 
 Media positions: an ``<image>`` / ``<audio>`` tag in text, or a media part without a
 path, takes the next path of the record's top-level ``image(s)`` / ``audio(s)`` list; a
@@ -41,15 +45,17 @@ from pathlib import Path
 from typing import Any
 
 from packer.errors import BadRecord
-from packer.ingest.records import ROLES, Conversation, Document, Part, Turn
+from packer.ingest import preference
+from packer.ingest.records import ROLES, Conversation, Document, Part, Preference, Turn
 from packer.io import fs
 from packer.media.limits import check_frame_rate
 from packer.shards.schema import MEDIA_KINDS
 
-FORMATS = ("llava", "sharegpt", "messages", "prompt_completion", "alpaca", "text")
+FORMATS = ("llava", "sharegpt", "messages", "prompt_completion", "alpaca", "text", *preference.FORMATS)
 # The fields a forced --format needs: one inner tuple per field, holding the names it may go by.
 NEEDS = {"llava": (("conversations",),), "sharegpt": (("conversations", "messages"),), "messages": (("messages",),),
-         "prompt_completion": (("prompt",), ("completion",)), "alpaca": (("instruction",), ("output",)), "text": (("text",),)}
+         "prompt_completion": (("prompt",), ("completion",)), "alpaca": (("instruction",), ("output",)), "text": (("text",),),
+         **preference.NEEDS}
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
                   "bard": "assistant", "model": "assistant", "function_call": "assistant", "system": "system",
                   "tool": "tool", "function": "tool", "observation": "tool"}
@@ -125,6 +131,9 @@ def detect_format(obj: dict[str, Any]) -> str:
         return "llava"
     if "messages" in obj:
         return "sharegpt" if _sharegpt_style(obj["messages"]) else "messages"
+    shape = preference.detect(obj)
+    if shape is not None:
+        return shape
     if "prompt" in obj and "completion" in obj:
         return "prompt_completion"
     if "instruction" in obj and "output" in obj:
@@ -134,7 +143,8 @@ def detect_format(obj: dict[str, Any]) -> str:
     keys = ", ".join(sorted(obj)[:8]) or "none"
     hint = ""
     if "prompt" in obj:
-        hint = "; a 'prompt' needs a 'completion' (prompt-only and chosen / rejected preference records are not SFT data)"
+        hint = ("; a 'prompt' needs a 'completion', 'chosen' + 'rejected' or a list of 'responses' (prompt-only records "
+                "have nothing to train on)")
     elif "instruction" in obj:
         hint = "; an Alpaca 'instruction' needs an 'output'"
     raise BadRecord("unknown_format", f"no 'conversations', 'messages', 'prompt' + 'completion', 'instruction' + 'output' "
@@ -148,7 +158,7 @@ def _sharegpt_style(turns: Any) -> bool:
 
 
 def parse_record(obj: dict[str, Any], fmt: str, base_dir: Path, tags: dict[str, str], *,
-                 allow_outside_root: bool = False) -> Conversation | Document:
+                 allow_outside_root: bool = False) -> Conversation | Document | Preference:
     """Parse a decoded JSON object of shape ``fmt`` (``auto`` detects it).
 
     ``base_dir`` resolves relative media paths; ``tags`` maps media kind to its tag
@@ -174,6 +184,8 @@ def parse_record(obj: dict[str, Any], fmt: str, base_dir: Path, tags: dict[str, 
             raise BadRecord("empty_text", "'text' is empty")
         return Document(text=text, id=rid)
     media = _MediaQueue(obj, base_dir, tags, allow_outside_root)
+    if fmt in preference.FORMATS:
+        return preference.parse(obj, fmt, media, lambda value, key, role: _turns_of(value, key, role, media), rid)
     if fmt == "prompt_completion":
         turns = _prompt_completion_turns(obj, media)
     elif fmt == "alpaca":
@@ -237,19 +249,23 @@ def _message_turn(m: dict[str, Any], where: str, media: _MediaQueue) -> Turn:
     return Turn(role, tuple(parts), structured=isinstance(content, list), reasoning=reasoning)
 
 
+def _turns_of(value: Any, key: str, role: str, media: _MediaQueue) -> list[Turn]:
+    """A TRL field: a string is one turn of ``role``, a list is messages (ShareGPT or role / content)."""
+    if isinstance(value, str):
+        return [Turn(role, tuple(media.split_text(value)))]
+    if isinstance(value, list):
+        return _chat_turns(value, key, media, sharegpt=_sharegpt_style(value))
+    raise BadRecord("wrong_type", f"'{key}' must be a string or a list of messages, got {type(value).__name__}")
+
+
 def _prompt_completion_turns(obj: dict[str, Any], media: _MediaQueue) -> list[Turn]:
     """TRL's prompt / completion: the prompt's turns are context, the completion's are trained."""
     turns = []
     for key, role in (("prompt", "user"), ("completion", "assistant")):
         value = obj[key]
-        if isinstance(value, str):
-            if key == "completion" and not value.strip():
-                raise BadRecord("empty_text", "'completion' is empty: nothing to train on")
-            part = [Turn(role, tuple(media.split_text(value)))]
-        elif isinstance(value, list):
-            part = _chat_turns(value, key, media, sharegpt=_sharegpt_style(value))
-        else:
-            raise BadRecord("wrong_type", f"'{key}' must be a string or a list of messages, got {type(value).__name__}")
+        if key == "completion" and isinstance(value, str) and not value.strip():
+            raise BadRecord("empty_text", "'completion' is empty: nothing to train on")
+        part = _turns_of(value, key, role, media)
         if key == "prompt":
             part = [Turn(t.role, t.parts, trained=False, structured=t.structured, reasoning=t.reasoning) for t in part]
         turns += part

@@ -3,7 +3,9 @@
 LLaVA / ShareGPT ``conversations``, HF/OpenAI ``messages``, TRL ``prompt`` / ``completion``,
 Alpaca and ``text`` documents all become a :class:`Conversation` (turns of text and media
 parts) or a :class:`Document`, so the encoder has one code path per kind, not one per
-input format.
+input format. Preference and multi-response records (TRL ``prompt`` / ``chosen`` /
+``rejected``, unpaired ``completion`` + ``label``, a list of ``responses``) become a
+:class:`Preference`: one prompt and its responses, each a :class:`Response`.
 """
 
 from __future__ import annotations
@@ -51,3 +53,29 @@ class Conversation:
 class Document:
     text: str
     id: str | None = None
+
+
+@dataclass(frozen=True)
+class Response:
+    """One response of a :class:`Preference`: its turns (assistant turns trained), its role and weight.
+
+    ``role`` is ``chosen`` / ``rejected`` (a pair), ``desirable`` / ``undesirable`` (unpaired, TRL's
+    KTO ``label``), or the response's index as a string (``"0"``, ``"1"``, ...) in a list of responses;
+    ``weight`` its reward / weight when the record gives one (NaN when it does not)."""
+
+    turns: tuple[Turn, ...]
+    role: str
+    weight: float = float("nan")
+
+
+@dataclass(frozen=True)
+class Preference:
+    """A prompt (context turns, never trained) and its responses, each rendered after it alone."""
+
+    prompt: tuple[Turn, ...]
+    responses: tuple[Response, ...]
+    id: str | None = None
+
+    def conversation(self, k: int) -> Conversation:
+        """The prompt followed by response ``k``: what the record's ``k``-th response is, run alone."""
+        return Conversation(self.prompt + self.responses[k].turns, self.id)

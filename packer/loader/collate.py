@@ -43,6 +43,11 @@ and :mod:`packer.families.gemma3`.
 Padding (``pad_to``, ``pad_to_multiple_of``) forms one more segment per row that
 nothing attends to or from and that attends only to itself, so no softmax row is
 empty and no NaN appears. See :mod:`packer.loader.masks` for a worked example.
+
+Preference builds: rows of ``--preference tree`` hold trees (a response attends to its prompt,
+positions continue from the prompt's end: :mod:`packer.loader.trees`; ``varlen`` /
+``position_ids`` refused); rows of either layout add ``responses`` (each response's row, token
+range, role, group, id and weight) for :func:`~packer.loader.packed_logps`.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from packer.loader import masks
+from packer.loader import masks, trees
 from packer.loader.loss import loss_weights
 from packer.loader.media import MediaStep
 from packer.loader.mrope import mrope_positions
@@ -143,6 +148,18 @@ class PackedCollator:
         return n
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        tree = trees.parents(rows)
+        if tree is not None and (self.attention in FLATTENED or (self.family or {}).get("linear_attention")):
+            raise ValueError(trees.VARLEN_REFUSAL if self.attention in FLATTENED else
+                             f"family {self.family['name']}: its linear-attention layers carry one state along a segment, "
+                             f"so a branch cannot restart from its prompt; build with --preference pairs")
+        if tree is not None and self.rope == "mrope" and self._positions is not mrope_positions:
+            raise ValueError(f"family {self.family['name']}: its own positions (a family hook) do not position a "
+                             f"preference tree's branches after their prompt; build with --preference pairs")
+        if tree is not None and getattr(self._family, "attention_masks", None) is not None:
+            raise ValueError(f"family {self.family['name']}: its masks per layer type (sliding windows, image blocks) are "
+                             f"built from the segments alone and would not let a tree's branch see its prompt; build "
+                             f"with --preference pairs")
         dummy_inputs: dict[str, Any] = {}
         indices = [int(r["index"]) for r in rows] if all("index" in r for r in rows) else None
         if self.dummy_media is not None:  # may grow one row past pad_to by its few positions
@@ -165,6 +182,8 @@ class PackedCollator:
             labels[b, :n] = torch.as_tensor(np.asarray(r["labels"], dtype=np.int64))
             labels[b, torch.as_tensor(cu[b][:-1])] = IGNORE  # no segment's first token is a target
         segment, position = masks.segments_and_positions(cu, length)
+        if tree is not None:
+            position = trees.positions(position, segment, cu, tree)
         out: dict[str, Any] = {"input_ids": input_ids, "labels": labels, "seq_idx": segment.to(torch.int32)}
         if indices is not None:
             out["rows"] = indices  # the dataset rows of this batch (PackedDataset's index)
@@ -179,6 +198,10 @@ class PackedCollator:
         if hook is not None:
             out.update(hook(input_ids, self.family.get("run_ids", {})))
         out["media"] = [{**m, "batch": b} for b, r in enumerate(rows) for m in r["media"]]
+        if any(r.get("segment_role") is not None for r in rows):
+            out["responses"] = trees.responses(rows)
+        if tree is not None:
+            out["segment_parent"] = [p.tolist() for p in tree]
         if self._untimed and any(m["kind"] == "video" and not m.get("dummy") for m in out["media"]):
             raise ValueError("the batch holds a video and the processor is a Qwen2.5-VL one (time-scaled mRoPE), but the "
                              "collator has no tokens_per_second: pass PackedCollator(rope='mrope', "
@@ -189,8 +212,8 @@ class PackedCollator:
         if self.rope == "mrope":
             out["position_ids"] = torch.stack([
                 self._positions(length, list(zip(c[:-1].tolist(), c[1:].tolist(), strict=True)), r["media"],
-                                self.tokens_per_second)
-                for c, r in zip(cu, rows, strict=True)], dim=1)
+                                self.tokens_per_second, **({} if tree is None else {"parents": tree[b].tolist()}))
+                for b, (c, r) in enumerate(zip(cu, rows, strict=True))], dim=1)
             pad = segment == torch.as_tensor([len(c) - 1 for c in cu])[:, None]
             out["position_ids"][:, pad] = position[pad].to(out["position_ids"].dtype)
         else:
@@ -198,10 +221,11 @@ class PackedCollator:
         if (self.family or {}).get("linear_attention"):
             self._linear_attention(out, cu, length, batch)
         if self.attention in ("sdpa", "eager"):
-            allowed = masks.allowed(segment)
+            allowed = masks.allowed(segment) if tree is None else trees.allowed(segment, tree)
             out["attention_mask"] = allowed if self.attention == "sdpa" else masks.additive(allowed, self.mask_dtype)
         elif self.attention == "flex":
-            out["attention_mask"] = masks.block_mask(segment, self.device)
+            out["attention_mask"] = masks.block_mask(segment, self.device) if tree is None else \
+                trees.block_mask(segment, tree, self.device)
         elif self.attention == "varlen":
             bounds = _bounds(cu[0], length)
             if self.row_lengths is not None:  # padding in pieces of at most a row length: max_seqlen is one of them
@@ -266,7 +290,19 @@ def _concatenate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if all("segment_trained" in r for r in rows) else {}
     if rows[-1].get("dummy_segments"):  # a dummy segment stays the last one only where its row is the last
         stored["dummy_segments"] = rows[-1]["dummy_segments"]
-    return {**stored,
+    roles = {}
+    if all(r.get("segment_role") is not None for r in rows):  # pairs rows: their responses, groups renumbered
+        def column(r: dict[str, Any], key: str, fill) -> list:
+            """The row's ``key`` per segment; segments past it (a dummy media segment) get ``fill(k)``."""
+            given = [] if r.get(key) is None else list(r[key])
+            return given + [fill(k) for k in range(len(given), len(r["cu_seqlens"]) - 1)]
+
+        roles = {"segment_role": [x for r in rows for x in column(r, "segment_role", lambda k: "")],
+                 "segment_ids": [x for r in rows for x in column(r, "segment_ids", lambda k: "")],
+                 "segment_weight": [x for r in rows for x in column(r, "segment_weight", lambda k: None)],
+                 "segment_group": [int(g) + int(s) for r, s in zip(rows, segments, strict=False)
+                                   for g in column(r, "segment_group", lambda k: k)]}
+    return {**stored, **roles,
         "input_ids": np.concatenate([np.asarray(r["input_ids"]) for r in rows]),
         "labels": np.concatenate([np.asarray(r["labels"]) for r in rows]),
         "cu_seqlens": np.concatenate([[0]] + [np.asarray(r["cu_seqlens"][1:]) + o for r, o in zip(rows, offsets, strict=False)]),

@@ -186,8 +186,8 @@ class PackedDataset(_ShardedTable):
     (``check_media=False`` turns the check off)."""
 
     kind = "packed"
-    columns = ("input_ids", "labels", "cu_seqlens", "segment_ids", "segment_modality", "media", "n_tokens",
-               "segment_trained", "n_trained")
+    columns = ("input_ids", "labels", "cu_seqlens", "segment_ids", "segment_modality", "segment_parent", "segment_group",
+               "segment_role", "segment_weight", "media", "n_tokens", "segment_trained", "n_trained")
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         row = super().__getitem__(index)
@@ -243,14 +243,18 @@ def supervised_counts(labels, cu_seqlens) -> np.ndarray:
 
 class SampleDataset(_ShardedTable):
     """Unpacked samples (``samples/``): one sample per item, as a one-segment row, so
-    :class:`~packer.loader.PackedCollator` batches them with padding masks too."""
+    :class:`~packer.loader.PackedCollator` batches them with padding masks too. A preference
+    sample is a row of its responses, each a segment (the ``pairs`` layout)."""
 
     kind = "samples"
-    columns = ("input_ids", "labels", "key", "modality", "media", "length")
+    columns = ("input_ids", "labels", "key", "modality", "media", "length", "responses")
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         row = super().__getitem__(index)
         n = int(row["length"])
+        responses = row.pop("responses")
+        if responses:
+            return _responses_row(row, responses)
         row["cu_seqlens"] = np.asarray([0, n], dtype=np.int32)
         row["n_tokens"] = n
         row["segment_ids"], row["segment_modality"] = [row["key"]], [row["modality"]]
@@ -269,3 +273,17 @@ class SampleDataset(_ShardedTable):
     @property
     def modalities(self) -> np.ndarray:
         return self.column("modality").cast(pa.string()).to_numpy(zero_copy_only=False)
+
+
+def _responses_row(row: dict[str, Any], responses: list[dict[str, Any]]) -> dict[str, Any]:
+    """A preference sample as a row of its responses (each the prompt + that response, a segment of its own)."""
+    k = len(responses)
+    bounds = [r["start"] for r in responses] + [responses[-1]["start"] + responses[-1]["length"]]
+    row["cu_seqlens"] = np.asarray(bounds, dtype=np.int32)
+    row["n_tokens"] = int(bounds[-1])
+    row["segment_ids"], row["segment_modality"] = [row["key"]] * k, [row["modality"]] * k
+    row["segment_role"] = [r["role"] for r in responses]
+    row["segment_weight"] = [r["weight"] for r in responses]
+    row["segment_parent"], row["segment_group"] = [-1] * k, [0] * k
+    row["media"] = [{**m, "segment": bisect.bisect_right(bounds, m["start"]) - 1} for m in row["media"]]
+    return row

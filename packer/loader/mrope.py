@@ -12,6 +12,9 @@ processor's ``second_per_grid_ts``). Text after a video resumes at ``start + max
 too, as the pinned transformers (5.24) does (4.x resumed after the grid's largest position,
 the temporal one included). Every segment starts again at 0, so a packed row gets the
 positions each sample would get alone. Spans without a grid (audio) are positioned like text.
+A segment with a parent (a preference tree's branch, :mod:`packer.loader.trees`) starts where
+its parent's positions leave off -- the position text would take after the parent -- so a
+branch is positioned as it is after its prompt, alone.
 """
 
 from __future__ import annotations
@@ -24,19 +27,22 @@ VISUAL = ("image", "video")
 
 
 def mrope_positions(length: int, segments: list[tuple[int, int]], spans: list[dict],
-                    tokens_per_second: float | None = None) -> torch.Tensor:
+                    tokens_per_second: float | None = None, parents: list[int] | None = None) -> torch.Tensor:
     """``[3, length]`` positions for one row: ``segments`` are (start, end) token ranges,
     ``spans`` the row's media spans (absolute ``start``, ``length``, ``llm_grid``, ``runs`` where a
     family writes text between runs, and for videos ``second_per_grid_t``); ``tokens_per_second``
     time-scales videos (Qwen2.5-VL). Each run of ``k * h * w`` placeholders is positioned as a
     ``(k, h, w)`` grid at the text position it starts at (Qwen3-VL: one run per temporal group,
-    its timestamp text between); text resumes at that position + ``max(h, w)``."""
+    its timestamp text between); text resumes at that position + ``max(h, w)``. ``parents[k]`` >= 0: segment
+    ``k`` continues from where segment ``parents[k]`` (an earlier one) leaves off."""
     pos = torch.zeros(3, length, dtype=torch.long)
     by_segment: dict[int, list[dict]] = {}
     for s in spans:
         by_segment.setdefault(s["segment"], []).append(s)
+    ends: list[int] = []  # where each segment's positions leave off: the next text position
     for k, (a, b) in enumerate(segments):
-        cursor, current = a, 0
+        parent = parents[k] if parents is not None and k < len(parents) else -1
+        cursor, current = a, ends[parent] if parent >= 0 else 0
         for s in sorted(by_segment.get(k, []), key=lambda s: s["start"]):
             grid = s.get("llm_grid") or ()
             if not grid or s["kind"] not in VISUAL:
@@ -67,4 +73,5 @@ def mrope_positions(length: int, segments: list[tuple[int, int]], spans: list[di
                 current += max(h, w)
                 cursor = start + run
         pos[:, cursor:b] = torch.arange(current, current + b - cursor)
+        ends.append(current + b - cursor)
     return pos

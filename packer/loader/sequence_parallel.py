@@ -6,12 +6,14 @@ Positions are the batch's own, ``[B, L]`` or mRoPE ``[3, B, L]``, sliced like th
 
 ``ulysses``: contiguous equal slices of the sequence (padded to a multiple of ``size``);
 attention runs over the whole sequence after the all-to-all, so the batch's global mask
-is kept as it is. The SP padding is one more segment, positioned from 0.
+is kept as it is -- a preference tree's too (a response attending to its prompt). The SP
+padding is one more segment, positioned from 0.
 
 ``ring`` (zigzag): every segment is padded to a multiple of ``2 * size`` and cut into
 ``2 * size`` chunks; rank r takes chunks r and 2*size-1-r of every segment. Under causal
 attention chunk j does work proportional to j, so r + (2*size-1-r) gives every rank the
-same work. Needs a flattened batch (``PackedCollator(attention="varlen")``). A segment's
+same work. Needs a flattened batch (``PackedCollator(attention="varlen")``), so no preference
+trees (refused: a branch would have to attend to its prompt's chunks on other ranks). A segment's
 padding continues its positions after the segment's largest one, on every mRoPE axis.
 Example, one segment of 8 tokens holding an image span (``I``, start 1, length 6, grid
 (1, 2, 3)) and its mRoPE positions, size 2 (chunks of 2)::
@@ -86,6 +88,10 @@ def shard_for_sequence_parallel(batch: dict[str, Any], rank: int, size: int, *, 
                          "train it without sequence parallelism")
     if mode == "ulysses":
         return _ulysses(batch, rank, size, pad_token_id)
+    if mode == "ring" and any(p >= 0 for row in batch.get("segment_parent", ()) for p in row):
+        raise ValueError("ring attention zigzags each segment over the ranks and attends within it, but the batch holds "
+                         "preference trees (a response attends to its prompt, another segment): use mode='ulysses' (it "
+                         "keeps the batch's mask, trees included), or build with --preference pairs")
     if mode == "ring":
         return _ring(batch, rank, size, pad_token_id)
     raise ValueError(f"mode must be ulysses or ring, got {mode!r}")

@@ -24,7 +24,10 @@ All numbers come from the packed shards (and the manifest's accounting), so
 - ``trained_tokens`` / ``trained_share``: the tokens with a label, of all tokens;
 - ``sample_row`` (one row decoded, trained tokens marked) and ``media`` (tokens per image / clip,
   image sizes and clip durations): :mod:`packer.report.examples`; ``oversize.audio_truncated``,
-  clips cut to the audio encoder's window.
+  clips cut to the audio encoder's window;
+- ``preference`` (a ``--preference`` build): records, responses, the layout, and the tokens the
+  packed records take as pairs and as trees (``saved_against_pairs``); the batching comparison
+  counts each response as it runs alone (a tree's branch with its prompt).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from packer.balance import group_steps, imbalance, imbalance_floor
 from packer.config import FIELDS, BuildConfig
@@ -198,6 +202,9 @@ def truncated_samples(out: Path, manifest: Manifest, s: ShardStats, cap: int = L
         return result
     sample_id = (samples.column("source_index").to_numpy().astype(np.int64) << 40) | samples.column("source_line").to_numpy()
     sample_len = samples.column("length").to_numpy().astype(np.int64)
+    listed = "response_lengths" if "response_lengths" in samples.column_names else "responses"  # plan columns, or samples
+    preference = pc.list_value_length(samples.column(listed)).to_numpy(zero_copy_only=False) > 0
+    sample_id[preference] = -1  # a preference record's segments are its responses, never a truncation
     order = np.argsort(sample_id, kind="stable")
     seg_id = s.array("seg_identity").astype(np.int64)
     seg_len = s.array("seg_lengths").astype(np.int64)
@@ -213,6 +220,20 @@ def truncated_samples(out: Path, manifest: Manifest, s: ShardStats, cap: int = L
     result["found"] = int(len(cut))
     result["capped"] = len(cut) > len(result["listed"])
     return result
+
+
+def preference_section(s: ShardStats, manifest: Manifest) -> dict[str, Any] | None:
+    """What a ``--preference`` build packed: records, responses, and its records' tokens as pairs and as trees
+    (the manifest's, from the plan: both layouts, whichever was built), with the tokens the tree saves."""
+    recorded = manifest.stats.get("preference")
+    if not recorded and not s.preference_records:
+        return None
+    recorded = recorded or {}
+    pairs, tree = int(recorded.get("pairs_tokens", 0)), int(recorded.get("tree_tokens", 0))
+    return {"layout": manifest.config.get("preference", "none"), "records": s.preference_records,
+            "responses": s.responses, "tree_prompts": s.tree_prompts, "tree_branches": s.tree_branches,
+            "pairs_tokens": pairs, "tree_tokens": tree, "saved_against_pairs": pairs - tree,
+            "saved_share": (pairs - tree) / max(1, pairs), "saved_in_rows": s.tokens_saved}
 
 
 def padding_saved(schemes: dict[str, int], real: int, tokens_per_gpu_second: float) -> dict[str, Any]:
@@ -240,8 +261,10 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
     shards = shard_stats if shard_stats is not None else [_shard_stats(out / e.file) for e in manifest.files.packed]
     s = reduce(ShardStats.merge, shards, ShardStats())
     cap = manifest.max_length
-    lengths = s.array("seg_lengths").astype(np.int64)
-    modality = s.array("seg_modality").astype(object) if s.seg_modality else np.zeros(0, dtype=object)
+    alone = s.array("seg_alone").astype(np.int64)  # a tree's branch with its prompt, the prompt itself left out
+    kept = alone > 0
+    lengths = alone[kept]
+    modality = (s.array("seg_modality").astype(object) if s.seg_modality else np.zeros(0, dtype=object))[kept]
     real = int(lengths.sum())
     lower = -(-s.tokens // cap)
     rng = np.random.default_rng(seed)
@@ -279,6 +302,7 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
                                                   "split_pieces_dropped", "split_lost_media", "audio_truncated")},
         "sample_row": sample_row(out, manifest),
         "media": media_section(manifest, s),
+        "preference": preference_section(s, manifest),
         "quarantine_top": quarantine_examples(out, manifest),
         "truncated": truncated_samples(out, manifest, s, LIST_CAP, *(samples or ())),
         "dropped": dropped_samples(out, manifest),

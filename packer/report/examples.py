@@ -58,7 +58,8 @@ def sample_row(out: Path, manifest: Manifest) -> dict[str, Any] | None:
         spans = sorted((m["start"], m["length"], m["kind"]) for m in row["media"] if m["segment"] == k)
         pieces, hidden = _pieces(tok, ids, labels, a, b, spans)
         shown.append({"id": row["segment_ids"][k], "modality": row["segment_modality"][k], "tokens": b - a,
-                      "trained": sum(v != IGNORE for v in labels[a:b]), "pieces": pieces, "hidden": hidden})
+                      "trained": sum(v != IGNORE for v in labels[a:b]), "pieces": pieces, "hidden": hidden,
+                      "role": row["segment_role"][k], "parent": row["segment_parent"][k]})  # a preference tree's
     return {"row": index, "tokens": row["n_tokens"], "segments": len(cu) - 1, "shown": shown}
 
 

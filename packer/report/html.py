@@ -305,6 +305,20 @@ def quarantine_section(r: dict[str, Any]) -> str:
             "of each reason:</p>" + _table(["reason", "records", "example file:line", "id", "detail"], rows, {1}))
 
 
+def preference_section(r: dict[str, Any]) -> str:
+    """A ``--preference`` build: records, responses, and what the tree layout saves against pairs."""
+    p = r.get("preference")
+    if not p:
+        return ""
+    saved = f"{_n(p['saved_against_pairs'])} ({100 * p['saved_share']:.1f}%)"
+    rows = [["layout", html.escape(p["layout"])], ["records", _n(p["records"])], ["responses", _n(p["responses"])],
+            ["tokens as pairs", _n(p["pairs_tokens"])], ["tokens as trees", _n(p["tree_tokens"])],
+            ["tokens the tree saves against pairs", saved]]
+    if p["layout"] == "tree":
+        rows.append(["trees in the rows (prompts / branches)", f"{_n(p['tree_prompts'])} / {_n(p['tree_branches'])}"])
+    return "<h2>Preference records</h2>" + _table(["", "value"], rows, {1})
+
+
 def _card(key: str, label: str, value: str, sub: str) -> str:
     return (f'<div class="card" data-key="{key}"><div class="l">{label}</div><div class="v">{value}</div>'
             f'<div class="sub">{sub}</div></div>')
@@ -344,16 +358,21 @@ def sample_row_section(r: dict[str, Any]) -> str:
             else:
                 parts.append(f'<span class="{"t" if p["trained"] else "u"}">{html.escape(p["text"])}</span>')
         more = f' <span class="u">&hellip; {seg["hidden"]:,} more tokens</span>' if seg["hidden"] else ""
+        role = f' &middot; {html.escape(seg["role"])}' if seg.get("role") else ""
+        if seg.get("parent", -1) >= 0:
+            role += f' (attends to segment {seg["parent"] + 1})'
         blocks.append(f'<div class="seg"><div class="h">segment {k + 1} &middot; <code>{html.escape(str(seg["id"]))}</code> '
-                      f'&middot; {html.escape(seg["modality"])} &middot; {seg["tokens"]:,} tokens, {seg["trained"]:,} trained'
-                      f'</div><div class="x">{"".join(parts)}{more}</div></div>')
+                      f'&middot; {html.escape(seg["modality"])}{role} &middot; {seg["tokens"]:,} tokens, '
+                      f'{seg["trained"]:,} trained</div><div class="x">{"".join(parts)}{more}</div></div>')
     rest = s["segments"] - len(s["shown"])
     note = f"<p class='sub'>&hellip; and {rest} more segment(s).</p>" if rest > 0 else ""
     legend = ('<div class="legend"><span><i style="background:#d3f0d7"></i>trained (has a label)</span>'
               '<span><i style="background:#f4f6f9;border:1px solid #9aa5b1"></i>not trained (prompt, template, padding)</span>'
               '<span><i style="background:#e3e9f6"></i>media placeholders</span></div>')
-    return (f"<p>Row {s['row']:,} of the first shard: {s['tokens']:,} tokens in {s['segments']} segments, each its own "
-            f"sample (no segment attends to another).</p>{legend}<div class='row'>{''.join(blocks)}</div>{note}")
+    alone = ("each its own sample (no segment attends to another)" if not any(g.get("parent", -1) >= 0 for g in s["shown"])
+             else "each its own sample, but for a preference tree's responses, which attend to their prompt")
+    return (f"<p>Row {s['row']:,} of the first shard: {s['tokens']:,} tokens in {s['segments']} segments, {alone}."
+            f"</p>{legend}<div class='row'>{''.join(blocks)}</div>{note}")
 
 
 def media_panels(r: dict[str, Any]) -> list[str]:
@@ -423,7 +442,7 @@ def render(r: dict[str, Any]) -> str:
             f"<div class='cards'>{card_html}</div>"
             f"<h2>A packed row, as the model sees it</h2>{sample_row_section(r)}"
             f"<h2>Accounting</h2><div class='grid'><div>{accounting}</div><div>{by_file}</div></div>"
-            f"<h2>Modalities</h2>{modal}"
+            f"<h2>Modalities</h2>{modal}{preference_section(r)}"
             f"<h2>Charts</h2><div class='grid'>{''.join(charts)}</div>"
             f"<h2>Padding saved by packing</h2>{padding_section(r)}"
             f"<h2>Step balance across data-parallel ranks</h2>{step_balance_section(r['rank_imbalance'])}"

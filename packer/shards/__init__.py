@@ -23,10 +23,11 @@ from packer.shards.schema import (
     MediaSpan,
     PackedRow,
     QuarantineEntry,
+    ResponseSpan,
     Sample,
     ShardEntry,
 )
 
 __all__ = ["FEATURE_SCHEMA", "IGNORE", "PACKED_SCHEMA", "PLAN_SCHEMA", "SAMPLE_SCHEMA", "SCHEMA_VERSION", "Accounting",
-           "FileAccount", "Files", "Manifest", "MediaSpan", "PackedRow", "QuarantineEntry", "Sample", "ShardEntry",
-           "read_shard", "read_shards", "write_shard", "write_shard_batches"]
+           "FileAccount", "Files", "Manifest", "MediaSpan", "PackedRow", "QuarantineEntry", "ResponseSpan", "Sample",
+           "ShardEntry", "read_shard", "read_shards", "write_shard", "write_shard_batches"]

@@ -1,4 +1,4 @@
-"""Record kinds and the Arrow schemas derived from them (schema_version 2).
+"""Record kinds and the Arrow schemas derived from them (schema_version 4).
 
 One frozen dataclass per record kind. Each field carries its Arrow type in an
 ``Annotated`` hint, and :func:`arrow_schema` derives the file schema from the hints, so
@@ -16,9 +16,16 @@ A packed row, worked example (two segments, capacity 8)::
     segment_ids ["chat.jsonl:1", "img-42"]       # display: the record's id, or file:line
     segment_source [0, 1]   segment_line [1, 42]   segment_start [0, 0]   # identity: input file, line, piece
     segment_modality ["text", "image"]
+    segment_parent [-1, -1]   segment_group [0, 1]   segment_role ["", ""]   segment_weight [nan, nan]
     media      [{segment: 1, kind: "image", start: 3, length: 1, tokens: 1, ref: "cat.png", llm_grid: []}]
     n_tokens   6
     segment_trained [2, 1]   n_trained 3           # supervised tokens (labels != -100) per segment, per row
+
+A preference record packed as a tree (``--preference tree``): its prompt once, then each
+response as a branch whose parent is the prompt (it attends to the prompt and to itself)::
+
+    segment_ids ["p7", "p7", "p7"]   segment_role ["prompt", "chosen", "rejected"]
+    segment_parent [-1, 0, 0]   segment_group [0, 0, 0]   segment_weight [nan, nan, nan]
 """
 
 from __future__ import annotations
@@ -35,8 +42,10 @@ import pyarrow as pa
 from packer._ranges import csr_offsets
 from packer.errors import SchemaVersionError
 
-SCHEMA_VERSION = 3  # 2: integer segment identity (segment_source / _line / _start), sample source_index;
-#                    3: media spans cover a whole item (tokens, llm_grid)
+SCHEMA_VERSION = 4  # 2: integer segment identity (segment_source / _line / _start), sample source_index;
+#                    3: media spans cover a whole item (tokens, llm_grid);
+#                    4: preference records: a sample's responses and shared prefix, a packed segment's
+#                       parent / group / role / weight (a tree's branch attends to its parent)
 MEDIA_KINDS = ("image", "audio", "video")  # what a media span's ``kind`` may be
 IGNORE = -100  # label of a position that is not trained (the HF / PyTorch ignore_index)
 VERSION_KEY = b"packer.schema_version"
@@ -101,6 +110,20 @@ class MediaSpan:
 
 
 @dataclass(frozen=True)
+class ResponseSpan:
+    """One response of a preference / multi-response sample: tokens ``start : start + length`` of the
+    sample are the record's prompt followed by this response, rendered and tokenized as that
+    conversation alone would be (its labels train the response only). ``role``: ``chosen`` /
+    ``rejected``, ``desirable`` / ``undesirable``, or the response's index (``"0"``, ``"1"``, ...);
+    ``weight``: its reward / weight from the record, NaN when none was given."""
+
+    start: Int32
+    length: Int32
+    role: Str
+    weight: Annotated[float, pa.float32()] = float("nan")
+
+
+@dataclass(frozen=True)
 class Sample:
     """One encoded record (stage 1 output, one row of ``samples/*.arrow``).
 
@@ -108,6 +131,12 @@ class Sample:
     first token, so no segment's first token is ever the target of the one before it.
     The sample is stored whole even when longer than ``max_length``: the oversize
     policy is applied when planning, so ``repack`` can use a longer context.
+
+    A preference record is one sample holding each response's whole conversation one after the
+    other (``responses``); the first ``prefix`` tokens of every response are the same tokens (the
+    prompt they share, untrained). The plan lays them out as pairs (each response whole) or as a
+    tree (``prefix`` once, then each response's remaining tokens). ``prefix`` is 0 and
+    ``responses`` empty for every other record.
     """
 
     key: Str
@@ -120,6 +149,8 @@ class Sample:
     length: Int32
     n_trained: Int32
     media: Annotated[tuple[MediaSpan, ...], list_of(MediaSpan)] = ()
+    responses: Annotated[tuple[ResponseSpan, ...], list_of(ResponseSpan)] = ()
+    prefix: Int32 = 0
 
 
 @dataclass(frozen=True)
@@ -130,6 +161,14 @@ class PackedRow:
     an index into the manifest's ``inputs``), the line (``segment_line``) and the token
     where its piece starts (``segment_start``, 0 unless ``--oversize split`` cut the
     sample) -- so duplicate or odd ids are harmless; ``segment_ids`` is for display.
+
+    Preference records (:mod:`packer.pack.trees`): ``segment_parent`` is the segment (of this
+    row) a segment's tokens also attend to -- a tree's prompt for each of its branches, whose
+    positions continue from the prompt's end -- or -1; ``segment_group`` the first segment of
+    the record's segments in the row (a segment's own number for any other record), so the
+    responses of one record are told apart from another copy of it; ``segment_role`` is ``""``
+    for SFT records, ``prompt`` for a tree's shared prompt, else the response's role;
+    ``segment_weight`` the response's reward / weight (NaN: none given).
     ``segment_trained`` / ``n_trained`` count the supervised tokens per segment and per row.
     """
 
@@ -141,6 +180,10 @@ class PackedRow:
     segment_line: Int64List
     segment_start: Int32List
     segment_modality: CategoryList
+    segment_parent: Int32List
+    segment_group: Int32List
+    segment_role: CategoryList
+    segment_weight: Annotated[tuple[float, ...], pa.list_(pa.float32())]
     media: Annotated[tuple[MediaSpan, ...], list_of(MediaSpan)]
     n_tokens: Int32
     # Supervised tokens (labels != -100) of each segment and of the row: the loss denominators
@@ -194,8 +237,9 @@ def check_schema(schema: pa.Schema, where: str) -> None:
 
 def version_message(where: str, version: object) -> str:
     """What to say about a file of another schema version: which, and how to get a readable one."""
-    if str(version) in ("1", "2"):
-        what = "before integer segment identity" if str(version) == "1" else "before whole-item media spans"
+    if str(version) in ("1", "2", "3"):
+        what = {"1": "before integer segment identity", "2": "before whole-item media spans",
+                "3": "before preference records"}[str(version)]
         return (f"{where}: schema_version {version} (written by an earlier packer, {what}) is not read by "
                 f"this packer (reads {SCHEMA_VERSION}); rebuild it: packer build ... --overwrite, same inputs")
     return (f"{where}: schema_version {version} is not supported by this packer (reads {SCHEMA_VERSION}); "

@@ -22,6 +22,7 @@ from packer.shards.schema import IGNORE, MEDIA_KINDS
 ROW_FIELDS = ("tokens", "attention", "media_items", "media_tokens", "image_items", "image_tokens", "image_square",
               "audio_items", "audio_tokens", "audio_square", "video_items", "video_tokens", "video_square")
 KINDS = MEDIA_KINDS
+PREFERENCE_FIELDS = ("preference_records", "responses", "tree_prompts", "tree_branches", "tokens_saved")
 PROBED_REFS = 2000  # distinct files per kind a shard offers the report's size / duration histograms
 
 
@@ -63,6 +64,9 @@ class ShardStats:
     row_media_items: list[np.ndarray] = field(default_factory=list)
     row_media_tokens: list[np.ndarray] = field(default_factory=list)
     seg_lengths: list[np.ndarray] = field(default_factory=list)  # per segment (one per placed sample piece)
+    # per segment, its tokens when its record's conversation runs alone: a tree's branch with its prompt, a tree's
+    # prompt 0 (it is in each branch's); the segment's length for every other segment
+    seg_alone: list[np.ndarray] = field(default_factory=list)
     seg_modality: list[np.ndarray] = field(default_factory=list)  # object arrays of names
     seg_identity: list[np.ndarray] = field(default_factory=list)  # int64 (input file << 40 | line) per segment
     sample_ids: list[np.ndarray] = field(default_factory=list)  # display id of each segment that starts a sample
@@ -77,6 +81,13 @@ class ShardStats:
     row_video_items: list[np.ndarray] = field(default_factory=list)
     row_video_tokens: list[np.ndarray] = field(default_factory=list)
     row_video_square: list[np.ndarray] = field(default_factory=list)
+    # preference records (--preference): records and their responses; a tree's prompts, branches and the tokens
+    # it saves against the pairs layout (each branch would repeat its prompt there)
+    preference_records: int = 0
+    responses: int = 0
+    tree_prompts: int = 0
+    tree_branches: int = 0
+    tokens_saved: int = 0
     # the report's media section: each span's kind and placeholder tokens, and per kind (image, audio) up to
     # PROBED_REFS distinct files evenly spread over the shard's sorted refs (headers the report reads)
     span_kinds: list[np.ndarray] = field(default_factory=list)
@@ -95,9 +106,10 @@ class ShardStats:
             self.attention + other.attention, per_modality, spr,
             self.row_tokens + other.row_tokens, self.row_attention + other.row_attention,
             self.row_media_items + other.row_media_items, self.row_media_tokens + other.row_media_tokens,
-            self.seg_lengths + other.seg_lengths, self.seg_modality + other.seg_modality,
+            self.seg_lengths + other.seg_lengths, self.seg_alone + other.seg_alone, self.seg_modality + other.seg_modality,
             self.seg_identity + other.seg_identity, self.sample_ids + other.sample_ids,
             *(getattr(self, f"row_{n}") + getattr(other, f"row_{n}") for n in ROW_FIELDS[4:]),
+            **{k: getattr(self, k) + getattr(other, k) for k in PREFERENCE_FIELDS},
             span_kinds=self.span_kinds + other.span_kinds, span_tokens=self.span_tokens + other.span_tokens,
             media_refs={k: self.media_refs.get(k, []) + other.media_refs.get(k, [])
                         for k in sorted({*self.media_refs, *other.media_refs})},
@@ -156,15 +168,16 @@ def table_stats(table: pa.Table) -> ShardStats:
         span_seg = seg_index[span_row] + pc.struct_field(spans, "segment").to_numpy()
         np.add.at(media_items, span_seg, 1)
         np.add.at(media_tokens, span_seg, pc.struct_field(spans, "tokens").to_numpy())
+    row_att_extra, leader, alone = _preference(stats, table, seg_index, row_of_seg, seg_len)
     for mod in sorted(set(modality.tolist())):
         m = modality == mod
-        stats.per_modality[mod] = ModalityStats(int(m.sum()), int(seg_len[m].sum()), int(trained[m].sum()),
+        stats.per_modality[mod] = ModalityStats(int((m & leader).sum()), int(seg_len[m].sum()), int(trained[m].sum()),
                                                 int(media_items[m].sum()), int(media_tokens[m].sum()))
     counts = np.bincount(n_seg)
     stats.segments_per_row = {int(k): int(v) for k, v in enumerate(counts) if v}
     stats.segments = int(len(seg_len))
     square = seg_len.astype(np.float64) ** 2
-    row_att = np.bincount(row_of_seg, weights=square, minlength=table.num_rows)
+    row_att = np.bincount(row_of_seg, weights=square, minlength=table.num_rows) + row_att_extra
     stats.attention = float(row_att.sum())
     stats.row_tokens = [n_tokens.astype(np.float64)]
     stats.row_attention = [row_att]
@@ -194,6 +207,7 @@ def table_stats(table: pa.Table) -> ShardStats:
         setattr(stats, f"row_{kind}_tokens", per_row(span_len[k]))
         setattr(stats, f"row_{kind}_square", per_row(span_len[k] ** 2 / span_steps[k]))
     stats.seg_lengths = [seg_len]
+    stats.seg_alone = [alone]
     stats.seg_modality = [modality.astype(object)]
     source = pc.list_flatten(table.column("segment_source")).to_numpy().astype(np.int64)
     line = pc.list_flatten(table.column("segment_line")).to_numpy().astype(np.int64)
@@ -201,3 +215,34 @@ def table_stats(table: pa.Table) -> ShardStats:
     stats.seg_identity = [(source << 40) | line]
     stats.sample_ids = [pc.list_flatten(table.column("segment_ids")).to_numpy(zero_copy_only=False)[start == 0].astype(object)]
     return stats
+
+
+def _preference(stats: ShardStats, table: pa.Table, seg_index: np.ndarray, row_of_seg: np.ndarray,
+                seg_len: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Fill the preference counts; returns each row's extra attention work (a branch's queries over its
+    prompt's keys: ``2 x branch x prompt`` in the units of ``seg^2``, the whole square), per segment
+    whether it is the first of its record (what a record is counted by), and its length alone."""
+    n = len(seg_len)
+    group = pc.list_flatten(table.column("segment_group")).to_numpy().astype(np.int64)
+    parent = pc.list_flatten(table.column("segment_parent")).to_numpy().astype(np.int64)
+    role = pc.list_flatten(table.column("segment_role")).cast(pa.string()).to_numpy(zero_copy_only=False)
+    own = np.arange(n) - seg_index[row_of_seg]
+    leader = group == own
+    extra = np.zeros(table.num_rows)
+    branch = np.flatnonzero(parent >= 0)
+    alone = seg_len.copy()
+    if not (role != "").any():
+        return extra, leader, alone
+    stats.preference_records = int((leader & (role != "")).sum())
+    stats.responses = int(((role != "") & (role != "prompt")).sum())
+    stats.tree_prompts = int((role == "prompt").sum())
+    stats.tree_branches = int(len(branch))
+    if len(branch):
+        of = seg_index[row_of_seg[branch]] + parent[branch]  # the branch's prompt, as a global segment number
+        children = np.bincount(of, minlength=n)
+        prompts = np.flatnonzero(children)
+        stats.tokens_saved = int(((children[prompts] - 1) * seg_len[prompts]).sum())
+        np.add.at(extra, row_of_seg[branch], 2.0 * seg_len[branch] * seg_len[of])
+        alone[branch] += seg_len[of]
+    alone[role == "prompt"] = 0
+    return extra, leader, alone

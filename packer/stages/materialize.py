@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from packer._ranges import concat_ranges, csr_offsets
 from packer.io.files import set_durable
 from packer.io.fs import location
+from packer.pack.trees import PLAIN, PROMPT, structure
 from packer.shards.io import read_shard, write_shard_batches
 from packer.shards.schema import IGNORE, PACKED_SCHEMA, SAMPLE_SCHEMA, ShardEntry
 from packer.shards.stats import ShardStats, table_stats
@@ -161,6 +162,8 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
     A segment's first label is set to -100 whatever the sample said (a split piece
     starts mid-sample), media spans move with their segment; a segment is identified by
     its sample's input file number, line and piece start (a piece is displayed ``key@start``).
+    A preference sample's segments (its responses, or a tree's prompt and branches, as the plan
+    cut them) get their parent, group, role and weight (:func:`packer.pack.trees.structure`).
     """
     members = bins.column("samples").combine_chunks()
     seg_idx = members.flatten().to_numpy()
@@ -168,7 +171,7 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
     seg_len = bins.column("lengths").combine_chunks().flatten().to_numpy().astype(np.int64)
     row_seg = members.offsets.to_numpy().astype(np.int64)
     row_seg -= row_seg[0]
-    sub = samples.take(seg_idx, ["key", "modality", "source_index", "source_line", "media"])
+    sub = samples.take(seg_idx, ["key", "modality", "source_index", "source_line", "media", "responses", "prefix"])
     tok_off = csr_offsets(seg_len)  # segment j occupies tok_off[j]:tok_off[j+1] of the shard's tokens
     row_tok = tok_off[row_seg]
     seg_start_in_row = tok_off[:-1] - np.repeat(row_tok[:-1], np.diff(row_seg))
@@ -186,8 +189,9 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
     row_seg32 = pa.array(row_seg, pa.int32())
     row_tok32 = pa.array(row_tok, pa.int32())
     modality = pc.dictionary_encode(sub.column("modality").cast(pa.string()).combine_chunks())
+    tree = _tree_columns(sub, seg_idx, seg_from, seg_len, row_seg)
     keys = sub.column("key").to_pylist()
-    keys = [k if s == 0 else f"{k}@{s}" for k, s in zip(keys, seg_from.tolist(), strict=True)]
+    keys = [k if s == 0 or r != "" else f"{k}@{s}" for k, s, r in zip(keys, seg_from.tolist(), tree["role"], strict=True)]
     seg_media = sub.column("media").to_pylist()
     media = []
     for r in range(len(row_seg) - 1):
@@ -208,6 +212,10 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
             "segment_line": pa.ListArray.from_arrays(row_seg32, sub.column("source_line").combine_chunks().cast(pa.int64())),
             "segment_start": pa.ListArray.from_arrays(row_seg32, pa.array(seg_from, pa.int32())),
             "segment_modality": pa.ListArray.from_arrays(row_seg32, modality),
+            "segment_parent": pa.ListArray.from_arrays(row_seg32, pa.array(tree["parent"], pa.int32())),
+            "segment_group": pa.ListArray.from_arrays(row_seg32, pa.array(tree["group"], pa.int32())),
+            "segment_role": pa.ListArray.from_arrays(row_seg32, pc.dictionary_encode(pa.array(tree["role"], pa.string()))),
+            "segment_weight": pa.ListArray.from_arrays(row_seg32, pa.array(tree["weight"], pa.float32())),
             "media": pa.array(media, PACKED_SCHEMA.field("media").type),
             "n_tokens": pa.array(np.diff(row_tok), pa.int32()),
             "segment_trained": pa.ListArray.from_arrays(row_seg32, pa.array(seg_trained, pa.int32())),
@@ -216,3 +224,30 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
         },
         schema=PACKED_SCHEMA,
     )
+
+
+def _tree_columns(sub: pa.Table, seg_idx: np.ndarray, seg_from: np.ndarray, seg_len: np.ndarray,
+                  row_seg: np.ndarray) -> dict[str, list]:
+    """Each segment's parent and group (segment numbers in its row), role and weight."""
+    n = len(seg_idx)
+    counts = pc.list_value_length(sub.column("responses")).to_numpy(zero_copy_only=False) if n else np.zeros(0)
+    if not counts.any():
+        return {"parent": np.full(n, -1), "group": np.arange(n) - np.repeat(row_seg[:-1], np.diff(row_seg)),
+                "role": [""] * n, "weight": np.full(n, np.nan, np.float32)}
+    info, meta = {}, {}
+    prefixes = sub.column("prefix").to_numpy()
+    for j in np.flatnonzero(counts).tolist():
+        sample = int(seg_idx[j])
+        if sample not in info:
+            spans = sub.column("responses")[j].as_py()
+            info[sample] = (int(prefixes[j]), np.array([r["start"] for r in spans]), np.array([r["length"] for r in spans]))
+            meta[sample] = ([r["role"] for r in spans], [r["weight"] for r in spans])
+    parent, group, response = structure(seg_idx, seg_from, seg_len, row_seg, info)
+    role, weight = [""] * n, np.full(n, np.nan, np.float32)
+    for j in np.flatnonzero(response != PLAIN).tolist():
+        if response[j] == PROMPT:
+            role[j] = "prompt"
+        else:
+            roles, weights = meta[int(seg_idx[j])]
+            role[j], weight[j] = roles[response[j]], weights[response[j]]
+    return {"parent": parent, "group": group, "role": role, "weight": weight}

@@ -17,18 +17,27 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from packer._ranges import csr_offsets
 from packer.config import BuildConfig
+from packer.errors import ConfigError
 from packer.mix import Mix, mix
 from packer.pack import Plan, plan
+from packer.pack.trees import Responses, expand
 from packer.shards.schema import IGNORE, MEDIA_KINDS, PLAN_SCHEMA
 
 
 def plan_columns(samples: pa.Table) -> pa.Table:
-    """The columns of ``samples`` (rows of the samples schema) that stage 2 and the accounting read."""
+    """The columns of ``samples`` (rows of the samples schema) that stage 2 and the accounting read; a
+    preference sample's shared ``prefix`` and its responses' lengths (``response_lengths``, empty for other
+    samples: its responses are consecutive from token 0)."""
     counts = media_counts(samples)
+    spans = samples.column("responses").combine_chunks() if samples.num_rows else pa.array([], samples.schema.field(
+        "responses").type)
+    response_lengths = pa.ListArray.from_arrays(spans.offsets, pc.struct_field(spans.values, "length"))
     return pa.table({"length": samples.column("length"), "source_index": samples.column("source_index"),
                      "source_line": samples.column("source_line"), "modality": samples.column("modality"),
-                     **{f"media_{k}": pa.array(v, pa.int32()) for k, v in counts.items()}})
+                     **{f"media_{k}": pa.array(v, pa.int32()) for k, v in counts.items()},
+                     "prefix": samples.column("prefix"), "response_lengths": response_lengths})
 
 
 class SampleRows:
@@ -106,6 +115,25 @@ def oversize_inputs(rows, over: np.ndarray, joined: tuple[str, ...] = ()) -> tup
     return protected, trained
 
 
+def preference_responses(samples: pa.Table) -> Responses:
+    """The preference samples' responses and shared prefixes, from :func:`plan_columns` (``response_lengths``)
+    or from the samples themselves (``responses``); only those rows' lists are read."""
+    column = "response_lengths" if "response_lengths" in samples.column_names else "responses"
+    n = pc.list_value_length(samples.column(column)).to_numpy(zero_copy_only=False).astype(np.int64) \
+        if samples.num_rows else np.zeros(0, np.int64)
+    rows = np.flatnonzero(n > 0)
+    if not len(rows):
+        empty = np.zeros(0, np.int64)
+        return Responses(empty, empty, empty, empty, empty)
+    picked = samples.select([column, "prefix"]).take(pa.array(rows))
+    flat = pc.list_flatten(picked.column(column))
+    lengths = (flat if column == "response_lengths" else pc.struct_field(flat, "length")).to_numpy().astype(np.int64)
+    counts = n[rows]
+    before = np.cumsum(lengths) - lengths  # tokens of the responses listed before each, over all samples
+    starts = before - np.repeat(before[csr_offsets(counts)[:-1]], counts)  # consecutive from each sample's token 0
+    return Responses(rows, counts, picked.column("prefix").to_numpy().astype(np.int64), starts, lengths)
+
+
 def plan_samples(samples: pa.Table, config: BuildConfig, source_of_file: list[int] | None = None,
                  rows=None, joined: tuple[str, ...] = ()) -> tuple[Plan, Mix]:
     """The plan of ``samples`` under ``config``, after the sources' weights and caps
@@ -113,10 +141,25 @@ def plan_samples(samples: pa.Table, config: BuildConfig, source_of_file: list[in
     ``samples``: :func:`plan_columns` of the samples (or the samples themselves);
     ``rows``: their whole rows (:class:`SampleRows`; by default taken from ``samples``).
     ``source_of_file[k]`` is the ``input`` entry input file ``k`` came from; ``joined``: the family's kinds
-    whose items are cut all or none (:func:`oversize_inputs`)."""
+    whose items are cut all or none (:func:`oversize_inputs`).
+
+    A preference sample is one item of its length in the build's layout (:mod:`packer.pack.trees`),
+    never cut: one over ``max_length`` is dropped (``preference_too_long``) whatever the oversize
+    policy. The plan then holds its segments (a tree's prompt and branches, or each response)."""
     if rows is None:
         rows = lambda indices, columns: samples.select(columns).take(pa.array(indices))  # noqa: E731
     lengths = samples.column("length").to_numpy().astype(np.int64)
+    responses = preference_responses(samples)
+    layout = config.preference
+    if len(responses.sample) and layout == "none":
+        raise ConfigError(f"the samples hold {len(responses.sample):,} preference record(s) but preference = 'none': "
+                          f"plan them with preference = 'pairs' or 'tree'")
+    long_items = np.zeros(0, np.int64)
+    if len(responses.sample):
+        items = responses.item_lengths(layout)
+        lengths = lengths.copy()
+        lengths[responses.sample] = items
+        long_items = responses.sample[items > config.max_length]
     sources = config.sources()
     mixed = source_of_file is not None and any(s.mixed for s in sources)
     if mixed:
@@ -125,24 +168,41 @@ def plan_samples(samples: pa.Table, config: BuildConfig, source_of_file: list[in
     else:  # every sample once: the selection is the identity (not built from source numbers, not copied below)
         m = Mix(np.arange(len(lengths), dtype=np.int64), np.ones(len(lengths), np.int64))
     sel = m.selection
+    dropped_long = np.zeros(0, np.int64)
+    if len(long_items):
+        dropped_long = np.intersect1d(long_items, sel)
+        sel = sel[~np.isin(sel, long_items)]
+    subset = mixed or len(dropped_long) > 0  # the planner sees lengths[sel], not every sample once
     over = np.flatnonzero(lengths > config.max_length) if config.oversize in ("truncate", "split") else np.zeros(0, np.int64)
+    over = over[~np.isin(over, responses.sample)]
     protected, trained = oversize_inputs(rows, over, joined)
     positions = {int(i): range(int(np.searchsorted(sel, i)), int(np.searchsorted(sel, i, "right"))) for i in over}
     caps = config.media_caps()
     group_by = modality_codes(samples)[0][sel] if config.group_by == "modality" else None
-    media = {k: v[sel] for k, v in media_counts(samples).items()} if caps else None
+    media = None
+    if caps:
+        counts = media_counts(samples)
+        if layout == "tree" and len(responses.sample):  # a tree holds its prompt's media once, not once per response
+            for v in counts.values():
+                v[responses.sample] //= responses.n
+        media = {k: v[sel] for k, v in counts.items()}
     p = plan(
-        lengths[sel] if mixed else lengths, config.max_length, algorithm=config.algorithm, seed=config.seed, order=config.order,
+        lengths[sel] if subset else lengths, config.max_length, algorithm=config.algorithm, seed=config.seed, order=config.order,
         oversize=config.oversize, max_segments=config.max_segments or None, media=media, max_media=caps or None,
         group_by=group_by,
         protected={int(q): protected[i] for i, qs in positions.items() for q in qs},
         trained={int(q): trained[i] for i, qs in positions.items() for q in qs},
     )
-    if not mixed or (len(sel) == len(lengths) and np.array_equal(sel, np.arange(len(lengths)))):  # copy k is sample k
-        return p, m
-    return dataclasses.replace(
-        p, indices=sel[p.indices], dropped={r: np.unique(sel[v]) for r, v in p.dropped.items()},
-        truncated=np.unique(sel[p.truncated]), split=np.unique(sel[p.split])), m
+    if subset and not (len(sel) == len(lengths) and np.array_equal(sel, np.arange(len(lengths)))):  # copy k != sample k
+        p = dataclasses.replace(
+            p, indices=sel[p.indices], dropped={r: np.unique(sel[v]) for r, v in p.dropped.items()},
+            truncated=np.unique(sel[p.truncated]), split=np.unique(sel[p.split]))
+    if len(dropped_long):
+        p = dataclasses.replace(p, dropped=dict(sorted({**p.dropped, "preference_too_long": dropped_long}.items())))
+    if len(responses.sample):
+        offsets, indices, starts, seg_lengths = expand(p.indices, p.offsets, p.lengths, responses, layout)
+        p = dataclasses.replace(p, offsets=offsets, indices=indices, starts=starts, lengths=seg_lengths)
+    return p, m
 
 
 def plan_table(p: Plan) -> pa.Table:

