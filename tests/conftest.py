@@ -13,6 +13,8 @@ SAMPLE = ROOT / "sample_data"
 TOKENIZER = str(SAMPLE / "tokenizer")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one of `make test`'s workers: a core each, not every core each
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import ROOT, SAMPLE
 
-pytestmark = pytest.mark.slow  # a cluster, four builds: minutes on 2 cores
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # a cluster, four builds: minutes on 2 cores; alone (make test)
 
 pytest.importorskip("ray")
 pytest.importorskip("s3fs")
