@@ -217,18 +217,41 @@ def test_preference_none_quarantines_them_and_train_on_all_is_refused(tmp_path):
 def test_a_record_is_one_item_of_its_layouts_length_and_becomes_its_segments():
     r = Responses(np.array([1, 3]), np.array([2, 1]), np.array([6, 0]), np.array([0, 9, 0]), np.array([9, 12, 5]))
     assert r.item_lengths("pairs").tolist() == [21, 5] and r.item_lengths("tree").tolist() == [15, 5]
-    offsets, indices, starts, lengths = expand(np.array([0, 1, 2, 3]), np.array([0, 2, 4]), np.array([4, 21, 7, 5]), r, "tree")
+    offsets, indices, starts, lengths = expand(np.array([0, 1, 2, 3]), np.array([0, 2, 4]), np.zeros(4), np.array([4, 21, 7, 5]), r, "tree")
     assert offsets.tolist() == [0, 4, 6] and indices.tolist() == [0, 1, 1, 1, 2, 3]
     assert starts.tolist() == [0, 0, 6, 15, 0, 0] and lengths.tolist() == [4, 6, 3, 6, 7, 5]
     info = {1: (6, np.array([0, 9]), np.array([9, 12])), 3: (0, np.array([0]), np.array([5]))}
     parent, group, response = structure(indices, starts, lengths, offsets, info)
     assert parent.tolist() == [-1, -1, 1, 1, -1, -1] and group.tolist() == [0, 1, 1, 1, 0, 1]
     assert response.tolist() == [-2, -1, 0, 1, -2, 0]
-    offsets, indices, starts, lengths = expand(np.array([1, 1]), np.array([0, 2]), np.array([21, 21]), r, "pairs")
+    offsets, indices, starts, lengths = expand(np.array([1, 1]), np.array([0, 2]), np.zeros(2), np.array([21, 21]), r, "pairs")
     parent, group, response = structure(indices, starts, lengths, offsets, info)  # two copies of a record in a row
     assert group.tolist() == [0, 0, 2, 2] and response.tolist() == [0, 1, 0, 1] and (parent == -1).all()
     with pytest.raises(ValueError, match="unknown preference layout"):
         r.item_lengths("forest")
+    # the pieces of a split SFT sample (0 here) keep their starts beside a preference record
+    offsets, indices, starts, lengths = expand(np.array([0, 1, 0]), np.array([0, 2, 3]), np.array([60, 0, 0]),
+                                               np.array([40, 21, 60]), r, "pairs")
+    assert indices.tolist() == [0, 1, 1, 0] and starts.tolist() == [60, 0, 9, 0] and lengths.tolist() == [40, 9, 12, 60]
+
+
+def test_split_sft_pieces_beside_preference_records_are_the_samples_own_tokens(tmp_path):
+    """--oversize split in a build holding preference records: a long chat's pieces are its tokens from each
+    piece's start, as in a build without them (a review found every piece started at token 0)."""
+    long = {"id": "long-sft", "messages": [{"role": "user", "content": "tell " * 30},
+                                          {"role": "assistant", "content": " ".join(f"w{i}" for i in range(150))}]}
+    pieces = {}
+    for name, records, layout in (("mixed", [long, RECORDS[0], RECORDS[3]], "tree"), ("alone", [long], "none")):
+        source = tmp_path / f"{name}.jsonl"
+        source.write_text("".join(json.dumps(r) + "\n" for r in records))
+        out = tmp_path / name
+        build(resolve(None, input=[str(source)], output=str(out), tokenizer=TOKENIZER, preference=layout, max_length=100,
+                      oversize="split"), progress=False)
+        pieces[name] = sorted((row["segment_start"][k], row["input_ids"][a:b]) for row in packed_rows(out)
+                              for k, (a, b) in enumerate(zip(row["cu_seqlens"][:-1], row["cu_seqlens"][1:], strict=True))
+                              if row["segment_ids"][k].split("@")[0] == "long-sft")
+    assert len(pieces["alone"]) > 1 and [s for s, _ in pieces["alone"]] != [0] * len(pieces["alone"])
+    assert pieces["mixed"] == pieces["alone"]
 
 
 # ---------------------------------------------------------------- builds

@@ -73,17 +73,18 @@ class Responses:
         return count, starts, lengths
 
 
-def expand(indices: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, responses: Responses,
+def expand(indices: np.ndarray, offsets: np.ndarray, starts: np.ndarray, lengths: np.ndarray, responses: Responses,
            layout: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """A plan's bins (``offsets`` over whole samples ``indices``, ``lengths`` each) with each preference
-    sample's item replaced by its segments: ``(offsets, indices, starts, lengths)`` per segment."""
+    """A plan's bins (``offsets`` over the plan's segments: sample ``indices``, each from ``starts`` for
+    ``lengths`` tokens; a split sample's pieces start past 0) with each preference sample's item replaced
+    by its segments: ``(offsets, indices, starts, lengths)`` per segment. Other segments keep their own."""
     count, seg_starts, seg_lengths = responses.segments(layout)
     pos = np.searchsorted(responses.sample, indices)
     pos = np.minimum(pos, max(len(responses.sample) - 1, 0))
     hit = (responses.sample[pos] == indices) if len(responses.sample) else np.zeros(len(indices), bool)
     per = np.where(hit, count[pos] if len(count) else 1, 1)
     new_indices = np.repeat(indices, per)
-    new_starts = np.zeros(len(new_indices), np.int64)
+    new_starts = np.repeat(np.asarray(starts, np.int64), per)
     new_lengths = np.repeat(np.asarray(lengths, np.int64), per)
     at = csr_offsets(per)
     seg_off = csr_offsets(count)

@@ -200,7 +200,7 @@ def plan_samples(samples: pa.Table, config: BuildConfig, source_of_file: list[in
     if len(dropped_long):
         p = dataclasses.replace(p, dropped=dict(sorted({**p.dropped, "preference_too_long": dropped_long}.items())))
     if len(responses.sample):
-        offsets, indices, starts, seg_lengths = expand(p.indices, p.offsets, p.lengths, responses, layout)
+        offsets, indices, starts, seg_lengths = expand(p.indices, p.offsets, p.starts, p.lengths, responses, layout)
         p = dataclasses.replace(p, offsets=offsets, indices=indices, starts=starts, lengths=seg_lengths)
     return p, m
 
