@@ -139,6 +139,20 @@ def test_chatml_responses_are_their_own_renderings_and_share_the_prompt(chatml):
     assert [r.role for r in string.responses] == ["0", "1"]
 
 
+def test_responses_that_go_on_with_a_user_turn_share_the_prompt_up_to_its_last_turn(chatml):
+    """TRL's implicit prompt (the turns chosen and rejected share) may be followed by a user turn in each response:
+    the prompt ends where its last turn does, not at the response's first assistant header (a review found
+    these records quarantined as preference_prompt_diverges)."""
+    prompt = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    answers = [[{"role": "user", "content": "what is 2+2"}, {"role": "assistant", "content": "4"}],
+               [{"role": "user", "content": "what is 3+3"}, {"role": "assistant", "content": "6"}]]
+    sample = check_alone(chatml, prompt, answers)
+    shared = chatml.tok.decode(segments(sample)[0][0][: sample.prefix + 1])  # the prompt, and what the users' turns share
+    assert shared.endswith("hello<|im_end|>\n<|im_start|>user\nwhat is"), shared
+    implicit = encode(chatml, {"chosen": prompt + answers[0], "rejected": prompt + answers[1]})
+    assert implicit.prefix == sample.prefix and [r.role for r in implicit.responses] == ["chosen", "rejected"]
+
+
 def test_a_single_response_has_nothing_to_share(chatml):
     sample = encode(chatml, {"prompt": "Hi", "completion": "Hello", "label": True})
     assert sample.prefix == 0 and [(r.start, r.length, r.role) for r in sample.responses] == [(0, sample.length, "desirable")]

@@ -450,8 +450,9 @@ class Encoder:
                                                        f"or an empty one)")
         prefix = 0
         if len(parts) > 1:
+            prompt = self._prompt_rendering(record)
             prefix = preference.tree_prefix([p[0] for p in parts], [p[1] for p in parts], [c.text for c in chats],
-                                            [self._prompt_end(c) for c in chats],
+                                            [self._prompt_end(c, prompt) for c in chats],
                                             [m.start + m.length for p in parts for m in p[2]], roles)
         responses, media, start = [], [], 0
         for (ids, _, spans), response in zip(parts, record.responses, strict=True):
@@ -460,13 +461,24 @@ class Encoder:
             start += len(ids)
         return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), media, responses, prefix)
 
-    def _prompt_end(self, chat: RenderedChat) -> int:
+    def _prompt_rendering(self, record: Preference) -> str | None:
+        """The prompt's turns rendered alone, where some response does not open with its trained assistant turn (an
+        implicit prompt whose responses go on with a user turn, TRL's ``extract_prompt``); None otherwise."""
+        if all(r.turns and r.turns[0].role == "assistant" and r.turns[0].trained for r in record.responses):
+            return None
+        return self.renderer.render(self._messages(Conversation(record.prompt, record.id))) if record.prompt else ""
+
+    def _prompt_end(self, chat: RenderedChat, prompt: str | None = None) -> int:
         """Where the prompt ends in ``chat.text``: the header of the first trained turn (its start when the template
-        has no generation prompt)."""
+        has no generation prompt), or, where the response opens with other turns, the end of what the conversation
+        shares with the prompt rendered alone (``prompt``)."""
         full, at = chat.full, min(s for s, _ in chat.spans)
         header = self.labeller.header
         h = full.rfind(header, 0, at) if header else -1
-        return _shift(h if h >= 0 else at, chat.edits)
+        end = h if h >= 0 else at
+        if prompt is not None:
+            end = min(end, len(os.path.commonprefix([prompt, full])))
+        return _shift(end, chat.edits)
 
     def _labels(self, chat: RenderedChat, ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """The bool mask of ``ids`` to train: the assistant spans (mapped from ``full`` onto the expanded text);
