@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from packer.loader import PackedCollator, dpo_loss, mrope_positions, packed_logps, shard_for_sequence_parallel, token_logps
+from packer.loader import (
+    PackedCollator,
+    all_reduce_logps,
+    dpo_loss,
+    mrope_positions,
+    packed_logps,
+    shard_for_sequence_parallel,
+    token_logps,
+)
 from packer.loader.trees import VARLEN_REFUSAL
 
 IGNORE = -100
@@ -146,6 +154,28 @@ def test_ulysses_slices_of_tree_rows_keep_the_mask_and_the_positions(rows):
     assert all(p["attention_mask"] is batch["attention_mask"] for p in parts)
     shifted = torch.cat([p["shift_labels"] for p in parts], -1)
     assert torch.equal(shifted[:, :-1], batch["labels"][:, 1:])
+
+
+def test_ulysses_ranks_logps_sum_to_the_whole_rows(rows, tmp_path):
+    """Each rank's packed_logps of its slice (local logits, local batch) summed over the SP group = the whole
+    batch's, as all_reduce_logps sums them (a one-rank gloo group runs the call here; the sum is checked by hand)."""
+    batch = PackedCollator(attention="sdpa", pad_to=40)(rows)
+    torch.manual_seed(1)
+    logits = torch.randn(3, 40, 50, dtype=torch.float64)
+    whole = packed_logps(logits, batch)
+    parts = [shard_for_sequence_parallel(batch, r, 4, mode="ulysses") for r in range(4)]
+    local = [packed_logps(logits[:, p["global_index"]], p) for p in parts]
+    assert torch.allclose(sum(x.sum for x in local), whole.sum) and torch.equal(sum(x.tokens for x in local), whole.tokens)
+    assert all(x.role == whole.role and x.key == whole.key for x in local)
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        reduced = all_reduce_logps(local[1])
+    finally:
+        dist.destroy_process_group()
+    assert torch.equal(reduced.sum, local[1].sum) and torch.equal(reduced.tokens, local[1].tokens)
+    assert torch.allclose(reduced.mean, local[1].sum / local[1].tokens.clamp(min=1))
 
 
 def test_mrope_branches_continue_where_the_prompt_leaves_off():

@@ -12,7 +12,7 @@
 from packer.loader.collate import ATTENTION, PackedCollator, model_inputs
 from packer.loader.dataset import MediaChangedError, PackedDataset, SampleDataset
 from packer.loader.dummy import MediaDummies, media_dummies
-from packer.loader.logps import ResponseLogps, dpo_loss, packed_logps, token_logps
+from packer.loader.logps import ResponseLogps, all_reduce_logps, dpo_loss, packed_logps, token_logps
 from packer.loader.loss import loss_norm, loss_weights, packed_loss
 from packer.loader.media import MediaMismatchError
 from packer.loader.mrope import mrope_positions
@@ -32,6 +32,6 @@ def __getattr__(name: str):
 
 __all__ = ["ATTENTION", "CostModel", "MediaChangedError", "MediaDummies", "MediaLoadError", "MediaMismatchError",
            "PackedCollator", "PackedDataset", "PackedTrainer", "ResponseLogps", "SampleDataset", "SplitModalitySampler",
-           "StoredFeatures", "TokenBalancedSampler", "dpo_loss", "local_media_rows", "loss_norm", "loss_weights",
-           "media_dummies", "model_inputs", "mrope_positions", "packed_logps", "packed_loss", "shard_for_sequence_parallel",
+           "StoredFeatures", "TokenBalancedSampler", "all_reduce_logps", "dpo_loss", "local_media_rows", "loss_norm",
+           "loss_weights", "media_dummies", "model_inputs", "mrope_positions", "packed_logps", "packed_loss", "shard_for_sequence_parallel",
            "token_logps"]

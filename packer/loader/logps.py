@@ -99,6 +99,18 @@ def packed_logps(logits: torch.Tensor, batch: dict[str, Any]) -> ResponseLogps:
                          [r["role"] for r in responses], weight, [(r["batch"], r["group"]) for r in responses])
 
 
+def all_reduce_logps(part: ResponseLogps, group=None) -> ResponseLogps:
+    """Under Ulysses sequence parallelism: each rank's :func:`packed_logps` of its slice (its local logits and
+    local batch, whose ``responses`` hold the targets on that rank) summed over the SP ``group``, differentiably
+    (``torch.distributed.nn.all_reduce``): every rank then holds each response's whole sum, tokens and mean."""
+    import torch.distributed.nn as dist_nn
+
+    total = dist_nn.all_reduce(part.sum, group=group)
+    tokens = dist_nn.all_reduce(part.tokens.to(part.sum.dtype), group=group).round().long()
+    return ResponseLogps(total, total / tokens.clamp(min=1).to(total.dtype), tokens, part.record, part.role,
+                         part.weight, part.key)
+
+
 def dpo_loss(policy: ResponseLogps, reference: ResponseLogps | torch.Tensor, *, beta: float = 0.1,
              label_smoothing: float = 0.0, reduce: bool = True):
     """The DPO loss (sigmoid, TRL's default ``loss_type``; ``label_smoothing`` as TRL's conservative DPO) over the

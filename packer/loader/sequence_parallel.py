@@ -216,6 +216,9 @@ def _ulysses(batch: dict[str, Any], rank: int, size: int, pad_token_id: int) -> 
     pieces = [p for span in batch.get("media", []) for p in _pieces(span, [(lo, hi, 0)])]
     out["media"] = sorted(pieces, key=lambda p: (p.get("batch", 0), p["start"]))
     out.update(_cu_fields(cu, padded, local), global_index=torch.arange(lo, hi))
+    if "responses" in batch:  # a preference batch: each response's targets on this rank (packer.loader.logps)
+        out["responses"] = [{**r, "start": min(max(r["start"], lo), hi) - lo,
+                             "end": min(max(r["end"] - 1, lo), hi) - lo + 1} for r in batch["responses"]]
     return _visual(out)
 
 
