@@ -33,5 +33,5 @@ def __getattr__(name: str):
 __all__ = ["ATTENTION", "CostModel", "MediaChangedError", "MediaDummies", "MediaLoadError", "MediaMismatchError",
            "PackedCollator", "PackedDataset", "PackedTrainer", "ResponseLogps", "SampleDataset", "SplitModalitySampler",
            "StoredFeatures", "TokenBalancedSampler", "all_reduce_logps", "dpo_loss", "local_media_rows", "loss_norm",
-           "loss_weights", "media_dummies", "model_inputs", "mrope_positions", "packed_logps", "packed_loss", "shard_for_sequence_parallel",
-           "token_logps"]
+           "loss_weights", "media_dummies", "model_inputs", "mrope_positions", "packed_logps", "packed_loss",
+           "shard_for_sequence_parallel", "token_logps"]
