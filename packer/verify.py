@@ -85,6 +85,7 @@ def verify(out: str | Path, *, media: str | None = None, media_root: str | None 
     kind_ids = {k: manifest.placeholder_id(k) for k in MEDIA_KINDS}
     rows = tokens = 0
     samples: set[tuple[int, int]] = set()
+    spans: dict[tuple[int, int], set[tuple[int, int]]] = {}  # a sample's token ranges, over its segments
     for entry in manifest.files.packed:
         path = out / entry.file
         if not path.is_file():
@@ -98,8 +99,13 @@ def verify(out: str | Path, *, media: str | None = None, media_root: str | None 
                        enumerate(table.slice(s, 64).to_pylist(), start=s)):
             problems += [Problem(entry.file, k, m) for m in _check_row(row, manifest.max_length, placeholders, kind_ids)]
             samples.update(zip(row["segment_source"], row["segment_line"], strict=True))  # pieces count once
+            cu = row["cu_seqlens"]
+            for source, line, start, a, b in zip(row["segment_source"], row["segment_line"], row["segment_start"],
+                                                 cu[:-1], cu[1:], strict=False):
+                spans.setdefault((source, line), set()).add((start, b - a))
             tokens += row["n_tokens"]
         rows += table.num_rows
+    problems += _check_pieces(spans)
     problems += _check_accounting(out, manifest, rows, tokens, len(samples))
     return problems, {"files": len(listed), "rows": rows, "tokens": tokens, "media": media_checked}
 
@@ -299,6 +305,25 @@ def _check_trees(row: dict, cu: np.ndarray, ids: np.ndarray, labels: np.ndarray)
             out.append(f"the record at segment {g} holds {members.count('chosen')} chosen and "
                        f"{members.count('rejected')} rejected responses (1 and 1 expected)")
     return out
+
+
+def _check_pieces(spans: dict[tuple[int, int], set[tuple[int, int]]]) -> list[Problem]:
+    """A sample's segments (a split sample's pieces, a preference record's responses or tree prompt and branches)
+    hold distinct tokens of it: two different ranges of one sample never overlap (copies of a sample, --mix
+    weights over 1, repeat the same ranges)."""
+    problems = []
+    for (source, line), ranges in spans.items():
+        if len(ranges) < 2:
+            continue
+        ordered = sorted(ranges)
+        for (s0, n0), (s1, n1) in zip(ordered[:-1], ordered[1:], strict=True):
+            if s1 < s0 + n0:
+                problems.append(Problem("packed", None, f"the sample of input file {source} line {line} has segments "
+                                                        f"over tokens {s0}:{s0 + n0} and {s1}:{s1 + n1}: a split "
+                                                        f"sample's pieces overlap (its tokens trained twice, others "
+                                                        f"lost)"))
+                break
+    return problems[:20]
 
 
 def _check_accounting(out: Path, manifest: Manifest, rows: int, tokens: int, n_samples: int) -> list[Problem]:

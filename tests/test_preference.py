@@ -266,6 +266,13 @@ def test_split_sft_pieces_beside_preference_records_are_the_samples_own_tokens(t
                               if row["segment_ids"][k].split("@")[0] == "long-sft")
     assert len(pieces["alone"]) > 1 and [s for s, _ in pieces["alone"]] != [0] * len(pieces["alone"])
     assert pieces["mixed"] == pieces["alone"]
+    assert verify(tmp_path / "mixed")[0] == []
+    from packer.verify import _check_pieces
+
+    lengths = [len(ids) for _, ids in pieces["alone"]]
+    assert _check_pieces({(0, 1): {(s, n) for (s, _), n in zip(pieces["alone"], lengths, strict=True)}}) == []
+    found = _check_pieces({(0, 1): {(0, n) for n in lengths}})  # what the bug wrote: every piece from token 0
+    assert len(found) == 1 and "pieces overlap" in found[0].message
 
 
 # ---------------------------------------------------------------- builds
