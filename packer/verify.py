@@ -309,7 +309,7 @@ def _check_trees(row: dict, cu: np.ndarray, ids: np.ndarray, labels: np.ndarray)
 
 def _check_pieces(spans: dict[tuple[int, int], set[tuple[int, int]]]) -> list[Problem]:
     """A sample's segments (a split sample's pieces, a preference record's responses or tree prompt and branches)
-    hold distinct tokens of it: two different ranges of one sample never overlap (copies of a sample, --mix
+    hold distinct tokens of it: two different ranges of one sample never overlap (copies of a sample, mix
     weights over 1, repeat the same ranges)."""
     problems = []
     for (source, line), ranges in spans.items():
