@@ -101,8 +101,9 @@ class Family:
         self.kinds = kinds
 
     def media_token(self, kind: str) -> str:
-        """The token the rendered template holds for one ``kind`` item (what the processor replaces)."""
-        raise NotImplementedError
+        """The token the rendered template holds for one ``kind`` item (what the processor replaces); by
+        default the token its runs are made of."""
+        return self.run_tokens()[kind]
 
     def run_tokens(self) -> dict[str, str]:
         """kind -> the placeholder token its runs are made of."""

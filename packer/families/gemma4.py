@@ -158,9 +158,6 @@ class Gemma4(Family):
         settings.validate()
         self.s = settings
 
-    def media_token(self, kind: str) -> str:
-        return {"image": self.s.image_token, "video": self.s.video_token, "audio": self.s.audio_token}[kind]
-
     def run_tokens(self) -> dict[str, str]:
         return {"image": self.s.image_token, "video": self.s.video_token, "audio": self.s.audio_token}
 
@@ -242,20 +239,14 @@ class Gemma4(Family):
         metadata and ``do_sample_frames=False``."""
         import torch
 
-        from packer.errors import BadRecord
-        from packer.loader.media import missing
-        from packer.media.video import load_frames, load_video, probe_frames, probe_video
+        from packer.loader.media import probe_span
+        from packer.media.video import load_frames, load_video
 
         frames, metadata = [], []
         for m in spans:
             path = m.get("path") or m["ref"]
             listed = m.get("frames")
-            try:
-                info = probe_frames(listed, m.get("fps") or 0.0) if listed else probe_video(path)
-            except BadRecord as e:
-                if e.reason == "missing_video":
-                    missing(m, path)
-                raise
+            info = probe_span(m)
             indices, rate = self.video_plan(info)
             frames.append(load_frames(listed, indices) if listed else load_video(path, indices))
             metadata.append({"total_num_frames": info.frames, "fps": rate, "width": info.width, "height": info.height,

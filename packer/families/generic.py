@@ -33,9 +33,6 @@ class Generic(Family):
                          "video": parse_policy(config.video_tokens, "video")}
         self.specs = {"image": config.image_tokens, "audio": config.audio_tokens, "video": config.video_tokens}
 
-    def media_token(self, kind: str) -> str:
-        return self.placeholders[kind]
-
     def run_tokens(self) -> dict[str, str]:
         return dict(self.placeholders)
 

@@ -239,21 +239,15 @@ class InternVL(Family):
         do not stack); every video's frame count checked against its span."""
         import torch
 
-        from packer.errors import BadRecord
-        from packer.loader.media import missing
-        from packer.media.video import load_frames, load_video, probe_frames, probe_video
+        from packer.loader.media import probe_span
+        from packer.media.video import load_frames, load_video
 
         out, counts = [], []
         by = f"{type(video_processor).__name__} (frames planned by family {self.name})"
         for m in spans:
             path = m.get("path") or m["ref"]
             listed = m.get("frames")
-            try:
-                info = probe_frames(listed, m.get("fps") or 0.0) if listed else probe_video(path)
-            except BadRecord as e:
-                if e.reason == "missing_video":
-                    missing(m, path)
-                raise
+            info = probe_span(m)
             indices = video_indices(info.frames, info.fps, self.s)
             frames = load_frames(listed, indices) if listed else load_video(path, indices)
             enc = video_processor(videos=[frames], do_sample_frames=False, return_tensors="pt")

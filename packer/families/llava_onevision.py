@@ -185,9 +185,6 @@ class LlavaOnevision(Family):
                               "count without it); give it: --processor-options num_image_tokens=729 (SigLIP 384 / 14)")
         self.s = settings
 
-    def media_token(self, kind: str) -> str:
-        return {"image": self.s.image_token, "video": self.s.video_token}[kind]
-
     def run_tokens(self) -> dict[str, str]:
         return {"image": self.s.image_token, "video": self.s.video_token}
 
@@ -230,20 +227,14 @@ class LlavaOnevision(Family):
     def video_inputs(self, video_processor: Any, spans: list[dict[str, Any]], check: Any) -> dict[str, Any]:
         """``pixel_values_videos`` [videos, frames, 3, S, S]: the frames :func:`video_frames` keeps, decoded
         upright; one tensor, so every video of the batch must keep the same number of frames."""
-        from packer.errors import BadRecord
-        from packer.loader.media import MediaMismatchError, missing
-        from packer.media.video import load_frames, load_video, probe_frames, probe_video
+        from packer.loader.media import MediaMismatchError, probe_span
+        from packer.media.video import load_frames, load_video
 
         frames, counts = [], []
         for m in spans:
             path = m.get("path") or m["ref"]
             listed = m.get("frames")
-            try:
-                info = probe_frames(listed, m.get("fps") or 0.0) if listed else probe_video(path)
-            except BadRecord as e:
-                if e.reason == "missing_video":
-                    missing(m, path)
-                raise
+            info = probe_span(m)
             try:
                 indices = video_frames(info.frames, info.fps, self.s)
             except ValueError as e:

@@ -174,9 +174,6 @@ class Qwen3Omni(Family):
         super().__init__(kinds)
         self.s = settings
 
-    def media_token(self, kind: str) -> str:
-        return self.run_tokens()[kind]
-
     def run_tokens(self) -> dict[str, str]:
         return {"image": self.s.image_token, "audio": self.s.audio_token, "video": self.s.video_token}
 
@@ -301,20 +298,14 @@ class Qwen3Omni(Family):
     def video_inputs(self, video_processor: Any, spans: list[dict[str, Any]], check: Any) -> dict[str, Any]:
         """``pixel_values_videos`` / ``video_grid_thw``: the frames :meth:`video_plan` keeps, decoded upright, through
         the video processor at the processor's size (``Qwen3OmniMoeProcessor.videos_kwargs``), every grid checked."""
-        from packer.errors import BadRecord
-        from packer.loader.media import MediaMismatchError, missing
-        from packer.media.video import load_frames, load_video, probe_frames, probe_video
+        from packer.loader.media import MediaMismatchError, probe_span
+        from packer.media.video import load_frames, load_video
 
         frames = []
         for m in spans:
             path = m.get("path") or m["ref"]
             listed = m.get("frames")
-            try:
-                info = probe_frames(listed, m.get("fps") or 0.0) if listed else probe_video(path)
-            except BadRecord as e:
-                if e.reason == "missing_video":
-                    missing(m, path)
-                raise
+            info = probe_span(m)
             try:
                 indices = self.video_plan(info)
             except ValueError as e:

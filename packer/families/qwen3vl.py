@@ -163,9 +163,6 @@ class Qwen3VL(Family):
         super().__init__(kinds)
         self.s = settings
 
-    def media_token(self, kind: str) -> str:
-        return {"image": self.s.image_token, "video": self.s.video_token}[kind]
-
     def run_tokens(self) -> dict[str, str]:
         return {"image": self.s.image_token, "video": self.s.video_token}
 
@@ -217,20 +214,13 @@ class Qwen3VL(Family):
     def video_inputs(self, video_processor: Any, spans: list[dict[str, Any]], check: Any) -> dict[str, Any]:
         """``pixel_values_videos`` / ``video_grid_thw`` of a batch's videos: the frames :meth:`video_plan` keeps,
         decoded upright, handed to the video processor with that sampling's metadata and ``do_sample_frames=False``."""
-        from packer.errors import BadRecord
-        from packer.loader.media import missing, open_media
-        from packer.media.video import load_frames, load_video, probe_frames, probe_video
+        from packer.loader.media import open_media, probe_span
+        from packer.media.video import load_frames, load_video
 
         frames, metadata = [], []
         for m in spans:
-            path = m.get("path") or m["ref"]
             listed = m.get("frames")
-            try:
-                info = probe_frames(listed, m.get("fps") or 0.0) if listed else probe_video(path)
-            except BadRecord as e:
-                if e.reason == "missing_video":
-                    missing(m, path)
-                raise
+            info = probe_span(m)
             indices, rate, _ = self.video_plan(info)
             load = (lambda _, i, paths=listed: load_frames(paths, i)) if listed else load_video
             frames.append(open_media(load, m, indices))  # a load error names its file (MediaLoadError)

@@ -228,18 +228,13 @@ class MediaStep:
                              f"loads videos for the qwen2vl video policy only; pass video_policy=... and a Qwen2-VL one")
         from transformers.video_utils import VideoMetadata
 
-        from packer.media.video import load_frames, load_video, probe_frames, probe_video, video_metadata
+        from packer.media.video import load_frames, load_video, video_metadata
 
         policy, frames, metadata = self.video_policy, [], []
         for m in spans:
             path = m.get("path") or m["ref"]
             listed = m.get("frames")  # a video given as frame images (PackedDataset resolves each)
-            try:
-                info = probe_frames(listed, m.get("fps") or 0.0) if listed else probe_video(path)
-            except BadRecord as e:
-                if e.reason == "missing_video":
-                    missing(m, path)
-                raise
+            info = probe_span(m)
             used = dataclasses.replace(policy, sample=False) if listed else policy  # a frame list: every frame
             indices = used.frame_indices(info.frames, info.fps)
             load = (lambda _, i, paths=listed: load_frames(paths, i)) if listed else load_video
@@ -271,6 +266,20 @@ class MediaStep:
 def missing(span: dict[str, Any], path: str):
     raise FileNotFoundError(f"{span['kind']} file {path} (ref {span['ref']!r}) not found; if the media moved, "
                             f"open the build with PackedDataset(out, media_root=NEW_ROOT)") from None
+
+
+def probe_span(span: dict[str, Any]) -> Any:
+    """A video span's header (:class:`packer.media.video.VideoInfo`): its frame images (``frames``, at the span's
+    ``fps``) or its file; a file that is gone raises :func:`missing`'s error."""
+    from packer.media.video import probe_frames, probe_video
+
+    path, listed = span.get("path") or span["ref"], span.get("frames")
+    try:
+        return probe_frames(listed, span.get("fps") or 0.0) if listed else probe_video(path)
+    except BadRecord as e:
+        if e.reason == "missing_video":
+            missing(span, path)
+        raise
 
 
 def open_media(load, span: dict[str, Any], *args):
