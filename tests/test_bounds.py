@@ -231,28 +231,20 @@ def test_limits_that_cannot_fit_are_refused_before_stage_1(tmp_path, args, words
 # ---------------------------------------------------------------- line memory and time (subprocess)
 
 
-LINE_PROBE = """
-import json, resource, sys, time
-sys.path.insert(0, {root!r})
-from packer.encode import Encoder, EncoderSpec
-from packer.ingest.reader import RawLine
-from packer.stages.encode import encode_records
-enc = Encoder(EncoderSpec.of(tokenizer={tok!r}))
-encode_records(enc, [RawLine(1, json.dumps({{"text": "warm up " * 200}}).encode())], "f", ".")
-line = open({path!r}, "rb").read().rstrip(b"\\n")
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-start, cpu = time.perf_counter(), time.process_time()
-result = encode_records(enc, [RawLine(1, line)], "f", ".")[0]
-print(json.dumps({{"seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu,
-                  "mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024,
-                  "bad": getattr(result, "reason", None)}}))
-"""
+def _line_probe() -> str:
+    """The child script bench/bench_line_memory.py measures a line with: the test bounds what the bench measures."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_line_memory", ROOT / "bench" / "bench_line_memory.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench.CHILD
 
 
 def measure_line(tmp_path, line: bytes) -> dict:
     path = tmp_path / "line.jsonl"
     path.write_bytes(line + b"\n")
-    code = LINE_PROBE.format(root=str(ROOT), tok=TOKENIZER, path=str(path))
+    code = _line_probe().format(root=str(ROOT), tok=TOKENIZER, path=str(path))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
