@@ -103,10 +103,12 @@ def all_reduce_logps(part: ResponseLogps, group=None) -> ResponseLogps:
     """Under Ulysses sequence parallelism: each rank's :func:`packed_logps` of its slice (its local logits and
     local batch, whose ``responses`` hold the targets on that rank) summed over the SP ``group``, differentiably
     (``torch.distributed.nn.all_reduce``): every rank then holds each response's whole sum, tokens and mean."""
+    import torch.distributed as dist
     import torch.distributed.nn as dist_nn
 
     total = dist_nn.all_reduce(part.sum, group=group)
-    tokens = dist_nn.all_reduce(part.tokens.to(part.sum.dtype), group=group).round().long()
+    tokens = part.tokens.clone()  # counts: no gradient, summed exactly
+    dist.all_reduce(tokens, group=group)
     return ResponseLogps(total, total / tokens.clamp(min=1).to(total.dtype), tokens, part.record, part.role,
                          part.weight, part.key)
 
