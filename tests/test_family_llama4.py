@@ -222,7 +222,7 @@ def test_flex_block_masks_per_layer_type(built, small_rows):
 
 def test_chunk_segments_and_masks():
     """Chunks restart at every segment (a 5-token segment then a 7-token one, chunks of 3, padding to 14)."""
-    from packer.loader import masks
+    from packer.modeling import masks
 
     segment, position = masks.segments_and_positions([[0, 5, 12]], 14)
     chunks = chunk_segments(segment, position, 3)
@@ -329,7 +329,7 @@ def test_flex_masks_equal_the_sdpa_masks():
     own ``create_block_mask`` finds for that rule (chunked: causal, same segment, same chunk of the segment)."""
     from torch.nn.attention.flex_attention import create_block_mask, create_mask
 
-    from packer.loader import masks
+    from packer.modeling import masks
 
     rows = _rows([40, 100, 7], [200, 3])
     config = _config(CHUNK=32)

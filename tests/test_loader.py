@@ -23,7 +23,7 @@ from packer.loader import (
     mrope_positions,
     shard_for_sequence_parallel,
 )
-from packer.loader.masks import allowed, segments_and_positions
+from packer.modeling.masks import allowed, segments_and_positions
 
 IGNORE = -100
 
@@ -298,7 +298,7 @@ def test_dataloader_with_workers(sample_build):
 def test_block_mask_equals_create_block_mask(seed):
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from packer.loader.masks import block_mask
+    from packer.modeling.masks import block_mask
 
     rng = np.random.default_rng(seed)
     cus = []

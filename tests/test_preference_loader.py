@@ -97,7 +97,7 @@ def test_sdpa_and_eager_masks_and_positions_are_the_definition(rows):
 def test_flex_block_mask_of_trees_equals_create_block_mask(seed):
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from packer.loader.masks import segments_and_positions
+    from packer.modeling.masks import segments_and_positions
     from packer.loader.trees import block_mask
 
     rng = np.random.default_rng(seed)
@@ -222,15 +222,19 @@ def test_packed_logps_sums_each_responses_own_targets_and_dpo_loss_is_the_sigmoi
 
 
 def test_families_whose_own_masks_or_positions_cannot_hold_a_tree_refuse_tree_rows(rows):
+    from packer.families import Family
     from packer.loader.collate import PackedCollator as Collator
 
+    def declared(name: str, **hooks):  # a family declaring just the hooks under test
+        return type(name, (Family,), {"name": name, "run_tokens": lambda self: {}, "expand": lambda self, *a: None,
+                                      **hooks})(())
+
     collate = Collator(attention="sdpa")
-    collate._family = type("MaskFamily", (), {"attention_masks": staticmethod(lambda *a, **k: {})})()
-    collate.family = {"name": "gemma3"}
+    collate._family, collate.family = declared("gemma3", layer_masks=True), {"name": "gemma3"}
     with pytest.raises(ValueError, match="family gemma3: its masks per layer type"):
         collate(rows)
-    collate._family, collate.family = None, {"name": "qwen3omni"}
-    collate.rope, collate._positions = "mrope", lambda *a, **k: None
+    collate._family, collate.family = declared("qwen3omni", own_positions=True, rope="mrope"), {"name": "qwen3omni"}
+    collate.rope = "mrope"
     with pytest.raises(ValueError, match="family qwen3omni: its own positions"):
         collate(rows)
     collate.family = {"name": "qwen35", "linear_attention": True}

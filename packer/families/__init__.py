@@ -29,19 +29,39 @@ from packer.families.qwen35 import Qwen35
 
 ALL_KINDS = ("image", "audio", "video")
 
-# name -> (class, the kinds it can encode); the generic family encodes what the config declares
-FAMILIES: dict[str, tuple[type[Family], tuple[str, ...]]] = {
-    "generic": (Generic, ALL_KINDS),
-    "qwen3vl": (Qwen3VL, ("image", "video")),
-    "internvl": (InternVL, ("image", "video")),
-    "llama4": (Llama4, ("image",)),
-    "qwen35": (Qwen35, ("image", "video")),
-    "gemma3": (Gemma3, ("image",)),
-    "gemma4": (Gemma4, ("image", "video", "audio")),
-    "hf": (HFProcessor, ("image", "audio")),  # any other processor, asked for each item's text
-    "llava_onevision": (LlavaOnevision, ("image", "video")),
-    "qwen3omni": (Qwen3Omni, ("image", "audio", "video")),
-}
+# The registry: adding a family is its file and one line here (docs/families.md). Every other list of families
+# below is derived from it.
+FAMILIES: dict[str, type[Family]] = {cls.name: cls for cls in (
+    Generic, Qwen3VL, InternVL, Llama4, Qwen35, Gemma3, Gemma4, HFProcessor, LlavaOnevision, Qwen3Omni)}
+
+
+def _by_model_type() -> dict[str, type[Family]]:
+    found: dict[str, type[Family]] = {}
+    for cls in FAMILIES.values():
+        for model_type in (*cls.model_types, *cls.towers):
+            if found.get(model_type, cls) is not cls:
+                raise RuntimeError(f"model type {model_type!r} declared by families {found[model_type].name} and {cls.name}")
+            found[model_type] = cls
+    return found
+
+
+MODEL_TYPES: dict[str, type[Family]] = _by_model_type()  # HF config model_type -> the family that feeds it
+# Batch keys a model call takes beyond the text ones, and those of them that are per token ([B, L]: sliced under SP)
+MODEL_INPUT_KEYS: tuple[str, ...] = tuple(dict.fromkeys(k for cls in FAMILIES.values() for k in cls.model_inputs))
+PER_TOKEN_KEYS: tuple[str, ...] = tuple(dict.fromkeys(k for cls in FAMILIES.values() for k in cls.per_token_inputs))
+
+
+def family_of_model(model) -> type[Family] | None:
+    """The family whose model classes ``model`` (an HF model or config) belongs to, by ``model_type``; None for a
+    model no family declares (a text model)."""
+    config = getattr(model, "config", model)
+    return MODEL_TYPES.get(getattr(config, "model_type", None) or "")
+
+
+def families_of_processor(processor) -> list[str]:
+    """The named families that reproduce ``processor``'s class (Qwen3-VL and Qwen3.5 share one); [] for others."""
+    name = type(processor).__name__
+    return [cls.name for cls in FAMILIES.values() if cls.processor_class and cls.processor_class == name]
 
 
 def family_names() -> tuple[str, ...]:
@@ -51,7 +71,7 @@ def family_names() -> tuple[str, ...]:
 def resolve_kinds(name: str, modalities: tuple[str, ...], default: tuple[str, ...] = ALL_KINDS) -> tuple[str, ...]:
     """The kinds a build encodes: the declared ``modalities``, each one the family can encode. Left at
     the default (all three), a named family takes the kinds it encodes."""
-    supported = FAMILIES[name][1]
+    supported = FAMILIES[name].supports
     if tuple(modalities) == default:
         return tuple(k for k in ALL_KINDS if k in supported)
     extra = [k for k in modalities if k not in supported]
@@ -66,7 +86,7 @@ def make_family(config: Any) -> Family:
     name = config.family
     if name not in FAMILIES:
         raise ConfigError(f"unknown family {name!r}; known: {', '.join(FAMILIES)}")
-    cls, _ = FAMILIES[name]
+    cls = FAMILIES[name]
     if cls is Generic:
         if config.processor_options:
             raise ConfigError("processor_options apply to a named family (--family); the generic family takes "
@@ -80,10 +100,11 @@ def make_family(config: Any) -> Family:
 
 def family_from_state(state: dict[str, Any], config: Any) -> Family:
     """The family :meth:`Family.describe` described (in a worker: no checkpoint read)."""
-    cls, _ = FAMILIES[state["name"]]
+    cls = FAMILIES[state["name"]]
     if cls is Generic:
         return Generic(config)
     return cls(tuple(state["modalities"]), cls.settings_class(**state["settings"]))
 
 
-__all__ = ["FAMILIES", "Expansion", "Family", "RecordMedia", "Run", "family_from_state", "family_names", "make_family"]
+__all__ = ["FAMILIES", "MODEL_INPUT_KEYS", "MODEL_TYPES", "PER_TOKEN_KEYS", "Expansion", "Family", "RecordMedia", "Run",
+           "family_from_state", "family_names", "family_of_model", "families_of_processor", "make_family"]

@@ -27,9 +27,12 @@ Worked example, Qwen3-VL, a 4-frame video sampled to 2 temporal groups of 2 x 3 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from packer.modeling.towers import Tower
 
 
 @dataclass(frozen=True)
@@ -83,40 +86,71 @@ class RecordMedia:
         return self._infos[kind]
 
 
-class Family:
-    """A model family: its modalities, its media tokens, its expansions, its settings.
+class Family(ABC):
+    """A model family, declared once from build to batch: every hook the build and the loader call is here,
+    with its default. A family is one file that subclasses this and one line in the registry
+    (:data:`packer.families.FAMILIES`); every other list of families -- dummy media by model type, model-input
+    keys, per-token keys for sequence parallelism, the processors the ``hf`` route sends to a named family --
+    is derived from the registry (docs/families.md: adding a family).
 
-    ``structured``: media parts reach the chat template as ``{"type": "image"}`` content parts
-    (what ``processor.apply_chat_template`` passes), so the template writes the media token;
-    otherwise (the configurable ``generic`` family) the media token is put in the text for it.
+    Declarations (class attributes):
+
+    ``name``              the registry key (``--family``)
+    ``supports``          the media kinds the family can encode
+    ``processor_class``   the HF processor class it reproduces ("" for the configurable families)
+    ``settings_class``    its settings dataclass: ``resolve(checkpoint, options)`` reads a processor checkpoint
+    ``model_types``       HF config ``model_type`` s of the model classes it feeds (a model of another family is
+                          refused); ``towers``: their media towers (dummy media), by model type
+    ``structured``        media parts reach the chat template as ``{"type": "image"}`` parts
+    ``rope``              ``"mrope"``: Qwen-style 3-D positions from ``llm_grid`` (:meth:`positions`)
+    ``model_inputs``      keys of a batch the model takes beyond the text ones (what its hooks add)
+    ``per_token_inputs``  those of them that are ``[B, L]`` per token (sliced with the tokens under SP)
+    ``own_loading``       kinds whose loading the family does itself (:meth:`image_inputs`, ...); the others
+                          go through the generic media step (:mod:`packer.loader.media`)
+    ``own_positions``     :meth:`positions` is the family's own (Qwen3-Omni's TMRoPE), not Qwen2-VL's mRoPE
+    ``layer_masks``       :meth:`attention_masks` builds a mask per layer type (Llama 4, Gemma 3 / 4)
+    ``linear_attention``  the text model has linear-attention layers (Qwen3.5): segment boundaries flattened
+    ``routed``            the ``hf`` route sends its processor class here (False for the configurable families)
     """
 
     name: ClassVar[str] = ""
+    supports: ClassVar[tuple[str, ...]] = ()
+    processor_class: ClassVar[str] = ""
+    settings_class: ClassVar[type | None] = None
+    model_types: ClassVar[tuple[str, ...]] = ()
+    towers: ClassVar[dict[str, tuple[Tower, ...]]] = {}
     structured: ClassVar[bool] = True
-    processor_class: ClassVar[str] = ""  # the HF processor class the family reproduces
-    rope: ClassVar[str] = "default"  # "mrope": Qwen-style 3-D positions from llm_grid
-    model_inputs: ClassVar[tuple[str, ...]] = ()  # extra keyword arguments the model class takes (mm_token_type_ids)
+    rope: ClassVar[str] = "default"
+    model_inputs: ClassVar[tuple[str, ...]] = ()
+    per_token_inputs: ClassVar[tuple[str, ...]] = ()
+    own_loading: ClassVar[tuple[str, ...]] = ()
+    own_positions: ClassVar[bool] = False
+    layer_masks: ClassVar[bool] = False
+    linear_attention: ClassVar[bool] = False
+    routed: ClassVar[bool] = True
 
     def __init__(self, kinds: tuple[str, ...]):
         self.kinds = kinds
+
+    # ---------------------------------------------------------------- build hooks
+
+    @abstractmethod
+    def run_tokens(self) -> dict[str, str]:
+        """kind -> the placeholder token its runs are made of."""
+
+    @abstractmethod
+    def expand(self, kind: str, info: Any, part: Any, record: RecordMedia) -> Expansion:
+        """The item's replacement, from its probed ``info`` (ImageInfo / AudioInfo / VideoInfo).
+        ``ValueError`` where the processor would refuse the item (quarantined as unsupported_<kind>)."""
 
     def media_token(self, kind: str) -> str:
         """The token the rendered template holds for one ``kind`` item (what the processor replaces); by
         default the token its runs are made of."""
         return self.run_tokens()[kind]
 
-    def run_tokens(self) -> dict[str, str]:
-        """kind -> the placeholder token its runs are made of."""
-        raise NotImplementedError
-
     def special_tokens(self) -> list[str]:
-        """Tokens the tokenizer must know as special tokens (added where absent)."""
+        """Tokens the tokenizer must know as special tokens."""
         return list(dict.fromkeys([*(self.media_token(k) for k in self.kinds), *self.run_tokens().values()]))
-
-    def expand(self, kind: str, info: Any, part: Any, record: RecordMedia) -> Expansion:
-        """The item's replacement, from its probed ``info`` (ImageInfo / AudioInfo / VideoInfo).
-        ``ValueError`` where the processor would refuse the item (quarantined as unsupported_<kind>)."""
-        raise NotImplementedError
 
     def settings(self) -> dict[str, Any]:
         """The resolved settings (JSON-able): recorded in the manifest and the build fingerprint."""
@@ -129,22 +163,72 @@ class Family:
         otherwise)."""
         return ()
 
-    # Loader hooks (train time, torch imported inside), optional: a family defines the ones whose loading
-    # differs from the generic media step (packer.loader.media.MediaStep), which calls them when present.
+    def row_key(self, span: dict[str, Any]) -> Hashable | None:
+        """What a media item (a stored span: ``kind``, ``tokens``, ``length``, ``llm_grid``) must share with every
+        other keyed item of its row and of its batch for the model class to take them in one call; None: it mixes
+        with anything. LLaVA-OneVision stacks a batch's videos into one ``[videos, frames, 3, H, W]`` tensor: its
+        videos' key is their frame count. The planner groups rows by it (``packer.pack.plan(row_key=...)``), a
+        record whose own items' keys differ is quarantined (``incompatible_media``), and ``packer verify``
+        checks it from the stored spans."""
+        return None
+
+    def row_key_reason(self, keys: list[Hashable]) -> str:
+        """Why items of these different keys cannot be taken together (the quarantine and refusal detail)."""
+        return f"family {self.name}: the model takes these items in one call only when they agree ({sorted(map(str, keys))})"
+
+    # ---------------------------------------------------------------- train hooks (torch imported inside)
     #
-    #   image_inputs(image_processor, pictures, spans, check) -> dict   pixel values etc. of a batch's images
-    #   video_inputs(video_processor, spans, check) -> dict              ... of its videos (frames decoded here)
-    #   audio_inputs(feature_extractor, waves, spans, check) -> dict     ... of its clips
-    #   row_inputs(input_ids, run_ids) -> dict                           per-token model inputs (token_type_ids)
-    #   attention_masks(cu, segment, position, attention, *, base, mask_dtype, device, model_config, input_ids,
-    #                   run_ids) -> dict                                 the mask per layer type (Llama 4, Gemma)
-    #
-    # ``spans`` are the batch's media spans of that kind in scatter order (row, then position), each with
-    # ``path`` / ``frames`` resolved; ``check(span, produced, by, stored_grid=None)`` raises a named
-    # MediaMismatchError unless the features the model will get equal the span's stored ``tokens``.
+    # ``spans`` are the batch's media spans of one kind in scatter order (row, then position), each with ``path`` /
+    # ``frames`` resolved; ``check(span, produced, by, stored_grid=None)`` (packer.modeling.spans.check) raises a
+    # named MediaMismatchError unless the features the model will get equal the span's stored ``tokens``.
+
+    def image_inputs(self, image_processor: Any, pictures: list[Any], spans: list[dict[str, Any]], check: Any) -> dict[str, Any]:
+        """The model inputs of a batch's images (``own_loading`` names ``image``)."""
+        raise NotImplementedError(f"family {self.name} loads no images itself: the generic media step does")
+
+    def video_inputs(self, video_processor: Any, spans: list[dict[str, Any]], check: Any) -> dict[str, Any]:
+        """The model inputs of a batch's videos, frames decoded here (``own_loading`` names ``video``)."""
+        raise NotImplementedError(f"family {self.name} loads no videos itself: the generic media step does")
+
+    def audio_inputs(self, feature_extractor: Any, waves: list[Any], spans: list[dict[str, Any]], check: Any) -> dict[str, Any]:
+        """The model inputs of a batch's clips (``own_loading`` names ``audio``)."""
+        raise NotImplementedError(f"family {self.name} loads no audio itself: the generic media step does")
+
+    def merge_inputs(self, out: dict[str, Any], ordered: list[dict[str, Any]]) -> dict[str, Any]:
+        """The batch's media inputs once every kind is loaded (InternVL joins images and videos in one tensor)."""
+        return out
+
+    def row_inputs(self, input_ids: Any, run_ids: dict[str, int]) -> dict[str, Any]:
+        """Per-token model inputs of a batch: ``mm_token_type_ids`` (0 text, 1 image, 2 video, 3 audio
+        placeholders, the processors' own values) where the family's model takes it."""
+        if "mm_token_type_ids" not in self.model_inputs:
+            return {}
+        import torch
+
+        types = torch.zeros_like(input_ids)
+        for kind, value in (("image", 1), ("video", 2), ("audio", 3)):
+            if run_ids.get(kind) is not None:
+                types[input_ids == run_ids[kind]] = value
+        return {"mm_token_type_ids": types}
+
+    def positions(self, length: int, segments: list[tuple[int, int]], spans: list[dict[str, Any]],
+                  tokens_per_second: float | None = None, parents: list[int] | None = None) -> Any:
+        """``[3, length]`` positions of one row under ``rope="mrope"`` (Qwen2-VL's mRoPE by default)."""
+        from packer.modeling.mrope import mrope_positions
+
+        return mrope_positions(length, segments, spans, tokens_per_second, parents=parents)
+
+    def attention_masks(self, cu: list[Any], segment: Any, position: Any, attention: str, *, base: Any, mask_dtype: Any,
+                        device: Any, model_config: Any, input_ids: Any, run_ids: dict[str, int]) -> dict[str, Any]:
+        """The batch's mask per layer type (``layer_masks``: Llama 4's chunked layers, Gemma's sliding windows and
+        image blocks), from the real segments' boundaries ``cu`` (a trailing dummy segment left out)."""
+        return {}
+
+    # ---------------------------------------------------------------- description
 
     def describe(self) -> dict[str, Any]:
+        """What the manifest records and the workers and the loader rebuild the family from."""
         return {"name": self.name, "processor_class": self.processor_class, "modalities": list(self.kinds),
                 "runs": {k: v for k, v in self.run_tokens().items() if k in self.kinds}, "rope": self.rope,
                 "model_inputs": list(self.model_inputs), "joined_kinds": list(self.joined_kinds()),
-                "settings": self.settings()}
+                "settings": self.settings(), **({"linear_attention": True} if self.linear_attention else {})}

@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 from packer.errors import ConfigError
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.checkpoint import Checkpoint
+from packer.modeling.towers import Dummy, Tower
 from packer.specs import parse_params
 
 
@@ -85,10 +86,23 @@ def pan_and_scan_crops(height: int, width: int, s: Gemma3Settings) -> int:
     return across * down
 
 
+def gemma3_dummy(config, kind: str) -> Dummy:
+    """One image of the tower's size (SigLIP's fixed square), pooled to ``mm_tokens_per_image`` (256)."""
+    from packer.families.towers import one_tile
+
+    return one_tile(config, "image", int(config.mm_tokens_per_image))
+
+
 class Gemma3(Family):
     name = "gemma3"
+    supports = ("image",)
     processor_class = "Gemma3Processor"
-    model_inputs = ("token_type_ids",)
+    model_types = ("gemma3",)
+    towers = {"gemma3": (Tower("model.vision_tower", ("image",), gemma3_dummy),)}
+    model_inputs = ("token_type_ids", "pixel_values")
+    per_token_inputs = ("token_type_ids",)
+    own_loading = ("image",)
+    layer_masks = True
     settings_class: ClassVar[type] = Gemma3Settings
     block_kinds: ClassVar[tuple[str, ...]] = ("image",)  # runs attended bidirectionally (see mask_layout)
 
@@ -170,7 +184,7 @@ def gemma_attention_masks(family: Any, segment: Any, attention: str, *, mask_dty
                           input_ids: Any, run_ids: dict[str, int]) -> dict[str, Any]:
     """``{"attention_mask": {layer_type: mask}}`` for a Gemma model: its ``mask_layout``, the family's ``block_kinds``
     runs as the bidirectional blocks. ``ValueError`` for the flattened forms and without the model's config."""
-    from packer.loader import masks
+    from packer.modeling import masks
 
     if attention in ("varlen", "position_ids"):
         raise ValueError(f"attention={attention!r} cannot express family {family.name}'s masks: its image tokens attend "

@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 from packer.errors import ConfigError
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.checkpoint import Checkpoint
+from packer.modeling.towers import Dummy, Tower
 from packer.specs import parse_params
 
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)  # Gemma4ImageProcessor's _SUPPORTED_SOFT_TOKENS
@@ -146,10 +147,44 @@ def timestamp(seconds: float) -> str:
     return f"{int(seconds // 60):02d}:{int(seconds % 60):02d}"
 
 
+def gemma4_vision_dummy(config, kind: str) -> Dummy:
+    """Gemma 4's vision tower: k x k patches (k = pooling_kernel_size), pooled to ONE soft token; an image, or a
+    video of one such frame. The patches are unpadded, at positions (x, y) in the k x k grid (the processor's
+    order: row by row)."""
+    import torch
+
+    v = config.vision_config
+    k, patch = int(v.pooling_kernel_size), int(v.patch_size)
+    pixels = torch.zeros(1, k * k, 3 * patch * patch)
+    positions = torch.tensor([[x, y] for y in range(k) for x in range(k)])[None]
+    if kind == "video":
+        return Dummy("video", 1, {"pixel_values_videos": pixels, "video_position_ids": positions,
+                                  "num_frames_per_video": torch.tensor([1])})
+    return Dummy("image", 1, {"pixel_values": pixels, "image_position_ids": positions})
+
+
+def gemma4_audio_dummy(config, kind: str) -> Dummy:
+    """Gemma 4's audio encoder: one mel frame (halved twice by its stride-2 convolutions: still one token). Its
+    mel width is what the subsampling's projection takes: 4 x (subsampling_conv_channels[0] // 4) (128)."""
+    import torch
+
+    conv = int(config.audio_config.subsampling_conv_channels[0])
+    return Dummy("audio", 1, {"input_features": torch.zeros(1, 1, 4 * (conv // 4)),
+                              "input_features_mask": torch.ones(1, 1, dtype=torch.bool)})
+
+
 class Gemma4(Family):
     name = "gemma4"
+    supports = ("image", "video", "audio")
     processor_class = "Gemma4Processor"
-    model_inputs = ("mm_token_type_ids",)
+    model_types = ("gemma4",)
+    towers = {"gemma4": (Tower("model.vision_tower", ("image", "video"), gemma4_vision_dummy, config="vision_config"),
+                         Tower("model.audio_tower", ("audio",), gemma4_audio_dummy, config="audio_config"))}
+    model_inputs = ("mm_token_type_ids", "pixel_values", "image_position_ids", "pixel_values_videos",
+                    "video_position_ids", "num_frames_per_video", "input_features", "input_features_mask")
+    per_token_inputs = ("mm_token_type_ids",)
+    own_loading = ("image", "video", "audio")
+    layer_masks = True
     settings_class: ClassVar[type] = Gemma4Settings
     block_kinds: ClassVar[tuple[str, ...]] = ("image", "video")  # runs attended bidirectionally (see mask_layout)
 
@@ -239,16 +274,13 @@ class Gemma4(Family):
         metadata and ``do_sample_frames=False``."""
         import torch
 
-        from packer.loader.media import probe_span
-        from packer.media.video import load_frames, load_video
+        from packer.modeling.spans import load_planned_frames, probe_span
 
         frames, metadata = [], []
         for m in spans:
-            path = m.get("path") or m["ref"]
-            listed = m.get("frames")
             info = probe_span(m)
             indices, rate = self.video_plan(info)
-            frames.append(load_frames(listed, indices) if listed else load_video(path, indices))
+            frames.append(load_planned_frames(m, indices))
             metadata.append({"total_num_frames": info.frames, "fps": rate, "width": info.width, "height": info.height,
                              "duration": info.frames / rate, "frames_indices": list(indices)})
         enc = video_processor(videos=frames, video_metadata=metadata, do_sample_frames=False, return_tensors="pt")

@@ -16,12 +16,25 @@ from typing import Any
 
 from packer.errors import BadRecord
 from packer.families.base import Expansion, Family, RecordMedia, Run
+from packer.families.towers import QWEN_VISION, llava, llava_next, whisper_audio
 from packer.media.policies import Count, parse_policy
+from packer.modeling.towers import Tower
 
 
 class Generic(Family):
     name = "generic"
+    supports = ("image", "audio", "video")
     structured = False
+    routed = False
+    # the 2024 model classes its pipelines feed (pipelines/qwen2vl.toml, llava.toml, qwen2audio.toml, ...)
+    towers = {"qwen2_vl": (QWEN_VISION,), "qwen2_5_vl": (QWEN_VISION,),
+              "llava": (Tower("model.vision_tower", ("image",), llava),),
+              "llava_next": (Tower("model.vision_tower", ("image",), llava_next),),
+              "qwen2_audio": (Tower("model.audio_tower", ("audio",), whisper_audio(3000)),),
+              "qwen2_5_omni_thinker": (Tower("model.audio_tower", ("audio",), whisper_audio(None)), QWEN_VISION)}
+    model_types = tuple(towers)
+    model_inputs = ("pixel_values", "image_grid_thw", "image_sizes", "pixel_values_videos", "video_grid_thw",
+                    "second_per_grid_ts", "input_features", "feature_attention_mask")
 
     def __init__(self, config: Any):
         super().__init__(tuple(config.modalities))

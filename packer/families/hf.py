@@ -86,10 +86,14 @@ def independent(proc: Any, s: HFSettings) -> None:
         if together != [alone, alone]:
             raise ConfigError(f"family hf: {type(proc).__name__} writes another text for an {kind} when the record holds "
                               f"two, so it cannot be asked about each item alone; use its named family "
-                              f"({', '.join(sorted(NAMED))}) or a build with one {kind} per record")
+                              f"({', '.join(named_families())}) or a build with one {kind} per record")
 
 
-NAMED = ("internvl", "llama4", "llava_onevision", "qwen35", "qwen3omni", "qwen3vl")
+def named_families() -> list[str]:
+    """The families a processor can be sent to by name instead of this route (derived from the registry)."""
+    from packer.families import FAMILIES
+
+    return sorted(n for n, cls in FAMILIES.items() if cls.routed)
 
 
 _PROCESSORS: dict[str, Any] = {}
@@ -111,7 +115,10 @@ def load_processor(name: str) -> Any:
 
 class HFProcessor(Family):
     name = "hf"
+    supports = ("image", "audio")  # asked for each item's text: any processor (refused where items depend on each other)
     settings_class: ClassVar[type] = HFSettings
+    own_loading = ("image", "audio")
+    routed = False
 
     def __init__(self, kinds: tuple[str, ...], settings: HFSettings):
         super().__init__(kinds)

@@ -38,6 +38,8 @@ import numpy as np
 
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.checkpoint import Checkpoint
+from packer.families.towers import one_tile
+from packer.modeling.towers import Dummy, Tower, side
 from packer.specs import parse_params
 
 
@@ -169,9 +171,26 @@ def video_indices(frames: int, rate: float, s: InternVLSettings) -> list[int]:
     return kept
 
 
+def internvl_dummy(config, kind: str) -> Dummy:
+    """One tile of zeros (an image of one tile, or a video of one frame): (side / patch)² x downsample_ratio²
+    ``<IMG_CONTEXT>`` tokens after the pixel shuffle (256 at 448 / 14, ratio 0.5). Images and videos share one
+    ``pixel_values`` (the tower is called once): a joint tower."""
+    v = config.vision_config
+    if getattr(config, "vision_feature_select_strategy", "default") != "default":
+        raise ValueError(f"InternVL with vision_feature_select_strategy {config.vision_feature_select_strategy!r}: its "
+                         f"features keep the class token and do not fold into the pixel shuffle's square; no dummy")
+    ratio = float(config.downsample_ratio)
+    return one_tile(config, kind, int((side(v.image_size) // side(v.patch_size)) ** 2 * ratio * ratio))
+
+
 class InternVL(Family):
     name = "internvl"
+    supports = ("image", "video")
     processor_class = "InternVLProcessor"
+    model_types = ("internvl",)
+    towers = {"internvl": (Tower("model.vision_tower", ("image", "video"), internvl_dummy, joint=True),)}
+    model_inputs = ("pixel_values",)
+    own_loading = ("image", "video")
     settings_class: ClassVar[type] = InternVLSettings
 
     def __init__(self, kinds: tuple[str, ...], settings: InternVLSettings):
@@ -239,17 +258,14 @@ class InternVL(Family):
         do not stack); every video's frame count checked against its span."""
         import torch
 
-        from packer.loader.media import probe_span
-        from packer.media.video import load_frames, load_video
+        from packer.modeling.spans import load_planned_frames, probe_span
 
         out, counts = [], []
         by = f"{type(video_processor).__name__} (frames planned by family {self.name})"
         for m in spans:
-            path = m.get("path") or m["ref"]
-            listed = m.get("frames")
             info = probe_span(m)
             indices = video_indices(info.frames, info.fps, self.s)
-            frames = load_frames(listed, indices) if listed else load_video(path, indices)
+            frames = load_planned_frames(m, indices)
             enc = video_processor(videos=[frames], do_sample_frames=False, return_tensors="pt")
             pixels = enc["pixel_values_videos"].flatten(0, 1)
             check(m, pixels.shape[0] * self.s.image_seq_length, by)

@@ -40,6 +40,8 @@ import numpy as np
 
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.checkpoint import Checkpoint
+from packer.families.towers import one_tile
+from packer.modeling.towers import Dummy, Tower, side
 from packer.specs import parse_params
 
 # Written by Llama4Processor._prompt_split_image as literals (not processor settings).
@@ -148,9 +150,23 @@ def tiles_of(rows: int, columns: int) -> int:
     return rows * columns + (1 if rows * columns > 1 else 0)
 
 
+def llama4_dummy(config, kind: str) -> Dummy:
+    """One tile of zeros (an image of one tile: the processor's global tile alone), (side / patch)² x
+    pixel_shuffle_ratio² ``<|patch|>`` tokens (144 at 336 / 14, ratio 0.5)."""
+    v = config.vision_config
+    return one_tile(config, "image", (side(v.image_size) // side(v.patch_size)) ** 2
+                    // int(round(1.0 / float(v.pixel_shuffle_ratio) ** 2)))
+
+
 class Llama4(Family):
     name = "llama4"
+    supports = ("image",)
     processor_class = "Llama4Processor"
+    model_types = ("llama4",)
+    towers = {"llama4": (Tower("vision_model", ("image",), llama4_dummy),)}
+    model_inputs = ("pixel_values",)
+    own_loading = ("image",)
+    layer_masks = True
     settings_class: ClassVar[type] = Llama4Settings
 
     def __init__(self, kinds: tuple[str, ...], settings: Llama4Settings):
@@ -193,7 +209,7 @@ class Llama4(Family):
         in the form ``attention`` names (``cu``: each row's segment boundaries, padding excluded; ``segment`` /
         ``position``: ``[B, L]``, padding included; ``base``: the collator's own mask, causal within segments: the
         full-attention layers'). ``ValueError`` where packed rows cannot equal each record alone."""
-        from packer.loader import masks
+        from packer.modeling import masks
 
         if model_config is None:
             raise ValueError("Llama 4's chunked-attention layers need the model's attention_chunk_size and its NoPE "

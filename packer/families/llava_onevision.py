@@ -30,7 +30,11 @@ Loading (train time): the model takes ``pixel_values`` [images, tiles, 3, S, S] 
 tiles), ``image_sizes`` and ``batch_num_images`` (the images of each record: it decides which
 images were tiled), and ``pixel_values_videos`` [videos, frames, 3, S, S] -- one tensor, so the
 videos of one batch must have the same number of frames (sample a fixed ``num_frames`` for
-that); a batch that mixes frame counts is refused with that fix.
+that). So the videos of one row and of one batch must keep the same number of frames: the family's
+:meth:`LlavaOnevision.row_key` is a video's frame count (read from its stored span: ``tokens`` = frames x
+ceil(p / 2)^2 + 1), the planner puts only videos of one frame count in a row, a record whose own videos differ
+is quarantined (``incompatible_media``: the processor itself cannot stack them), and rows of different frame
+counts are not batched together (batch one row per device: a packed row is already full).
 """
 
 from __future__ import annotations
@@ -42,7 +46,9 @@ from typing import Any, ClassVar
 from packer.errors import ConfigError
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.checkpoint import Checkpoint
+from packer.families.towers import channels
 from packer.media.policies import best_resolution
+from packer.modeling.towers import Dummy, Tower, side
 from packer.specs import parse_params
 
 # LlavaOnevisionImageProcessor.image_grid_pinpoints: 384 x {1..6} squared
@@ -173,9 +179,43 @@ def video_frames(frames: int, fps: float, s: LlavaOnevisionSettings) -> list[int
     return [k * frames // n for k in range(n)]
 
 
+def llava_onevision_dummy(config, kind: str) -> Dummy:
+    """An image: one image of one tile's size alone in its record, so anyres tiles it (its base tile and the
+    pinpoint grid that fits it: 2 tiles where a pinpoint is one tile) and the model keeps p² base features + the
+    p x p grid with a newline a row (p = side / patch: 2p² + p tokens, 1,485 for SigLIP 384 / 14). A video: one
+    frame, pooled 2 x 2, and the video's newline: ceil(p / 2)² + 1 tokens."""
+    import torch
+    from transformers.models.llava_onevision.modeling_llava_onevision import image_size_to_num_patches
+
+    v = config.vision_config
+    s, patch = side(v.image_size), side(v.patch_size)
+    p = s // patch
+    class_token = str(getattr(v, "model_type", "")).startswith("clip")  # CLIP adds one; SigLIP none
+    strategy = getattr(config, "vision_feature_select_strategy", "full")
+    if p * p + class_token - (strategy == "default") != p * p:
+        raise ValueError(f"LLaVA-OneVision with a {v.model_type} tower and vision_feature_select_strategy {strategy!r}: "
+                         f"a tile's features are not p x p = {p * p} (the model itself refuses anyres images and pools "
+                         f"no video frames then); no dummy")
+    if kind == "video":
+        pooled = -(-p // 2)
+        return Dummy("video", pooled * pooled + 1, {"pixel_values_videos": torch.zeros(1, 1, channels(v), s, s)})
+    pinpoints = [list(x) for x in config.image_grid_pinpoints]
+    tiles = image_size_to_num_patches((s, s), pinpoints, s)
+    settings = LlavaOnevisionSettings(image_size=s, pinpoints="/".join(f"{h}x{w}" for h, w in pinpoints),
+                                      num_image_tokens=p * p, vision_aspect_ratio=config.vision_aspect_ratio)
+    length, _ = anyres_tokens(s, s, settings)
+    return Dummy("image", length, {"pixel_values": torch.zeros(1, tiles, channels(v), s, s),
+                                   "image_sizes": torch.tensor([[s, s]]), "batch_num_images": torch.tensor([1])})
+
+
 class LlavaOnevision(Family):
     name = "llava_onevision"
+    supports = ("image", "video")
     processor_class = "LlavaOnevisionProcessor"
+    model_types = ("llava_onevision",)
+    towers = {"llava_onevision": (Tower("model.vision_tower", ("image", "video"), llava_onevision_dummy),)}
+    model_inputs = ("pixel_values", "image_sizes", "batch_num_images", "pixel_values_videos")
+    own_loading = ("image", "video")
     settings_class: ClassVar[type] = LlavaOnevisionSettings
 
     def __init__(self, kinds: tuple[str, ...], settings: LlavaOnevisionSettings):
@@ -193,11 +233,27 @@ class LlavaOnevision(Family):
         if kind == "image":
             return Expansion((Run(s.image_token, image_tokens(info.height, info.width, record.counts.get("image", 0), s)),))
         frames = len(video_frames(info.frames, info.fps, s))
-        pooled = math.ceil(int(math.sqrt(s.num_image_tokens)) / 2)
-        return Expansion((Run(s.video_token, frames * pooled * pooled + 1),), extra={"frames": frames})
+        return Expansion((Run(s.video_token, frames * self.pooled_tokens + 1),), extra={"frames": frames})
 
     def joined_kinds(self) -> tuple[str, ...]:
         return ("image",)  # one image is tiled (anyres), two or more are not: a cut must not leave one of several
+
+    def row_key(self, span: dict[str, Any]) -> int | None:
+        """A video's frame count: ``LlavaOnevisionForConditionalGeneration.get_video_features`` takes the batch's
+        videos as ONE ``[videos, frames, 3, H, W]`` tensor, so they must agree (images mix with anything)."""
+        if span["kind"] != "video":
+            return None
+        return (int(span["tokens"]) - 1) // self.pooled_tokens
+
+    def row_key_reason(self, keys: list[Any]) -> str:
+        return (f"videos of {' and '.join(str(k) for k in sorted(keys))} frames: LlavaOnevisionForConditionalGeneration "
+                f"stacks a batch's videos into one [videos, frames, 3, H, W] tensor, so they must keep the same number "
+                f"of frames (the processor itself cannot stack them)")
+
+    @property
+    def pooled_tokens(self) -> int:
+        """Features of one video frame after the model's 2 x 2 pooling: ceil(p / 2)^2."""
+        return math.ceil(int(math.sqrt(self.s.num_image_tokens)) / 2) ** 2
 
     def settings(self) -> dict[str, Any]:
         return asdict(self.s)
@@ -227,29 +283,25 @@ class LlavaOnevision(Family):
     def video_inputs(self, video_processor: Any, spans: list[dict[str, Any]], check: Any) -> dict[str, Any]:
         """``pixel_values_videos`` [videos, frames, 3, S, S]: the frames :func:`video_frames` keeps, decoded
         upright; one tensor, so every video of the batch must keep the same number of frames."""
-        from packer.loader.media import MediaMismatchError, probe_span
-        from packer.media.video import load_frames, load_video
+        from packer.modeling.spans import MediaMismatchError, load_planned_frames, probe_span, span_path
 
         frames, counts = [], []
         for m in spans:
-            path = m.get("path") or m["ref"]
-            listed = m.get("frames")
             info = probe_span(m)
             try:
                 indices = video_frames(info.frames, info.fps, self.s)
             except ValueError as e:
-                raise MediaMismatchError(f"{path}: {e}; the build cannot have counted it with these settings") from None
-            frames.append(load_frames(listed, indices) if listed else load_video(path, indices))
+                raise MediaMismatchError(f"{span_path(m)}: {e}; the build cannot have counted it with these settings") \
+                    from None
+            frames.append(load_planned_frames(m, indices))
             counts.append(len(indices))
-        if len(set(counts)) > 1:
-            raise ValueError(f"the batch's videos keep {sorted(set(counts))} frames: LlavaOnevisionForConditionalGeneration "
-                             f"takes one [videos, frames, 3, H, W] tensor, so a batch's videos must keep the same number "
-                             f"of frames; build with a fixed count (--processor-options video_sample=true,"
-                             f"video_num_frames=N) or batch one video's rows at a time")
+        if len(set(counts)) > 1:  # the planner keeps one frame count a row; rows of two are batched together here
+            raise ValueError(f"the batch's rows hold {self.row_key_reason(sorted(set(counts)))}. Batch one row at a "
+                             f"time (per-device batch size 1: each packed row is already full); PackedTrainer and "
+                             f"TokenBalancedSampler(batch_size > 1) keep a batch's rows of one frame count")
         enc = video_processor(videos=frames, do_sample_frames=False, return_tensors="pt")
         pixels = enc["pixel_values_videos"]
-        pooled = math.ceil(int(math.sqrt(self.s.num_image_tokens)) / 2)
         by = f"{type(video_processor).__name__} (frames planned by family {self.name})"
         for m, video in zip(spans, pixels, strict=True):
-            check(m, int(video.shape[0]) * pooled * pooled + 1, by)
+            check(m, int(video.shape[0]) * self.pooled_tokens + 1, by)
         return {"pixel_values_videos": pixels}

@@ -21,7 +21,6 @@ from packer.families.qwen3vl import Qwen3VL
 class Qwen35(Qwen3VL):
     name = "qwen35"
     processor_class = "Qwen3VLProcessor"
+    model_types = ("qwen3_5", "qwen3_5_moe")
+    towers = {t: Qwen3VL.towers["qwen3_vl"] for t in model_types}
     linear_attention = True  # the collator adds cu_seq_lens and a per-layer-type mask mapping
-
-    def describe(self) -> dict:
-        return {**super().describe(), "linear_attention": True}

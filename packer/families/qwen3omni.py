@@ -40,7 +40,9 @@ from typing import Any, ClassVar
 from packer.errors import ConfigError
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.checkpoint import Checkpoint
+from packer.families.towers import QWEN_VISION
 from packer.media.policies import Dynamic, Qwen2VLVideo
+from packer.modeling.towers import Dummy, Tower
 from packer.specs import parse_params
 
 
@@ -164,9 +166,27 @@ def mel_frames(samples: int, longest: int, hop: int) -> int:
     return min(-(-samples // hop), longest // hop)
 
 
+def audio_dummy(config, kind: str) -> Dummy:
+    """Qwen3-Omni's audio encoder (not Whisper's: 100-frame blocks, three stride-2 convolutions): a clip of
+    one mel frame, zeros, one token."""
+    import torch
+
+    a = config.audio_config
+    features = torch.zeros(1, int(a.num_mel_bins), 1)
+    return Dummy("audio", audio_output_length(1, int(a.n_window)),
+                 {"input_features": features, "feature_attention_mask": torch.ones(1, 1, dtype=torch.int32)})
+
+
 class Qwen3Omni(Family):
     name = "qwen3omni"
+    supports = ("image", "audio", "video")
     processor_class = "Qwen3OmniMoeProcessor"
+    model_types = ("qwen3_omni_moe_thinker",)
+    towers = {"qwen3_omni_moe_thinker": (Tower("model.audio_tower", ("audio",), audio_dummy), QWEN_VISION)}
+    model_inputs = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "input_features",
+                    "feature_attention_mask")
+    own_loading = ("audio", "video")
+    own_positions = True
     rope = "mrope"
     settings_class: ClassVar[type] = Qwen3OmniSettings
 
@@ -298,19 +318,17 @@ class Qwen3Omni(Family):
     def video_inputs(self, video_processor: Any, spans: list[dict[str, Any]], check: Any) -> dict[str, Any]:
         """``pixel_values_videos`` / ``video_grid_thw``: the frames :meth:`video_plan` keeps, decoded upright, through
         the video processor at the processor's size (``Qwen3OmniMoeProcessor.videos_kwargs``), every grid checked."""
-        from packer.loader.media import MediaMismatchError, probe_span
-        from packer.media.video import load_frames, load_video
+        from packer.modeling.spans import MediaMismatchError, load_planned_frames, probe_span, span_path
 
         frames = []
         for m in spans:
-            path = m.get("path") or m["ref"]
-            listed = m.get("frames")
             info = probe_span(m)
             try:
                 indices = self.video_plan(info)
             except ValueError as e:
-                raise MediaMismatchError(f"{path}: {e}; the build cannot have counted it with these settings") from None
-            frames.append(load_frames(listed, indices) if listed else load_video(path, indices))
+                raise MediaMismatchError(f"{span_path(m)}: {e}; the build cannot have counted it with these settings") \
+                    from None
+            frames.append(load_planned_frames(m, indices))
         size = {"shortest_edge": self.s.video_min_pixels, "longest_edge": self.s.video_max_pixels}
         enc = video_processor(videos=frames, do_sample_frames=False, size=size, return_tensors="pt")
         merge = int(video_processor.merge_size)

@@ -37,6 +37,7 @@ import numpy as np
 
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.checkpoint import Checkpoint
+from packer.families.towers import QWEN_VISION
 from packer.media.policies import Dynamic
 from packer.specs import parse_params
 
@@ -154,9 +155,14 @@ def timestamps(indices: list[int], fps: float, temporal: int) -> list[float]:
 
 class Qwen3VL(Family):
     name = "qwen3vl"
+    supports = ("image", "video")
     processor_class = "Qwen3VLProcessor"
+    model_types = ("qwen3_vl", "qwen3_vl_moe")
+    towers = {"qwen3_vl": (QWEN_VISION,), "qwen3_vl_moe": (QWEN_VISION,)}  # 16 px patches, merge 2: one token a dummy
     rope = "mrope"
-    model_inputs = ("mm_token_type_ids",)
+    model_inputs = ("mm_token_type_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+    per_token_inputs = ("mm_token_type_ids",)
+    own_loading = ("video",)
     settings_class: ClassVar[type] = Qwen3VLSettings
 
     def __init__(self, kinds: tuple[str, ...], settings: Qwen3VLSettings):
@@ -214,16 +220,13 @@ class Qwen3VL(Family):
     def video_inputs(self, video_processor: Any, spans: list[dict[str, Any]], check: Any) -> dict[str, Any]:
         """``pixel_values_videos`` / ``video_grid_thw`` of a batch's videos: the frames :meth:`video_plan` keeps,
         decoded upright, handed to the video processor with that sampling's metadata and ``do_sample_frames=False``."""
-        from packer.loader.media import open_media, probe_span
-        from packer.media.video import load_frames, load_video
+        from packer.modeling.spans import load_planned_frames, probe_span
 
         frames, metadata = [], []
         for m in spans:
-            listed = m.get("frames")
             info = probe_span(m)
             indices, rate, _ = self.video_plan(info)
-            load = (lambda _, i, paths=listed: load_frames(paths, i)) if listed else load_video
-            frames.append(open_media(load, m, indices))  # a load error names its file (MediaLoadError)
+            frames.append(load_planned_frames(m, indices))  # a load error names its file (MediaLoadError)
             metadata.append({"total_num_frames": info.frames, "fps": rate, "width": info.width, "height": info.height,
                              "duration": info.frames / rate, "video_backend": "pyav", "frames_indices": list(indices)})
         enc = video_processor(videos=frames, video_metadata=metadata, do_sample_frames=False, return_tensors="pt")

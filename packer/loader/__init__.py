@@ -15,11 +15,11 @@ from packer.loader.dummy import MediaDummies, media_dummies
 from packer.loader.logps import ResponseLogps, all_reduce_logps, dpo_loss, packed_logps, token_logps
 from packer.loader.loss import loss_norm, loss_weights, packed_loss
 from packer.loader.media import MediaMismatchError
-from packer.loader.mrope import mrope_positions
 from packer.loader.samplers import CostModel, SplitModalitySampler, TokenBalancedSampler
 from packer.loader.sequence_parallel import local_media_rows, shard_for_sequence_parallel
 from packer.loader.stored import StoredFeatures
 from packer.media.load import MediaLoadError
+from packer.modeling.mrope import mrope_positions
 
 
 def __getattr__(name: str):

@@ -23,10 +23,18 @@ def implementation(model) -> str | None:
     return getattr(text, "_attn_implementation", None) or getattr(config, "_attn_implementation", None)
 
 
+def default_attention(model) -> str:
+    """The collator's mask form for the model's attention implementation."""
+    impl = implementation(model) or "sdpa"
+    return "varlen" if "flash" in impl else "flex" if "flex" in impl else "eager" if impl == "eager" else "sdpa"
+
+
 def attention_form(batch: dict[str, Any]) -> str:
     """The mask form a collated batch carries: ``flex``, ``sdpa`` (bool), ``eager`` (additive) or
     ``varlen`` (flattened, no mask: ``varlen`` and ``position_ids`` alike)."""
     mask = batch.get("attention_mask")
+    if isinstance(mask, dict):  # a mask per layer type (Gemma, Llama 4, Qwen3.5): the form of its masks
+        mask = next((m for m in mask.values() if m is not None), None)
     if mask is None:
         return "varlen"
     if not isinstance(mask, torch.Tensor):

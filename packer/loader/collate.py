@@ -22,11 +22,15 @@ holding them), or stored ``image_embeddings`` / ``audio_features``, the batch al
 what the HF model classes take (``pixel_values``, ``image_grid_thw``, ``image_sizes``,
 ``pixel_values_videos``, ``video_grid_thw``, ``input_features``, ``feature_attention_mask``,
 ...), in scatter order, every count checked against its span: see :mod:`packer.loader.media`.
-:func:`model_inputs` picks the keyword arguments for ``model(**...)``.
+:func:`model_inputs` picks the keyword arguments for ``model(**...)``. A batch whose rows hold media spans
+never reaches the model without their inputs: without a media step the collator gives the spans alone (for
+masks and positions) and :func:`model_inputs` refuses that batch, naming the fix.
+``PackedCollator.for_build(ds, model=model)`` derives every argument from the build and the model
+(:mod:`packer.loader.derive`): the short path.
 
 Videos and mRoPE: Qwen2-VL takes ``rope="mrope"``; Qwen2.5-VL also takes
 ``tokens_per_second=model.config.vision_config.tokens_per_second``, which time-scales the
-videos' temporal positions (:mod:`packer.loader.mrope`) and adds ``second_per_grid_ts`` to
+videos' temporal positions (:mod:`packer.modeling.mrope`) and adds ``second_per_grid_ts`` to
 the batch (Qwen2.5-VL's forward takes it, Qwen2-VL's does not). A Qwen2.5-VL ``processor``
 with a video in the batch and no ``tokens_per_second`` is refused rather than positioned
 the Qwen2-VL way. ``video_policy`` (a policy or a spec such as ``"qwen2vl:fps=1"``) names the
@@ -42,7 +46,7 @@ and :mod:`packer.families.gemma3`.
 
 Padding (``pad_to``, ``pad_to_multiple_of``) forms one more segment per row that
 nothing attends to or from and that attends only to itself, so no softmax row is
-empty and no NaN appears. See :mod:`packer.loader.masks` for a worked example.
+empty and no NaN appears. See :mod:`packer.modeling.masks` for a worked example.
 
 Preference builds: rows of ``--preference tree`` hold trees (a response attends to its prompt,
 positions continue from the prompt's end: :mod:`packer.loader.trees`; ``varlen`` /
@@ -58,10 +62,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from packer.loader import masks, trees
+from packer.families import MODEL_INPUT_KEYS, Family, families_of_processor, family_from_state
+from packer.loader import trees
 from packer.loader.loss import loss_weights
 from packer.loader.media import MediaStep
-from packer.loader.mrope import mrope_positions
+from packer.modeling import masks
+from packer.modeling.mrope import mrope_positions
 from packer.shards.schema import IGNORE
 
 ATTENTION = ("sdpa", "eager", "flex", "varlen", "position_ids")
@@ -70,25 +76,26 @@ FLATTENED = ("varlen", "position_ids")
 
 class PackedCollator:
     def __init__(self, *, attention: str = "sdpa", pad_to: int | None = None, pad_to_multiple_of: int | None = None,
-                 pad_token_id: int = 0, rope: str = "default", loss: str = "token", mask_dtype: torch.dtype = torch.float32,
+                 pad_token_id: int = 0, rope: str | None = None, loss: str = "token", mask_dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", image_processor=None, feature_extractor=None, processor=None,
                  patch_size: int | None = None, image_embeddings=None, audio_features=None, video_processor=None,
                  video_policy=None, tokens_per_second: float | None = None, family: dict[str, Any] | None = None,
                  model_config: Any = None, dummy_media=None, row_lengths: list[int] | None = None):
         if attention not in ATTENTION:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
-        family_obj = None
+        family_obj: Family | None = None
         if family is not None and family.get("name", "generic") != "generic":
-            from packer.families import family_from_state
-
             family_obj = family_from_state(family, None)
-            if rope == "default" and family.get("rope") == "mrope":
-                rope = "mrope"  # the family's positions: PackedCollator(family=ds.family) needs nothing more
+            if rope is not None and rope != family_obj.rope:
+                raise ValueError(f"rope={rope!r} contradicts family {family_obj.name}, whose model takes {family_obj.rope!r} "
+                                 f"positions: leave rope out (the family decides it)")
+            rope = family_obj.rope
+        rope = rope or "default"
+        _check_processor(processor, family_obj)
         self.family = family
         self.model_config = model_config  # the model's config, for a family whose masks depend on it (Llama 4)
         self._family = family_obj
-        self._type_ids = {k: v for k, v in (family or {}).get("run_ids", {}).items() if v is not None} \
-            if "mm_token_type_ids" in (family or {}).get("model_inputs", ()) else None
+        self._run_ids = {k: v for k, v in (family or {}).get("run_ids", {}).items() if v is not None}
         if rope not in ("default", "mrope"):
             raise ValueError(f"rope must be default or mrope, got {rope!r}")
         timed_processor = "second_per_grid_ts" in (getattr(processor, "model_input_names", None) or ())
@@ -98,7 +105,7 @@ class PackedCollator:
                                  f"use it with rope='mrope' (Qwen2.5-VL)")
             if tokens_per_second <= 0:
                 raise ValueError(f"tokens_per_second must be positive, got {tokens_per_second}")
-            if processor is not None and not timed_processor and not hasattr(family_obj, "positions"):
+            if processor is not None and not timed_processor and not (family_obj and family_obj.own_positions):
                 raise ValueError(f"tokens_per_second is Qwen2.5-VL's time-scaled mRoPE, but {type(processor).__name__} "
                                  f"takes no second_per_grid_ts: leave tokens_per_second out for Qwen2-VL")
         if loss not in ("token", "sample", "sqrt"):
@@ -120,15 +127,30 @@ class PackedCollator:
         self.pad_token_id, self.rope, self.loss = pad_token_id, rope, loss
         self.mask_dtype, self.device = mask_dtype, device
         self.tokens_per_second = tokens_per_second
-        # a family's own 3-D positions (Qwen3-Omni's TMRoPE), same signature as mrope_positions
-        self._positions = getattr(family_obj, "positions", None) or mrope_positions
+        # 3-D positions: the family's (Qwen3-Omni's TMRoPE), Qwen2-VL's mRoPE by default
+        self._positions = family_obj.positions if family_obj is not None else mrope_positions
         self._untimed = timed_processor and tokens_per_second is None and rope == "mrope"
         step = MediaStep(image_processor=image_processor, feature_extractor=feature_extractor, processor=processor,
                          patch_size=patch_size, image_embeddings=image_embeddings, audio_features=audio_features,
                          video_processor=video_processor, video_policy=video_policy, timed=tokens_per_second is not None,
                          family=family_obj)
         self.media_step = step if step.enabled else None
-        self.dummy_media = dummy_media  # packer.loader.dummy.MediaDummies: every tower runs on every rank
+        self.dummy_media = _dummies(dummy_media, family, model_config)  # every tower runs on every data-parallel rank
+
+    @classmethod
+    def for_build(cls, ds, model=None, *, processor=None, **overrides: Any) -> PackedCollator:
+        """The collator ``ds``'s build and ``model`` imply: attention form, rope, family, the build's processor,
+        the model's config, dummy media under ``torch.distributed``, row lengths (:mod:`packer.loader.derive`);
+        ``overrides`` (any argument of the constructor) win where they do not contradict the build or the model."""
+        from packer.loader.derive import collator_for_build
+
+        return collator_for_build(cls, ds, model, processor=processor, **overrides)
+
+    def check_build(self, ds, model=None) -> None:
+        """Raise where this collator contradicts ``ds``'s build or ``model`` (:func:`packer.loader.derive.check_collator`)."""
+        from packer.loader.derive import check_collator
+
+        check_collator(self, ds, model)
 
     def _length(self, n: int, grow: bool = False, rows: int = 1) -> int:
         if self.row_lengths is not None:
@@ -153,10 +175,10 @@ class PackedCollator:
             raise ValueError(trees.VARLEN_REFUSAL if self.attention in FLATTENED else
                              f"family {self.family['name']}: its linear-attention layers carry one state along a segment, "
                              f"so a branch cannot restart from its prompt; build with --preference pairs")
-        if tree is not None and self.rope == "mrope" and self._positions is not mrope_positions:
+        if tree is not None and self.rope == "mrope" and self._family is not None and self._family.own_positions:
             raise ValueError(f"family {self.family['name']}: its own positions (a family hook) do not position a "
                              f"preference tree's branches after their prompt; build with --preference pairs")
-        if tree is not None and getattr(self._family, "attention_masks", None) is not None:
+        if tree is not None and self._family is not None and self._family.layer_masks:
             raise ValueError(f"family {self.family['name']}: its masks per layer type (sliding windows, image blocks) are "
                              f"built from the segments alone and would not let a tree's branch see its prompt; build "
                              f"with --preference pairs")
@@ -188,16 +210,10 @@ class PackedCollator:
         if indices is not None:
             out["rows"] = indices  # the dataset rows of this batch (PackedDataset's index)
         out["loss_weights"] = loss_weights(labels, segment, self.loss, _stored_counts(rows, int(segment.max()) + 1))
-        if self._type_ids is not None:  # 0 text, 1 image, 2 video, 3 audio placeholders (the processors' own values)
-            types = torch.zeros_like(input_ids)
-            for kind, value in (("image", 1), ("video", 2), ("audio", 3)):
-                if kind in self._type_ids:
-                    types[input_ids == self._type_ids[kind]] = value
-            out["mm_token_type_ids"] = types
-        hook = getattr(self._family, "row_inputs", None)
-        if hook is not None:
-            out.update(hook(input_ids, self.family.get("run_ids", {})))
+        if self._family is not None:  # per-token model inputs (mm_token_type_ids, Gemma 3's token_type_ids)
+            out.update(self._family.row_inputs(input_ids, self._run_ids))
         out["media"] = [{**m, "batch": b} for b, r in enumerate(rows) for m in r["media"]]
+        real = [m for m in out["media"] if not m.get("dummy")]
         if any(r.get("segment_role") is not None for r in rows):
             out["responses"] = trees.responses(rows)
         if tree is not None:
@@ -207,7 +223,7 @@ class PackedCollator:
                              "collator has no tokens_per_second: pass PackedCollator(rope='mrope', "
                              "tokens_per_second=model.config.vision_config.tokens_per_second, ...)")
         if self.media_step is not None:
-            out.update(self.media_step([m for m in out["media"] if not m.get("dummy")]))
+            out.update(self.media_step(real))
         out.update(dummy_inputs)
         if self.rope == "mrope":
             out["position_ids"] = torch.stack([
@@ -241,12 +257,13 @@ class PackedCollator:
         if (self.family or {}).get("linear_attention") and isinstance(out.get("attention_mask"), torch.Tensor):
             # a hybrid model takes one mask per layer type: ours for attention, none for the recurrent layers
             out["attention_mask"] = {"full_attention": out["attention_mask"], "linear_attention": None}
-        layer_masks = getattr(self._family, "attention_masks", None)  # a mask per layer type (Llama 4)
-        if layer_masks is not None:  # cu without a trailing dummy segment (packer.loader.dummy): its results are unused
-            real = [c[: len(c) - int(r.get("dummy_segments", 0))] for c, r in zip(cu, rows, strict=True)]
-            out.update(layer_masks(real, segment, position, self.attention, base=out.get("attention_mask"),
-                                   mask_dtype=self.mask_dtype, device=self.device, model_config=self.model_config,
-                                   input_ids=input_ids, run_ids=(self.family or {}).get("run_ids", {})))
+        if self._family is not None and self._family.layer_masks:  # a mask per layer type (Llama 4, Gemma)
+            # cu without a trailing dummy segment (packer.loader.dummy): its results are unused
+            bounds = [c[: len(c) - int(r.get("dummy_segments", 0))] for c, r in zip(cu, rows, strict=True)]
+            out.update(self._family.attention_masks(bounds, segment, position, self.attention, base=out.get("attention_mask"),
+                                                    mask_dtype=self.mask_dtype, device=self.device,
+                                                    model_config=self.model_config, input_ids=input_ids,
+                                                    run_ids=self._run_ids))
         return out
 
     def _linear_attention(self, out: dict[str, Any], cu: list[np.ndarray], length: int, batch: int) -> None:
@@ -260,6 +277,55 @@ class PackedCollator:
         cu_t = torch.as_tensor(bounds, dtype=torch.int32)
         max_len = int(np.diff(bounds).max()) if len(bounds) > 1 else 0
         out.update(cu_seq_lens_q=cu_t, cu_seq_lens_k=cu_t, max_length_q=max_len, max_length_k=max_len)
+
+
+def _check_processor(processor: Any, family: Family | None) -> None:
+    """Refuse a processor of a named family without that family (the README's old snippet: a Qwen3-VL processor
+    and no ``family=`` gives no ``mm_token_type_ids`` and Qwen2-VL's video positions) or with another family."""
+    if processor is None:
+        return
+    owners = families_of_processor(processor)
+    if family is None and owners:
+        raise ValueError(f"processor {type(processor).__name__} is family {' / '.join(owners)}'s, but the collator has no "
+                         f"family: its model inputs and positions would be Qwen2-VL's generic ones. Use "
+                         f"PackedCollator.for_build(ds, model=model) (the build's family), or pass family=ds.family")
+    if family is not None and owners and family.name not in owners and family.name != "hf":
+        raise ValueError(f"processor {type(processor).__name__} is family {' / '.join(owners)}'s, but family is "
+                         f"{family.name!r} (the build's): give the processor of the checkpoint the build was made from "
+                         f"({family.processor_class}), or rebuild with --family {owners[0]}")
+
+
+def _dummies(dummy_media: Any, family: dict[str, Any] | None, model_config: Any) -> Any:
+    """The collator's dummy media: as given; ``False``: none; ``None`` (the default): on where
+    ``torch.distributed`` runs more than one rank and the build declares media (a rank whose batch lacks an image
+    never runs the vision tower: DDP fails, FSDP hangs), built from ``model_config``; ``True``: on."""
+    if dummy_media is False:
+        return None
+    if dummy_media is not None and dummy_media is not True:
+        return dummy_media  # a packer.loader.dummy.MediaDummies
+    kinds = [k for k in (family or {}).get("modalities", ()) if k in (family or {}).get("run_ids", {})]
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized() \
+        and torch.distributed.get_world_size() > 1
+    if dummy_media is None and not (distributed and kinds):
+        return None
+    if model_config is None or not kinds:
+        why = (f"torch.distributed runs {torch.distributed.get_world_size()} ranks and the build declares "
+               f"{', '.join(kinds)}: a rank whose batch lacks one never runs its tower (DDP fails, FSDP hangs)"
+               if dummy_media is None else "dummy_media=True")
+        raise ValueError(f"{why}; the collator's dummy media are built from the model's config and the build's family: "
+                         f"use PackedCollator.for_build(ds, model=model), or pass family=ds.family and "
+                         f"model_config=model.config (dummy_media=False: none, at your own risk)")
+    from packer.loader.dummy import media_dummies
+
+    return media_dummies(model_config, kinds=kinds, placeholders={k: family["run_ids"][k] for k in kinds})
+
+
+def _no_media_step(spans: list[dict[str, Any]]) -> str:
+    kinds = sorted({m["kind"] for m in spans})
+    return (f"the batch holds {len(spans)} media span(s) ({', '.join(kinds)}) but the collator loads no media: the model "
+            f"would train on placeholder tokens without ever seeing a pixel or a sample. Use "
+            f"PackedCollator.for_build(ds, model=model) (the build's processor), or pass processor=... (or stored "
+            f"image_embeddings / audio_features)")
 
 
 def _bounds(cu: np.ndarray, length: int) -> np.ndarray:
@@ -312,11 +378,12 @@ def _concatenate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw", "image_sizes",
-              "batch_num_images",  # LLaVA-OneVision: the images of each record (which were tiled)
-              "pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "input_features", "feature_attention_mask",
-              "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
-              "token_type_ids", "image_position_ids", "video_position_ids", "num_frames_per_video", "input_features_mask")
+# the text keys, then every registered family's declared model inputs (packer.families.MODEL_INPUT_KEYS)
+MODEL_KEYS = tuple(dict.fromkeys(("input_ids", "attention_mask", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k",
+                                  "max_length_q", "max_length_k", *MODEL_INPUT_KEYS)))
+# a media kind's spans reach the model only with one of these (InternVL scatters videos from pixel_values)
+MEDIA_KEYS = {"image": ("pixel_values", "image_embeds"), "video": ("pixel_values_videos", "pixel_values"),
+              "audio": ("input_features",)}
 
 
 def model_inputs(batch: dict[str, Any], model=None) -> dict[str, Any]:
@@ -334,6 +401,10 @@ def model_inputs(batch: dict[str, Any], model=None) -> dict[str, Any]:
         from packer.loader.checks import attention_form, check_attention
 
         check_attention(model, attention_form(batch))
+    real = [m for m in batch.get("media", ()) if not m.get("dummy")]
+    unfed = sorted({m["kind"] for m in real if not any(k in batch for k in MEDIA_KEYS.get(m["kind"], ()))})
+    if unfed:
+        raise ValueError(_no_media_step([m for m in real if m["kind"] in unfed]))
     out = {k: batch[k] for k in MODEL_KEYS if k in batch}
     out["use_cache"] = False
     return out

@@ -45,13 +45,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from packer.errors import BadRecord
-from packer.media.load import MediaLoadError, load_audio, load_image
+from packer.media.load import load_audio, load_image
 from packer.media.policies import Qwen2Audio
+from packer.modeling.spans import MediaMismatchError, check, open_media, probe_span, span_path
 
-
-class MediaMismatchError(ValueError):
-    """A media item would give the model another number of features than its span holds."""
+__all__ = ["MediaMismatchError", "MediaStep", "audio_output_length", "check", "open_media", "probe_span",
+           "video_policy_for"]
 
 
 def audio_output_length(frames: int) -> int:
@@ -140,18 +139,22 @@ class MediaStep:
             out.update(self._audio(audio))
         if videos:
             out.update(self._videos(videos))
-        merge = getattr(self.model_family, "merge_inputs", None)  # a family whose kinds share one input (InternVL)
-        return merge(out, ordered) if merge is not None else out
+        # a family whose kinds share one input (InternVL) joins them
+        return self.model_family.merge_inputs(out, ordered) if self.model_family is not None else out
+
+    def _own(self, kind: str) -> bool:
+        """The family loads ``kind`` itself (its declared ``own_loading``)."""
+        return self.model_family is not None and kind in self.model_family.own_loading
 
     # ------------------------------------------------------------------ images
 
     def _images(self, spans: list[dict[str, Any]]) -> dict[str, Any]:
-        hook = getattr(self.model_family, "image_inputs", None)
-        if hook is not None and self.image_embeddings is None:
+        if self._own("image") and self.image_embeddings is None:
             if self.image_processor is None:
                 raise ValueError(f"the batch holds {len(spans)} image(s) but the collator has no image processor: "
                                  f"pass PackedCollator(processor=...)")
-            return hook(self.image_processor, [open_media(load_image, m) for m in spans], spans, check)
+            return self.model_family.image_inputs(self.image_processor, [open_media(load_image, m) for m in spans], spans,
+                                                  check)
         if self.image_embeddings is not None:
             return {"image_embeds": torch.stack([torch.tensor(np.asarray(self.image_embeddings[m["ref"]]), dtype=torch.float32)
                                                  for m in spans])}
@@ -186,13 +189,13 @@ class MediaStep:
     # ------------------------------------------------------------------ audio
 
     def _audio(self, spans: list[dict[str, Any]]) -> dict[str, Any]:
-        hook = getattr(self.model_family, "audio_inputs", None)
-        if hook is not None and self.audio_features is None:
+        if self._own("audio") and self.audio_features is None:
             if self.feature_extractor is None:
                 raise ValueError(f"the batch holds {len(spans)} audio clip(s) but the collator has no feature extractor: "
                                  f"pass PackedCollator(processor=...)")
             rate = int(self.feature_extractor.sampling_rate)
-            return hook(self.feature_extractor, [open_media(load_audio, m, rate) for m in spans], spans, check)
+            return self.model_family.audio_inputs(self.feature_extractor, [open_media(load_audio, m, rate) for m in spans],
+                                                  spans, check)
         if self.audio_features is not None:
             features = [self.audio_features[m["ref"]] for m in spans]
             valid = [int(self.audio_features.valid_frames(m["ref"])) for m in spans]
@@ -220,25 +223,23 @@ class MediaStep:
         if self.video_processor is None:
             raise ValueError(f"the batch holds {len(spans)} video(s) but the collator has no video processor: "
                              f"pass PackedCollator(video_processor=...) or processor=... (a Qwen2-VL / Qwen2.5-VL one)")
-        hook = getattr(self.model_family, "video_inputs", None)
-        if hook is not None:
-            return hook(self.video_processor, spans, check)
+        if self._own("video"):
+            return self.model_family.video_inputs(self.video_processor, spans, check)
         if self.video_policy is None:
             raise ValueError(f"{type(self.video_processor).__name__} is not a Qwen2-VL / Qwen2.5-VL video processor: packer "
                              f"loads videos for the qwen2vl video policy only; pass video_policy=... and a Qwen2-VL one")
         from transformers.video_utils import VideoMetadata
 
-        from packer.media.video import load_frames, load_video, video_metadata
+        from packer.media.video import video_metadata
+        from packer.modeling.spans import load_planned_frames
 
         policy, frames, metadata = self.video_policy, [], []
         for m in spans:
-            path = m.get("path") or m["ref"]
             listed = m.get("frames")  # a video given as frame images (PackedDataset resolves each)
             info = probe_span(m)
             used = dataclasses.replace(policy, sample=False) if listed else policy  # a frame list: every frame
             indices = used.frame_indices(info.frames, info.fps)
-            load = (lambda _, i, paths=listed: load_frames(paths, i)) if listed else load_video
-            frames.append(open_media(load, m, indices))  # issue 24: a load error names its file
+            frames.append(load_planned_frames(m, indices))  # issue 24: a load error names its file
             metadata.append(video_metadata(info, used))
         enc = self.video_processor(videos=frames, video_metadata=metadata, do_sample_frames=False, return_tensors="pt")
         merge, tps = int(self.video_processor.merge_size), int(self.video_processor.temporal_patch_size)
@@ -250,9 +251,8 @@ class MediaStep:
             implied = float(np.float32(tps / VideoMetadata(**meta).sampled_fps))  # Qwen2_5_VLProcessor._process_videos
             stored = float(np.float32(m.get("second_per_grid_t") or 0.0))
             if (stored or self.timed) and stored != implied:
-                path = m.get("path") or m["ref"]
                 raise MediaMismatchError(
-                    f"{path}: the build stored second_per_grid_t {stored:g} s but the frames video policy "
+                    f"{span_path(m)}: the build stored second_per_grid_t {stored:g} s but the frames video policy "
                     f"{policy_spec(policy)} samples give {implied:g} s per temporal grid step (temporal_patch_size over "
                     f"their rate); Qwen2.5-VL's time-scaled mRoPE positions would be wrong: rebuild with the video policy "
                     f"of this processor, or give the collator the build's (video_policy=...)")
@@ -261,53 +261,3 @@ class MediaStep:
         if self.timed:
             out["second_per_grid_ts"] = torch.tensor(seconds, dtype=torch.float32)
         return out
-
-
-def missing(span: dict[str, Any], path: str):
-    raise FileNotFoundError(f"{span['kind']} file {path} (ref {span['ref']!r}) not found; if the media moved, "
-                            f"open the build with PackedDataset(out, media_root=NEW_ROOT)") from None
-
-
-def probe_span(span: dict[str, Any]) -> Any:
-    """A video span's header (:class:`packer.media.video.VideoInfo`): its frame images (``frames``, at the span's
-    ``fps``) or its file; a file that is gone raises :func:`missing`'s error."""
-    from packer.media.video import probe_frames, probe_video
-
-    path, listed = span.get("path") or span["ref"], span.get("frames")
-    try:
-        return probe_frames(listed, span.get("fps") or 0.0) if listed else probe_video(path)
-    except BadRecord as e:
-        if e.reason == "missing_video":
-            missing(span, path)
-        raise
-
-
-def open_media(load, span: dict[str, Any], *args):
-    path = span.get("path") or span["ref"]
-    try:
-        return load(path, *args)
-    except FileNotFoundError:
-        missing(span, path)
-    except MemoryError:
-        raise
-    except Exception as e:  # noqa: BLE001 -- issue 24: every load error names its file (PIL's truncated-image error names none)
-        raise MediaLoadError(span["kind"], path, span["ref"], e) from e
-
-
-def check(span: dict[str, Any], produced: int, by: str, stored_grid: tuple[int, ...] | None = None) -> None:
-    """Raise :class:`MediaMismatchError` naming the file unless ``produced`` (the features the model will get for
-    ``span``) equals the placeholders the build stored, and ``stored_grid`` (the processor's grid after the
-    spatial merge) its ``llm_grid``. Family hooks call it for every item they load."""
-    path = span.get("path") or span["ref"]
-    stored = int(span.get("tokens", span["length"]))
-    if produced != stored:
-        raise MediaMismatchError(
-            f"{path}: the build gave this {span['kind']} {stored} placeholder positions but {by} produces "
-            f"{produced} features from it. The build's token policy and this processor disagree: rebuild with "
-            f"settings that match the processor (--{span['kind']}-tokens), or give the collator the "
-            f"processor the build was made for.")
-    grid = tuple(int(g) for g in span.get("llm_grid") or ())
-    if stored_grid is not None and grid and grid != tuple(stored_grid):
-        raise MediaMismatchError(f"{path}: the build stored llm_grid {grid} (after the spatial merge) but {by} makes "
-                                 f"{tuple(stored_grid)}; "
-                                 f"mRoPE positions would be wrong: rebuild with matching --{span['kind']}-tokens")

@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from packer.modeling.spans import span_runs
 from packer.shards.schema import IGNORE
 
 # Per-token model inputs a family adds ([B, L], 0 on padding), sliced like the tokens; ``visual_pos_masks`` (the
@@ -149,14 +150,6 @@ def _boundaries(batch: dict[str, Any]) -> torch.Tensor:
 
 def _pad_last(t: torch.Tensor, n: int, value) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, n), value=value) if n else t
-
-
-def span_runs(span: dict[str, Any]) -> list[tuple[int, int]]:
-    """A span's runs of placeholders as (offset in the span, length); one run covering the span unless the
-    row says otherwise (:class:`~packer.loader.PackedDataset` adds ``runs`` where the family writes text
-    between a media item's runs)."""
-    runs = span.get("runs")
-    return [(int(o), int(n)) for o, n in runs] if runs else [(0, int(span["length"]))]
 
 
 def _pieces(span: dict[str, Any], windows: list[tuple[int, int, int]]) -> list[dict[str, Any]]:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from transformers import Trainer
 
-from packer.loader.checks import check_attention, implementation
+from packer.loader.checks import check_attention, default_attention
 from packer.loader.collate import PackedCollator, model_inputs
 from packer.loader.dummy import media_dummies, towers
 from packer.loader.loss import loss_norm, packed_loss
@@ -65,18 +65,14 @@ class PackedLoader(torch.utils.data.DataLoader):
         self.batch_sampler.set_epoch(epoch)
 
 
-def default_attention(model) -> str:
-    """The collator's mask form for the model's attention implementation."""
-    impl = implementation(model) or "sdpa"
-    return "varlen" if "flash" in impl else "flex" if "flex" in impl else "eager" if impl == "eager" else "sdpa"
-
-
 class PackedTrainer(Trainer):
     """A ``transformers.Trainer`` for :class:`~packer.loader.PackedDataset`; see the module docstring.
 
-    ``data_collator`` defaults to ``PackedCollator`` with the mask form of the model's attention
-    implementation and the build's family (text builds; give one with ``processor=`` for media). ``cost`` / ``window``
-    go to :class:`TokenBalancedSampler`. Other arguments are the Trainer's.
+    ``data_collator`` defaults to ``PackedCollator.for_build(train_dataset, model=model)``: the mask form of the
+    model's attention implementation, the build's family, rope and processor (:mod:`packer.loader.derive`). A
+    collator given is checked against the build and the model (another family, no processor for a media build,
+    another rope, a mask form the attention ignores: refused, naming the fix). ``cost`` / ``window`` go to
+    :class:`TokenBalancedSampler`. Other arguments are the Trainer's.
     """
 
     def __init__(self, model=None, args=None, train_dataset=None, data_collator=None, *, cost=None, window: int = WINDOW,
@@ -84,11 +80,15 @@ class PackedTrainer(Trainer):
         if train_dataset is not None and not hasattr(train_dataset, "row_stats"):
             raise TypeError(f"PackedTrainer trains on a PackedDataset (its rows' costs balance the ranks), got "
                             f"{type(train_dataset).__name__}; for other datasets use transformers.Trainer")
-        collator = data_collator if data_collator is not None else PackedCollator(
-            attention=default_attention(model), family=getattr(train_dataset, "family", None))
+        if data_collator is None and train_dataset is not None:
+            collator = PackedCollator.for_build(train_dataset, model, dummy_media=False)  # dummies: below, by world size
+        else:
+            collator = data_collator if data_collator is not None else PackedCollator(attention=default_attention(model))
         if not isinstance(collator, PackedCollator):
             raise TypeError(f"data_collator must be a PackedCollator, got {type(collator).__name__}")
-        if model is not None:
+        if train_dataset is not None:
+            collator.check_build(train_dataset, model)
+        elif model is not None:
             check_attention(model, collator.attention)
         super().__init__(model=model, args=args, train_dataset=train_dataset, data_collator=collator, **kwargs)
         self.cost, self.window = cost, window
@@ -102,8 +102,8 @@ class PackedTrainer(Trainer):
     def _wants_dummies(self, dummy_media: bool | None, model, dataset) -> bool:
         if dummy_media is not None:
             if dummy_media and (model is None or not towers(model)):
-                raise ValueError(f"dummy_media=True, but packer knows no towers of {type(model).__name__}: register its "
-                                 f"family in packer.loader.dummy.FAMILIES")
+                raise ValueError(f"dummy_media=True, but no registered family declares the towers of "
+                                 f"{type(model).__name__}: declare them on its family (Family.towers, docs/families.md)")
             return dummy_media
         declared = bool(dataset is not None and dataset.manifest.config.get("modalities"))
         return self.args.world_size > 1 and declared and model is not None and bool(towers(model))

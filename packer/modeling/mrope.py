@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from packer.loader.sequence_parallel import span_runs
+from packer.modeling.spans import span_runs
 
 VISUAL = ("image", "video")
 

@@ -1,0 +1,144 @@
+"""The collator a build and a model imply, and the refusal of one that contradicts them.
+
+A build knows its family (``manifest.json``: name, processor class, settings, kinds, placeholder ids), the
+processor checkpoint it was counted with (``--processor``) and its row lengths; a model knows its attention
+implementation, its rope and its family (``config.model_type``). :func:`collator_for_build` derives every
+collator argument from them -- ``PackedCollator.for_build(ds, model=model)`` -- and :func:`check_collator`
+refuses a collator (a user's own) or a model that contradicts them, naming the value, the expected value and
+the fix. ``PackedTrainer`` runs both, so no piece can be forgotten:
+
+================  ==================================================================================
+attention         the model's implementation (``sdpa``, ``eager``, ``flex``, ``varlen`` for flash kernels)
+rope              the family's (``mrope`` for Qwen families); for a generic build, ``mrope`` where the
+                  model's rope config has an ``mrope_section`` (Qwen2-VL / 2.5-VL / Omni)
+family            the build's
+processor         the build's ``--processor`` checkpoint, loaded with ``AutoProcessor`` (no remote code)
+tokens_per_second the model's ``vision_config.tokens_per_second`` (Qwen2.5-VL's time-scaled mRoPE)
+model_config      the model's config (masks per layer type, dummy media)
+dummy_media       on under ``torch.distributed`` with more than one rank (see :mod:`packer.loader.dummy`)
+row_lengths       the build's ``--row-lengths``
+================  ==================================================================================
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from packer.families import FAMILIES, family_of_model
+
+
+def build_family(ds) -> dict[str, Any] | None:
+    family = ds.family
+    return family if family and family.get("name", "generic") != "generic" else None
+
+
+def media_kinds(ds) -> list[str]:
+    """The media kinds the build declares and holds placeholders for."""
+    family = ds.family or {}
+    declared = family.get("modalities") or ds.manifest.config.get("modalities") or ()
+    return [k for k in declared if ds.manifest.placeholder_id(k) is not None]
+
+
+def model_rope(model) -> str:
+    """``mrope`` where the model's text config has an ``mrope_section`` (Qwen2-VL-style 3-D positions)."""
+    config = getattr(model, "config", model)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for key in ("rope_parameters", "rope_scaling"):
+        value = getattr(text, key, None)
+        if isinstance(value, dict) and value.get("mrope_section"):
+            return "mrope"
+    return "default"
+
+
+def load_build_processor(ds) -> Any:
+    """The processor the build was counted with (its ``--processor``), loaded without running checkpoint code."""
+    name = ds.manifest.config.get("processor") or ""
+    family = build_family(ds) or {}
+    if not name:
+        raise ValueError(f"{ds.out}: the build records no --processor to load (its {', '.join(media_kinds(ds))} were "
+                         f"counted by {'family ' + family['name'] if family else 'the generic policies'}): pass "
+                         f"PackedCollator.for_build(ds, model=model, processor=AutoProcessor.from_pretrained(CHECKPOINT))")
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(name, trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001 -- a folder that moved, a hub id without a network
+        where = "a folder that is not here" if not Path(name).exists() and not name.count("/") == 1 else name
+        raise ValueError(f"cannot load the build's processor {name!r} ({where}): {type(e).__name__}: {e}. Pass the "
+                         f"processor of that checkpoint: PackedCollator.for_build(ds, model=model, processor=...)") from None
+
+
+def collator_for_build(cls, ds, model=None, *, processor=None, **overrides: Any):
+    """``cls(...)`` with every argument the build and the model imply (module docstring); ``overrides`` win and are
+    checked like a user's collator (:func:`check_collator`)."""
+    from packer.loader.checks import default_attention
+
+    family = ds.family
+    named = build_family(ds)
+    check_model(ds, model)
+    kinds = media_kinds(ds)
+    if processor is None and kinds:
+        processor = load_build_processor(ds)
+    args: dict[str, Any] = {"family": family, "processor": processor, "row_lengths": ds.row_lengths}
+    if model is not None:
+        args["attention"] = default_attention(model)
+        args["model_config"] = model.config
+        if named is None:
+            args["rope"] = model_rope(model)
+            vision = getattr(model.config, "vision_config", None)
+            if args["rope"] == "mrope" and "video" in kinds and getattr(vision, "tokens_per_second", None):
+                args["tokens_per_second"] = vision.tokens_per_second  # Qwen2.5-VL's time-scaled video positions
+    if overrides.get("pad_to") is not None or overrides.get("pad_to_multiple_of") is not None:
+        args.pop("row_lengths")
+    args.update(overrides)
+    collator = cls(**args)
+    check_collator(collator, ds, model)
+    return collator
+
+
+def check_model(ds, model) -> None:
+    """Refuse a model of another family than the build's, or without the towers its media need."""
+    if model is None:
+        return
+    named = build_family(ds)
+    of_model = family_of_model(model)
+    model_type = getattr(model.config, "model_type", "?")
+    if named is not None and of_model is not None and of_model.name != named["name"] \
+            and not (named["name"] == "hf" or of_model.name == "generic"):
+        raise ValueError(f"{type(model).__name__} ({model_type}) is family {of_model.name}'s model, but the build was made "
+                         f"for family {named['name']} ({named.get('processor_class')}): load a {named['name']} model, or "
+                         f"rebuild with --family {of_model.name} and its processor")
+    if named is None and of_model is not None and of_model.name != "generic" and media_kinds(ds):
+        raise ValueError(f"{type(model).__name__} ({model_type}) is family {of_model.name}'s model, but the build counted "
+                         f"its media with the generic policies: rebuild with --family {of_model.name} --processor "
+                         f"CHECKPOINT so its counts are the processor's")
+    if media_kinds(ds) and of_model is None and named is not None and named["name"] != "hf":
+        raise ValueError(f"{type(model).__name__} ({model_type}) has no media towers packer knows, but the build holds "
+                         f"{', '.join(media_kinds(ds))} for family {named['name']}: load the family's model class "
+                         f"({', '.join(FAMILIES[named['name']].model_types)})")
+
+
+def check_collator(collator, ds, model=None) -> None:
+    """Refuse a collator that contradicts the build (another family, no media step for a media build, another
+    rope) or the model (a mask form its attention ignores, another family, another rope)."""
+    from packer.loader.checks import check_attention
+
+    named = build_family(ds)
+    have = (collator.family or {}).get("name", "generic") if collator.family else None
+    if named is not None and have != named["name"]:
+        raise ValueError(f"the collator's family is {have!r} but the build's is {named['name']!r}: use "
+                         f"PackedCollator.for_build(ds, model=model), or pass family=ds.family")
+    kinds = media_kinds(ds)
+    if kinds and collator.media_step is None:
+        raise ValueError(f"the build holds {', '.join(kinds)} but the collator loads no media (no processor): the model "
+                         f"would train on placeholders without pixels. Use PackedCollator.for_build(ds, model=model), or "
+                         f"pass processor=... (the checkpoint the build was made from)")
+    expected = named["rope"] if named is not None else (model_rope(model) if model is not None else None)
+    if expected is not None and collator.rope != expected:
+        raise ValueError(f"the collator's rope is {collator.rope!r} but {'the build family' if named else 'the model'} "
+                         f"takes {expected!r} positions: leave rope out (PackedCollator.for_build(ds, model=model) "
+                         f"derives it)")
+    if model is not None:
+        check_model(ds, model)
+        check_attention(model, collator.attention)
