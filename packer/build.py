@@ -33,6 +33,7 @@ from packer.encode import EncoderSpec
 from packer.encode.encoder import media_base
 from packer.engine import freeze_collector, get_engine, stop_on_signals
 from packer.errors import BuildFailedError, ConfigError
+from packer.families import family_from_state
 from packer.io import fs
 from packer.io.files import atomic_open, set_durable, sha256_file
 from packer.pack import ALGORITHMS, Plan
@@ -44,7 +45,15 @@ from packer.shards.schema import SAMPLE_SCHEMA, ShardEntry
 from packer.stages import encode, materialize
 from packer.stages.manifest import FileAccount, accounting
 from packer.stages.media_files import write_media_index
-from packer.stages.planning import SampleRows, modality_codes, plan_columns, plan_samples, plan_table, preference_responses
+from packer.stages.planning import (
+    SampleRows,
+    modality_codes,
+    plan_columns,
+    plan_samples,
+    plan_table,
+    preference_responses,
+    row_keys,
+)
 from packer.stages.state import BuildLock, code_identity, fingerprint, open_state
 
 SMALL_INPUT_BYTES = 16 * 2**20
@@ -445,8 +454,11 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     rows = SampleRows(paths, [e.rows for e in encoded.sample_shards], shas)
     samples = encoded.columns if encoded.columns is not None else plan_columns(read_shards(paths, SAMPLE_SCHEMA, shas))
     stage = Stage("plan", "samples", enabled=progress)
-    joined = tuple((tokenizer.get("family") or {}).get("joined_kinds") or ())
-    p, m = plan_samples(samples, config, encoded.input_sources, rows, joined)
+    family = tokenizer.get("family") or {}
+    joined = tuple(family.get("joined_kinds") or ())
+    keys = row_keys(samples, rows, family_from_state(family, config)) if family.get("name", "generic") != "generic" \
+        else None
+    p, m = plan_samples(samples, config, encoded.input_sources, rows, joined, keys)
     dropped = {r: len(v) for r, v in p.dropped.items()}
     stage.done(f"{samples.num_rows:,} samples -> {p.n_bins:,} rows (lower bound {p.lower_bound:,}), "
                f"{sum(dropped.values()):,} dropped")

@@ -205,8 +205,10 @@ def _tiled(cfg: dict, llm_hidden: int) -> tuple[float, float, float] | None:
     """InternVL / Llama 4 towers, which see fixed tiles (an image cut into tiles, a video frame one tile): forward
     FLOPs per placeholder token = one tile's over its tokens, a constant (tiles attend within themselves: no square
     term). None for other models."""
+    from packer.families import MODEL_TYPES
+
     kind = cfg.get("model_type")
-    if kind not in ("internvl", "llama4"):
+    if kind not in MODEL_TYPES or not MODEL_TYPES[kind].tiled_tower:
         return None
     v = cfg["vision_config"]
 

@@ -39,6 +39,8 @@ FIXES = {
     "special_token_in_text": "a control token typed in a message that this tokenizer cannot hold as plain text: remove it",
     "template_not_aligned": "a chat template whose turns cannot be told apart, on a record with many turns: split it",
     "unsupported_video": "a video the family's processor cannot take (1 frame? aspect ratio over 200?): drop it",
+    "incompatible_media": "items the model class cannot take in one call (LLaVA-OneVision: videos of different frame "
+                          "counts in one record; its processor cannot stack them either): split the record",
     "unsupported_media_ref": "remote media URLs: download the files and give local paths",
     "internal_error": "a packer bug met this record: please report it with the quarantine entry",
     "invalid_utf8": "lines that are not UTF-8: re-encode the file",

@@ -437,6 +437,9 @@ class Encoder:
                                    tokens=expansion.tokens, ref=ref, llm_grid=tuple(expansion.llm_grid),
                                    second_per_grid_t=float(expansion.second_per_grid_t)))
         media.sort(key=lambda m: m.start)
+        keys = sorted({k for m in media if (k := self.family.row_key(span_fields(m))) is not None}, key=str)
+        if len(keys) > 1:  # the model class cannot take the record's own items in one call (its processor neither)
+            raise BadRecord("incompatible_media", self.family.row_key_reason(keys))
         return np.concatenate(pieces_ids), np.concatenate(pieces_mask), media
 
     def _encode_preference(self, record: Preference, chats: list[RenderedChat]):
@@ -553,3 +556,8 @@ def media_base(config, files: list) -> str:
 
 
 __all__ = ["Encoder", "EncoderSpec", "RenderedChat"]
+
+
+def span_fields(m: MediaSpan) -> dict[str, Any]:
+    """A span as the loader and :meth:`packer.families.Family.row_key` see it (a stored ``media`` entry)."""
+    return {"kind": m.kind, "start": m.start, "length": m.length, "tokens": m.tokens, "llm_grid": list(m.llm_grid)}

@@ -49,12 +49,13 @@ from typing import Any
 
 import torch
 
+from packer.families import PER_TOKEN_KEYS
 from packer.modeling.spans import span_runs
 from packer.shards.schema import IGNORE
 
 # Per-token model inputs a family adds ([B, L], 0 on padding), sliced like the tokens; ``visual_pos_masks`` (the
 # positions DeepStack adds its features to) follows a local ``mm_token_type_ids``.
-PER_TOKEN = ("mm_token_type_ids", "token_type_ids")
+PER_TOKEN = PER_TOKEN_KEYS  # the families' declared per-token inputs
 
 
 def shard_for_sequence_parallel(batch: dict[str, Any], rank: int, size: int, *, mode: str = "ulysses",

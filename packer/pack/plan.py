@@ -16,6 +16,11 @@ The whole dataset is planned at once (no windows). Options, all keyword-only:
   per-row caps by kind, or ``"total"`` for all kinds together.
 - ``group_by``: a label per sample (e.g. its modality); every row holds one label only.
   (To mix groups with a limit instead, leave ``group_by`` out and cap the media kinds.)
+- ``row_key``: a family's row constraint (:meth:`packer.families.Family.row_key`): an int per sample, -1 where
+  the sample mixes with anything; a row holds samples of one key at most (LLaVA-OneVision: videos of one frame
+  count). Each key's samples are packed into rows of their own, then each such row is one item, at most one a
+  row (a resource capped at 1), that the keyless samples fill around, best fit: a keyless sample still goes into
+  any row, so the rows stay near the token lower bound.
 - ``order``: ``shuffle`` (seeded, the default) | ``sequential`` (rows by their earliest
   sample: source order, for curricula) | ``planner`` (algorithm order) |
   ``longest-first`` (the costliest row, by tokens then attention work, first; then shuffled).
@@ -110,7 +115,7 @@ def plan(lengths, capacity: int, *, algorithm: str = "bfd", seed: int = 0, order
          oversize: str = "error", protected: dict[int, np.ndarray] | None = None,
          trained: dict[int, np.ndarray] | None = None, max_segments: int | None = None,
          media: dict[str, np.ndarray] | None = None, max_media: dict[str, int] | None = None,
-         group_by: np.ndarray | None = None) -> Plan:
+         group_by: np.ndarray | None = None, row_key: np.ndarray | None = None) -> Plan:
     """Pack samples of the given ``lengths`` into bins of ``capacity`` tokens."""
     lengths = _check_lengths(lengths)
     if capacity < 1:
@@ -139,16 +144,21 @@ def plan(lengths, capacity: int, *, algorithm: str = "bfd", seed: int = 0, order
 
     fn = spec.load()
     placed = None  # the segments' lengths in bin order, when the algorithm gives them (no gather needed)
-    if group_by is None:
+    keys = None if row_key is None else np.asarray(row_key, np.int64)[segs.sample]
+    if keys is not None and not (keys >= 0).any():
+        keys = None
+    if group_by is None and keys is None:
         bins = fn(segs.length, capacity, seed=seed, constraints=seg_constraints)
         offsets, take = np.asarray(bins[0], np.int64), np.asarray(bins[1], np.int64)
         placed = np.asarray(bins[2], np.int64) if len(bins) > 2 else None
-    else:  # one independent packing per group, bins concatenated
-        groups = np.unique(np.asarray(group_by)[segs.sample], return_inverse=True)[1]
+    else:  # one independent packing per group (row keys honoured inside each), bins concatenated
+        groups = np.unique(np.asarray(group_by)[segs.sample], return_inverse=True)[1] if group_by is not None \
+            else np.zeros(len(segs.length), np.int64)
         offsets_parts, members = [np.zeros(1, np.int64)], []
         for g in range(int(groups.max()) + 1 if len(groups) else 0):
             idx = np.flatnonzero(groups == g)
-            offs, indices = fn(segs.length[idx], capacity, seed=seed + g, constraints=seg_constraints.subset(idx))[:2]
+            offs, indices = _keyed(spec, segs.length[idx], capacity, seed + g, seg_constraints.subset(idx),
+                                   None if keys is None else keys[idx])
             offsets_parts.append(np.asarray(offs[1:], np.int64) + sum(len(m) for m in members))
             members.append(idx[np.asarray(indices, np.int64)])
         offsets = np.concatenate(offsets_parts)
@@ -162,6 +172,52 @@ def plan(lengths, capacity: int, *, algorithm: str = "bfd", seed: int = 0, order
                   pieces_lost_media=segs.pieces_lost_media)
     _check_plan(result)
     return _ordered(result, order, seed)
+
+
+def _keyed(spec, lengths: np.ndarray, capacity: int, seed: int, constraints: Constraints,
+           keys: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Bins (offsets, indices) of items whose rows may hold one ``keys`` value at most (-1: any row): each key's
+    items packed alone, each of those rows then one item (at most one a row: an extra resource capped at 1) that
+    the keyless items fill around. An algorithm that takes no resource caps packs the keyless items apart."""
+    fn = spec.load()
+    if keys is None or not (keys >= 0).any():
+        return tuple(np.asarray(x, np.int64) for x in fn(lengths, capacity, seed=seed, constraints=constraints)[:2])
+    free = np.flatnonzero(keys < 0)
+    groups: list[np.ndarray] = []  # the members of each keyed row
+    for k, key in enumerate(np.unique(keys[keys >= 0]).tolist()):
+        idx = np.flatnonzero(keys == key)
+        offs, ind = fn(lengths[idx], capacity, seed=seed + k, constraints=constraints.subset(idx))[:2]
+        ind = idx[np.asarray(ind, np.int64)]
+        groups += [ind[a:b] for a, b in zip(offs[:-1], offs[1:], strict=True)]
+    if "max_media" not in spec.supports:  # keyed rows as they are, the keyless items in rows of their own
+        parts = list(groups)
+        if len(free):
+            offs, ind = fn(lengths[free], capacity, seed=seed, constraints=constraints.subset(free))[:2]
+            parts += [free[np.asarray(ind, np.int64)[a:b]] for a, b in zip(offs[:-1], offs[1:], strict=True)]
+        return _csr(parts)
+    n_rows = len(groups)
+    need = constraints.need_for(len(lengths))
+    row_need = np.stack([need[g].sum(axis=0) for g in groups]) if need.shape[1] else np.zeros((n_rows, 0), np.int64)
+    count = np.concatenate([[len(g) for g in groups], np.ones(len(free), np.int64)])
+    exclusive = np.concatenate([np.ones(n_rows, np.int64), np.zeros(len(free), np.int64)])
+    columns = [np.concatenate([row_need, need[free]]), exclusive[:, None]]
+    caps = [constraints.caps, [1]]
+    names = (*constraints.names, "row_key")
+    if constraints.max_segments:  # a keyed row is one item but holds several segments
+        columns.append(count[:, None])
+        caps.append([constraints.max_segments])
+        names = (*names, "segments")
+    items = Constraints(0, np.concatenate(columns, axis=1), np.concatenate(caps).astype(np.int64), names)
+    item_lengths = np.concatenate([[int(lengths[g].sum()) for g in groups], lengths[free]]).astype(np.int64)
+    offs, ind = fn(item_lengths, capacity, seed=seed, constraints=items)[:2]
+    members = [*groups, *([i] for i in free)]
+    ind = np.asarray(ind, np.int64)
+    return _csr([np.concatenate([members[i] for i in ind[a:b]]) for a, b in zip(offs[:-1], offs[1:], strict=True)])
+
+
+def _csr(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+    return offsets, (np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64))
 
 
 def _check_lengths(lengths) -> np.ndarray:

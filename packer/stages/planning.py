@@ -12,6 +12,7 @@ nothing to train is left out) feed the oversize policy of :func:`packer.pack.pla
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -115,6 +116,31 @@ def oversize_inputs(rows, over: np.ndarray, joined: tuple[str, ...] = ()) -> tup
     return protected, trained
 
 
+def row_keys(samples: pa.Table, rows, family: Any) -> np.ndarray | None:
+    """Each sample's row key under ``family``'s row constraint (:meth:`packer.families.Family.row_key`), coded
+    0, 1, ... in the keys' sorted order, -1 for a sample that mixes with anything; None when the family has no
+    such constraint. Only the rows holding media are read (their ``media`` column)."""
+    from packer.families import Family
+
+    if family is None or type(family).row_key is Family.row_key:
+        return None
+    codes = np.full(samples.num_rows, -1, np.int64)
+    counts = media_counts(samples)
+    holding = np.flatnonzero(sum(counts.values(), np.zeros(samples.num_rows, np.int64)) > 0) if counts else \
+        np.zeros(0, np.int64)
+    found: dict[int, Any] = {}
+    for i, row in zip(holding.tolist(), rows(holding, ["media"]).to_pylist() if len(holding) else [], strict=True):
+        keys = {k for m in row["media"] if (k := family.row_key(m)) is not None}
+        if len(keys) > 1:  # stage 1 quarantines these (incompatible_media): a build from before it
+            raise ValueError(f"sample {i}: {family.row_key_reason(sorted(keys, key=str))}")
+        if keys:
+            found[i] = keys.pop()
+    order = {k: c for c, k in enumerate(sorted(set(found.values()), key=str))}
+    for i, key in found.items():
+        codes[i] = order[key]
+    return codes
+
+
 def preference_responses(samples: pa.Table) -> Responses:
     """The preference samples' responses and shared prefixes, from :func:`plan_columns` (``response_lengths``)
     or from the samples themselves (``responses``); only those rows' lists are read."""
@@ -135,13 +161,13 @@ def preference_responses(samples: pa.Table) -> Responses:
 
 
 def plan_samples(samples: pa.Table, config: BuildConfig, source_of_file: list[int] | None = None,
-                 rows=None, joined: tuple[str, ...] = ()) -> tuple[Plan, Mix]:
+                 rows=None, joined: tuple[str, ...] = (), row_key: np.ndarray | None = None) -> tuple[Plan, Mix]:
     """The plan of ``samples`` under ``config``, after the sources' weights and caps
     (:mod:`packer.mix`): the planner sees every copy; the plan names samples.
     ``samples``: :func:`plan_columns` of the samples (or the samples themselves);
     ``rows``: their whole rows (:class:`SampleRows`; by default taken from ``samples``).
     ``source_of_file[k]`` is the ``input`` entry input file ``k`` came from; ``joined``: the family's kinds
-    whose items are cut all or none (:func:`oversize_inputs`).
+    whose items are cut all or none (:func:`oversize_inputs`); ``row_key``: the family's row keys (:func:`row_keys`).
 
     A preference sample is one item of its length in the build's layout (:mod:`packer.pack.trees`),
     never cut: one over ``max_length`` is dropped (``preference_too_long``) whatever the oversize
@@ -189,7 +215,7 @@ def plan_samples(samples: pa.Table, config: BuildConfig, source_of_file: list[in
     p = plan(
         lengths[sel] if subset else lengths, config.max_length, algorithm=config.algorithm, seed=config.seed, order=config.order,
         oversize=config.oversize, max_segments=config.max_segments or None, media=media, max_media=caps or None,
-        group_by=group_by,
+        group_by=group_by, row_key=None if row_key is None else row_key[sel],
         protected={int(q): protected[i] for i, qs in positions.items() for q in qs},
         trained={int(q): trained[i] for i, qs in positions.items() for q in qs},
     )
