@@ -11,8 +11,8 @@ import pytest
 import torch
 from mm_models import llava_model, llava_next_model, qwen2audio_model, qwen2vl_model, qwen25omni_model
 
-from packer.loader import PackedCollator, model_inputs, packed_loss
 from packer.families import MODEL_TYPES
+from packer.loader import PackedCollator, model_inputs, packed_loss
 from packer.loader.dummy import MediaDummies, media_dummies
 
 IDS = {"<|image_pad|>": 90, "<|vision_start|>": 91, "<|vision_end|>": 92, "<image>": 93, "<|AUDIO|>": 94, "<|video_pad|>": 95}

@@ -12,8 +12,8 @@ from transformers import Gemma3TextConfig, Gemma4TextConfig
 from packer.families.gemma3 import Gemma3, Gemma3Settings
 from packer.families.gemma4 import Gemma4, Gemma4Settings
 from packer.loader import PackedCollator
-from packer.modeling.masks import allowed, block_mask, media_blocks, segments_and_positions
 from packer.loader.sequence_parallel import shard_for_sequence_parallel
+from packer.modeling.masks import allowed, block_mask, media_blocks, segments_and_positions
 
 IMG = 7  # the image placeholder id of the rows below
 

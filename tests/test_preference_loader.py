@@ -97,8 +97,8 @@ def test_sdpa_and_eager_masks_and_positions_are_the_definition(rows):
 def test_flex_block_mask_of_trees_equals_create_block_mask(seed):
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from packer.modeling.masks import segments_and_positions
     from packer.loader.trees import block_mask
+    from packer.modeling.masks import segments_and_positions
 
     rng = np.random.default_rng(seed)
     rows = []
