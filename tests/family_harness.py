@@ -309,3 +309,20 @@ def check_pipeline_ids(pipeline: Path, out: Path) -> int:
                 assert np.asarray(row["input_ids"][a:b]).tolist() == hf_inputs(processor, record, root)["input_ids"][0].tolist(), rid
                 checked += 1
     return checked
+
+
+def check_rows_collate(ds: PackedDataset, processor, model, forward: bool = True, **collator: Any) -> int:
+    """No build writes a row its own loader refuses (issue 33): every row of the build, alone, collates through
+    ``PackedCollator.for_build`` (the build's family, the model's attention and config) with its media loaded and
+    every count checked, reaches ``model_inputs`` and, with ``forward``, runs through the tiny model. Returns the
+    media items loaded."""
+    collate = PackedCollator.for_build(ds, model, processor=processor, **collator)
+    items = 0
+    with torch.no_grad():
+        for i in range(len(ds)):
+            batch = collate([ds[i]])
+            inputs = model_inputs(batch, model)
+            items += sum(not m.get("dummy") for m in batch["media"])
+            if forward:
+                model(**inputs)
+    return items

@@ -29,6 +29,7 @@ from family_harness import (  # noqa: E402
     check_flex_forward,
     check_ids,
     check_pipeline_ids,
+    check_rows_collate,
     hf_inputs,
     segments,
     write_media,
@@ -292,3 +293,10 @@ def test_sample_pipeline_ids_equal_its_processor(tmp_path):
     from conftest import ROOT
 
     assert check_pipeline_ids(ROOT / "pipelines" / "gemma4.toml", tmp_path / "out") >= 10
+
+
+@pytest.mark.slow  # every row through the tiny model
+def test_every_row_of_the_build_collates_for_its_family(built):
+    root, records, processor, _ = built
+    ds = PackedDataset(root / "out")
+    assert check_rows_collate(ds, processor, ASSETS.model(processor, "sdpa")) > 0

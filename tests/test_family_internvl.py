@@ -18,7 +18,15 @@ pytest.importorskip("av")
 pytest.importorskip("torchvision")
 
 from assets_internvl import ASSETS, SEQ, internvl_processor  # noqa: E402
-from family_harness import build_family, check_equivalence, check_ids, check_pipeline_ids, write_media, write_records  # noqa: E402
+from family_harness import (  # noqa: E402
+    build_family,
+    check_equivalence,
+    check_ids,
+    check_pipeline_ids,
+    check_rows_collate,
+    write_media,
+    write_records,
+)
 
 from packer.families.checkpoint import read_checkpoint  # noqa: E402
 from packer.families.internvl import InternVLSettings, number_of_tiles, record_max_patches, video_indices  # noqa: E402
@@ -240,3 +248,10 @@ def test_sequence_parallel_pieces_scatter_tiles_and_frames(built, mode, attentio
         local = torch.nonzero(part["input_ids"] == ctx).tolist()
         at = [(b, int(part["global_index"][t]) if mode == "ulysses" else global_position(part, mode, t)) for b, t in local]
         assert local_media_rows(part["media"], batch["media"]).tolist() == [int(feature[b, g]) for b, g in at]
+
+
+@pytest.mark.slow  # every row through the tiny model
+def test_every_row_of_the_build_collates_for_its_family(built):
+    root, records, processor, _, _ = built
+    ds = PackedDataset(root / "out")
+    assert check_rows_collate(ds, processor, ASSETS.model(processor, "sdpa")) > 0

@@ -24,6 +24,7 @@ from family_harness import (  # noqa: E402
     check_equivalence,
     check_ids,
     check_pipeline_ids,
+    check_rows_collate,
     hf_inputs,
     segments,
     write_media,
@@ -388,3 +389,10 @@ def test_loader_names_a_file_the_processor_tiles_otherwise(built):
     with pytest.raises(MediaMismatchError, match=r"img/\S+: the build gave this image \d+ placeholder positions but "
                                                  r"Llama4ImageProcessor .* produces \d+ features"):
         PackedCollator(image_processor=other, family=ds.family, model_config=_config())([ds[i] for i in range(len(ds))])
+
+
+@pytest.mark.slow  # every row through the tiny model
+def test_every_row_of_the_build_collates_for_its_family(built):
+    root, records, processor, _ = built
+    ds = PackedDataset(root / "out")
+    assert check_rows_collate(ds, processor, ASSETS.model(processor, "sdpa")) > 0

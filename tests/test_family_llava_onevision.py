@@ -15,10 +15,12 @@ import pytest
 pytest.importorskip("av")
 pytest.importorskip("torchvision")
 
-from assets_llava_onevision import ASSETS  # noqa: E402
-from family_harness import build_family, check_equivalence, check_ids, write_media, write_records  # noqa: E402
+import json  # noqa: E402
 
-from packer.loader import PackedDataset  # noqa: E402
+from assets_llava_onevision import ASSETS  # noqa: E402
+from family_harness import build_family, check_equivalence, check_ids, check_rows_collate, write_media, write_records  # noqa: E402
+
+from packer.loader import PackedCollator, PackedDataset, TokenBalancedSampler  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -189,8 +191,9 @@ def test_refusals(built, tmp_path):
     ds = PackedDataset(root / "out")
     row = next(ds[i] for i in range(len(ds)) if sum(m["kind"] == "video" for m in ds[i]["media"]) > 1)
     family = {**ds.family, "settings": {**ds.family["settings"], "video_sample": False}}  # every frame: counts differ
-    with pytest.raises(ValueError, match="must keep the same number of frames.*video_num_frames=N"):
+    with pytest.raises(ValueError, match="must keep the same number of frames.*The row itself mixes them") as e:
         PackedCollator(processor=processor, family=family)([row])
+    assert "video_num_frames" not in str(e.value)  # no advice that moves the counts away from the checkpoint's
 
 
 @pytest.mark.slow  # the processor over a sample of the build, twice
@@ -233,3 +236,61 @@ def test_a_cut_never_keeps_some_of_a_records_images(built, tmp_path, oversize):
     whole = build(resolve(None, input=[str(root / "two.jsonl")], output=str(tmp_path / "w"), family="llava_onevision",
                           processor=str(root / "checkpoint"), max_length=4096), progress=False).to_dict()
     assert whole["tokenizer"]["family"]["joined_kinds"] == ["image"] and whole["accounting"]["samples_packed"] == 2
+
+
+@pytest.mark.slow  # every row through the tiny model
+def test_every_row_of_the_build_collates_for_its_family(built):
+    root, records, processor, _ = built
+    ds = PackedDataset(root / "out")
+    assert check_rows_collate(ds, processor, ASSETS.model(processor, "sdpa")) > 0
+
+
+# ---------------------------------------------------------------- issue 33: every frame, as the public checkpoints
+
+
+@pytest.fixture(scope="module")
+def every_frame(tmp_path_factory):
+    """The awkward records under a checkpoint that keeps every frame (``do_sample_frames=False``: the
+    llava-onevision-qwen2-*-ov-hf processors): the clips keep 2 to 200 frames, so frame counts differ across rows."""
+    root = tmp_path_factory.mktemp("llava_onevision_every_frame")
+    files = write_media(root, ASSETS.kinds)
+    source, records = write_records(root, ASSETS.kinds, files)
+    processor = ASSETS.processor(root / "checkpoint", do_sample_frames=False, num_frames=None)
+    both = next(r["id"] for r in records if "tenth_s.mp4" in json.dumps(r) and "rot90_2s.mp4" in json.dumps(r))
+    manifest = build_family("llava_onevision", root / "checkpoint", source, root / "out", max_segments=4,
+                            quarantined={both: "incompatible_media"})  # its processor cannot stack the two either
+    return root, [r for r in records if r["id"] != both], processor, manifest
+
+
+def frame_counts(row: dict, per_frame: int) -> set[int]:
+    return {(m["tokens"] - 1) // per_frame for m in row["media"] if m["kind"] == "video"}
+
+
+def test_rows_keep_one_frame_count_and_the_records_ids_equal_the_processor(every_frame):
+    root, records, processor, manifest = every_frame
+    ds = PackedDataset(root / "out")
+    assert ds.family["settings"]["video_sample"] is False
+    counts = [frame_counts(ds[i], 4) for i in range(len(ds))]
+    assert all(len(c) <= 1 for c in counts), counts
+    assert len(set().union(*counts)) >= 3  # the clips do differ: several rows of several frame counts
+    keys, samples = set().union(*counts), manifest["accounting"]["samples_packed"]
+    assert manifest["stats"]["rows"] <= max(manifest["stats"]["lower_bound"], len(keys), -(-samples // 4)) + 1
+    check_ids(ds, processor, records, root, nest_images=True)
+
+
+@pytest.mark.slow  # every row through the tiny model, then the rows of videos each against its records alone
+def test_a_build_of_clips_of_different_frame_counts_trains_end_to_end(every_frame):
+    root, records, processor, _ = every_frame
+    ds = PackedDataset(root / "out")
+    model = ASSETS.model(processor, "sdpa")
+    assert check_rows_collate(ds, processor, model) > 0
+    videos = [i for i in range(len(ds)) if frame_counts(ds[i], 4)]
+    for i in videos[:2]:
+        check_equivalence(model, ds, processor, records, root, "sdpa", rows=[i], nest_images=True)
+    two = [ds[i] for i in videos[:2]]  # rows of two frame counts in one batch: refused, naming the fix
+    assert frame_counts(two[0], 4) != frame_counts(two[1], 4)
+    with pytest.raises(ValueError, match=r"videos of \d+ and \d+ frames.*Batch one row at a time"):
+        PackedCollator.for_build(ds, model, processor=processor)(two)
+    with pytest.raises(ValueError, match="batch_size=2: the build's rows hold videos of .* use batch_size=1"):
+        TokenBalancedSampler(ds, num_replicas=1, rank=0, batch_size=2)
+    assert len(list(TokenBalancedSampler(ds, num_replicas=1, rank=0, batch_size=1))) == len(ds)

@@ -17,7 +17,7 @@ pytest.importorskip("av")
 pytest.importorskip("torchvision")
 
 from family_assets import FAMILY_ASSETS  # noqa: E402
-from family_harness import build_family, check_equivalence, check_ids, write_media, write_records  # noqa: E402
+from family_harness import build_family, check_equivalence, check_ids, check_rows_collate, write_media, write_records  # noqa: E402
 
 from packer.loader import PackedCollator, PackedDataset  # noqa: E402
 from packer.loader.isolation import PackingUnsupportedError, check_packed_isolation  # noqa: E402
@@ -97,3 +97,10 @@ def test_sequence_parallelism_of_the_linear_attention_layers_is_refused(built):
     batch = PackedCollator(attention="sdpa", family=ds.family, pad_to_multiple_of=7)([ds[0]])
     with pytest.raises(ValueError, match="linear-attention layers .* not supported"):
         shard_for_sequence_parallel(batch, 0, 2, mode="ulysses")
+
+
+@pytest.mark.slow  # Qwen3.5's linear-attention layers refuse packed rows on CPU: collated and checked, not run
+def test_every_row_of_the_build_collates_for_its_family(built):
+    root, records, processor, _ = built
+    ds = PackedDataset(root / "out")
+    assert check_rows_collate(ds, processor, ASSETS.model(processor, "sdpa"), forward=False) > 0

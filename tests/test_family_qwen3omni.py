@@ -24,6 +24,7 @@ from family_harness import (  # noqa: E402
     build_family,
     check_equivalence,
     check_ids,
+    check_rows_collate,
     hf_inputs,
     segments,
     write_media,
@@ -278,3 +279,10 @@ def test_verify_against_processor_passes_on_the_build_and_names_a_changed_settin
     other.save_pretrained(str(tmp_path / "other"))
     mismatches, checked = verify_against_processor(root / "out", str(tmp_path / "other"), sample=24)
     assert {"image", "video"} <= {k for m in mismatches for k in ("image", "video") if k in m.detail}
+
+
+@pytest.mark.slow  # every row through the tiny model
+def test_every_row_of_the_build_collates_for_its_family(built):
+    root, records, _, processor, _ = built
+    ds = PackedDataset(root / "out")
+    assert check_rows_collate(ds, processor, ASSETS.model(processor, "sdpa")) > 0

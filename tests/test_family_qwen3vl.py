@@ -13,7 +13,7 @@ pytest.importorskip("av")
 pytest.importorskip("torchvision")
 
 from family_assets import FAMILY_ASSETS  # noqa: E402
-from family_harness import build_family, check_equivalence, check_ids, write_media, write_records  # noqa: E402
+from family_harness import build_family, check_equivalence, check_ids, check_rows_collate, write_media, write_records  # noqa: E402
 
 from packer.loader import PackedDataset  # noqa: E402
 
@@ -145,3 +145,10 @@ def test_video_defaults_are_the_video_processors_and_image_defaults_the_publishe
                                                                                          vp.max_frames, vp.max_video_tokens)
     assert s.video_sample == vp.do_sample_frames and s.cap_pixels_per_frame == bool(vp.cap_pixels_per_frame)
     assert (s.image_patch_size, s.image_merge_size) == (16, 2)
+
+
+@pytest.mark.slow  # every row through the tiny model
+def test_every_row_of_the_build_collates_for_its_family(built):
+    root, records, processor, _ = built
+    ds = PackedDataset(root / "out")
+    assert check_rows_collate(ds, processor, ASSETS.model(processor, "sdpa")) > 0

@@ -295,10 +295,12 @@ class LlavaOnevision(Family):
                     from None
             frames.append(load_planned_frames(m, indices))
             counts.append(len(indices))
-        if len(set(counts)) > 1:  # the planner keeps one frame count a row; rows of two are batched together here
-            raise ValueError(f"the batch's rows hold {self.row_key_reason(sorted(set(counts)))}. Batch one row at a "
-                             f"time (per-device batch size 1: each packed row is already full); PackedTrainer and "
-                             f"TokenBalancedSampler(batch_size > 1) keep a batch's rows of one frame count")
+        if len(set(counts)) > 1:
+            rows = {m.get("batch", 0) for m in spans}
+            fix = ("Batch one row at a time (per-device batch size 1: each packed row is already full)" if len(rows) > 1
+                   else "The row itself mixes them: the build was planned without this family's row constraint (made "
+                        "before it, or its settings edited since): rebuild it")
+            raise ValueError(f"the batch's rows hold {self.row_key_reason(sorted(set(counts)))}. {fix}")
         enc = video_processor(videos=frames, do_sample_frames=False, return_tensors="pt")
         pixels = enc["pixel_values_videos"]
         by = f"{type(video_processor).__name__} (frames planned by family {self.name})"

@@ -97,6 +97,38 @@ def collator_for_build(cls, ds, model=None, *, processor=None, **overrides: Any)
     return collator
 
 
+def row_keys(ds) -> list:
+    """Each packed row's key under its family's row constraint (:meth:`packer.families.Family.row_key`; None for a
+    row that mixes with anything), from the stored spans (no pixel loaded); [] where the family has none."""
+    from packer.families import Family, family_from_state
+
+    named = build_family(ds)
+    if named is None:
+        return []
+    family = family_from_state(named, None)
+    if type(family).row_key is Family.row_key:
+        return []
+    out = []
+    for spans in ds.column("media").to_pylist():
+        keys = {k for m in spans if (k := family.row_key(m)) is not None}
+        out.append(keys.pop() if len(keys) == 1 else None if not keys else tuple(sorted(keys, key=str)))
+    return out
+
+
+def check_batches(ds, batch_size: int) -> None:
+    """Refuse ``batch_size`` > 1 rows a batch where the build's rows carry different row keys (the model class
+    takes a batch's items in one call: LLaVA-OneVision's videos of one frame count)."""
+    if batch_size < 2:
+        return
+    keys = {k for k in row_keys(ds) if k is not None}
+    if len(keys) > 1:
+        from packer.families import family_from_state
+
+        reason = family_from_state(build_family(ds), None).row_key_reason(sorted(keys, key=str))
+        raise ValueError(f"batch_size={batch_size}: the build's rows hold {reason}, so rows of two keys cannot share a "
+                         f"batch: use batch_size=1 (per_device_train_batch_size=1; each packed row is already full)")
+
+
 def check_model(ds, model) -> None:
     """Refuse a model of another family than the build's, or without the towers its media need."""
     if model is None:

@@ -145,7 +145,7 @@ def plan(lengths, capacity: int, *, algorithm: str = "bfd", seed: int = 0, order
     fn = spec.load()
     placed = None  # the segments' lengths in bin order, when the algorithm gives them (no gather needed)
     keys = None if row_key is None else np.asarray(row_key, np.int64)[segs.sample]
-    if keys is not None and not (keys >= 0).any():
+    if keys is not None and len(np.unique(keys[keys >= 0])) < 2:  # one key (or none): nothing to keep apart
         keys = None
     if group_by is None and keys is None:
         bins = fn(segs.length, capacity, seed=seed, constraints=seg_constraints)
