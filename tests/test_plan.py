@@ -145,6 +145,33 @@ def test_group_by_keeps_rows_pure(case, algorithm):
         assert len(set(groups[p.bin(b)])) == 1
 
 
+@settings(max_examples=80, deadline=None)
+@given(lengths_and_capacity, st.sampled_from(ALL), st.integers(0, 3), st.integers(0, 2**16), st.sampled_from([None, 2, 3]))
+def test_row_keys_keep_rows_of_one_key(case, algorithm, n_keys, seed, max_segments):
+    """A family's row constraint (issue 33): no row holds two keys; every sample placed once; caps still hold."""
+    lengths, capacity = case
+    rng = np.random.default_rng(seed)
+    keys = np.where(rng.random(len(lengths)) < 0.5, rng.integers(0, max(n_keys, 1), len(lengths)), -1)
+    p = plan(np.array(lengths, np.int64), capacity, algorithm=algorithm, row_key=keys, max_segments=max_segments)
+    check_invariants(p, lengths, capacity)
+    for b in range(p.n_bins):
+        assert len(set(keys[p.bin(b)].tolist()) - {-1}) <= 1
+        assert max_segments is None or len(p.bin(b)) <= max_segments
+
+
+def test_row_keys_cost_nothing_where_keyless_samples_fill_the_keyed_rows():
+    """2,000 samples, 30% of them keyed by one of 4 frame counts: best fit decreasing reaches the rows it reaches
+    without keys (388, lower bound 387); a single key is no constraint at all (the very same plan)."""
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(50, 1500, size=2000)
+    keys = np.where(rng.random(2000) < 0.3, rng.integers(0, 4, size=2000), -1)
+    free = plan(lengths, 4096)
+    keyed = plan(lengths, 4096, row_key=keys)
+    assert (keyed.n_bins, free.n_bins, keyed.lower_bound) == (388, 388, 387)
+    one = plan(lengths, 4096, row_key=np.where(keys >= 0, 7, -1))
+    assert np.array_equal(one.indices, free.indices) and np.array_equal(one.offsets, free.offsets)
+
+
 def test_unconstrained_algorithms_refuse_caps():
     with pytest.raises(ValueError, match="algorithm 'ffd' does not support max_media; use bfd or next-fit"):
         plan([3, 4], 8, algorithm="ffd", media={"image": np.array([1, 1])}, max_media={"image": 1})

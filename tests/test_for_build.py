@@ -1,0 +1,136 @@
+"""Nothing to forget (issue 30): the build decides the batch. Each step off the documented path that used to
+train the wrong thing silently is refused here with the value, the expected value and the fix, or does the
+right thing (``PackedCollator.for_build``, ``PackedTrainer``'s defaults, ``model_inputs``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("av")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from family_assets import FAMILY_ASSETS  # noqa: E402
+from family_harness import build_family  # noqa: E402
+from media_fixtures import write_images  # noqa: E402
+
+from packer.loader import PackedCollator, PackedDataset, model_inputs  # noqa: E402
+
+QWEN3VL = FAMILY_ASSETS["qwen3vl"]
+
+
+def _records(root, image: str) -> list[dict]:
+    def turn(k, media):
+        return {"id": f"r{k}", "messages": [{"role": "user", "content": [*media, {"type": "text", "text": f"Q{k}?"}]},
+                                            {"role": "assistant", "content": f"A{k}."}]}
+
+    records = [turn(0, [{"type": "image", "image": image}]), turn(1, []), turn(2, [{"type": "image", "image": image}])]
+    (root / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return records
+
+
+@pytest.fixture(scope="module")
+def qwen3vl(tmp_path_factory):
+    root = tmp_path_factory.mktemp("for_build")
+    files = write_images(root / "img")
+    _records(root, str(files["plain_300x200.jpg"].relative_to(root)))
+    processor = QWEN3VL.processor(root / "checkpoint")
+    build_family("qwen3vl", root / "checkpoint", root / "records.jsonl", root / "out")
+    ds = PackedDataset(root / "out")
+    return ds, processor, QWEN3VL.model(processor, "sdpa")
+
+
+def test_for_build_derives_family_rope_processor_and_attention(qwen3vl):
+    ds, processor, model = qwen3vl
+    collate = PackedCollator.for_build(ds, model)  # the build's --processor loaded: nothing else given
+    assert collate.family["name"] == "qwen3vl" and collate.rope == "mrope" and collate.attention == "sdpa"
+    assert type(collate.media_step.image_processor).__name__ == type(processor.image_processor).__name__
+    batch = collate([ds[i] for i in range(len(ds))])
+    assert {"pixel_values", "image_grid_thw", "mm_token_type_ids"} <= set(batch) and batch["position_ids"].shape[0] == 3
+    mine = PackedCollator(family=ds.family, processor=processor)([ds[i] for i in range(len(ds))])
+    for key in ("input_ids", "position_ids", "pixel_values", "mm_token_type_ids"):
+        assert torch.equal(batch[key], mine[key]), key
+    with torch.no_grad():
+        model(**model_inputs(batch, model))
+
+
+def test_a_media_batch_never_reaches_the_model_without_its_pixels(qwen3vl):
+    ds, processor, model = qwen3vl
+    rows = [ds[i] for i in range(len(ds))]
+    batch = PackedCollator(family=ds.family)(rows)  # spans collated, no processor: masks and positions only
+    with pytest.raises(ValueError, match=r"media span\(s\) \(image\) but the collator loads no media.*for_build"):
+        model_inputs(batch)
+    with pytest.raises(ValueError, match="the build holds image, video but the collator loads no media"):
+        PackedCollator(family=ds.family).check_build(ds, model)
+
+
+def test_a_family_processor_without_the_family_or_with_another_rope_is_refused(qwen3vl):
+    ds, processor, _ = qwen3vl
+    with pytest.raises(ValueError, match="processor Qwen3VLProcessor is family qwen3vl / qwen35's, but the collator has "
+                                         "no family.*for_build"):
+        PackedCollator(rope="mrope", processor=processor)  # the old README snippet
+    with pytest.raises(ValueError, match="rope='default' contradicts family qwen3vl.*leave rope out"):
+        PackedCollator(rope="default", family=ds.family, processor=processor)
+    llama = {**ds.family, "name": "llama4", "rope": "default", "settings": None}
+    with pytest.raises(ValueError, match="the collator's family is 'llama4' but the build's is 'qwen3vl'"):
+        from packer.loader.derive import check_collator
+
+        collate = PackedCollator(processor=None)
+        collate.family = llama
+        check_collator(collate, ds)
+
+
+def test_a_model_of_another_family_is_refused(qwen3vl, tmp_path):
+    ds, _, _ = qwen3vl
+    from assets_gemma3 import ASSETS as GEMMA3
+
+    gemma = GEMMA3.model(GEMMA3.processor(tmp_path / "gemma3"), "sdpa")
+    with pytest.raises(ValueError, match=r"Gemma3ForConditionalGeneration \(gemma3\) is family gemma3's model, but the "
+                                         r"build was made for family qwen3vl.*--family gemma3"):
+        PackedCollator.for_build(ds, gemma)
+
+
+def test_packed_trainer_defaults_to_the_builds_collator_and_refuses_one_without_media(qwen3vl, tmp_path):
+    from transformers import TrainingArguments
+
+    from packer.loader import PackedTrainer
+
+    ds, processor, model = qwen3vl
+    args = TrainingArguments(output_dir=str(tmp_path / "t"), per_device_train_batch_size=1, max_steps=1, report_to=[],
+                             use_cpu=True)
+    trainer = PackedTrainer(model=model, args=args, train_dataset=ds)
+    batch = trainer.data_collator([ds[0]])
+    assert trainer.data_collator.family["name"] == "qwen3vl" and "pixel_values" in batch
+    with pytest.raises(ValueError, match="the build holds image, video but the collator loads no media"):
+        PackedTrainer(model=model, args=args, train_dataset=ds, data_collator=PackedCollator(family=ds.family))
+
+
+def test_dummy_media_are_on_by_default_under_torch_distributed(qwen3vl, monkeypatch):
+    ds, processor, model = qwen3vl
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+    assert PackedCollator.for_build(ds, model).dummy_media is not None  # a rank without an image still runs the tower
+    assert PackedCollator.for_build(ds, model, dummy_media=False).dummy_media is None
+    with pytest.raises(ValueError, match="torch.distributed runs 2 ranks.*model_config=model.config"):
+        PackedCollator(family=ds.family, processor=processor)  # the plain collator: asks for the model's config
+    text = {"input_ids": np.arange(10, 15), "labels": np.arange(10, 15), "cu_seqlens": np.array([0, 5]), "n_tokens": 5,
+            "media": [], "segment_trained": [4]}  # a rank's row without media
+    batch = PackedCollator.for_build(ds, model)([text])
+    assert {m["kind"] for m in batch["media"]} == {"image", "video"} and all(m["dummy"] for m in batch["media"])
+
+
+def test_model_inputs_reads_the_form_of_a_mask_per_layer_type(tmp_path):
+    """A Gemma 3 sdpa batch (a bool mask per layer type) was taken for flex and refused."""
+    from assets_gemma3 import ASSETS as GEMMA3
+
+    from packer.loader.checks import attention_form
+
+    processor = GEMMA3.processor(tmp_path / "gemma3")
+    masks = {"full_attention": torch.ones(1, 1, 4, 4, dtype=torch.bool), "sliding_attention": torch.ones(1, 1, 4, 4, dtype=torch.bool)}
+    batch = {"input_ids": torch.zeros(1, 4, dtype=torch.long), "attention_mask": masks, "media": []}
+    assert attention_form(batch) == "sdpa"
+    assert model_inputs(batch, GEMMA3.model(processor, "sdpa"))["attention_mask"] is masks
+    with pytest.raises(ValueError, match="attention='sdpa' gives a bool mask, and the eager implementation adds"):
+        model_inputs(batch, GEMMA3.model(processor, "eager"))
