@@ -459,6 +459,8 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     keys = row_keys(samples, rows, family_from_state(family, config)) if family.get("name", "generic") != "generic" \
         else None
     p, m = plan_samples(samples, config, encoded.input_sources, rows, joined, keys)
+    if keys is not None:  # no build writes a row its own loader refuses (issue 33): each row holds one key at most
+        check_row_keys(p, keys)
     dropped = {r: len(v) for r, v in p.dropped.items()}
     stage.done(f"{samples.num_rows:,} samples -> {p.n_bins:,} rows (lower bound {p.lower_bound:,}), "
                f"{sum(dropped.values()):,} dropped")
@@ -502,6 +504,20 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     manifest.write(out)  # last: the build is done
     stage.done("report.json, report.html, manifest.json")
     return manifest
+
+
+def check_row_keys(p: Plan, keys: np.ndarray) -> None:
+    """Raise where a planned row holds samples of two row keys (a planner bug: never a row the loader refuses)."""
+    if not p.n_bins:
+        return
+    k = keys[p.indices]
+    keyed = np.where(k >= 0, k, np.iinfo(np.int64).max)
+    lo = np.minimum.reduceat(keyed, p.offsets[:-1])
+    hi = np.maximum.reduceat(np.where(k >= 0, k, -1), p.offsets[:-1])
+    mixed = np.flatnonzero((hi >= 0) & (lo != hi))
+    if len(mixed):
+        raise AssertionError(f"the plan's row {int(mixed[0])} holds samples of row keys {int(lo[mixed[0]])} and "
+                             f"{int(hi[mixed[0]])}: its family's model class could not take them in one call")
 
 
 def file_entry(out: Path, name: str) -> ShardEntry:

@@ -196,12 +196,14 @@ def report(out, html, **settings):
               help="How many records --against-processor re-runs (media records first).")
 @click.option("--media-root", default=None, help="Where the media are now, when they moved since the build (--media, "
                                                  "--against-processor; default: the build's).")
-def verify(out, media, processor, sample, media_root):
+@click.option("--collate", is_flag=True, help="Also prove every row can be collated for the build's family from its "
+                                              "stored spans, no pixel loaded (rows of one video frame count, ...).")
+def verify(out, media, processor, sample, media_root, collate):
     """Check every file of the build folder against the manifest (nothing missing, changed or extra),
     every row's invariants and the accounting; with --media, every media file too."""
     from packer.verify import verify_or_raise
 
-    click.echo(_run(verify_or_raise, out, media=media, media_root=media_root))
+    click.echo(_run(verify_or_raise, out, media=media, media_root=media_root, collate=collate))
     if processor:
         from packer.against_processor import verify_against_processor_or_raise
 

@@ -24,6 +24,8 @@ Checks, naming the file (and row) of every problem found:
   line; a parent an earlier segment of the group, a tree's ``prompt`` (untrained, holding the
   record's media: no media in a branch), its branches starting with one same token; a
   ``chosen`` with exactly one ``rejected`` in its group;
+- with ``--collate``: every row can be collated for the build's family, judged from its stored spans without
+  loading a pixel (:meth:`packer.families.Family.row_problem`: LLaVA-OneVision's videos of one frame count);
 - the accounting: records read = packed + quarantined + dropped, per file and in total;
   the quarantine and ``dropped.jsonl`` have one line per record they count; the packed
   rows hold every packed sample, counted by integer identity (input file, line; pieces
@@ -61,9 +63,12 @@ class Problem:
         return f"{self.file}{'' if self.row is None else f' row {self.row}'}: {self.message}"
 
 
-def verify(out: str | Path, *, media: str | None = None, media_root: str | None = None) -> tuple[list[Problem], dict[str, int]]:
+def verify(out: str | Path, *, media: str | None = None, media_root: str | None = None,
+           collate: bool = False) -> tuple[list[Problem], dict[str, int]]:
     """Problems found (empty: the build is sound) and what was checked. ``media``: also check
     every media file (``"stat"`` or ``"hash"``), found under ``media_root`` (default: the build's).
+    ``collate``: also prove every row can be collated for the build's family from its stored spans, no pixel
+    loaded (:meth:`packer.families.Family.row_problem`: LLaVA-OneVision's videos of one frame count a row).
     ``out`` may be a URL (a build in object storage): its shards are checked through local copies."""
     if media not in (None, "stat", "hash"):
         raise ValueError(f"media must be None, 'stat' or 'hash', got {media!r}")
@@ -81,6 +86,7 @@ def verify(out: str | Path, *, media: str | None = None, media_root: str | None 
     if media:
         found, media_checked = _check_media(out, manifest, media, media_root)
         problems += found
+    row_problem = _row_problem(manifest) if collate else None
     placeholders = set(manifest.placeholders.values())
     kind_ids = {k: manifest.placeholder_id(k) for k in MEDIA_KINDS}
     rows = tokens = 0
@@ -98,6 +104,8 @@ def verify(out: str | Path, *, media: str | None = None, media_root: str | None 
         for k, row in ((k, r) for s in range(0, table.num_rows, 64) for k, r in
                        enumerate(table.slice(s, 64).to_pylist(), start=s)):
             problems += [Problem(entry.file, k, m) for m in _check_row(row, manifest.max_length, placeholders, kind_ids)]
+            if row_problem is not None and (why := row_problem(row["media"])):
+                problems.append(Problem(entry.file, k, f"cannot be collated for its family: {why}"))
             samples.update(zip(row["segment_source"], row["segment_line"], strict=True))  # pieces count once
             cu = row["cu_seqlens"]
             for source, line, start, a, b in zip(row["segment_source"], row["segment_line"], row["segment_start"],
@@ -108,6 +116,16 @@ def verify(out: str | Path, *, media: str | None = None, media_root: str | None 
     problems += _check_pieces(spans)
     problems += _check_accounting(out, manifest, rows, tokens, len(samples))
     return problems, {"files": len(listed), "rows": rows, "tokens": tokens, "media": media_checked}
+
+
+def _row_problem(manifest: Manifest):
+    """The build family's :meth:`~packer.families.Family.row_problem` (None for a generic build)."""
+    family = manifest.tokenizer.get("family") or {}
+    if family.get("name", "generic") == "generic":
+        return None
+    from packer.families import family_from_state
+
+    return family_from_state(family, None).row_problem
 
 
 JOURNAL_NAME = re.compile(r"(encode|pack)-\d{5}\.json")
@@ -363,14 +381,17 @@ def _check_jsonl(path: Path, count: int) -> list[Problem]:
     return problems
 
 
-def verify_or_raise(out: str | Path, limit: int = 50, *, media: str | None = None, media_root: str | None = None) -> str:
+def verify_or_raise(out: str | Path, limit: int = 50, *, media: str | None = None, media_root: str | None = None,
+                    collate: bool = False) -> str:
     from packer.errors import VerifyError
 
-    problems, checked = verify(out, media=media, media_root=media_root)
+    problems, checked = verify(out, media=media, media_root=media_root, collate=collate)
     if problems:
         shown = "\n".join(f"  {p}" for p in problems[:limit])
         more = f"\n  ... and {len(problems) - limit} more" if len(problems) > limit else ""
         raise VerifyError(f"{out}: {len(problems)} problem(s)\n{shown}{more}")
     media_text = f", {checked['media']:,} media files ({media})" if media else ""
-    return f"{out}: ok ({checked['files']} files, {checked['rows']:,} rows, {checked['tokens']:,} tokens{media_text} checked)"
+    collated = ", every row collatable for its family" if collate else ""
+    return (f"{out}: ok ({checked['files']} files, {checked['rows']:,} rows, {checked['tokens']:,} tokens{media_text} "
+            f"checked{collated})")
 

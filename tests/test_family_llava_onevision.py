@@ -294,3 +294,33 @@ def test_a_build_of_clips_of_different_frame_counts_trains_end_to_end(every_fram
     with pytest.raises(ValueError, match="batch_size=2: the build's rows hold videos of .* use batch_size=1"):
         TokenBalancedSampler(ds, num_replicas=1, rank=0, batch_size=2)
     assert len(list(TokenBalancedSampler(ds, num_replicas=1, rank=0, batch_size=1))) == len(ds)
+
+
+def test_verify_collate_proves_the_rows_and_catches_a_build_planned_without_the_constraint(every_frame, tmp_path,
+                                                                                            monkeypatch):
+    from click.testing import CliRunner
+
+    from packer.cli import main
+    from packer.families.llava_onevision import LlavaOnevision
+
+    root, _, _, _ = every_frame
+    ok = CliRunner().invoke(main, ["verify", str(root / "out"), "--collate"])
+    assert ok.exit_code == 0 and "every row collatable for its family" in ok.output, ok.output
+    with monkeypatch.context() as m:  # a build from before row constraints: videos of any frame counts in a row
+        m.setattr(LlavaOnevision, "row_key", lambda self, span: None)
+        build_family("llava_onevision", root / "checkpoint", root / "records.jsonl", tmp_path / "old", max_segments=4)
+    bad = CliRunner().invoke(main, ["verify", str(tmp_path / "old"), "--collate"])
+    assert bad.exit_code == 6 and "cannot be collated for its family: videos of" in bad.output, bad.output
+    assert CliRunner().invoke(main, ["verify", str(tmp_path / "old")]).exit_code == 0  # sound, just not collatable
+
+
+def test_a_plan_whose_row_mixes_keys_is_refused_at_build_time():
+    import numpy as np
+
+    from packer.build import check_row_keys
+    from packer.pack import plan
+
+    keys = np.array([0, 1, -1, -1])
+    check_row_keys(plan([3, 3, 2, 2], 8, row_key=keys), keys)
+    with pytest.raises(AssertionError, match="row 0 holds samples of row keys 0 and 1"):
+        check_row_keys(plan([3, 3, 2, 2], 8, order="planner"), keys)

@@ -174,6 +174,12 @@ class Family(ABC):
         checks it from the stored spans."""
         return None
 
+    def row_problem(self, spans: list[dict[str, Any]]) -> str | None:
+        """Why a row (or a batch) holding ``spans`` cannot be collated for this family's model class, from the stored
+        spans alone (no pixel loaded); None where it can. ``packer verify --collate`` asks it of every row."""
+        keys = sorted({k for m in spans if not m.get("dummy") and (k := self.row_key(m)) is not None}, key=str)
+        return self.row_key_reason(keys) if len(keys) > 1 else None
+
     def row_key_reason(self, keys: list[Hashable]) -> str:
         """Why items of these different keys cannot be taken together (the quarantine and refusal detail)."""
         return f"family {self.name}: the model takes these items in one call only when they agree ({sorted(map(str, keys))})"
