@@ -34,9 +34,13 @@ def build_family(ds) -> dict[str, Any] | None:
 
 
 def media_kinds(ds) -> list[str]:
-    """The media kinds the build declares and holds placeholders for."""
+    """The media kinds the build's packed samples hold (its ``samples_by_modality``), of those it declares."""
     family = ds.family or {}
     declared = family.get("modalities") or ds.manifest.config.get("modalities") or ()
+    held = ds.manifest.stats.get("samples_by_modality")
+    if held is not None:
+        held = {k for modality in held for k in modality.split("+")}
+        declared = [k for k in declared if k in held]
     return [k for k in declared if ds.manifest.placeholder_id(k) is not None]
 
 
