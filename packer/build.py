@@ -118,7 +118,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
             warn_sample_tokenizer(config, files)  # once the build is under way (a refused one says only why)
             encoded = encode_inputs(out, files, tasks, counts, setup_args, driver, engine, progress)
             encoded.input_sources = [k for _, k in inputs]
-            warn_no_encoder(out, config, encoded)
+            warn_no_encoder(out, driver.encoder.family.kinds, encoded)
             warn_internal_errors(out, encoded)
             check_bad_fraction(out, config, encoded, tokenizer)
             tokenizer_files = save_tokenizer(driver.encoder.tok, out)
@@ -160,13 +160,29 @@ def warn_sample_tokenizer(config: BuildConfig, files: list) -> None:
               file=sys.stderr)
 
 
-def warn_no_encoder(out: Path, config: BuildConfig, encoded: Encoded) -> None:
-    """One line on stderr when stage 1 quarantined records of a modality the model has no encoder for."""
+def warn_no_encoder(out: Path, kinds: tuple[str, ...], encoded: Encoded) -> None:
+    """One line on stderr when stage 1 quarantined records of a modality the model has no encoder for, naming
+    each kind quarantined and its records (from the quarantine's details), and the kinds the build encodes."""
     n = encoded.quarantined.get("no_encoder", 0)
     if n:
-        print(f"packer: warning: {n:,} record(s) hold media of a kind this pipeline declares no encoder for "
-              f"(modalities: {', '.join(config.modalities) or 'text only'}); quarantined as no_encoder in "
-              f"{out / 'quarantine.jsonl'} (--strict refuses them)", file=sys.stderr)
+        print(f"packer: warning: {n:,} record(s) hold media of a kind this pipeline declares no encoder for: "
+              f"{no_encoder_kinds(out / encoded.quarantine.file)} (modalities: {', '.join(kinds) or 'text only'}); "
+              f"quarantined as no_encoder in {out / 'quarantine.jsonl'} (--strict refuses them)", file=sys.stderr)
+
+
+def no_encoder_kinds(quarantine) -> str:
+    """``audio in 3 record(s), video in 1``: the kinds the ``no_encoder`` entries of a quarantine file name."""
+    import re
+
+    records: dict[str, int] = {}
+    with quarantine.open("r", encoding="utf-8") as f:
+        for line in f:
+            entry = json.loads(line) if line.strip() else {}
+            if entry.get("reason") == "no_encoder":
+                held = str(entry.get("detail", "")).split(" but ", 1)[0]
+                for kind in dict.fromkeys(re.findall(r"\d+ (image|audio|video) item", held)):
+                    records[kind] = records.get(kind, 0) + 1
+    return ", ".join(f"{k} in {v:,}{' record(s)' if not i else ''}" for i, (k, v) in enumerate(records.items())) or "?"
 
 
 def warn_internal_errors(out: Path, encoded: Encoded) -> None:

@@ -361,15 +361,17 @@ class Encoder:
 
     def _check_modalities(self, conv: Conversation) -> None:
         """Refuse media the model has no encoder for, before any file is probed."""
-        for kind in MEDIA_ORDER:
-            n = sum(p.kind == kind for p in conv.media)
-            if n and kind not in self.family.kinds:
-                raise BadRecord(
-                    "no_encoder",
-                    f"the record holds {n} {kind} item(s) but this pipeline's modalities are "
-                    f"{list(self.family.kinds)} (no {kind} encoder): pack it with a pipeline that declares {kind}, "
-                    f"or add {kind!r} to modalities if the model encodes it",
-                )
+        missing = {kind: n for kind in MEDIA_ORDER
+                   if kind not in self.family.kinds and (n := sum(p.kind == kind for p in conv.media))}
+        if missing:
+            kinds = " and ".join(missing)
+            raise BadRecord(
+                "no_encoder",
+                f"the record holds {' and '.join(f'{n} {k} item(s)' for k, n in missing.items())} but this "
+                f"pipeline's modalities are {list(self.family.kinds)} (no {kinds} encoder): pack it with a pipeline "
+                f"that declares {kinds}, or add {' and '.join(map(repr, missing))} to modalities if the model "
+                f"encodes it",
+            )
 
     def _check_reserved_untrained(self, labels: np.ndarray) -> None:
         """The invariant ``packer verify`` checks: no placeholder / begin / end id is a label."""
