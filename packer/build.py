@@ -72,8 +72,12 @@ def build(config: BuildConfig, *, progress: bool = True) -> Manifest:
     Rerunning after a crash (same inputs and settings) resumes: finished stage-1 and
     stage-3 shards are reused and the result is byte-identical to an uninterrupted build.
     An fsspec URL output is written directly, by every worker (no shared disk needed);
-    with ``staging_dir`` it is built in that local folder and uploaded when done.
+    with ``staging_dir`` it is built in that local folder and uploaded when done. An output URL the
+    store refuses (no credentials, a wrong endpoint) or one that keeps nothing (``memory://``) is
+    refused first (:func:`packer.io.fs.check_reachable`).
     """
+    if fs.is_url(config.output) and not config.output.startswith("file://"):
+        fs.check_reachable(config.output, output=True)
     if fs.is_url(config.output) and config.staging_dir and not config.output.startswith("file://"):
         staging = config.staging_dir
         manifest = _build(dataclasses.replace(config, output=staging), progress)

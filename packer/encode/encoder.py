@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import posixpath
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -535,23 +536,43 @@ def _shift(pos: int, edits: list[tuple[int, int, int]]) -> int:
 def stored_ref(path: str, media_base: str) -> str:
     """How a media file is named in the shards: relative to the build's media root when
     inside it (so the build and its media can move together), else absolute, or the URL.
+    A URL under a URL root is stored relative to it too (``s3://data/images/a.jpg`` under
+    ``s3://data`` is ``images/a.jpg``), so ``PackedDataset(build, media_root=NEW)`` moves it.
     The loader joins it back onto the root the manifest records (or one the user gives)."""
-    if is_url(path) or not media_base:
+    if not media_base:
         return str(path)
+    if is_url(path):
+        url, root = _normal_url(str(path)), _normal_url(media_base) if is_url(media_base) else ""
+        return url[len(root) + 1:] if root and url.startswith(root + "/") else str(path)
     absolute = os.path.abspath(path)
     if absolute == media_base or absolute.startswith(media_base.rstrip(os.sep) + os.sep):
         return Path(os.path.relpath(absolute, media_base)).as_posix()
     return absolute
 
 
+def _normal_url(url: str) -> str:
+    """``s3://b/x/../y/`` as ``s3://b/y``: one spelling per folder, so a prefix test is a containment test."""
+    protocol, rest = url.split("://", 1)
+    return f"{protocol}://{posixpath.normpath(rest).lstrip('/') if rest.strip('/') else ''}".rstrip("/")
+
+
 def media_base(config, files: list) -> str:
     """The build's media root: ``--media-root``, else the deepest folder holding every
-    input file (absolute). Empty when inputs are URLs."""
+    input file (absolute; for URL inputs of one store, the deepest URL folder holding them).
+    Empty when local files and URLs, or URLs of several stores, are mixed."""
     if config.media_root:
         return config.media_root if is_url(config.media_root) else os.path.abspath(config.media_root)
-    if not files or any(is_url(f) for f in files):
+    if not files:
         return ""
-    return os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files])
+    urls = [_normal_url(str(f)) for f in files if is_url(f)]
+    if not urls:
+        return os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files])
+    stores = {u.split("://", 1)[0] + "://" + u.split("://", 1)[1].split("/", 1)[0] for u in urls}
+    if len(urls) != len(files) or len(stores) != 1:
+        return ""
+    protocol = urls[0].split("://", 1)[0]
+    common = posixpath.commonpath([posixpath.dirname(u.split("://", 1)[1]) for u in urls])
+    return f"{protocol}://{common}" if common else ""
 
 
 __all__ = ["Encoder", "EncoderSpec", "RenderedChat"]
