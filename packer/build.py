@@ -103,7 +103,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
     head = list(itertools.islice(tasks, engine.workers))  # never more workers than tasks: the first few are cut now
     tasks = itertools.chain(head, tasks)
     media_root = media_base(config, files)
-    spec = EncoderSpec.from_config(config, media_root)
+    spec = EncoderSpec.from_config(config, media_root, ship_files=config.engine == "ray")  # workers elsewhere
     setup_args = (spec, config.output, config.strict, config.durable, config.on_internal_error)
     with engine.started(encode.setup, setup_args, tasks=len(head)):  # its workers load the tokenizer while this process does
         driver = encode.setup(*setup_args)  # checks the tokenizer first,

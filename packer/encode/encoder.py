@@ -41,6 +41,7 @@ import numpy as np
 from packer.encode import preference
 from packer.encode.labels import Labeller, span_mask
 from packer.encode.render import MARK_END, MARK_START, Renderer, probe_conversations, template_clock
+from packer.encode.shipped import Shipped, ship, unpack
 from packer.encode.tokenizer import fingerprint, load_tokenizer
 from packer.encode.tokens import TextTokenizer
 from packer.errors import BadRecord, PackerError
@@ -76,10 +77,14 @@ class EncoderSpec:
     config: Any  # packer.config.BuildConfig
     media_base: str = ""
     family: dict[str, Any] | None = None
+    shipped: Shipped | None = None  # the tokenizer's files (and a template file), read on the driver
 
     @classmethod
-    def from_config(cls, config: Any, media_base: str = "") -> EncoderSpec:
-        return cls(config, media_base, make_family(config).describe())
+    def from_config(cls, config: Any, media_base: str = "", *, ship_files: bool = False) -> EncoderSpec:
+        """``ship_files``: carry the tokenizer folder and a ``.jinja`` template file in the spec (workers on
+        other machines, or in another folder, load them from there: :mod:`packer.encode.shipped`)."""
+        spec = cls(config, media_base, make_family(config).describe())
+        return dataclasses.replace(spec, shipped=ship(spec.tokenizer, config.chat_template)) if ship_files else spec
 
     @classmethod
     def of(cls, media_base: str = "", **settings: Any) -> EncoderSpec:
@@ -131,7 +136,8 @@ class Encoder:
         self.config = config
         self.family: Family = family_from_state(spec.family, config) if spec.family else make_family(config)
         self.tags = spec.tags
-        self.tok = load_tokenizer(spec.tokenizer, self.family.special_tokens())
+        folder, template = unpack(spec.shipped) if spec.shipped is not None else (None, None)
+        self.tok = load_tokenizer(folder or spec.tokenizer, self.family.special_tokens())
         self.serialized = self.tok.backend_tokenizer.to_str()
         self.text = TextTokenizer(self.tok, self.serialized)
         self.run_tokens = self.family.run_tokens()
@@ -150,7 +156,7 @@ class Encoder:
         self.renderer: Renderer | None = None
         self.labeller: Labeller | None = None
         if self.tok.chat_template:
-            self.renderer = Renderer(self.tok, config.chat_template, template_clock(config.template_time))
+            self.renderer = Renderer(self.tok, template or config.chat_template, template_clock(config.template_time))
             self.renderer.check(probe_conversations(self.family.kinds if self.family.structured else ()))
             self.labeller = Labeller(self.renderer)
         self._memo: dict = {}  # texts tokenized in a batch, for the records of one encode_lines call
