@@ -505,7 +505,8 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     stage = Stage("report", "", enabled=progress)
     keys = lambda indices: rows(indices, ["key"]).column("key").to_pylist()  # noqa: E731
     # report.json and report.html from the workers' shard stats and the planned columns: no shard read back
-    write_report(out, manifest, shard_stats=stats, samples=(samples, keys))
+    report = write_report(out, manifest, shard_stats=stats, samples=(samples, keys))
+    manifest.stats["media"] = report["media_counts"]  # items and tokens per kind: inspect of a remote build reads it
     manifest.execution["report_files"] = [dataclasses.asdict(file_entry(out, name)) for name in REPORT_FILES]
     manifest.write(out)  # last: the build is done
     stage.done("report.json, report.html, manifest.json")

@@ -67,7 +67,8 @@ def summarize(out: str | Path) -> dict[str, Any]:
         "long_audio": manifest.config.get("long_audio", "truncate"),
         "shards": len(manifest.files.packed),
         "family": family_section(manifest),
-        "media": None if is_remote(out) else media_counts(kinds, lengths),  # a remote build's shards are not read
+        # a remote build's shards are not read: the counts its build recorded (None for a build made before)
+        "media": manifest.stats.get("media") if is_remote(out) else media_counts(kinds, lengths),
     }
 
 

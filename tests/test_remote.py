@@ -137,6 +137,9 @@ def test_loader_and_verify_read_a_remote_build(s3, reference):
     assert {k: v.tolist() for k, v in remote.row_stats().items()} == {k: v.tolist() for k, v in local.row_stats().items()}
     problems, checked = verify("s3://builds/b3")
     assert problems == [] and checked["rows"] == len(local)
+    from packer.summary import summarize  # from the manifest: the media counts its build recorded
+    assert summarize("s3://builds/b3")["media"] == summarize(ref_out)["media"] == ref["stats"]["media"]
+    assert ref["stats"]["media"]["image"]["items"] > 0
     packed = ref["files"]["packed"][1]["file"]
     s3.pipe(f"builds/b3/{packed}", b"not a shard")
     problems, _ = verify("s3://builds/b3")

@@ -436,6 +436,7 @@ def test_a_family_build_reports_the_family_not_the_generic_policy(family_build):
     spans = [s for x in all_rows(out, manifest) for s in x["media"]]
     counts = r["media_counts"]
     assert (counts["image"]["items"], counts["video"]["items"], counts["audio"]["items"]) == (3, 1, 0)
+    assert manifest["stats"]["media"] == counts  # recorded for a summary that reads no shard (a remote build)
     assert counts["image"]["tokens"] == sum(s["tokens"] for s in spans if s["kind"] == "image") > 0
     assert counts["video"]["tokens"] == sum(s["tokens"] for s in spans if s["kind"] == "video") > 0
     # the generic policy played no part: neither report.json's config nor the page shows it (the manifest keeps it)
