@@ -381,6 +381,7 @@ def test_a_generic_build_reports_its_policies_and_media_counts(sample_build):
     assert r["media_counts"]["image"]["items"] > 0 and r["media_counts"]["audio"]["items"] > 0
     page = (out / "report.html").read_text()
     assert "<h2>Model family</h2>" in page and "fixed:image_size=336" in page
+    assert "<code>image_token</code></td><td class=\"\"><code>&quot;&lt;image&gt;&quot;" in page
     text = CliRunner().invoke(main, ["inspect", str(out)]).output
     assert "family       generic (token-count policies: image fixed:image_size=336,patch_size=14, audio " in text
     images = r["media_counts"]["image"]
@@ -443,7 +444,10 @@ def test_a_family_build_reports_the_family_not_the_generic_policy(family_build):
     assert not {"image_tokens", "image_token", "video_tokens", "audio_tokens"} & set(r["config"])
     assert r["config"]["modalities"] == ["image", "video"] and manifest["config"]["image_tokens"].startswith("fixed:")
     page = (out / "report.html").read_text()
-    assert "fixed:image_size=336" not in page and '"&lt;image&gt;"' not in page
+    assert "fixed:image_size=336" not in page and "<code>image_tokens</code>" not in page
+    assert "<code>image_token</code></td><td class=\"\"><code>&quot;&lt;image&gt;&quot;" not in page  # the family's is shown
+    assert "<code>image_token</code></td><td class=\"\"><code>&quot;&lt;|image_pad|&gt;&quot;" in page
+    assert "<code>image_tag</code>" in page  # the input text's marker stays: records are parsed with it
     assert "Qwen3VLProcessor" in page and "image_patch_size" in page
     # the CLI summary, after the build and from inspect
     text = CliRunner().invoke(main, ["inspect", str(out)]).output
