@@ -262,3 +262,21 @@ def test_a_staged_build_is_uploaded_whole_without_its_resume_state(s3, reference
     names = s3.find("builds/staged")
     assert "builds/staged/manifest.json" in names and not any("/.state/" in n for n in names)
     assert (tmp_path / "staging" / ".state").is_dir()
+
+
+def test_an_unreachable_endpoint_is_one_line_too(s3, monkeypatch, tmp_path):
+    """Credentials but no server at the endpoint: the connection error, the URL and the fix, exit 2."""
+    import s3fs
+    from s3_server import free_port
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", os.environ["AWS_ENDPOINT_URL"])
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        r = cli("build", "-i", SAMPLE / "docs.jsonl", "-o", "s3://builds/nowhere", "--tokenizer", ROOT / "sample_data/tokenizer")
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert r.output.startswith("packer: error: output s3://builds/nowhere: cannot reach it (EndpointConnectionError")
+    assert "check the URL's endpoint" in r.output and "AWS_ENDPOINT_URL" in r.output

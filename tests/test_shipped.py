@@ -58,3 +58,29 @@ def test_a_checkpoint_folder_too_large_to_ship_is_refused_naming_it(driver_folde
     monkeypatch.setattr(shipped, "MAX_BYTES", 1000)
     with pytest.raises(ConfigError, match=r"tokenizer 'tok': its folder .*tok holds over 1,000 bytes of tokenizer files"):
         EncoderSpec.from_config(BuildConfig(tokenizer="tok"), ship_files=True)
+
+
+def test_a_hub_name_ships_the_snapshot_the_driver_loads_from(tmp_path, monkeypatch):
+    """A tokenizer named by hub name is sent from the driver's hub cache: a node without that cache (or the
+    hub) loads the same tokenizer."""
+    from huggingface_hub import constants
+
+    from packer.encode.shipped import ship
+
+    hub = tmp_path / "hub" / "models--org--tok"
+    (hub / "refs").mkdir(parents=True)
+    (hub / "refs" / "main").write_text("abc123")
+    shutil.copytree(ROOT / "sample_data" / "tokenizer", hub / "snapshots" / "abc123")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("PACKER_CACHE", str(tmp_path / "cache"))
+    shipped = ship("org/tok")
+    assert sorted(name for name, _ in shipped.files) == ["chat_template.jinja", "tokenizer.json", "tokenizer_config.json"]
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty"))  # the node: no hub cache, no hub
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    worker = Encoder(pickle.loads(pickle.dumps(EncoderSpec(BuildConfig(tokenizer="org/tok"), shipped=shipped))))
+    local = Encoder(EncoderSpec.from_config(BuildConfig(tokenizer=str(ROOT / "sample_data" / "tokenizer"))))
+    assert worker.serialized == local.serialized and worker.fingerprint()["name"] == "org/tok"
+    with pytest.raises(PackerError, match=r"cannot load tokenizer 'org/tok'"):
+        Encoder(EncoderSpec(BuildConfig(tokenizer="org/tok")))
