@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -210,10 +211,22 @@ line = np.arange(n, dtype=np.int64) % (n // files + 1) + 1
 modality = pa.DictionaryArray.from_arrays(pa.array(rng.integers(0, 3, n).astype(np.int32)), ["text", "image", "video"])
 image = (modality.indices.to_numpy() == 1).astype(np.int32)
 video = (modality.indices.to_numpy() == 2).astype(np.int32)
-# planning.plan_columns of n samples, as the stage-1 results hand it to the driver
-columns = pa.table({"length": length, "source_index": source, "source_line": line, "modality": modality,
-                    "media_image": image, "media_audio": np.zeros(n, np.int32), "media_video": video})
-del length, source, line, modality, image, video
+# planning.plan_columns of n samples, as the stage-1 results hand it to the driver: its schema read from
+# plan_columns itself, so a column added there (the preference ones: prefix, response_lengths) is simulated
+# too -- as a sample that is not a preference record has it: 0, an empty list
+from packer.shards.schema import SAMPLE_SCHEMA
+from packer.stages.planning import plan_columns
+generated = {"length": length, "source_index": source, "source_line": line, "modality": modality,
+             "media_image": image, "media_video": video}
+def filler(field):
+    if pa.types.is_list(field.type):
+        return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], field.type.value_type))
+    if pa.types.is_integer(field.type):
+        return pa.array(np.zeros(n, field.type.to_pandas_dtype()))
+    raise SystemExit(f"bench_scale: the simulation does not know how to fill plan column {field.name} ({field.type})")
+schema = plan_columns(SAMPLE_SCHEMA.empty_table()).schema
+columns = pa.table({f.name: generated[f.name] if f.name in generated else filler(f) for f in schema})
+del length, source, line, modality, image, video, generated
 held_columns = rss("VmRSS") - start
 config = BuildConfig(input=("x.jsonl",), max_length=8192)
 t = time.perf_counter()
@@ -232,12 +245,19 @@ print(json.dumps({"n": n, "columns": held_columns, "columns_nbytes": columns.nby
 
 
 def driver_memory(n: int) -> dict | None:
-    """The simulation's figures, or None when its process died (at 10^8 it needs ~10 GiB: on a
-    shared machine the kernel's OOM killer may take it)."""
+    """The simulation's figures, or None when its process failed: killed by a signal (at 10^8 it needs
+    ~10 GiB: on a shared machine the kernel's OOM killer may take it; rerun smaller), or an error of the
+    simulation itself (its traceback's last lines are printed: a bug to fix, not a lack of memory)."""
     out = subprocess.run([sys.executable, "-c", MEMORY, str(n), str(ROOT)], capture_output=True, text=True,
                          env={**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"})
+    if out.returncode < 0:
+        name = signal.Signals(-out.returncode).name
+        why = " (most likely the OOM killer)" if -out.returncode == signal.SIGKILL else ""
+        print(f"  (the simulation at {n:,} samples was killed by {name}{why}; rerun with a smaller --simulate)")
+        return None
     if out.returncode:
-        print(f"  (the simulation at {n:,} samples died: exit {out.returncode}; rerun with a smaller --simulate)")
+        tail = "\n    ".join(out.stderr.strip().splitlines()[-3:])
+        print(f"  (the simulation at {n:,} samples failed with exit {out.returncode}, an error, not memory:\n    {tail})")
         return None
     return json.loads(out.stdout.strip().splitlines()[-1])
 

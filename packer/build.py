@@ -81,8 +81,12 @@ def build(config: BuildConfig, *, progress: bool = True) -> Manifest:
     Rerunning after a crash (same inputs and settings) resumes: finished stage-1 and
     stage-3 shards are reused and the result is byte-identical to an uninterrupted build.
     An fsspec URL output is written directly, by every worker (no shared disk needed);
-    with ``staging_dir`` it is built in that local folder and uploaded when done.
+    with ``staging_dir`` it is built in that local folder and uploaded when done. An output URL the
+    store refuses (no credentials, a wrong endpoint) or one that keeps nothing (``memory://``) is
+    refused first (:func:`packer.io.fs.check_reachable`).
     """
+    if fs.is_url(config.output) and not config.output.startswith("file://"):
+        fs.check_reachable(config.output, output=True)
     if fs.is_url(config.output) and config.staging_dir and not config.output.startswith("file://"):
         staging = config.staging_dir
         manifest = _build(dataclasses.replace(config, output=staging), progress)
@@ -108,7 +112,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
     head = list(itertools.islice(tasks, engine.workers))  # never more workers than tasks: the first few are cut now
     tasks = itertools.chain(head, tasks)
     media_root = media_base(config, files)
-    spec = EncoderSpec.from_config(config, media_root)
+    spec = EncoderSpec.from_config(config, media_root, ship_files=config.engine == "ray")  # workers elsewhere
     setup_args = (spec, config.output, config.strict, config.durable, config.on_internal_error)
     with engine.started(encode.setup, setup_args, tasks=len(head)):  # its workers load the tokenizer while this process does
         driver = encode.setup(*setup_args)  # checks the tokenizer first,
@@ -127,7 +131,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
             warn_sample_tokenizer(config, files)  # once the build is under way (a refused one says only why)
             encoded = encode_inputs(out, files, tasks, counts, setup_args, driver, engine, progress)
             encoded.input_sources = [k for _, k in inputs]
-            warn_no_encoder(out, config, encoded)
+            warn_no_encoder(out, driver.encoder.family.kinds, encoded)
             warn_internal_errors(out, encoded)
             check_bad_fraction(out, config, encoded, tokenizer)
             tokenizer_files = save_tokenizer(driver.encoder.tok, out)
@@ -169,13 +173,29 @@ def warn_sample_tokenizer(config: BuildConfig, files: list) -> None:
               file=sys.stderr)
 
 
-def warn_no_encoder(out: Path, config: BuildConfig, encoded: Encoded) -> None:
-    """One line on stderr when stage 1 quarantined records of a modality the model has no encoder for."""
+def warn_no_encoder(out: Path, kinds: tuple[str, ...], encoded: Encoded) -> None:
+    """One line on stderr when stage 1 quarantined records of a modality the model has no encoder for, naming
+    each kind quarantined and its records (from the quarantine's details), and the kinds the build encodes."""
     n = encoded.quarantined.get("no_encoder", 0)
     if n:
-        print(f"packer: warning: {n:,} record(s) hold media of a kind this pipeline declares no encoder for "
-              f"(modalities: {', '.join(config.modalities) or 'text only'}); quarantined as no_encoder in "
-              f"{out / 'quarantine.jsonl'} (--strict refuses them)", file=sys.stderr)
+        print(f"packer: warning: {n:,} record(s) hold media of a kind this pipeline declares no encoder for: "
+              f"{no_encoder_kinds(out / encoded.quarantine.file)} (modalities: {', '.join(kinds) or 'text only'}); "
+              f"quarantined as no_encoder in {out / 'quarantine.jsonl'} (--strict refuses them)", file=sys.stderr)
+
+
+def no_encoder_kinds(quarantine) -> str:
+    """``audio in 3 record(s), video in 1``: the kinds the ``no_encoder`` entries of a quarantine file name."""
+    import re
+
+    records: dict[str, int] = {}
+    with quarantine.open("r", encoding="utf-8") as f:
+        for line in f:
+            entry = json.loads(line) if line.strip() else {}
+            if entry.get("reason") == "no_encoder":
+                held = str(entry.get("detail", "")).split(" but ", 1)[0]
+                for kind in dict.fromkeys(re.findall(r"\d+ (image|audio|video) item", held)):
+                    records[kind] = records.get(kind, 0) + 1
+    return ", ".join(f"{k} in {v:,}{' record(s)' if not i else ''}" for i, (k, v) in enumerate(records.items())) or "?"
 
 
 def warn_internal_errors(out: Path, encoded: Encoded) -> None:
@@ -499,7 +519,8 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     stage = Stage("report", "", enabled=progress)
     keys = lambda indices: rows(indices, ["key"]).column("key").to_pylist()  # noqa: E731
     # report.json and report.html from the workers' shard stats and the planned columns: no shard read back
-    write_report(out, manifest, shard_stats=stats, samples=(samples, keys))
+    report = write_report(out, manifest, shard_stats=stats, samples=(samples, keys))
+    manifest.stats["media"] = report["media_counts"]  # items and tokens per kind: inspect of a remote build reads it
     manifest.execution["report_files"] = [dataclasses.asdict(file_entry(out, name)) for name in REPORT_FILES]
     manifest.write(out)  # last: the build is done
     stage.done("report.json, report.html, manifest.json")

@@ -312,6 +312,7 @@ class BuildConfig:
         for k, source in enumerate(self.sources()):
             pattern = source.pattern
             if fs.is_url(pattern):
+                fs.check_reachable(pattern)  # a store that cannot be asked is named, not taken for "no file"
                 matched = fs.glob(pattern) if any(c in pattern for c in "*?[") else [pattern] if fs.exists(pattern) else []
                 if not matched:
                     raise ConfigError(f"input {pattern!r} matches no file")

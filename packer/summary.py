@@ -15,8 +15,11 @@ import pyarrow.compute as pc
 from packer import reasons
 from packer.errors import PackerError
 from packer.io.fs import is_remote, location
+from packer.report.family import GENERIC, family_line, family_section, media_counts, settings_line
 from packer.shards.io import read_shard
 from packer.shards.manifest import Manifest
+
+NOUNS = {"image": ("image", "images"), "video": ("video", "videos"), "audio": ("audio clip", "audio clips")}
 
 
 def summarize(out: str | Path) -> dict[str, Any]:
@@ -25,6 +28,7 @@ def summarize(out: str | Path) -> dict[str, Any]:
     out = location(out)
     manifest = Manifest.read(out)
     rows = tokens = segments = 0
+    kinds, lengths = [], []  # every media span's kind and placeholder tokens
     if is_remote(out):
         rows, tokens, segments = (int(manifest.stats.get(k, 0)) for k in ("rows", "tokens", "segments"))
     for entry in [] if is_remote(out) else manifest.files.packed:
@@ -32,6 +36,9 @@ def summarize(out: str | Path) -> dict[str, Any]:
         rows += table.num_rows
         tokens += int(pc.sum(table.column("n_tokens")).as_py() or 0)
         segments += int(pc.sum(pc.list_value_length(table.column("segment_ids"))).as_py() or 0)
+        spans = pc.list_flatten(table.column("media"))
+        kinds += pc.struct_field(spans, "kind").cast("string").to_pylist()
+        lengths += pc.struct_field(spans, "tokens").to_pylist()
     max_length = manifest.max_length
     lower_bound = -(-tokens // max_length)
     acc, stats = manifest.accounting, manifest.stats
@@ -59,6 +66,9 @@ def summarize(out: str | Path) -> dict[str, Any]:
         "audio_truncated": stats.get("audio_truncated", 0),
         "long_audio": manifest.config.get("long_audio", "truncate"),
         "shards": len(manifest.files.packed),
+        "family": family_section(manifest),
+        # a remote build's shards are not read: the counts its build recorded (None for a build made before)
+        "media": manifest.stats.get("media") if is_remote(out) else media_counts(kinds, lengths),
     }
 
 
@@ -73,6 +83,14 @@ def summary_text(s: dict[str, Any]) -> str:
         f"  fill         {100 * s['fill']:.2f}% of {s['max_length']:,} tokens per row",
         f"  tokens       {s['tokens']:,} in {s['segments']:,} segments",
     ]
+    if s.get("family"):
+        lines.append(f"  family       {family_line(s['family'])}")
+        if s["family"]["name"] != GENERIC and settings_line(s["family"]):
+            lines.append(f"  settings     {settings_line(s['family'])}")
+    if s.get("media") and any(v["items"] for v in s["media"].values()):
+        counted = [f"{v['items']:,} {NOUNS.get(k, (k, k))[v['items'] != 1]} ({v['tokens']:,} tokens)"
+                   for k, v in s["media"].items() if v["items"]]
+        lines.append("  media        " + ", ".join(counted))
     if s.get("repeated"):
         lines.append(f"  repeated     {s['repeated']:,} extra copies (source weights over 1)")
     if s["truncated_samples"]:

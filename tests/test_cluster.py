@@ -1,7 +1,8 @@
 """--engine ray on a real multi-node cluster without a shared disk, on this machine: a Ray
 head and a second node started with ``ray start`` (separate raylets, object stores and
-temp dirs; 1 CPU each), an S3-API server (moto) holding the inputs, their media and the
-output. The Ray build from s3:// to s3:// has the local engine's bytes; a worker node
+temp dirs; 1 CPU each; the second in another folder than the repository, so the pipeline's
+relative tokenizer is not there: the driver ships it), an S3-API server (moto) holding the
+inputs, their media and the output. The Ray build from s3:// to s3:// has the local engine's bytes; a worker node
 killed mid-stage-1 and a killed driver both end in the same bytes.
 """
 
@@ -40,7 +41,8 @@ class Cluster:
         self.address = f"127.0.0.1:{self.port}"
         self.nodes: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, cwd: Path | None = None) -> None:
+        """``cwd``: the folder ``ray start`` runs in (its workers start there); the repository root if None."""
         ray = str(Path(sys.executable).parent / "ray")
         ports = [free_port() for _ in range(5)]
         args = [ray, "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=1",
@@ -51,7 +53,7 @@ class Cluster:
                 f"--min-worker-port={20000 + 100 * len(self.nodes)}", f"--max-worker-port={20099 + 100 * len(self.nodes)}"]
         args += [f"--port={self.port}", "--head", "--include-dashboard=false"] if not self.nodes else [f"--address={self.address}"]
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 -- closed with the process
-        self.nodes[name] = subprocess.Popen(args, env=self.env, stdout=log, stderr=log, start_new_session=True)
+        self.nodes[name] = subprocess.Popen(args, env=self.env, stdout=log, stderr=log, start_new_session=True, cwd=cwd)
         self.wait_for(len(self.alive()))
 
     def alive(self) -> list[str]:
@@ -123,7 +125,8 @@ def cluster(tmp_path_factory):
         c = Cluster(root, env)
         try:
             c.start("head")
-            c.start("node1")
+            (root / "elsewhere").mkdir()  # not the repository: the pipeline's relative tokenizer is not here
+            c.start("node1", cwd=root / "elsewhere")
             yield c, fs
         finally:
             c.stop()
@@ -202,6 +205,8 @@ def test_ray_from_s3_to_s3_has_the_local_engines_bytes(cluster, reference):
     same_build(fs, "builds/ray", *reference)
     m = json.loads(fs.cat("builds/ray/manifest.json"))
     assert m["execution"]["engine"] == "ray" and m["execution"]["output"] == "s3://builds/ray"
+    # node1 ran `ray start` in another folder: its workers loaded the tokenizer the driver shipped
+    assert list((c.root / "cache" / "shipped").glob("*/tokenizer/tokenizer.json"))
     for node in ("head", "node1"):  # each node ran stage workers (Ray names a worker's log after its actor)
         logs = (c.root / node / "session_latest" / "logs").glob("worker-*.out")
         assert any("MapWorker(MapBatches(_Stage))" in p.read_text(errors="replace") for p in logs), node

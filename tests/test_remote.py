@@ -6,6 +6,7 @@ multi-node cluster: tests/test_cluster.py.)"""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -136,6 +137,9 @@ def test_loader_and_verify_read_a_remote_build(s3, reference):
     assert {k: v.tolist() for k, v in remote.row_stats().items()} == {k: v.tolist() for k, v in local.row_stats().items()}
     problems, checked = verify("s3://builds/b3")
     assert problems == [] and checked["rows"] == len(local)
+    from packer.summary import summarize  # from the manifest: the media counts its build recorded
+    assert summarize("s3://builds/b3")["media"] == summarize(ref_out)["media"] == ref["stats"]["media"]
+    assert ref["stats"]["media"]["image"]["items"] > 0
     packed = ref["files"]["packed"][1]["file"]
     s3.pipe(f"builds/b3/{packed}", b"not a shard")
     problems, _ = verify("s3://builds/b3")
@@ -163,3 +167,116 @@ def test_a_url_build_is_locked_on_this_machine_and_a_damaged_remote_shard_is_nam
     with pytest.raises(PackerError, match=r"memory://locked/build/samples/part-00000.arrow does not match"):
         local_copy(out / "samples" / "part-00000.arrow", "0" * 64)
     assert not list((tmp_path / "cache").rglob("*.arrow*"))  # nothing half-kept
+
+
+# ---------------------------------------------------------------- what the store refuses, and moving a URL build's media
+
+
+@pytest.fixture
+def no_credentials(s3, monkeypatch):
+    """The S3 server's address without its credentials (and no instance metadata to ask)."""
+    import s3fs
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    s3fs.S3FileSystem.clear_instance_cache()
+    yield
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+def cli(*args):
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_a_store_without_credentials_is_one_line_naming_the_url_and_the_fix(no_credentials, tmp_path):
+    from packer.errors import ConfigError
+
+    tokenizer = ROOT / "sample_data" / "tokenizer"
+    with pytest.raises(ConfigError, match=r"output s3://builds/nocred: cannot reach it \(NoCredentialsError.*"
+                                          r"AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
+        build(resolve(None, input=[str(SAMPLE / "docs.jsonl")], output="s3://builds/nocred", tokenizer=str(tokenizer)),
+              progress=False)
+    for inputs in ("s3://data/docs.jsonl", "s3://data/*.jsonl"):  # never "matches no file"
+        with pytest.raises(ConfigError, match=rf"input {re.escape(inputs)}: cannot reach it \(NoCredentialsError"):
+            resolve(None, input=[inputs], output=str(tmp_path / "o")).input_files()
+    for args, url in ((["-i", SAMPLE / "docs.jsonl", "-o", "s3://builds/nocred"], "output s3://builds/nocred"),
+                      (["-i", "s3://data/docs.jsonl", "-o", tmp_path / "o"], "input s3://data/docs.jsonl"),
+                      (["-i", SAMPLE / "docs.jsonl", "-o", "gs://bucket/b"], "gs://bucket/b"),
+                      (["-i", SAMPLE / "docs.jsonl", "-o", "az://container/b"], "az://container/b"),
+                      (["-i", SAMPLE / "docs.jsonl", "-o", "nosuch://x/b"], "nosuch://x/b: Protocol not known")):
+        r = cli("build", *args, "--tokenizer", tokenizer)
+        assert r.exit_code == 2, r.output
+        assert r.output.startswith(f"packer: error: {url}") and len(r.output.strip().splitlines()) == 1, r.output
+        assert "Traceback" not in r.output and "matches no file" not in r.output
+    # gs:// and az:// name their package where it is missing, else their credentials
+    r = cli("build", "-i", SAMPLE / "docs.jsonl", "-o", "gs://bucket/b", "--tokenizer", tokenizer)
+    assert "gcsfs" in r.output or "GOOGLE_APPLICATION_CREDENTIALS" in r.output
+    r = cli("inspect", "s3://builds/nocred")  # reading a build: the same line, not "is not a finished packer build"
+    assert r.exit_code == 2 and "build s3://builds/nocred/manifest.json: cannot reach it (NoCredentialsError" in r.output
+
+
+def test_a_memory_output_is_refused_it_would_be_gone_when_packer_exits(tmp_path):
+    from packer.errors import ConfigError
+
+    config = resolve(None, input=[str(SAMPLE / "docs.jsonl")], output="memory://builds/gone",
+                     tokenizer=str(ROOT / "sample_data" / "tokenizer"))
+    with pytest.raises(ConfigError, match=r"output memory://builds/gone: memory:// keeps its files only while this "
+                                          r"process runs.*write it to a folder or to durable storage"):
+        build(config, progress=False)
+    r = cli("build", "-i", SAMPLE / "docs.jsonl", "-o", "memory://builds/gone", "--tokenizer", ROOT / "sample_data/tokenizer")
+    assert r.exit_code == 2 and "memory:// keeps its files only while this process runs" in r.output
+
+
+@pytest.mark.slow  # the reference build
+def test_a_url_builds_media_refs_are_relative_to_its_url_root_so_its_media_can_move(s3, reference):
+    """Built from s3://data/*.jsonl, the media root is s3://data and each ref is relative to it: the loader reads
+    s3://data/images/... by default and the same files from a copy elsewhere with ``media_root=``."""
+    from packer.loader import PackedDataset
+    from packer.media.load import load_image
+
+    out, manifest = reference
+    assert manifest["media_root"] == "s3://data"
+    ds = PackedDataset(out)
+    spans = [(k, m) for k in range(len(ds)) for m in ds[k]["media"]]
+    assert spans and all("://" not in m["ref"] and not m["ref"].startswith("/") for _, m in spans)
+    k, span = next((k, m) for k, m in spans if m["kind"] == "image")
+    assert span["path"] == f"s3://data/{span['ref']}"
+    moved = PackedDataset(out, media_root=str(SAMPLE))  # the same files, elsewhere
+    image = next(m for m in moved[k]["media"] if m["ref"] == span["ref"])
+    assert image["path"] == f"{SAMPLE}/{span['ref']}"
+    assert load_image(image["path"]).size == load_image(span["path"]).size
+
+
+@pytest.mark.slow  # builds: ~8 s each on 2 cores
+def test_a_staged_build_is_uploaded_whole_without_its_resume_state(s3, reference, tmp_path):
+    """--staging-dir: built in a local folder, then uploaded (manifest last), the resume state left out."""
+    staged = build(config("s3://builds/staged", staging_dir=str(tmp_path / "staging")), progress=False).to_dict()
+    assert strip(staged) == strip(reference[1]) and staged["execution"]["output"] == "s3://builds/staged"
+    names = s3.find("builds/staged")
+    assert "builds/staged/manifest.json" in names and not any("/.state/" in n for n in names)
+    assert (tmp_path / "staging" / ".state").is_dir()
+
+
+def test_an_unreachable_endpoint_is_one_line_too(s3, monkeypatch, tmp_path):
+    """Credentials but no server at the endpoint: the connection error, the URL and the fix, exit 2."""
+    import s3fs
+    from s3_server import free_port
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", os.environ["AWS_ENDPOINT_URL"])
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        r = cli("build", "-i", SAMPLE / "docs.jsonl", "-o", "s3://builds/nowhere", "--tokenizer", ROOT / "sample_data/tokenizer")
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert r.output.startswith("packer: error: output s3://builds/nowhere: cannot reach it (EndpointConnectionError")
+    assert "check the URL's endpoint" in r.output and "AWS_ENDPOINT_URL" in r.output

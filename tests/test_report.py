@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import re
+import shutil
 from functools import reduce
 
 import numpy as np
@@ -359,3 +362,108 @@ def test_the_builds_report_from_its_workers_stats_equals_one_recomputed_from_the
     (out / "report.json").unlink()
     write_report(out)
     assert (out / "report.json").read_bytes() == built
+
+
+# ---------------------------------------------------------------- the family the build was made for
+
+
+def test_a_generic_build_reports_its_policies_and_media_counts(sample_build):
+    out, manifest = sample_build
+    r = json.loads((out / "report.json").read_text())
+    family = r["family"]
+    assert (family["name"], family["processor_class"], family["processor"]) == ("generic", "", "")
+    assert family["settings"]["policies"]["image"] == "fixed:image_size=336,patch_size=14"
+    assert r["config"]["image_tokens"] == "fixed:image_size=336,patch_size=14" and r["config"]["image_token"] == "<image>"
+    spans = [s for x in all_rows(out, manifest) for s in x["media"]]
+    assert r["media_counts"] == {k: {"items": sum(s["kind"] == k for s in spans),
+                                     "tokens": sum(s["tokens"] for s in spans if s["kind"] == k)}
+                                 for k in ("image", "audio", "video")}
+    assert r["media_counts"]["image"]["items"] > 0 and r["media_counts"]["audio"]["items"] > 0
+    page = (out / "report.html").read_text()
+    assert "<h2>Model family</h2>" in page and "fixed:image_size=336" in page
+    assert "<code>image_token</code></td><td class=\"\"><code>&quot;&lt;image&gt;&quot;" in page
+    text = CliRunner().invoke(main, ["inspect", str(out)]).output
+    assert "family       generic (token-count policies: image fixed:image_size=336,patch_size=14, audio " in text
+    images = r["media_counts"]["image"]
+    assert f"{images['items']:,} images ({images['tokens']:,} tokens)" in text and "audio clips (" in text
+
+
+@pytest.fixture(scope="module")
+def family_build(tmp_path_factory):
+    """A Qwen3-VL build of two image records, one video record and one audio record (which the family has no
+    encoder for): what ``packer build`` prints (its warnings and the summary) and the folder."""
+    pytest.importorskip("av")
+    pytest.importorskip("torchvision")
+    from family_assets import FAMILY_ASSETS
+    from media_fixtures import write_images
+
+    from conftest import ROOT
+    from packer.build import build
+    from packer.config import resolve
+    from packer.summary import summarize, summary_text
+
+    root = tmp_path_factory.mktemp("family")
+    write_images(root / "img")
+    FAMILY_ASSETS["qwen3vl"].processor(root / "checkpoint")
+    frames = ["img/plain_300x200.jpg"] * 4
+    shutil.copy(ROOT / "sample_data/audio/tone_a4_1s.wav", root / "tone.wav")
+    user = lambda *parts: {"role": "user", "content": [*parts, {"type": "text", "text": "What is it?"}]}  # noqa: E731
+    answer = {"role": "assistant", "content": "Something."}
+    records = [{"id": "i1", "messages": [user({"type": "image", "image": "img/plain_300x200.jpg"}), answer]},
+               {"id": "i2", "messages": [user({"type": "image", "image": "img/photo.webp"},
+                                              {"type": "image", "image": "img/exif6.jpg"}), answer]},
+               {"id": "v1", "messages": [user({"type": "video", "video": frames, "fps": 2}), answer]},
+               {"id": "a1", "messages": [user({"type": "audio", "audio": "tone.wav"}),
+                                         answer]}]
+    data = root / "d.jsonl"
+    data.write_text("".join(json.dumps(x) + "\n" for x in records))
+    out = root / "out"
+    warnings = io.StringIO()
+    with contextlib.redirect_stderr(warnings):
+        manifest = build(resolve(None, input=[str(data)], output=str(out), family="qwen3vl", max_length=2048,
+                                 processor=str(root / "checkpoint"), max_bad_fraction=0.0), progress=False)
+    return warnings.getvalue() + summary_text(summarize(manifest.execution["output"])), out  # what `packer build` prints
+
+
+def test_a_family_build_reports_the_family_not_the_generic_policy(family_build):
+    output, out = family_build
+    manifest = json.loads((out / "manifest.json").read_text())
+    r = json.loads((out / "report.json").read_text())
+    family = r["family"]
+    assert (family["name"], family["processor_class"]) == ("qwen3vl", "Qwen3VLProcessor")
+    assert family["processor"] == str(out.parent / "checkpoint") and family["modalities"] == ["image", "video"]
+    assert family["settings"] == manifest["tokenizer"]["family"]["settings"] and family["settings"]["image_patch_size"] == 16
+    assert family["runs"] == {"image": "<|image_pad|>", "video": "<|video_pad|>"}
+    spans = [s for x in all_rows(out, manifest) for s in x["media"]]
+    counts = r["media_counts"]
+    assert (counts["image"]["items"], counts["video"]["items"], counts["audio"]["items"]) == (3, 1, 0)
+    assert manifest["stats"]["media"] == counts  # recorded for a summary that reads no shard (a remote build)
+    assert counts["image"]["tokens"] == sum(s["tokens"] for s in spans if s["kind"] == "image") > 0
+    assert counts["video"]["tokens"] == sum(s["tokens"] for s in spans if s["kind"] == "video") > 0
+    # the generic policy played no part: neither report.json's config nor the page shows it (the manifest keeps it)
+    assert not {"image_tokens", "image_token", "video_tokens", "audio_tokens"} & set(r["config"])
+    assert r["config"]["modalities"] == ["image", "video"] and manifest["config"]["image_tokens"].startswith("fixed:")
+    page = (out / "report.html").read_text()
+    assert "fixed:image_size=336" not in page and "<code>image_tokens</code>" not in page
+    assert "<code>image_token</code></td><td class=\"\"><code>&quot;&lt;image&gt;&quot;" not in page  # the family's is shown
+    assert "<code>image_token</code></td><td class=\"\"><code>&quot;&lt;|image_pad|&gt;&quot;" in page
+    assert "<code>image_tag</code>" in page  # the input text's marker stays: records are parsed with it
+    assert "Qwen3VLProcessor" in page and "image_patch_size" in page
+    # the CLI summary, after the build and from inspect
+    text = CliRunner().invoke(main, ["inspect", str(out)]).output
+    for shown in (output, text):
+        assert f"family       qwen3vl (Qwen3VLProcessor from {out.parent / 'checkpoint'})" in shown
+        assert "settings     " in shown and "image_patch_size=16" in shown
+        assert f"media        3 images ({counts['image']['tokens']:,} tokens), 1 video (" in shown
+        assert "fixed:image_size" not in shown
+    s = json.loads(CliRunner().invoke(main, ["inspect", str(out), "--json"]).output)
+    assert s["family"] == family and s["media"] == counts
+
+
+def test_the_no_encoder_warning_names_the_kinds_quarantined(family_build):
+    output, out = family_build
+    warning = next(line for line in output.splitlines() if "no encoder" in line)
+    assert "1 record(s) hold media of a kind this pipeline declares no encoder for: audio in 1 record(s)" in warning
+    assert "(modalities: image, video)" in warning  # the family's kinds, not the config's default three
+    entry = json.loads((out / "quarantine.jsonl").read_text())
+    assert entry["reason"] == "no_encoder" and "1 audio item(s)" in entry["detail"]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import posixpath
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ import numpy as np
 from packer.encode import preference
 from packer.encode.labels import Labeller, span_mask
 from packer.encode.render import MARK_END, MARK_START, Renderer, probe_conversations, template_clock
+from packer.encode.shipped import Shipped, ship, unpack
 from packer.encode.tokenizer import fingerprint, load_tokenizer
 from packer.encode.tokens import TextTokenizer
 from packer.errors import BadRecord, PackerError
@@ -75,10 +77,14 @@ class EncoderSpec:
     config: Any  # packer.config.BuildConfig
     media_base: str = ""
     family: dict[str, Any] | None = None
+    shipped: Shipped | None = None  # the tokenizer's files (and a template file), read on the driver
 
     @classmethod
-    def from_config(cls, config: Any, media_base: str = "") -> EncoderSpec:
-        return cls(config, media_base, make_family(config).describe())
+    def from_config(cls, config: Any, media_base: str = "", *, ship_files: bool = False) -> EncoderSpec:
+        """``ship_files``: carry the tokenizer folder and a ``.jinja`` template file in the spec (workers on
+        other machines, or in another folder, load them from there: :mod:`packer.encode.shipped`)."""
+        spec = cls(config, media_base, make_family(config).describe())
+        return dataclasses.replace(spec, shipped=ship(spec.tokenizer, config.chat_template)) if ship_files else spec
 
     @classmethod
     def of(cls, media_base: str = "", **settings: Any) -> EncoderSpec:
@@ -130,7 +136,8 @@ class Encoder:
         self.config = config
         self.family: Family = family_from_state(spec.family, config) if spec.family else make_family(config)
         self.tags = spec.tags
-        self.tok = load_tokenizer(spec.tokenizer, self.family.special_tokens())
+        folder, template = unpack(spec.shipped) if spec.shipped is not None else (None, None)
+        self.tok = load_tokenizer(folder or spec.tokenizer, self.family.special_tokens())
         self.serialized = self.tok.backend_tokenizer.to_str()
         self.text = TextTokenizer(self.tok, self.serialized)
         self.run_tokens = self.family.run_tokens()
@@ -149,7 +156,7 @@ class Encoder:
         self.renderer: Renderer | None = None
         self.labeller: Labeller | None = None
         if self.tok.chat_template:
-            self.renderer = Renderer(self.tok, config.chat_template, template_clock(config.template_time))
+            self.renderer = Renderer(self.tok, template or config.chat_template, template_clock(config.template_time))
             self.renderer.check(probe_conversations(self.family.kinds if self.family.structured else ()))
             self.labeller = Labeller(self.renderer)
         self._memo: dict = {}  # texts tokenized in a batch, for the records of one encode_lines call
@@ -361,15 +368,17 @@ class Encoder:
 
     def _check_modalities(self, conv: Conversation) -> None:
         """Refuse media the model has no encoder for, before any file is probed."""
-        for kind in MEDIA_ORDER:
-            n = sum(p.kind == kind for p in conv.media)
-            if n and kind not in self.family.kinds:
-                raise BadRecord(
-                    "no_encoder",
-                    f"the record holds {n} {kind} item(s) but this pipeline's modalities are "
-                    f"{list(self.family.kinds)} (no {kind} encoder): pack it with a pipeline that declares {kind}, "
-                    f"or add {kind!r} to modalities if the model encodes it",
-                )
+        missing = {kind: n for kind in MEDIA_ORDER
+                   if kind not in self.family.kinds and (n := sum(p.kind == kind for p in conv.media))}
+        if missing:
+            kinds = " and ".join(missing)
+            raise BadRecord(
+                "no_encoder",
+                f"the record holds {' and '.join(f'{n} {k} item(s)' for k, n in missing.items())} but this "
+                f"pipeline's modalities are {list(self.family.kinds)} (no {kinds} encoder): pack it with a pipeline "
+                f"that declares {kinds}, or add {' and '.join(map(repr, missing))} to modalities if the model "
+                f"encodes it",
+            )
 
     def _check_reserved_untrained(self, labels: np.ndarray) -> None:
         """The invariant ``packer verify`` checks: no placeholder / begin / end id is a label."""
@@ -536,23 +545,43 @@ def _shift(pos: int, edits: list[tuple[int, int, int]]) -> int:
 def stored_ref(path: str, media_base: str) -> str:
     """How a media file is named in the shards: relative to the build's media root when
     inside it (so the build and its media can move together), else absolute, or the URL.
+    A URL under a URL root is stored relative to it too (``s3://data/images/a.jpg`` under
+    ``s3://data`` is ``images/a.jpg``), so ``PackedDataset(build, media_root=NEW)`` moves it.
     The loader joins it back onto the root the manifest records (or one the user gives)."""
-    if is_url(path) or not media_base:
+    if not media_base:
         return str(path)
+    if is_url(path):
+        url, root = _normal_url(str(path)), _normal_url(media_base) if is_url(media_base) else ""
+        return url[len(root) + 1:] if root and url.startswith(root + "/") else str(path)
     absolute = os.path.abspath(path)
     if absolute == media_base or absolute.startswith(media_base.rstrip(os.sep) + os.sep):
         return Path(os.path.relpath(absolute, media_base)).as_posix()
     return absolute
 
 
+def _normal_url(url: str) -> str:
+    """``s3://b/x/../y/`` as ``s3://b/y``: one spelling per folder, so a prefix test is a containment test."""
+    protocol, rest = url.split("://", 1)
+    return f"{protocol}://{posixpath.normpath(rest).lstrip('/') if rest.strip('/') else ''}".rstrip("/")
+
+
 def media_base(config, files: list) -> str:
     """The build's media root: ``--media-root``, else the deepest folder holding every
-    input file (absolute). Empty when inputs are URLs."""
+    input file (absolute; for URL inputs of one store, the deepest URL folder holding them).
+    Empty when local files and URLs, or URLs of several stores, are mixed."""
     if config.media_root:
         return config.media_root if is_url(config.media_root) else os.path.abspath(config.media_root)
-    if not files or any(is_url(f) for f in files):
+    if not files:
         return ""
-    return os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files])
+    urls = [_normal_url(str(f)) for f in files if is_url(f)]
+    if not urls:
+        return os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files])
+    stores = {u.split("://", 1)[0] + "://" + u.split("://", 1)[1].split("/", 1)[0] for u in urls}
+    if len(urls) != len(files) or len(stores) != 1:
+        return ""
+    protocol = urls[0].split("://", 1)[0]
+    common = posixpath.commonpath([posixpath.dirname(u.split("://", 1)[1]) for u in urls])
+    return f"{protocol}://{common}" if common else ""
 
 
 __all__ = ["Encoder", "EncoderSpec", "RenderedChat"]

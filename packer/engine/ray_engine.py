@@ -96,7 +96,7 @@ class RayEngine:
         # Ray Data restarts a dead actor and retries its task (actor max_restarts / max_task_retries
         # default to unlimited for system failures), so a lost worker costs time, not records.
         out = ds.map_batches(
-            _Stage, fn_constructor_args=(fn, setup, setup_args), batch_size=1, batch_format="numpy",
+            _Stage, fn_constructor_args=(fn, setup, setup_args, os.getcwd()), batch_size=1, batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(min_size=1, max_size=min(self.workers, len(items))),
             num_cpus=self.cpus_per_task,
         )
@@ -110,7 +110,12 @@ class RayEngine:
 class _Stage:
     """One per Ray worker: the stage's state, built once, then one task per batch."""
 
-    def __init__(self, fn, setup, setup_args):
+    def __init__(self, fn, setup, setup_args, cwd: str | None = None):
+        # A node's workers start in the folder its `ray start` ran in. Where the driver's folder exists here too
+        # (a shared disk mounted at the same path), a relative local input or media path means what it means on
+        # the driver; the tokenizer and a template file come in setup_args (packer.encode.shipped) either way.
+        if cwd and os.path.isdir(cwd):
+            os.chdir(cwd)
         self.fn = fn
         self.state = setup(*setup_args)
 

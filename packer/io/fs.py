@@ -14,6 +14,8 @@ import posixpath
 from pathlib import Path
 from typing import IO
 
+from packer.errors import ConfigError
+
 
 def is_url(path: str | Path) -> bool:
     return "://" in str(path)
@@ -46,10 +48,69 @@ def rmtree(path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+# Filesystems whose files are gone when the process ends: refused as a build's output
+NON_DURABLE = ("memory",)
+# Where each store reads its credentials from: the fix a refused URL names
+CREDENTIALS = {
+    "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or an instance role); AWS_ENDPOINT_URL for "
+          "an S3-compatible store that is not AWS",
+    "gs": "GOOGLE_APPLICATION_CREDENTIALS (a service account's key file), or `gcloud auth application-default login`",
+    "az": "AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY or "
+          "AZURE_STORAGE_SAS_TOKEN",
+}
+CREDENTIALS.update(s3a=CREDENTIALS["s3"], gcs=CREDENTIALS["gs"], abfs=CREDENTIALS["az"], abfss=CREDENTIALS["az"],
+                   adl=CREDENTIALS["az"])
+
+
 def _fs(url: str):
+    """fsspec's filesystem for ``url``; a protocol fsspec does not know, or whose package is not installed, is a
+    :class:`~packer.errors.ConfigError` naming the URL and the fix."""
     import fsspec
 
-    return fsspec.core.url_to_fs(url)
+    try:
+        return fsspec.core.url_to_fs(url)
+    except ImportError as e:  # fsspec's message names the package: "Please install gcsfs to access Google Storage"
+        raise ConfigError(f"{url}: {_first_line(e)} (pip install it on every machine the build runs on)") from None
+    except ValueError as e:
+        if "protocol" not in str(e).lower():
+            raise
+        raise ConfigError(f"{url}: {_first_line(e)}; packer reads and writes local paths and fsspec URLs (s3://, gs://, "
+                          f"az://, file://, ...)") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+
+
+def check_reachable(url: str, *, output: bool = False, what: str = "") -> None:
+    """Ask the store behind ``url`` once, so that missing credentials, a wrong endpoint or a refused request
+    are one line (:class:`~packer.errors.ConfigError`, exit 2) naming the URL and the fix, before a build
+    starts, rather than a traceback from inside it or an input that "matches no file" (fsspec's
+    ``exists`` / ``glob`` answer False to a store they could not ask). An absent file is an answer: not
+    refused here. An ``output`` on a filesystem that keeps nothing after the process (``memory://``) is
+    refused: the build would be gone when ``packer build`` exits. ``what`` names the URL in the message
+    (``output`` / ``input`` by default)."""
+    protocol = str(url).split("://", 1)[0].lower()
+    if output and protocol in NON_DURABLE:
+        raise ConfigError(f"output {url}: {protocol}:// keeps its files only while this process runs, so the build "
+                          f"would be gone when packer exits; write it to a folder or to durable storage (s3://, gs://, "
+                          f"az://)")
+    fs, path = _fs(str(url))
+    probe = path.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0]  # a pattern: the part before its first wildcard
+    probe = probe if probe == path else posixpath.dirname(probe)
+    try:
+        fs.invalidate_cache()
+        fs.info(probe.rstrip("/") or probe)
+    except FileNotFoundError:
+        return
+    except Exception as e:  # noqa: BLE001 -- each store raises its own (botocore, google.auth, azure.core): named below
+        what = what or ("output" if output else "input")
+        denied = isinstance(e, PermissionError)
+        fix = (f"give this machine (and every worker) credentials that may {'write' if output else 'read'} it"
+               if denied else "give this machine (and every worker) credentials and check the URL's endpoint")
+        where = CREDENTIALS.get(protocol)
+        raise ConfigError(f"{what} {url}: cannot reach it ({type(e).__name__}: {_first_line(e)}); {fix}"
+                          + (f": {where}" if where else "")) from None
 
 
 def open_binary(path: str | Path) -> IO[bytes]:

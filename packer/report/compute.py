@@ -25,6 +25,10 @@ All numbers come from the packed shards (and the manifest's accounting), so
 - ``sample_row`` (one row decoded, trained tokens marked) and ``media`` (tokens per image / clip,
   image sizes and clip durations): :mod:`packer.report.examples`; ``oversize.audio_truncated``,
   clips cut to the audio encoder's window;
+- ``family``: the model family, its processor class, checkpoint and resolved settings
+  (:mod:`packer.report.family`); ``media_counts``: images / videos / audio clips packed and their
+  placeholder tokens; ``config``: the resolved config, without the generic image / audio / video
+  policies for a named family's build (they played no part in it);
 - ``preference`` (a ``--preference`` build): records, responses, the layout, and the tokens the
   packed records take as pairs and as trees (``saved_against_pairs``); the batching comparison
   counts each response as it runs alone (a tree's branch with its prompt).
@@ -50,6 +54,7 @@ from packer.errors import ConfigError
 from packer.io.files import sha256_file, write_text_atomic
 from packer.io.fs import location
 from packer.report.examples import media_section, sample_row
+from packer.report.family import family_section, media_counts, shown_config
 from packer.shards.io import read_shards
 from packer.shards.manifest import REPORT_FILES, Manifest
 from packer.shards.schema import SAMPLE_SCHEMA, ShardEntry
@@ -316,7 +321,9 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
         },
         "padding": padding_saved(schemes, real, tokens_per_gpu_second),
         "rank_imbalance": step_balance(row_stats, manifest, seed),
-        "config": manifest.config,
+        "family": family_section(manifest),
+        "media_counts": media_counts(s.array("span_kinds") if s.span_kinds else [], s.array("span_tokens")),
+        "config": shown_config(manifest),
     }
 
 

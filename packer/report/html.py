@@ -395,6 +395,24 @@ def media_panels(r: dict[str, Any]) -> list[str]:
     return panels
 
 
+def family_html(r: dict[str, Any]) -> str:
+    """The model family the build was made for, its processor and settings, and the media it packed."""
+    f = r.get("family") or {}
+    if not f:
+        return ""
+    about = [["family", f"<code>{html.escape(f['name'])}</code>"],
+             ["processor class", html.escape(f.get("processor_class") or "none (generic token-count policies)")],
+             ["processor", f"<code>{html.escape(f['processor'])}</code>" if f.get("processor") else "none"],
+             ["modalities", html.escape(", ".join(f.get("modalities") or []) or "text only")]]
+    settings = _table(["setting", "value"], [[f"<code>{html.escape(k)}</code>", f"<code>{html.escape(json.dumps(v))}</code>"]
+                                             for k, v in sorted((f.get("settings") or {}).items())])
+    counts = r.get("media_counts") or {}
+    media = _table(["media", "items", "placeholder tokens"],
+                   [[html.escape(k), _n(v["items"]), _n(v["tokens"])] for k, v in counts.items()], {1, 2})
+    return (f"<h2>Model family</h2><div class='grid'><div>{_table(['', ''], about)}{media}</div>"
+            f"<div>{settings}</div></div>")
+
+
 def render(r: dict[str, Any]) -> str:
     b, h = r["batching"], r["histograms"]
     edges = h["length_edges"]
@@ -440,6 +458,7 @@ def render(r: dict[str, Any]) -> str:
             f"{html.escape(r['build']['created_at'])} · {r['records']:,} records → {r['rows']:,} rows of "
             f"{r['max_length']:,} tokens</div>"
             f"<div class='cards'>{card_html}</div>"
+            f"{family_html(r)}"
             f"<h2>A packed row, as the model sees it</h2>{sample_row_section(r)}"
             f"<h2>Accounting</h2><div class='grid'><div>{accounting}</div><div>{by_file}</div></div>"
             f"<h2>Modalities</h2>{modal}{preference_section(r)}"

@@ -21,7 +21,7 @@ from typing import Any
 from packer import __version__
 from packer.errors import PackerError, SchemaVersionError
 from packer.io.files import write_text_atomic
-from packer.io.fs import location
+from packer.io.fs import check_reachable, is_remote, location
 from packer.shards.schema import SCHEMA_VERSION, ShardEntry, version_message
 
 SECTIONS = ("embeddings", "audio_features")  # optional media passes, each {..., "files": [ShardEntry]}
@@ -184,6 +184,8 @@ class Manifest:
         """The manifest of a finished build (a failed one raises unless ``allow_failed``)."""
         path = location(out) / MANIFEST
         if not path.is_file():
+            if is_remote(path):  # a store that cannot be asked answers "no file": name the credentials instead
+                check_reachable(str(path), what="build")
             raise PackerError(f"{out} is not a finished packer build: {path} is missing")
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
