@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import inspect
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from media_fixtures import write_audio, write_images, write_videos
 
@@ -326,3 +328,37 @@ def check_rows_collate(ds: PackedDataset, processor, model, forward: bool = True
             if forward:
                 model(**inputs)
     return items
+
+
+# ---------------------------------------------------------------- the conformance suite
+
+
+@dataclass(frozen=True)
+class Built:
+    """A family's awkward-media build: its folder, the records, the processor (a checkpoint folder loaded back)."""
+
+    family: str
+    out: Path  # the build folder
+    root: Path  # the records' folder (their media paths are relative to it)
+    records: list[dict]
+    processor: Any
+    model: Any = None  # () -> a tiny random-init model of the family's class (sdpa)
+    nest_images: bool = False  # the processor takes a record's images as one list (LLaVA-OneVision)
+    forward: bool = True  # every row runs through the model (Qwen3.5 refuses packed rows on CPU)
+
+
+class FamilyConformance:
+    """What every registered family is tested for, written once (issue 30): a family's test module subclasses it
+    (``class TestConformance(FamilyConformance)``) and gives a ``case`` fixture returning its :class:`Built`;
+    ``tests/test_family_interface.py`` checks that every named family has one."""
+
+    family = ""
+
+    def test_ids_equal_the_hf_processor(self, case):
+        assert case.family == self.family
+        check_ids(PackedDataset(case.out), case.processor, case.records, case.root, nest_images=case.nest_images)
+
+    @pytest.mark.slow  # every row through the tiny model
+    def test_every_row_of_the_build_collates_for_its_family(self, case):
+        ds = PackedDataset(case.out)
+        assert check_rows_collate(ds, case.processor, case.model(), forward=case.forward) > 0

@@ -17,12 +17,13 @@ pytest.importorskip("torchvision")
 
 from assets_gemma3 import ASSETS, IMAGE_SEQ_LENGTH, gemma3_config  # noqa: E402
 from family_harness import (  # noqa: E402
+    Built,
+    FamilyConformance,
     build_family,
     check_equivalence,
     check_flex_forward,
     check_ids,
     check_pipeline_ids,
-    check_rows_collate,
     hf_inputs,
     segments,
     write_media,
@@ -84,9 +85,8 @@ def test_a_checkpoints_pan_and_scan_never_reaches_the_processor(tmp_path):
     assert len(processor(text=["<start_of_image>"], images=[wide], **SCAN_CALL)["pixel_values"]) == 5
 
 
-def test_ids_equal_the_hf_processor(built):
+def test_pan_and_scan_ids_equal_the_hf_processor(built):
     root, records, processor, _ = built
-    check_ids(PackedDataset(root / "plain"), processor, records, root)
     scan = PackedDataset(root / "scan")
     check_ids(scan, processor, records, root, call=SCAN_CALL)
     spans = [m for i in range(len(scan)) for m in scan[i]["media"]]
@@ -188,8 +188,10 @@ def test_sample_pipeline_ids_equal_its_processor(tmp_path):
     assert check_pipeline_ids(ROOT / "pipelines" / "gemma3.toml", tmp_path / "out") >= 10
 
 
-@pytest.mark.slow  # every row through the tiny model
-def test_every_row_of_the_build_collates_for_its_family(built):
-    root, records, processor, _ = built
-    ds = PackedDataset(root / "plain")
-    assert check_rows_collate(ds, processor, ASSETS.model(processor, "sdpa")) > 0
+class TestConformance(FamilyConformance):
+    family = "gemma3"
+
+    @pytest.fixture
+    def case(self, built):
+        root, records, processor, _ = built
+        return Built(self.family, root / "plain", root, records, processor, lambda: ASSETS.model(processor, "sdpa"))

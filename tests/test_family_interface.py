@@ -95,3 +95,14 @@ def test_a_model_type_declared_twice_is_refused(monkeypatch):
     monkeypatch.setitem(FAMILIES, "twin", twin)
     with pytest.raises(RuntimeError, match="model type 'qwen3_vl' declared by families"):
         families._by_model_type()
+
+
+def test_every_named_family_runs_the_conformance_suite():
+    """Each family's test module subclasses tests/family_harness.FamilyConformance for its name."""
+    found = set()
+    for path in sorted(Path(__file__).parent.glob("test_family_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(getattr(b, "id", "") == "FamilyConformance" for b in node.bases):
+                found |= {s.value.value for s in node.body if isinstance(s, ast.Assign) and isinstance(s.value, ast.Constant)
+                          and any(getattr(t, "id", "") == "family" for t in s.targets)}
+    assert found == {n for n, cls in FAMILIES.items() if cls.routed}

@@ -19,11 +19,12 @@ pytest.importorskip("torchvision")
 
 from assets_internvl import ASSETS, SEQ, internvl_processor  # noqa: E402
 from family_harness import (  # noqa: E402
+    Built,
+    FamilyConformance,
     build_family,
     check_equivalence,
     check_ids,
     check_pipeline_ids,
-    check_rows_collate,
     write_media,
     write_records,
 )
@@ -130,11 +131,6 @@ def test_frame_sampling_equals_the_video_processor():
         video_indices(3, 30.0, InternVLSettings(video_sample=True, video_num_frames=4))
     with pytest.raises(ValueError, match="states none"):
         video_indices(5, 0.0, InternVLSettings(video_sample=True, video_fps=2.0))  # a frame list without a rate
-
-
-def test_ids_equal_the_hf_processor(built):
-    root, records, processor, _, _ = built
-    check_ids(PackedDataset(root / "out"), processor, records, root)
 
 
 class CappedProcessor:
@@ -250,8 +246,10 @@ def test_sequence_parallel_pieces_scatter_tiles_and_frames(built, mode, attentio
         assert local_media_rows(part["media"], batch["media"]).tolist() == [int(feature[b, g]) for b, g in at]
 
 
-@pytest.mark.slow  # every row through the tiny model
-def test_every_row_of_the_build_collates_for_its_family(built):
-    root, records, processor, _, _ = built
-    ds = PackedDataset(root / "out")
-    assert check_rows_collate(ds, processor, ASSETS.model(processor, "sdpa")) > 0
+class TestConformance(FamilyConformance):
+    family = "internvl"
+
+    @pytest.fixture
+    def case(self, built):
+        root, records, processor, _, _ = built
+        return Built(self.family, root / "out", root, records, processor, lambda: ASSETS.model(processor, "sdpa"))

@@ -20,11 +20,11 @@ pytest.importorskip("torchvision")
 
 from assets_llama4 import ASSETS, CHUNK, PER_TILE, llama4_processor  # noqa: E402
 from family_harness import (  # noqa: E402
+    Built,
+    FamilyConformance,
     build_family,
     check_equivalence,
-    check_ids,
     check_pipeline_ids,
-    check_rows_collate,
     hf_inputs,
     segments,
     write_media,
@@ -122,11 +122,6 @@ def test_expansion_equals_prompt_split_image(built):
         text = "".join(p.token * p.count if isinstance(p, Run) else p for p in pieces)
         assert text == processor._prompt_split_image((rows, columns), 7)
         assert sum(p.count for p in pieces if isinstance(p, Run)) == 7 * (rows * columns + (rows * columns > 1))
-
-
-def test_ids_equal_the_hf_processor(built):
-    root, records, processor, _ = built
-    check_ids(PackedDataset(root / "out"), processor, records, root)
 
 
 def test_tile_runs_are_separate_runs_of_one_span(built):
@@ -391,8 +386,10 @@ def test_loader_names_a_file_the_processor_tiles_otherwise(built):
         PackedCollator(image_processor=other, family=ds.family, model_config=_config())([ds[i] for i in range(len(ds))])
 
 
-@pytest.mark.slow  # every row through the tiny model
-def test_every_row_of_the_build_collates_for_its_family(built):
-    root, records, processor, _ = built
-    ds = PackedDataset(root / "out")
-    assert check_rows_collate(ds, processor, ASSETS.model(processor, "sdpa")) > 0
+class TestConformance(FamilyConformance):
+    family = "llama4"
+
+    @pytest.fixture
+    def case(self, built):
+        root, records, processor, _ = built
+        return Built(self.family, root / "out", root, records, processor, lambda: ASSETS.model(processor, "sdpa"))

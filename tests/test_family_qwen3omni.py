@@ -21,10 +21,10 @@ pytest.importorskip("torchvision")
 
 from assets_qwen3omni import ASSETS  # noqa: E402
 from family_harness import (  # noqa: E402
+    Built,
+    FamilyConformance,
     build_family,
     check_equivalence,
-    check_ids,
-    check_rows_collate,
     hf_inputs,
     segments,
     write_media,
@@ -70,11 +70,6 @@ def built(tmp_path_factory):
     processor = ASSETS.processor(root / "checkpoint")
     manifest = build_family("qwen3omni", root / "checkpoint", source, root / "out", max_segments=4)
     return root, records, refused, processor, manifest
-
-
-def test_ids_equal_the_hf_processor(built):
-    root, records, _, processor, _ = built
-    check_ids(PackedDataset(root / "out"), processor, records, root)
 
 
 def test_a_clips_count_depends_on_the_records_longest(built):
@@ -281,8 +276,10 @@ def test_verify_against_processor_passes_on_the_build_and_names_a_changed_settin
     assert {"image", "video"} <= {k for m in mismatches for k in ("image", "video") if k in m.detail}
 
 
-@pytest.mark.slow  # every row through the tiny model
-def test_every_row_of_the_build_collates_for_its_family(built):
-    root, records, _, processor, _ = built
-    ds = PackedDataset(root / "out")
-    assert check_rows_collate(ds, processor, ASSETS.model(processor, "sdpa")) > 0
+class TestConformance(FamilyConformance):
+    family = "qwen3omni"
+
+    @pytest.fixture
+    def case(self, built):
+        root, records, _, processor, _ = built
+        return Built(self.family, root / "out", root, records, processor, lambda: ASSETS.model(processor, "sdpa"))

@@ -13,7 +13,7 @@ pytest.importorskip("av")
 pytest.importorskip("torchvision")
 
 from family_assets import FAMILY_ASSETS  # noqa: E402
-from family_harness import build_family, check_equivalence, check_ids, check_rows_collate, write_media, write_records  # noqa: E402
+from family_harness import Built, FamilyConformance, build_family, check_equivalence, write_media, write_records  # noqa: E402
 
 from packer.loader import PackedDataset  # noqa: E402
 
@@ -38,11 +38,6 @@ def test_manifest_records_the_family_and_its_settings(built):
     assert settings["image_patch_size"] == processor.image_processor.patch_size == 16
     assert settings["video_max_pixels"] == processor.video_processor.size.longest_edge
     assert settings["video_fps"] == processor.video_processor.fps and settings["video_max_frames"] == 12
-
-
-def test_ids_equal_the_hf_processor(built):
-    root, records, processor, _ = built
-    check_ids(PackedDataset(root / "out"), processor, records, root)
 
 
 @pytest.mark.slow  # a real forward and backward of every packed row
@@ -147,8 +142,10 @@ def test_video_defaults_are_the_video_processors_and_image_defaults_the_publishe
     assert (s.image_patch_size, s.image_merge_size) == (16, 2)
 
 
-@pytest.mark.slow  # every row through the tiny model
-def test_every_row_of_the_build_collates_for_its_family(built):
-    root, records, processor, _ = built
-    ds = PackedDataset(root / "out")
-    assert check_rows_collate(ds, processor, ASSETS.model(processor, "sdpa")) > 0
+class TestConformance(FamilyConformance):
+    family = "qwen3vl"
+
+    @pytest.fixture
+    def case(self, built):
+        root, records, processor, _ = built
+        return Built(self.family, root / "out", root, records, processor, lambda: ASSETS.model(processor, "sdpa"))
