@@ -109,12 +109,16 @@ def _response_row(row: dict, response: dict) -> dict:
 
 
 def _load(name: str):
+    from packer.io.pretrained import load_pretrained
+
     try:
         from transformers import AutoProcessor
     except ImportError:  # pragma: no cover - the test layer has it
         raise PackerError("--against-processor runs the HF processor: pip install 'packer[train]'") from None
     try:
-        return AutoProcessor.from_pretrained(name)
+        return load_pretrained(AutoProcessor, name, "processor")
+    except PackerError:
+        raise
     except Exception as e:  # noqa: BLE001 -- a folder without a processor, an unknown hub id, ...
         raise PackerError(f"cannot load processor {name!r}: {type(e).__name__}: {e}") from None
 

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import SAMPLE, TOKENIZER
 from packer.encode import Encoder, EncoderSpec
-from packer.errors import BadRecord
+from packer.errors import BadRecord, ConfigError
 from packer.ingest.reader import RawLine
 
 IGNORE = -100
@@ -334,7 +334,12 @@ def test_qwen3_context_turns_of_a_trl_prompt_are_not_trained(qwen3):
 
 
 def test_qwen3_image_placeholder_in_a_past_turn(qwen3):
-    """Media expansion after the one-rendering labels: the span positions survive the expansion."""
+    """Media expansion after the one-rendering labels: the span positions survive the expansion. The placeholder is
+    one the Qwen3 tokenizer holds (under the unchosen ``<image>`` default a media record would stop the build)."""
+    with pytest.raises(ConfigError, match=r"has no <image> \(nor any of .*\) and no image setting was chosen"):
+        encode(qwen3, {"image": "images/square_336.png", "conversations": [
+            {"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "A square."}]})
+    qwen3 = Encoder(EncoderSpec.of(tokenizer=QWEN, image_token="<|image_pad|>"))
     tok = qwen3.tok
     s = encode(qwen3, {"image": "images/square_336.png", "conversations": [
         {"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "<think>look</think>A square."},

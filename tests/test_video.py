@@ -337,25 +337,37 @@ def frame_list(tmp_path_factory):
     return paths, str(folder / "odd.png")
 
 
-@pytest.mark.parametrize("n", [5, 9])
-@pytest.mark.parametrize("stated_fps", [0.0, 1.0, 6.0])
-@pytest.mark.parametrize("spec", ["qwen2vl", "qwen2vl:fps=1,min_frames=2", "qwen2vl:sample=false"])
+@pytest.mark.parametrize("n", [5, 6, 9])
+@pytest.mark.parametrize("stated_fps", [0.0, 1.0, 3.0, 6.0])
+@pytest.mark.parametrize("spec", ["qwen2vl", "qwen2vl:fps=1,min_frames=2", "qwen2vl:num_frames=4", "qwen2vl:sample=false"])
 def test_frame_list_counts_equal_the_processor(frame_list, stated_fps, spec, n):
-    """A list of frame images is taken whole, whatever the policy samples from a file: transformers' video
-    processors (and qwen-vl-utils) keep every frame of a list and pad an odd count (5 frames -> grid t 3)."""
+    """A list of frame images with its ``fps`` is counted as the processor counts those frames handed with that fps in
+    their metadata: it samples them as it samples a decoded file (issue 30: 6 frames at 3 fps keep 4, t = 2, where
+    packer once took all 6, t = 3). A list without a rate: taken whole with sample=false (as sampled at the policy's
+    rate), by count with num_frames, refused where the processor samples by fps -- it refuses too."""
     from packer.media.load import load_image
 
     paths, _ = frame_list
     paths = paths[:n]
     policy = parse_policy(spec, "video")
+    pil = [load_image(p) for p in paths]
+    sampling = {"do_sample_frames": policy.sample, **(hf_sampling(policy) if policy.sample else {})}
+    if policy.sample and not policy.num_frames and not stated_fps:
+        with pytest.raises(BadRecord, match=f"state no frame rate, and the processor samples {policy.fps:g} frames a second") as e:
+            count_frames(paths, policy, fps=stated_fps)
+        assert e.value.reason == "unsupported_video"
+        with pytest.raises(ValueError, match="no video metadata"):
+            hf_qwen25([pil], [{"total_num_frames": n}], policy, **sampling)
+        return
     info, count = count_frames(paths, policy, fps=stated_fps)
     assert (info.frames, info.height, info.width) == (n, 50, 90)
-    assert count.grid[0] == -(-n // 2)  # every frame, the odd one padded
-    rate = stated_fps or policy.fps  # none stated: the policy's rate (the processor's fps)
-    pil = [load_image(p) for p in paths]
-    meta = {"total_num_frames": len(pil), "fps": rate}
-    hf = hf_qwen25([pil], [meta], policy, do_sample_frames=False)
+    rate = stated_fps or policy.fps  # none stated (sample=false / num_frames): as sampled at the policy's rate
+    hf = hf_qwen25([pil], [{"total_num_frames": n, "fps": rate}], policy, **sampling)
     assert_same(count, hf, policy)
+    if not policy.sample:
+        assert count.grid[0] == -(-n // 2)  # every frame, the odd one padded
+    if (spec, n, stated_fps) == ("qwen2vl", 6, 3.0):  # the held-out case
+        assert count.grid[0] == 2 and count.frames == 4
 
 
 def test_bad_frame_lists(frame_list, tmp_path):

@@ -42,7 +42,7 @@ from packer.encode import preference
 from packer.encode.labels import Labeller, span_mask
 from packer.encode.render import MARK_END, MARK_START, Renderer, probe_conversations, template_clock
 from packer.encode.shipped import Shipped, ship, unpack
-from packer.encode.tokenizer import fingerprint, load_tokenizer
+from packer.encode.tokenizer import add_tokens, fingerprint, missing_tokens, open_tokenizer, require_tokens
 from packer.encode.tokens import TextTokenizer
 from packer.errors import BadRecord, PackerError
 from packer.families import Expansion, Family, RecordMedia, Run, family_from_state, make_family
@@ -63,6 +63,14 @@ def _isin(a: np.ndarray, values: list[int]) -> np.ndarray:
     for v in values:
         hit |= a == v
     return hit
+
+
+def _defaults(config: Any, kind: str) -> bool:
+    """Are ``kind``'s generic settings (placeholder token, begin / end, count policy) all the defaults?"""
+    from packer.config import FIELDS
+
+    return all(getattr(config, key) == FIELDS[key].default
+               for key in (f"{kind}_token", f"{kind}_tokens", f"{kind}_begin", f"{kind}_end"))
 
 
 def _reraise(e: Exception) -> BadRecord:
@@ -137,7 +145,15 @@ class Encoder:
         self.family: Family = family_from_state(spec.family, config) if spec.family else make_family(config)
         self.tags = spec.tags
         folder, template = unpack(spec.shipped) if spec.shipped is not None else (None, None)
-        self.tok = load_tokenizer(folder or spec.tokenizer, self.family.special_tokens())
+        self.tok = open_tokenizer(folder or spec.tokenizer)
+        self.unchosen: set[str] = set()  # generic kinds left at defaults nobody chose, for a tokenizer without media tokens
+        if self.family.structured:  # a named family: the model's tokenizer already holds its tokens
+            require_tokens(self.tok, spec.tokenizer, self.family.special_tokens(), self.family.name, config.processor)
+        else:
+            wanted = self.family.special_tokens()
+            if len(missing_tokens(self.tok, wanted)) == len(wanted):  # not one media token: a text-only tokenizer
+                self.unchosen = {k for k in self.family.run_tokens() if _defaults(config, k)}
+            add_tokens(self.tok, self.family.special_tokens())  # what the pipeline chose: its tokens join the tokenizer
         self.serialized = self.tok.backend_tokenizer.to_str()
         self.text = TextTokenizer(self.tok, self.serialized)
         self.run_tokens = self.family.run_tokens()
@@ -367,9 +383,13 @@ class Encoder:
         )
 
     def _check_modalities(self, conv: Conversation) -> None:
-        """Refuse media the model has no encoder for, before any file is probed."""
-        missing = {kind: n for kind in MEDIA_ORDER
-                   if kind not in self.family.kinds and (n := sum(p.kind == kind for p in conv.media))}
+        """Refuse media the model has no encoder for, before any file is probed; stop the build at the first
+        media record when the generic family would count it for a text-only tokenizer (:meth:`_refuse_text_tokenizer`)."""
+        counts = {kind: sum(p.kind == kind for p in conv.media) for kind in MEDIA_ORDER}
+        for kind, n in counts.items():
+            if n and kind in self.unchosen and kind in self.family.kinds:
+                self._refuse_text_tokenizer(kind)
+        missing = {kind: n for kind, n in counts.items() if n and kind not in self.family.kinds}
         if missing:
             kinds = " and ".join(missing)
             raise BadRecord(
@@ -379,6 +399,26 @@ class Encoder:
                 f"that declares {kinds}, or add {' and '.join(map(repr, missing))} to modalities if the model "
                 f"encodes it",
             )
+
+    def _refuse_text_tokenizer(self, kind: str) -> None:
+        """A record with media under the generic family's default media settings (nobody chose a placeholder or a
+        policy) and a tokenizer holding none of the pipeline's media tokens: a text-only model's tokenizer, where
+        packer would add ``<image>`` and count each image by the default policy (576 tokens, LLaVA-1.5's CLIP at
+        336 px) -- a build for no model. Stops the build (a configuration error, not a bad record)."""
+        from packer.errors import ConfigError
+        from packer.families import family_names
+
+        token = self.family.run_tokens()[kind]
+        policy = getattr(self.config, f"{kind}_tokens")
+        named = ", ".join(n for n in family_names() if n != "generic")
+        raise ConfigError(f"the records hold {kind} items, but tokenizer {self.spec.tokenizer!r} has no {token} (nor "
+                          f"any of {', '.join(self.family.special_tokens())}) and no {kind} setting was chosen: packer "
+                          f"would add {token} to a text-only tokenizer and count each "
+                          f"{kind} by the generic default {policy!r}, which is no model's. Expected: a vision/audio "
+                          f"model's tokenizer and its counting. For a released model pass --family NAME --processor "
+                          f"CHECKPOINT ({named}); for a placeholder pipeline (LLaVA-1.5 style) choose its "
+                          f"--{kind}-token / --{kind}-tokens (a pipeline file, e.g. pipelines/llava15.toml), or give "
+                          f"--tokenizer the model's tokenizer holding {token}")
 
     def _check_reserved_untrained(self, labels: np.ndarray) -> None:
         """The invariant ``packer verify`` checks: no placeholder / begin / end id is a label."""

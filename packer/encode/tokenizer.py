@@ -1,4 +1,4 @@
-"""Load any HF tokenizer (local folder or hub name), add the media placeholders, fingerprint it.
+"""Load any HF tokenizer (local folder or hub name), check or add the media placeholders, fingerprint it.
 
 Loading does not import torch where transformers' own choice of class is decidable from the
 tokenizer files alone: a folder with ``tokenizer.json`` and a ``tokenizer_config.json`` naming
@@ -20,20 +20,28 @@ from pathlib import Path
 from typing import Any
 
 from packer.errors import PackerError
+from packer.io.pretrained import load_pretrained
 
 HUB_TIMEOUT_S = 5.0  # the one reachability check before a hub download
 _GENERIC = {"TokenizersBackend", "PreTrainedTokenizer", "PythonBackend"}  # after removesuffix("Fast")
 
 
 def load_tokenizer(name_or_path: str, placeholders: list[str]) -> Any:
-    """A fast HF tokenizer with every placeholder string present as a special token.
+    """A fast HF tokenizer with every placeholder string present as a special token (added where absent: the
+    configurable ``generic`` family's pipelines; a named family's tokenizer must already hold them, see
+    :func:`require_tokens`).
 
     A fast (Rust) tokenizer is required: labels are derived from character offsets.
     """
+    tok = open_tokenizer(name_or_path)
+    add_tokens(tok, placeholders)
+    return tok
+
+
+def open_tokenizer(name_or_path: str) -> Any:
+    """The fast HF tokenizer at ``name_or_path`` as it is (no token added)."""
     if not name_or_path:
         raise PackerError("no tokenizer given: set `tokenizer` in the pipeline or pass --tokenizer NAME_OR_PATH")
-    from tokenizers import AddedToken
-
     folder = Path(name_or_path).expanduser()
     if folder.is_dir():
         tok = _load(str(folder), _files_in_folder(folder))
@@ -42,11 +50,37 @@ def load_tokenizer(name_or_path: str, placeholders: list[str]) -> Any:
     if not getattr(tok, "is_fast", False):
         raise PackerError(f"tokenizer {name_or_path!r} has no fast (Rust) implementation; packer needs offsets")
     tok.model_max_length = 1 << 62  # packer enforces lengths itself; silence HF's length warning
-    backend = tok.backend_tokenizer  # one lookup per placeholder, not get_vocab()'s 151k-entry dict (~0.2 s)
-    missing = [t for t in placeholders if backend.token_to_id(t) is None]
+    return tok
+
+
+def missing_tokens(tok: Any, tokens: list[str]) -> list[str]:
+    """The ``tokens`` the tokenizer's vocabulary lacks."""
+    backend = tok.backend_tokenizer  # one lookup per token, not get_vocab()'s 151k-entry dict (~0.2 s)
+    return [t for t in dict.fromkeys(tokens) if backend.token_to_id(t) is None]
+
+
+def add_tokens(tok: Any, placeholders: list[str]) -> list[str]:
+    """Add the placeholders the tokenizer lacks as special tokens; returns those added."""
+    from tokenizers import AddedToken
+
+    missing = missing_tokens(tok, placeholders)
     if missing:
         tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in missing], special_tokens=True)
-    return tok
+    return missing
+
+
+def require_tokens(tok: Any, name_or_path: str, tokens: list[str], family: str, processor: str) -> None:
+    """A named family's tokenizer is the model's: it holds every token the family's processor writes, and packer never
+    adds one (an added token gets an id past the model's embeddings, or another id than the model was trained with)."""
+    from packer.errors import ConfigError
+
+    missing = missing_tokens(tok, tokens)
+    if missing:
+        raise ConfigError(f"tokenizer {name_or_path!r} lacks {', '.join(missing)} (family {family} needs "
+                          f"{', '.join(dict.fromkeys(tokens))} in the tokenizer, as the model's own tokenizer holds "
+                          f"them): packer never adds a named family's tokens. Pass the model's tokenizer: leave "
+                          f"--tokenizer unset to use the processor's ({processor or '--processor'}), or give --tokenizer "
+                          f"the model's; or check --family")
 
 
 def _cannot(name: str, why: object) -> PackerError:
@@ -131,7 +165,7 @@ def _load(name: str, find, **kwargs: Any) -> Any:
         if cls is None:
             from transformers import AutoTokenizer  # imports torch if installed (transformers' config module)
             cls = AutoTokenizer
-        return cls.from_pretrained(name, **kwargs)
+        return load_pretrained(cls, name, "tokenizer", **kwargs)
     except PackerError:
         raise
     except Exception as e:  # HF raises OSError, ValueError, HTTP errors... all mean "cannot load"

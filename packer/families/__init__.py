@@ -92,10 +92,16 @@ def make_family(config: Any) -> Family:
             raise ConfigError("processor_options apply to a named family (--family); the generic family takes "
                               "--image-tokens / --audio-tokens / --video-tokens")
         return Generic(config)
-    from packer.families.checkpoint import read_checkpoint
+    from packer.families.checkpoint import family_checkpoint
 
-    settings = cls.settings_class.resolve(read_checkpoint(config.processor), config.processor_options)
-    return cls(resolve_kinds(name, tuple(config.modalities)), settings)
+    kinds = resolve_kinds(name, tuple(config.modalities))
+    if cls is HFProcessor:  # it loads AutoProcessor itself (and names the missing --processor)
+        from packer.families.checkpoint import read_checkpoint
+
+        checkpoint = read_checkpoint(config.processor)
+    else:  # refused where the build could not reproduce AutoProcessor on that folder
+        checkpoint = family_checkpoint(name, config.processor, kinds)
+    return cls(kinds, cls.settings_class.resolve(checkpoint, config.processor_options))
 
 
 def family_from_state(state: dict[str, Any], config: Any) -> Family:

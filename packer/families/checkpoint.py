@@ -6,9 +6,23 @@ each sub-processor nested under its attribute name (``image_processor``, ``video
 ``feature_extractor``) beside the processor's own keyword arguments (``image_seq_length``);
 earlier versions, and most hub checkpoints, wrote ``preprocessor_config.json`` (the image
 processor, or an audio model's feature extractor) and ``video_preprocessor_config.json``.
-:func:`read_checkpoint` merges whichever are present into one :class:`Checkpoint`; a family
-takes its settings from it, its own defaults (the processor classes' defaults, tested equal)
-otherwise. Reading JSON keeps a build free of torch: the processor classes are not imported.
+:func:`read_checkpoint` takes each sub-processor's settings from where ``AutoProcessor`` takes them
+(the nested dict if there is one, else its own file; transformers never merges the two) into one
+:class:`Checkpoint`; a family takes its settings from it, its own defaults (the processor classes'
+defaults, tested equal) for a key the config does not hold. Reading JSON keeps a build free of
+torch: the processor classes are not imported.
+
+A build reproduces a processor it can read, never one it guesses (:func:`family_checkpoint`):
+
+- a named family needs ``--processor`` (class defaults are not any released checkpoint's budgets:
+  Qwen3-VL's give 360 placeholders where the 8B checkpoint gives 660);
+- a checkpoint without the config of a sub-processor the build uses (no ``video_processor`` for a
+  build that encodes video) is refused: ``AutoProcessor`` then builds that sub-processor from the
+  image processor's ``preprocessor_config.json`` -- for Qwen3-VL a ``Qwen2VLVideoProcessor`` with
+  the image budget and no frame sampling (774 ids where the family's defaults would give 246), a
+  processor the family does not reproduce;
+- a checkpoint whose processor or tokenizer is its own code (``auto_map``) is refused
+  (:mod:`packer.io.pretrained`).
 """
 
 from __future__ import annotations
@@ -34,6 +48,7 @@ class Checkpoint:
     video_processor: dict[str, Any] = field(default_factory=dict)
     feature_extractor: dict[str, Any] = field(default_factory=dict)
     files: tuple[str, ...] = ()
+    sources: dict[str, str] = field(default_factory=dict)  # section -> the file (and key) its settings came from
 
     def get(self, section: str, key: str, default: Any = None) -> Any:
         return getattr(self, section).get(key, default)
@@ -47,7 +62,7 @@ def read_checkpoint(name_or_path: str) -> Checkpoint:
     if not found:
         raise ConfigError(f"processor {name_or_path!r}: no {', '.join(FILES)} there (a folder written by "
                           f"processor.save_pretrained, or a hub id in the local hub cache)")
-    data: dict[str, dict[str, Any]] = {k: {} for k in ("processor", *SUBPROCESSORS)}
+    contents: dict[str, dict[str, Any]] = {}
     for filename, path in found.items():
         try:
             content = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -55,21 +70,70 @@ def read_checkpoint(name_or_path: str) -> Checkpoint:
             raise ConfigError(f"processor {name_or_path!r}: cannot read {filename}: {e}") from None
         if not isinstance(content, dict):
             raise ConfigError(f"processor {name_or_path!r}: {filename} is not a JSON object")
-        if filename == "processor_config.json":
-            for key, value in content.items():
-                if key in SUBPROCESSORS and isinstance(value, dict):
-                    data[key].update(value)
-                else:
-                    data["processor"][key] = value
-        elif filename == "video_preprocessor_config.json":
-            data["video_processor"].update(content)
-        else:  # preprocessor_config.json: an image processor, or (audio models) a feature extractor
-            section = "feature_extractor" if "feature_extractor_type" in content and "image_processor_type" not in content \
-                else "image_processor"
-            data[section] = {**content, **data[section]}
-            if content.get("processor_class") and "processor_class" not in data["processor"]:
-                data["processor"]["processor_class"] = content["processor_class"]
-    return Checkpoint(name_or_path, **data, files=tuple(sorted(found)))
+        contents[filename] = content
+    data: dict[str, dict[str, Any]] = {k: {} for k in ("processor", *SUBPROCESSORS)}
+    sources: dict[str, str] = {}  # transformers takes a nested dict alone, else the sub-processor's file, else the legacy one
+    nested = contents.get("processor_config.json", {})
+    for key, value in nested.items():  # the processor's own kwargs, and (5.x) each sub-processor nested
+        if key not in (*SUBPROCESSORS, "audio_processor") or not isinstance(value, dict):
+            data["processor"][key] = value
+    for section, keys in (("image_processor", ("image_processor",)), ("video_processor", ("video_processor",)),
+                          ("feature_extractor", ("feature_extractor", "audio_processor"))):  # transformers' order
+        key = next((k for k in keys if isinstance(nested.get(k), dict)), None)
+        if key is not None:
+            data[section], sources[section] = dict(nested[key]), f"processor_config.json[{key}]"
+    video = contents.get("video_preprocessor_config.json")
+    if video is not None and "video_processor" not in sources:
+        data["video_processor"], sources["video_processor"] = dict(video), "video_preprocessor_config.json"
+    legacy = contents.get("preprocessor_config.json")
+    if legacy is not None:  # each sub-processor without a config of its own reads this file (transformers' fallback)
+        fits = {"image_processor": "image_processor_type" in legacy or "feature_extractor_type" not in legacy,
+                "feature_extractor": "feature_extractor_type" in legacy,
+                "video_processor": "video_processor_type" in legacy}  # else AutoProcessor builds another class from it
+        for section, ok in fits.items():
+            if ok and section not in sources:
+                data[section], sources[section] = dict(legacy), "preprocessor_config.json"
+        if legacy.get("processor_class") and "processor_class" not in data["processor"]:
+            data["processor"]["processor_class"] = legacy["processor_class"]
+    return Checkpoint(name_or_path, **data, files=tuple(sorted(found)), sources=sources)
+
+
+SECTION_OF = {"image": "image_processor", "video": "video_processor", "audio": "feature_extractor"}
+
+
+def family_checkpoint(family: str, processor: str, kinds: tuple[str, ...]) -> Checkpoint:
+    """The checkpoint a named ``family`` takes its settings from, for a build that encodes ``kinds``; refused
+    (:class:`ConfigError`, exit 2) where the build could not reproduce ``AutoProcessor.from_pretrained(processor)``:
+    no processor named, a processor that is the checkpoint's own code, a sub-processor the build uses whose config
+    the checkpoint lacks (see the module docstring)."""
+    if not processor:
+        raise ConfigError(f"family {family} needs --processor: the checkpoint (a folder written by "
+                          f"processor.save_pretrained, or a hub id) whose configs give the budgets it counts with; "
+                          f"without one the class defaults would be used, which are no released checkpoint's. Pass "
+                          f"--processor PATH_OR_ID (e.g. the model's hub id), or `processor = ...` in the pipeline")
+    from packer.io.pretrained import declared_remote_code, remote_code_error
+
+    why = declared_remote_code(processor, "processor")
+    if why:
+        raise remote_code_error("processor", processor, why)
+    checkpoint = read_checkpoint(processor)
+    for kind in kinds:
+        section = SECTION_OF[kind]
+        if section in checkpoint.sources:
+            continue
+        instead = (f"AutoProcessor would build its {section} from "
+                   + ("preprocessor_config.json, the image processor's config (another class, the image's budget)"
+                      if "preprocessor_config.json" in checkpoint.files and kind != "image" else "no config at all"))
+        raise ConfigError(f"processor {processor!r} has no {section} config (neither {section} in "
+                          f"processor_config.json nor {_OWN_FILE[kind]}), and the build encodes {kind} "
+                          f"(modalities {list(kinds)}): {instead}, which family {family} does not reproduce. Save the "
+                          f"model's full processor into the folder (AutoProcessor.from_pretrained(model_id)"
+                          f".save_pretrained(folder)), or set modalities to the kinds the records hold without {kind}")
+    return checkpoint
+
+
+_OWN_FILE = {"image": "preprocessor_config.json", "video": "video_preprocessor_config.json",
+             "audio": "preprocessor_config.json"}
 
 
 def _find_files(name_or_path: str) -> dict[str, str]:

@@ -11,7 +11,6 @@ the templates these pipelines are used with render string content), and the expa
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from packer.errors import BadRecord
@@ -66,8 +65,9 @@ class Generic(Family):
 
 def policy_count(policy: Any, kind: str, info: Any, part: Any) -> Count:
     """``policy``'s count of a probed item; what the policy refuses is ``unsupported_<kind>``, a clip that
-    gives no position ``audio_too_short``. A video given as frame images takes every frame, as the HF
-    video processors do with a list of frames."""
+    gives no position ``audio_too_short``. A video given as frame images is counted as a file of those frames
+    at the record's ``fps`` (the HF video processors sample a list of frames handed with its rate as they sample
+    a file); one that states no rate is refused where the policy samples by fps."""
     try:
         if kind == "image":
             return policy.count(info.height, info.width)
@@ -77,8 +77,6 @@ def policy_count(policy: Any, kind: str, info: Any, part: Any) -> Count:
                 raise BadRecord("audio_too_short", f"{part.ref!r} is {1000 * info.seconds:.1f} ms: the encoder produces "
                                                    f"0 positions under audio policy {policy.name!r}; drop the clip or pad it")
             return count
-        if part.frames and getattr(policy, "sample", False):
-            policy = dataclasses.replace(policy, sample=False)
         return policy.count(info.frames, info.fps, info.height, info.width)
     except ValueError as e:
         size = f"{info.width}x{info.height}" if kind == "image" else f"{info.frames} frames"

@@ -102,12 +102,16 @@ _PROCESSORS: dict[str, Any] = {}
 def load_processor(name: str) -> Any:
     """The processor at ``name`` (one per process)."""
     if name not in _PROCESSORS:
+        from packer.io.pretrained import load_pretrained
+
         try:
             from transformers import AutoProcessor
         except ImportError:
             raise ConfigError("family hf runs the HF processor: pip install 'packer[train]'") from None
         try:
-            _PROCESSORS[name] = AutoProcessor.from_pretrained(name)
+            _PROCESSORS[name] = load_pretrained(AutoProcessor, name, "processor")
+        except ConfigError:
+            raise
         except Exception as e:  # noqa: BLE001 -- not a processor folder, an unknown id, a missing backend
             raise ConfigError(f"family hf: cannot load processor {name!r}: {type(e).__name__}: {e}") from None
     return _PROCESSORS[name]

@@ -165,7 +165,7 @@ class _ShardedTable:
 
             folder = local_folder([(self.out / e.file, e.file.rsplit("/", 1)[-1], e.sha256)
                                    for e in self.manifest.files.tokenizer])
-        return AutoTokenizer.from_pretrained(str(folder))
+        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)  # OUT/tokenizer: saved by packer
 
 
 def _runs(is_placeholder: np.ndarray) -> list[list[int]]:

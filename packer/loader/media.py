@@ -237,10 +237,9 @@ class MediaStep:
         for m in spans:
             listed = m.get("frames")  # a video given as frame images (PackedDataset resolves each)
             info = probe_span(m)
-            used = dataclasses.replace(policy, sample=False) if listed else policy  # a frame list: every frame
-            indices = used.frame_indices(info.frames, info.fps)
+            indices = policy.frame_indices(info.frames, info.fps)  # a frame list: sampled as a file at its fps
             frames.append(load_planned_frames(m, indices))  # issue 24: a load error names its file
-            metadata.append(video_metadata(info, used))
+            metadata.append(video_metadata(info, policy))
         enc = self.video_processor(videos=frames, video_metadata=metadata, do_sample_frames=False, return_tensors="pt")
         merge, tps = int(self.video_processor.merge_size), int(self.video_processor.temporal_patch_size)
         by = f"{type(self.video_processor).__name__} (frames sampled by video policy {policy_spec(policy)})"

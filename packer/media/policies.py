@@ -294,10 +294,15 @@ class Qwen2VLVideo:
     share of ``max_video_tokens`` x 28^2 x 0.9 pixels, floored at 1.05 x min_pixels, as the
     processor does with that option. Then t = ceil(frames / 2), tokens = t x (h / 28) x (w / 28).
 
-    ``fps`` is the video's frame rate; 0 (a list of frames that states none) means the frames
-    are taken as sampled at the policy's own ``fps``. Pure arithmetic: no transformers import.
+    ``fps`` is the video's frame rate. A list of frame images is a video of those frames at the
+    rate the record states: sampled exactly as a file (the processor samples a list of frames handed
+    with ``video_metadata={"total_num_frames": n, "fps": fps}`` as it samples a decoded file: 6
+    frames at 3 fps keep 4, t = 2). A list that states no rate (``fps`` 0) is refused under sampling
+    by fps (the processor raises: it needs the rate), and taken whole, as sampled at the policy's
+    ``fps``, with ``sample=false`` or ``num_frames``. Pure arithmetic: no transformers import.
     ``ValueError`` where the processor cannot take the video (a 1-frame clip samples 0 frames;
-    an aspect ratio over 200): the counter quarantines it as ``unsupported_video``."""
+    an aspect ratio over 200; frames without a rate to sample by): the counter quarantines it as
+    ``unsupported_video``."""
 
     name: ClassVar[str] = "qwen2vl"
     fps: float = 2.0
@@ -330,8 +335,12 @@ class Qwen2VLVideo:
         if self.num_frames:
             n = round(self.num_frames / tps) * tps
         else:
+            if not fps:
+                raise ValueError(f"the {frames} frames state no frame rate, and the processor samples {self.fps:g} frames "
+                                 f"a second (it refuses frames without one): give the record's frame list its fps, or "
+                                 f"sample=false / num_frames=N if the training call takes every frame / N frames")
             top = math.floor(min(self.max_frames, frames) / tps) * tps
-            n = min(max(frames / (fps or self.fps) * self.fps, self.min_frames), top, frames)
+            n = min(max(frames / fps * self.fps, self.min_frames), top, frames)
             n = math.floor(n / tps) * tps
         if n > frames:
             raise ValueError(f"{frames} frames cannot give the {n} the policy asks for (num_frames={self.num_frames})")
@@ -349,7 +358,7 @@ class Qwen2VLVideo:
             return list(range(frames))
         import numpy as np
 
-        n = self.sampled(frames, fps or self.fps)
+        n = self.sampled(frames, fps)
         return np.arange(0, frames, frames / n, dtype=np.float64).astype(np.float32).astype(np.int64).tolist()
 
     def frame_indices(self, frames: int, fps: float) -> list[int]:
@@ -372,8 +381,8 @@ class Qwen2VLVideo:
         ``height`` x ``width`` as displayed (rotation applied)."""
         if frames < 1:
             raise ValueError("the video holds no frames")
-        fps = fps or self.fps
         sampled = self.sample_indices(frames, fps)
+        fps = fps or self.fps  # frames that state no rate, taken whole: as sampled at the policy's rate
         n = sum(1 for i in sampled if i < frames)
         h, w = self.resize(n, height, width)
         factor = self.patch_size * self.merge_size

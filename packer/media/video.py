@@ -43,9 +43,11 @@ processor, given these frames with ``do_sample_frames=False``, produces exactly 
 grid. An index past the last frame that decodes (a header that over-promises) gets the
 last frame: the count stays the counted one.
 
-A video may also be a list of frame images (:func:`probe_frames`, :func:`load_frames`):
-each frame probed as an image (EXIF applied), all of one size, at the rate the record
-states (else the policy's own fps: the frames are taken as already sampled).
+A video may also be a list of frame images (:func:`probe_frames`, :func:`load_frames`): each frame
+probed as an image (EXIF applied), all of one size; a video of those frames at the rate the record
+states, sampled as a file at that rate would be (what the HF video processor does with the frames
+and that ``fps`` in their metadata). A list that states no rate is taken whole where the policy does
+not sample by fps, refused where it does (the processor refuses it too).
 """
 
 from __future__ import annotations
@@ -227,13 +229,10 @@ def count_video(path: str, policy, check: str = "header"):
 
 
 def count_frames(paths: Sequence[str], policy, fps: float = 0.0, image_check: str = "verify"):
-    """:func:`count_video` for a list of frame images at the stated ``fps`` (0: the policy's): every frame is
-    taken (the HF video processors do not sample a list of frames; an odd count is padded)."""
+    """:func:`count_video` for a list of frame images at the stated ``fps`` (0: none stated): counted as the policy
+    counts a file of those frames at that rate -- the HF video processors sample a list of frames handed with its
+    ``fps`` as they sample a decoded file. Frames that state no rate cannot be sampled by fps (``unsupported_video``)."""
     info = probe_frames(paths, fps, image_check)
-    if getattr(policy, "sample", False):
-        import dataclasses
-
-        policy = dataclasses.replace(policy, sample=False)
     return info, _count(policy, info, f"the {len(paths)}-frame list starting {paths[0]!r}")
 
 

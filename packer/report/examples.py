@@ -72,7 +72,7 @@ def _decoder(folder: Path) -> Any:
         return Tokenizer.from_file(str(folder / "tokenizer.json"))
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(folder))
+    return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)  # OUT/tokenizer: saved by packer
 
 
 def _pieces(tok, ids: list[int], labels: list[int], a: int, b: int,
