@@ -235,7 +235,6 @@ class MediaStep:
 
         policy, frames, metadata = self.video_policy, [], []
         for m in spans:
-            listed = m.get("frames")  # a video given as frame images (PackedDataset resolves each)
             info = probe_span(m)
             indices = policy.frame_indices(info.frames, info.fps)  # a frame list: sampled as a file at its fps
             frames.append(load_planned_frames(m, indices))  # issue 24: a load error names its file
