@@ -56,6 +56,8 @@ FIXES = {
     "split_lost_media": "split pieces that lost the media their text follows: raise --max-length",
     "preference_record": "preference / multi-response records in an SFT build: pass --preference pairs or tree",
     "preference_prompt_diverges": "the chat template renders the prompt differently for each response: fix the template",
+    "label_not_boolean": "a KTO 'label' that is not the JSON boolean true / false (\"false\", 0, null): fix the records",
+    "media_in_string_preference": "a string preference prompt with media: give it as messages, or --preference-strings chat",
     "media_in_response": "a response holds an image / clip / video: media belong to the shared prompt",
     "preference_too_long": "a preference record (all its responses) longer than --max-length: raise it",
 }

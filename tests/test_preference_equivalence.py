@@ -271,30 +271,50 @@ DPO_PAIRS = [
 ]
 
 
+STRING_PAIRS = [  # TRL's standard (non-chat) format: no template, EOS appended, BPE merges at the boundary
+    ("What colour is the sky?", " It is blue.", " It is green, I believe."),
+    ("Q: Name a prime.\nA:", " Seven.", " Nine."),
+    ("The frog likes to jump", "ing around.", "ed once."),  # the prompt's last word merges with each response
+    ("<|im_start|>user\nSay hello in French.<|im_end|>\n<|im_start|>assistant\n", "Bonjour.", "Hola.<|endoftext|>"),
+]
+
+
+def dpo_data(kind: str) -> list[dict]:
+    if kind == "string":
+        return [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in STRING_PAIRS]
+    return [{"prompt": p, "chosen": [{"role": "assistant", "content": c}], "rejected": [{"role": "assistant", "content": r}]}
+            for p, c, r in DPO_PAIRS]
+
+
 @pytest.fixture(scope="module")
 def dpo_builds(tmp_path_factory):
-    records = [{"id": f"d{k}", "prompt": p, "chosen": [{"role": "assistant", "content": c}],
-                "rejected": [{"role": "assistant", "content": r}]} for k, (p, c, r) in enumerate(DPO_PAIRS)]
-    return build_layouts(records, tmp_path_factory.mktemp("dpo"), max_length=256)
+    out = {}
+    for kind in ("conversational", "string"):
+        records = [{"id": f"d{k}", **r} for k, r in enumerate(dpo_data(kind))]
+        out[kind] = build_layouts(records, tmp_path_factory.mktemp(f"dpo-{kind}"), max_length=256)
+    return out
 
 
+@pytest.mark.parametrize("kind", ["conversational", "string"])
 @pytest.mark.parametrize("layout", ["pairs", "tree"])
-def test_dpo_step_on_packed_rows_equals_trls_dpo_trainer(dpo_builds, layout, tmp_path):
+def test_dpo_step_on_packed_rows_equals_trls_dpo_trainer(dpo_builds, layout, kind, tmp_path):
+    """Conversational records (messages, the chat template) and string records (TRL's standard format, no
+    template: ``preference_strings = "standard"``, the default): the loss and every gradient are TRL's."""
     trl = pytest.importorskip("trl", reason="trl is in the test layer (requirements.lock); not installed here")
     from datasets import Dataset
 
-    ds = PackedDataset(dpo_builds[layout])
+    ds = PackedDataset(dpo_builds[kind][layout])
+    assert ds.manifest.config["preference_strings"] == "standard"
     tok = ds.tokenizer()
     vocab = len(tok)
     policy, ref_model = llama(vocab, "sdpa"), llama(vocab, "sdpa", seed=1)
-    data = Dataset.from_list([{"prompt": p, "chosen": [{"role": "assistant", "content": c}],
-                               "rejected": [{"role": "assistant", "content": r}]} for p, c, r in DPO_PAIRS])
-    args = trl.DPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=len(DPO_PAIRS), beta=0.1,
+    data = Dataset.from_list(dpo_data(kind))
+    args = trl.DPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=len(data), beta=0.1,
                          report_to=[], max_length=None, use_cpu=True, bf16=False, fp16=False, dataset_num_proc=None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = trl.DPOTrainer(model=policy, ref_model=ref_model, args=args, train_dataset=data, processing_class=tok)
-    examples = [trainer.train_dataset[i] for i in range(len(DPO_PAIRS))]
+    examples = [trainer.train_dataset[i] for i in range(len(data))]
     inputs = trainer.data_collator(examples)
     model = trainer.model
     model.zero_grad()
@@ -309,7 +329,7 @@ def test_dpo_step_on_packed_rows_equals_trls_dpo_trainer(dpo_builds, layout, tmp
         reference = packed_logps(trainer.ref_model(**model_inputs(batch)).logits, batch)
     model.zero_grad()
     policy_logps = packed_logps(model(**model_inputs(batch)).logits, batch)
-    assert len(policy_logps.pairs()[0]) == len(DPO_PAIRS)
+    assert len(policy_logps.pairs()[0]) == len(data)
     loss = dpo_loss(policy_logps, reference, beta=0.1)
     # TRL's fused log-prob kernel computes in float32 whatever the model's dtype: the bounds are float32's
     assert abs(float(loss) - float(trl_loss)) <= 1e-6

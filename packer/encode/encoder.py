@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.encode import preference
+from packer.encode import preference, standard
 from packer.encode.labels import Labeller, span_mask
 from packer.encode.render import MARK_END, MARK_START, Renderer, probe_conversations, template_clock
 from packer.encode.tokenizer import fingerprint, load_tokenizer
@@ -117,10 +117,13 @@ class RenderedChat:
     edits: list[tuple[int, int, int]] = field(default_factory=list)
     spans: list[tuple[int, int]] | None = None  # the trained character spans of ``full``, once labelled
     clips_cut: int = 0  # audio clips longer than the encoder's window (counted as audio_truncated)
+    prompt: str | None = None  # a string preference record in TRL's standard format: its prompt (``text`` is no
+    #                            rendering but prompt + response + EOS, see packer.encode.standard)
+    completion_start: int = 0  # standard format: the first trained token
 
     @property
     def marked(self) -> bool:
-        return MARK_START in self.text or MARK_END in self.text
+        return self.prompt is None and (MARK_START in self.text or MARK_END in self.text)
 
 
 class Encoder:
@@ -215,7 +218,8 @@ class Encoder:
         in :meth:`_finish`, so the failure (if it is one record's) stays that record's."""
         docs = list(dict.fromkeys(rec.text for _, rec, _ in prepared if isinstance(rec, Document)))
         rendered = [c for _, _, chat in prepared for c in (chat if isinstance(chat, list) else [chat])]
-        chats = list(dict.fromkeys(c.text for c in rendered if c is not None and not c.marked))
+        chats = list(dict.fromkeys(c.text for c in rendered if c is not None and not c.marked and c.prompt is None))
+        plain = list(dict.fromkeys(t for c in rendered if c is not None and c.prompt is not None for t in (c.prompt, c.text)))
         memo: dict = {}
         try:  # a chunk holds at most TOKENIZE_BATCH records: one call per kind
             for text, (ids, _) in zip(docs, self.text.encode(docs, special=True, split=True, offsets=False), strict=True):
@@ -228,7 +232,20 @@ class Encoder:
                 memo["chat", text] = hit
         except Exception:  # noqa: BLE001 -- per record below
             pass
+        try:
+            for text, hit in zip(plain, self._standard_encode(plain), strict=True):
+                memo["standard", text] = hit
+        except Exception:  # noqa: BLE001 -- per record below
+            pass
         self._memo = memo
+
+    def _standard_encode(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``tok(text)`` as TRL calls it on standard-format text: special tokens added, typed ones parsed."""
+        return self.text.encode(texts, special=True, split=self.text.split_default, offsets=True)
+
+    def _standard_tokens(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        hit = self._memo.get(("standard", text))
+        return hit if hit is not None else self._standard_encode([text])[0]
 
     # ------------------------------------------------------------------ one record
 
@@ -252,6 +269,9 @@ class Encoder:
             conversations = [record.conversation(k) for k in range(len(record.responses))]
             for conv in conversations:
                 self._check_modalities(conv)
+            if record.strings and self.config.preference_strings == "standard":
+                prompt, texts = standard.texts(record, self.tok.eos_token)
+                return obj, record, [RenderedChat(t, t, [], "standard", [], set(), False, prompt=prompt) for t in texts]
             return obj, record, [self._render(conv) for conv in conversations]
         self._check_modalities(record)
         return obj, record, self._render(record)
@@ -391,6 +411,8 @@ class Encoder:
         return ids, None, []  # None: every token trained
 
     def _chat_tokens(self, chat: RenderedChat) -> tuple[np.ndarray, np.ndarray]:
+        if chat.prompt is not None:
+            return self._standard_tokens(chat.text)
         hit = self._memo.get(("chat", chat.text))
         if hit is not None:
             return hit
@@ -442,6 +464,12 @@ class Encoder:
     def _encode_preference(self, record: Preference, chats: list[RenderedChat]):
         """Each response as its own conversation (prompt + response), one after the other, and the tokens they
         share (:mod:`packer.encode.preference`): ``(ids, trained, media, responses, prefix)``."""
+        plain = chats[0].prompt is not None  # TRL's standard format (packer.encode.standard)
+        if plain:
+            start = standard.completion_start(self._standard_tokens(chats[0].prompt)[0],
+                                              [self._standard_tokens(c.text)[0] for c in chats])
+            for chat in chats:
+                chat.completion_start = start
         parts = [self._encode_conversation(record.conversation(k), chat) for k, chat in enumerate(chats)]
         roles = [r.role for r in record.responses]
         for (_, trained, _), role in zip(parts, roles, strict=True):
@@ -450,9 +478,9 @@ class Encoder:
                                                        f"or an empty one)")
         prefix = 0
         if len(parts) > 1:
-            prompt = self._prompt_rendering(record)
-            prefix = preference.tree_prefix([p[0] for p in parts], [p[1] for p in parts], [c.text for c in chats],
-                                            [self._prompt_end(c, prompt) for c in chats],
+            prompt = None if plain else self._prompt_rendering(record)
+            ends = [len(c.prompt) if plain else self._prompt_end(c, prompt) for c in chats]
+            prefix = preference.tree_prefix([p[0] for p in parts], [p[1] for p in parts], [c.text for c in chats], ends,
                                             [m.start + m.length for p in parts for m in p[2]], roles)
         responses, media, start = [], [], 0
         for (ids, _, spans), response in zip(parts, record.responses, strict=True):
@@ -485,6 +513,8 @@ class Encoder:
         nothing a media expansion inserted is ever trained."""
         if chat.train_on == "all":
             mask = np.ones(len(ids), dtype=bool)
+        elif chat.prompt is not None:  # TRL's standard format: every token from the completion's start
+            mask = np.arange(len(ids)) >= chat.completion_start
         else:
             spans = self.labeller.trained_spans(chat.messages, chat.full, chat.assistant, chat.trained,
                                                 chat.train_on_empty_think)

@@ -75,6 +75,7 @@ class Preference:
     prompt: tuple[Turn, ...]
     responses: tuple[Response, ...]
     id: str | None = None
+    strings: bool = False  # the prompt and every response were given as strings (TRL's standard, non-chat, format)
 
     def conversation(self, k: int) -> Conversation:
         """The prompt followed by response ``k``: what the record's ``k``-th response is, run alone."""
