@@ -47,6 +47,7 @@ FIXES = {
     "audio_count_mismatch": "the number of <audio> tags differs from the listed files",
     "media_placeholder_mismatch": "a placeholder string typed in the text: remove it, or change --image-tag / --image-token",
     "no_encoder": "media of a kind the pipeline's modalities leave out: use a pipeline that encodes it",
+    "tools_not_rendered": "tool calls / tools the chat template cannot render or leaves out: use a tool-calling template",
     "template_error": "the chat template failed on these records: check their roles and turns",
     "no_trainable_tokens": "records with nothing to train (no assistant turn?)",
     "oversize": "samples longer than --max-length: raise it, or --oversize truncate / split",

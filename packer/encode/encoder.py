@@ -120,6 +120,7 @@ class RenderedChat:
     prompt: str | None = None  # a string preference record in TRL's standard format: its prompt (``text`` is no
     #                            rendering but prompt + response + EOS, see packer.encode.standard)
     completion_start: int = 0  # standard format: the first trained token
+    tools: list[dict[str, Any]] | None = None  # the record's tool schemas, marked: every rendering of it gets them
 
     @property
     def marked(self) -> bool:
@@ -281,7 +282,9 @@ class Encoder:
             raise PackerError("the tokenizer has no chat template, so conversations cannot be rendered; use a chat "
                               "tokenizer or set one in its tokenizer_config.json / chat_template.jinja")
         messages = self._messages(conv)
-        full = self.renderer.render(messages)
+        tools = marked_data(list(conv.tools), self.renderer.mark) if conv.tools else None
+        full = self._render_tools(messages, tools) if tools or any("tool_calls" in m for m in messages) \
+            else self.renderer.render(messages)
         positions = self._media_positions(full)
         self._record_cut = 0
         items = self._expand_media(conv, [self._media_kind[token] for _, token in positions])
@@ -298,7 +301,33 @@ class Encoder:
         assistant = [i for i, t in enumerate(conv.turns) if t.role == "assistant"]
         trained = {i for i in assistant if conv.turns[i].trained}  # a TRL prompt's assistant turns: context
         return RenderedChat(full, text, messages, self.config.train_on, assistant, trained,
-                            self.config.train_on_empty_think, items, edits, clips_cut=self._record_cut)
+                            self.config.train_on_empty_think, items, edits, clips_cut=self._record_cut, tools=tools)
+
+    def _render_tools(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        """A record with tool calls or tools, rendered with them; refused (``tools_not_rendered``) where the template
+        raises on them or leaves them out (its rendering without them is the same: the tool-call turn would train
+        as an empty turn, or the model would learn calls to tools it was never shown)."""
+        bare = [{k: v for k, v in m.items() if k != "tool_calls"} for m in messages]
+        calls = sum(len(m.get("tool_calls", ())) for m in messages)
+        what = " and ".join(filter(None, [f"{calls} tool call(s)" if calls else "", f"{len(tools)} tool(s)" if tools else ""]))
+        try:
+            full = self.renderer.render(messages, tools=tools)
+        except BadRecord as e:  # the template's message says what it refused (a tool call id's format, ...)
+            raise BadRecord("tools_not_rendered", f"the chat template cannot render the record's {what}: "
+                                                  f"{e.detail.removeprefix('the chat template refused the conversation: ')}"
+                                                  ) from None
+        for name, without in (("tool calls", (bare, tools)), ("tools", (messages, None))):
+            if (name == "tools" and not tools) or (name == "tool calls" and not calls):
+                continue
+            try:
+                same = self.renderer.render(without[0], tools=without[1]) == full
+            except BadRecord:  # the template needs them: it renders them
+                same = False
+            if same:
+                raise BadRecord("tools_not_rendered", f"the chat template leaves out the record's {name} ({what}): it "
+                                                      f"renders the record as it renders it without them; use a template "
+                                                      f"that renders tools (chat_template), or drop them from the record")
+        return full
 
     def _messages(self, conv: Conversation) -> list[dict[str, Any]]:
         return template_messages(conv, self.family.structured, self.family.media_token, self.renderer.mark)
@@ -494,7 +523,9 @@ class Encoder:
         implicit prompt whose responses go on with a user turn, TRL's ``extract_prompt``); None otherwise."""
         if all(r.turns and r.turns[0].role == "assistant" and r.turns[0].trained for r in record.responses):
             return None
-        return self.renderer.render(self._messages(Conversation(record.prompt, record.id))) if record.prompt else ""
+        tools = marked_data(list(record.tools), self.renderer.mark) if record.tools else None
+        return self.renderer.render(self._messages(Conversation(record.prompt, record.id)), tools=tools) \
+            if record.prompt else ""
 
     def _prompt_end(self, chat: RenderedChat, prompt: str | None = None) -> int:
         """Where the prompt ends in ``chat.text``: the header of the first trained turn (its start when the template
@@ -517,7 +548,7 @@ class Encoder:
             mask = np.arange(len(ids)) >= chat.completion_start
         else:
             spans = self.labeller.trained_spans(chat.messages, chat.full, chat.assistant, chat.trained,
-                                                chat.train_on_empty_think)
+                                                chat.train_on_empty_think, chat.tools)
             chat.spans = spans
             mask = span_mask(starts, [(_shift(s, chat.edits), _shift(e, chat.edits)) for s, e in spans], len(chat.text))
         if chat.edits:
@@ -546,8 +577,22 @@ def template_messages(conv: Conversation, structured: bool, media_token: Callabl
         if t.reasoning:  # transformers' _alias_reasoning_fields: every name a template may read it by
             key, text = t.reasoning
             message = {"thinking": mark(text), **message, key: mark(text), "reasoning_content": mark(text)}
+        for key, value in t.fields:  # tool_calls, tool_call_id, name: on the message, as apply_chat_template keeps them
+            message[key] = marked_data(value, mark)
         out.append(message)
     return out
+
+
+def marked_data(value: Any, mark: Callable[[str], str]) -> Any:
+    """``value`` (JSON data: a tool call, tool schemas) with every string marked, keys left as they are -- what
+    transformers' ``mark_control_tokens`` does to messages, tools and documents."""
+    if isinstance(value, str):
+        return mark(value)
+    if isinstance(value, dict):
+        return {k: marked_data(v, mark) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [marked_data(v, mark) for v in value]
+    return value
 
 
 def _shift(pos: int, edits: list[tuple[int, int, int]]) -> int:
