@@ -12,7 +12,9 @@ Shapes (auto-detected per line by their key fields, in this order, or forced wit
   roles are ``ROLES`` (``tool`` turns are rendered by the template, never trained); parts
   are ``{"type": "text", "text"}``, ``{"type": "image", "image" | "path" | "url"}``,
   ``{"type": "audio", "audio" | "path" | "url"}`` (``type`` may be left out when the key
-  says it) and OpenAI's ``{"type": "image_url", "image_url": {"url"}}``.
+  says it) and OpenAI's ``{"type": "image_url", "image_url": {"url"}}``. An assistant turn's ``tool_calls``, a
+  tool turn's ``tool_call_id`` / ``name`` and the record's ``tools`` are kept for the template
+  (:mod:`packer.ingest.tools`).
 - ``prompt_completion`` (TRL): ``{"prompt": str | [messages], "completion": str | [messages]}``.
   A string prompt is one user turn, a string completion one assistant turn; message lists
   are read as ``messages``. Completion turns are trained (assistant ones); prompt turns
