@@ -119,3 +119,20 @@ def test_malformed_tool_calls_are_wrong_type(messages, match):
     assert e.value.reason == "wrong_type"
     with pytest.raises(BadRecord, match="'tools' must be a list of tool schemas"):
         parse_record({"messages": HF, "tools": {"name": "f"}}, "auto", SAMPLE, {"image": "<image>"})
+
+
+@pytest.mark.slow  # the real Qwen3 tokenizer
+def test_a_preference_records_tools_reach_each_response_and_a_tool_call_response_is_trained():
+    """TRL's DPOTrainer passes a record's ``tools`` to every rendering: each response's tokens are
+    ``apply_chat_template(prompt + response, tools=tools)``, a response that calls a tool is trained on its call."""
+    enc = Encoder(EncoderSpec.of(tokenizer=QWEN_TOKENIZER, preference="pairs"))
+    record = {"prompt": HF[:1], "chosen": [HF[1]], "rejected": [{"role": "assistant", "content": "I cannot tell."}],
+              "tools": TOOLS}
+    sample = enc.encode_line(line(record), "t.jsonl", SAMPLE)
+    for r, response in zip(sample.responses, [record["chosen"], record["rejected"]], strict=True):
+        ids = sample.input_ids[r.start : r.start + r.length].tolist()
+        labels = sample.labels[r.start : r.start + r.length]
+        reference = enc.tok.apply_chat_template(HF[:1] + response, tools=TOOLS, tokenize=True, return_dict=True)
+        assert ids == list(reference["input_ids"])
+        trained = enc.tok.decode([t for t, y in zip(ids, labels.tolist(), strict=True) if y != -100])
+        assert trained.endswith("<|im_end|>\n") and ("get_weather" in trained) == (r.role == "chosen")
