@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from importlib import resources
 from pathlib import Path
 
@@ -220,6 +221,13 @@ def test_the_string_format_is_a_documented_flag_recorded_in_the_manifest_and_fin
         assert manifest["config"]["preference_strings"] == mode
         ids[mode] = packed_rows(out)[0]["input_ids"]
     assert ids["standard"] != ids["chat"]
+    old = tmp_path / "old"  # a build made before the key existed rendered string records with the template
+    shutil.copytree(tmp_path / "chat", old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["config"]["preference_strings"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    repack(old, output=str(tmp_path / "old-tree"), preference="tree")
+    assert json.loads((tmp_path / "old-tree" / "manifest.json").read_text())["config"]["preference_strings"] == "chat"
     with pytest.raises(Exception, match="overwrite"):  # another string format is another build: its fingerprint differs
         build(resolve(None, input=[str(source)], output=str(tmp_path / "chat"), tokenizer=TOKENIZER, preference="pairs"),
               progress=False)
