@@ -413,3 +413,29 @@ def test_dpo_step_on_image_pairs_equals_trls_dpo_trainer(tmp_path):
     for name, grad in trl_grads.items():
         p = dict(model.named_parameters())[name]
         assert (p.grad - grad).abs().max() / grad.abs().max().clamp(min=1e-12) <= 1e-4, name
+
+
+def test_string_kto_records_are_the_tokens_trls_kto_trainer_trains(tmp_path):
+    """KTO's string records (TRL's standard format): each record's ids are KTOTrainer's prompt_ids + completion_ids,
+    and exactly its completion_ids are trained (EOS appended, the completion from where the prompt's tokens stop)."""
+    trl = pytest.importorskip("trl", reason="trl is in the test layer (requirements.lock); not installed here")
+    from datasets import Dataset
+
+    from packer.encode import Encoder, EncoderSpec
+    from packer.ingest.reader import RawLine
+
+    enc = Encoder(EncoderSpec.of(tokenizer=TOKENIZER, preference="pairs"))
+    data = [{"prompt": "The frog likes to jump", "completion": "ing around.", "label": True},  # BPE merges across
+            {"prompt": "Q: 2 + 2?\nA:", "completion": " 5", "label": False},
+            {"prompt": "Say hi.", "completion": " Hi!<|endoftext|>", "label": True}]  # already ends with EOS
+    args = trl.KTOConfig(output_dir=str(tmp_path / "kto"), per_device_train_batch_size=len(data), report_to=[],
+                         max_length=None, use_cpu=True, bf16=False, fp16=False, dataset_num_proc=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = trl.KTOTrainer(model=llama(len(enc.tok), "sdpa"), ref_model=llama(len(enc.tok), "sdpa", seed=1),
+                                 args=args, train_dataset=Dataset.from_list(data), processing_class=enc.tok)
+    for i, record in enumerate(data):
+        want = trainer.train_dataset[i]
+        sample = enc.encode_line(RawLine(i + 1, json.dumps(record).encode()), "t.jsonl", Path("."))
+        assert sample.input_ids.tolist() == want["prompt_ids"] + want["completion_ids"]
+        assert (sample.labels != IGNORE).astype(int).tolist() == [0] * len(want["prompt_ids"]) + [1] * len(want["completion_ids"])
