@@ -363,7 +363,8 @@ def repack(source: str | Path, *, progress: bool = True, **overrides: Any) -> Ma
         raise ConfigError(f"repack cannot change {', '.join(bad)} (that needs re-encoding: run packer build)")
     if not overrides.get("output"):
         raise ConfigError("repack needs an output folder: -o OUT2")
-    values = {**manifest.config, **{k: v for k, v in overrides.items() if v is not None}}
+    legacy = {"preference_strings": "chat"}  # how builds made before the key existed rendered string preference records
+    values = {**legacy, **manifest.config, **{k: v for k, v in overrides.items() if v is not None}}
     config = BuildConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
     was = manifest.config.get("preference", "none")
     if (was == "none") != (config.preference == "none"):

@@ -164,6 +164,11 @@ class BuildConfig:
                                    "segment with its own copy of the prompt, a record's segments adjacent in one row); tree "
                                    "(the prompt once, each response a branch attending to it). repack switches pairs <-> tree.",
                            choices=("none", "pairs", "tree"), stage="plan", group="packing")
+    preference_strings: str = _opt("standard", "Preference records whose prompt and responses are all strings: standard "
+                                               "(TRL's standard format, as DPOTrainer / KTOTrainer tokenize it: prompt + "
+                                               "response + EOS, no chat template) or chat (a user turn and an assistant "
+                                               "turn through the chat template).", choices=("standard", "chat"),
+                                   stage="content", group="input")
     row_lengths: str = _opt("", "A few fixed row lengths for compiled training: auto (4 the planner chooses from the rows, "
                                 "least padding), auto:K, or N,N,... (max_length added); the collator pads each batch to "
                                 "the smallest that holds it (PackedCollator(row_lengths=ds.row_lengths)). Empty: off.",

@@ -49,6 +49,7 @@ FIXES = {
     "audio_count_mismatch": "the number of <audio> tags differs from the listed files",
     "media_placeholder_mismatch": "a placeholder string typed in the text: remove it, or change --image-tag / --image-token",
     "no_encoder": "media of a kind the pipeline's modalities leave out: use a pipeline that encodes it",
+    "tools_not_rendered": "tool calls / tools the chat template cannot render or leaves out: use a tool-calling template",
     "template_error": "the chat template failed on these records: check their roles and turns",
     "no_trainable_tokens": "records with nothing to train (no assistant turn?)",
     "oversize": "samples longer than --max-length: raise it, or --oversize truncate / split",
@@ -58,6 +59,8 @@ FIXES = {
     "split_lost_media": "split pieces that lost the media their text follows: raise --max-length",
     "preference_record": "preference / multi-response records in an SFT build: pass --preference pairs or tree",
     "preference_prompt_diverges": "the chat template renders the prompt differently for each response: fix the template",
+    "label_not_boolean": "a KTO 'label' that is not the JSON boolean true / false (\"false\", 0, null): fix the records",
+    "media_in_string_preference": "a string preference prompt with media: give it as messages, or --preference-strings chat",
     "media_in_response": "a response holds an image / clip / video: media belong to the shared prompt",
     "preference_too_long": "a preference record (all its responses) longer than --max-length: raise it",
 }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from importlib import resources
 from pathlib import Path
 
@@ -53,7 +54,8 @@ def with_template(source: str, tokenizer: str = TOKENIZER, **settings) -> Encode
 
     path = Path(tempfile.mkdtemp(prefix="packer-template-")) / "template.jinja"
     path.write_text(source)
-    return Encoder(EncoderSpec.of(tokenizer=tokenizer, chat_template=str(path), preference="tree", **settings))
+    return Encoder(EncoderSpec.of(tokenizer=tokenizer, chat_template=str(path), preference="tree", preference_strings="chat",
+                                  **settings))
 
 
 def check_alone(enc: Encoder, prompt, answers, **extra) -> object:
@@ -93,7 +95,7 @@ def test_the_shapes_parse_into_one_prompt_and_its_responses():
     assert [r.turns[0].parts[0].text for r in implicit.responses] == ["It is 4.", "It is 5, I think."]
     kto = parse({"prompt": "Hi", "completion": "Hello", "label": False})
     assert [(r.role, math.isnan(r.weight)) for r in kto.responses] == [("undesirable", True)]
-    assert parse({"prompt": "Hi", "completion": "Hello", "label": "x"}).__class__.__name__ == "Conversation"  # SFT
+    assert parse({"prompt": "Hi", "completion": "Hello"}).__class__.__name__ == "Conversation"  # no label: SFT
     many = parse({"prompt": PROMPT, "completions": ["a", ANSWERS[2]], "rewards": [0.5, -1]})
     assert [(r.role, r.weight) for r in many.responses] == [("0", 0.5), ("1", -1.0)]
     image = parse({"prompt": [{"role": "user", "content": [{"type": "image", "image": "images/small_224.png"},
@@ -112,7 +114,7 @@ def test_the_shapes_parse_into_one_prompt_and_its_responses():
     ({"chosen": "a", "rejected": "b"}, "auto", "wrong_format", "without a 'prompt'"),
     ({"chosen": [{"role": "user", "content": "q"}], "rejected": [{"role": "user", "content": "r"}]}, "auto",
      "wrong_format", "share no first turn"),
-    ({"prompt": "Hi", "completion": "a", "label": 1}, "unpaired_preference", "wrong_type", "'label' must be true or false"),
+    ({"prompt": "Hi", "completion": "a", "label": 1}, "unpaired_preference", "label_not_boolean", "got 1 \\(int\\)"),
     ({"prompt": "Hi", "chosen": "a", "rejected": "b", "score_chosen": "high"}, "auto", "wrong_type", "finite number"),
 ])
 def test_bad_preference_records(obj, fmt, reason, match):
@@ -121,12 +123,114 @@ def test_bad_preference_records(obj, fmt, reason, match):
     assert e.value.reason == reason
 
 
+@pytest.mark.parametrize("label", ["false", "true", 0, 1, None, 0.0, "no", [True]])
+def test_a_kto_label_that_is_no_json_boolean_is_refused(label):
+    with pytest.raises(BadRecord, match="'label' must be the JSON boolean true or false") as e:
+        parse_record({"prompt": "Hi", "completion": "Hello", "label": label}, "auto", SAMPLE, TAGS)
+    assert e.value.reason == "label_not_boolean"
+
+
+def test_kto_labels_false_as_a_string_or_0_are_quarantined_never_coerced_nor_trained_as_sft(tmp_path):
+    """Before: ``"label": "false"`` / ``0`` made the record a plain prompt / completion, trained as an SFT answer."""
+    sft = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    source = tmp_path / "kto.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in ({"prompt": "Hi", "completion": "Hello", "label": "false"},
+                                                             {"prompt": "Hi", "completion": "Hello", "label": 0}, sft)))
+    for layout in ("none", "pairs"):  # an SFT build does not take them for prompt / completion records either
+        out = tmp_path / layout
+        manifest = build(resolve(None, input=[str(source)], output=str(out), tokenizer=TOKENIZER, preference=layout,
+                                 max_bad_fraction=1.0), progress=False).to_dict()
+        acc = manifest["accounting"]
+        assert acc["quarantined_by_reason"] == {"label_not_boolean": 2} and acc["samples_packed"] == 1
+        quarantined = [json.loads(line) for line in (out / "quarantine.jsonl").read_text().splitlines()]
+        assert sorted(q["reason"] for q in quarantined) == ["label_not_boolean"] * 2
+
+
 # ---------------------------------------------------------------- tokens: each response as it runs alone
 
 
 @pytest.fixture(scope="module")
-def chatml():
+def chatml():  # string records through the chat template too (preference_strings = "chat")
+    return Encoder(EncoderSpec.of(tokenizer=TOKENIZER, preference="tree", preference_strings="chat"))
+
+
+@pytest.fixture(scope="module")
+def plain():  # the default: string records in TRL's standard format
     return Encoder(EncoderSpec.of(tokenizer=TOKENIZER, preference="tree"))
+
+
+def trl_standard(tok, prompt: str, responses: list[str]) -> list[tuple[list[int], int]]:
+    """(prompt + response ids, first trained token) per response, as TRL's DPOTrainer._prepare_dataset makes them for
+    standard (non-chat) records: EOS appended, the tokenizer's own call, the completion from the shortest prefix."""
+    from trl.data_utils import common_prefix_length
+
+    prompt_ids = tok(prompt)["input_ids"]
+    full = [tok(prompt + (r if r.endswith(tok.eos_token) else r + tok.eos_token))["input_ids"] for r in responses]
+    start = min(common_prefix_length(prompt_ids, ids) for ids in full)
+    return [(ids, start) for ids in full]
+
+
+@pytest.mark.parametrize("prompt, responses", [
+    ("What is 2 + 2?", [" It is 4.", " It is 5, I think."]),
+    ("The frog likes to jump", ["ing around.", "ed once."]),  # BPE merges the prompt's last word with each response
+    ("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", ["Hello.<|endoftext|>", "Go away."]),  # typed tokens
+])
+def test_string_records_are_trls_standard_format_by_default(plain, chatml, prompt, responses):
+    pytest.importorskip("trl", reason="trl is in the test layer (requirements.lock)")
+    for record in ({"prompt": prompt, "chosen": responses[0], "rejected": responses[1]},
+                   {"prompt": prompt, "responses": responses}):
+        sample = encode(plain, record)
+        for (ids, labels), (want, start) in zip(segments(sample), trl_standard(plain.tok, prompt, responses), strict=True):
+            assert ids.tolist() == want
+            assert labels.tolist() == [IGNORE] * start + want[start:]
+            assert ids[-1] == plain.tok.eos_token_id  # EOS appended (or kept: never twice)
+        assert "<|im_start|>assistant" not in plain.tok.decode(sample.input_ids[-5:])  # no chat template
+        chat = encode(chatml, record)  # on request: the chat template, as before
+        assert chat.input_ids.tolist() != sample.input_ids.tolist()
+    kto = encode(plain, {"prompt": prompt, "completion": responses[0], "label": True})
+    (want, _), = trl_standard(plain.tok, prompt, responses[:1])
+    assert kto.input_ids.tolist() == want and [r.role for r in kto.responses] == ["desirable"]
+
+
+def test_records_with_message_lists_and_string_media_are_not_standard(plain, chatml):
+    mixed = {"prompt": "What is 2 + 2?", "chosen": ANSWERS[0], "rejected": ANSWERS[1]}  # a message list: chat
+    assert encode(plain, mixed).input_ids.tolist() == encode(chatml, mixed).input_ids.tolist()
+    image = {"prompt": "<image>What is it?", "images": ["images/small_224.png"], "chosen": "A square.", "rejected": "A cat."}
+    with pytest.raises(BadRecord, match="preference_strings = 'chat'") as e:
+        encode(plain, image)
+    assert e.value.reason == "media_in_string_preference"
+
+
+def test_the_string_format_is_a_documented_flag_recorded_in_the_manifest_and_fingerprint(tmp_path):
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    r = CliRunner().invoke(main, ["build", "--help"])
+    assert "--preference-strings" in r.output and "[standard|chat]" in " ".join(r.output.split())
+    with pytest.raises(ConfigError, match="preference_strings = 'template' is not one of standard, chat"):
+        resolve(None, input=["x"], preference_strings="template")
+    source = tmp_path / "pref.jsonl"
+    source.write_text(json.dumps(RECORDS[0]) + "\n")
+    ids = {}
+    for mode in ("standard", "chat"):
+        out = tmp_path / mode
+        build(resolve(None, input=[str(source)], output=str(out), tokenizer=TOKENIZER, preference="pairs",
+                      preference_strings=mode), progress=False)
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["config"]["preference_strings"] == mode
+        ids[mode] = packed_rows(out)[0]["input_ids"]
+    assert ids["standard"] != ids["chat"]
+    old = tmp_path / "old"  # a build made before the key existed rendered string records with the template
+    shutil.copytree(tmp_path / "chat", old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["config"]["preference_strings"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    repack(old, output=str(tmp_path / "old-tree"), preference="tree")
+    assert json.loads((tmp_path / "old-tree" / "manifest.json").read_text())["config"]["preference_strings"] == "chat"
+    with pytest.raises(Exception, match="overwrite"):  # another string format is another build: its fingerprint differs
+        build(resolve(None, input=[str(source)], output=str(tmp_path / "chat"), tokenizer=TOKENIZER, preference="pairs"),
+              progress=False)
 
 
 def test_chatml_responses_are_their_own_renderings_and_share_the_prompt(chatml):

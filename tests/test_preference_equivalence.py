@@ -11,7 +11,9 @@ each prompt + response run alone, and so do their gradients; a DPO step on packe
 - TRL's ``DPOTrainer`` (its collator and ``compute_loss``, the concatenated forward) on the same pairs: the
   loss and every gradient equal ``dpo_loss`` over packed pairs and tree rows (within float32's rounding:
   TRL's fused log-prob kernel computes in float32 whatever the model's dtype; measured 1.4e-7 on the loss,
-  7e-7 relative on the gradients).
+  7e-7 relative on the gradients), on conversational pairs and on string pairs (TRL's standard format);
+  and on conversational pairs with images in the prompt (a tiny Qwen3-VL, float32, TRL's vision collator:
+  the same ids and trained tokens, 6e-7 on the loss, 3e-6 on the gradients).
 """
 
 from __future__ import annotations
@@ -271,30 +273,50 @@ DPO_PAIRS = [
 ]
 
 
+STRING_PAIRS = [  # TRL's standard (non-chat) format: no template, EOS appended, BPE merges at the boundary
+    ("What colour is the sky?", " It is blue.", " It is green, I believe."),
+    ("Q: Name a prime.\nA:", " Seven.", " Nine."),
+    ("The frog likes to jump", "ing around.", "ed once."),  # the prompt's last word merges with each response
+    ("<|im_start|>user\nSay hello in French.<|im_end|>\n<|im_start|>assistant\n", "Bonjour.", "Hola.<|endoftext|>"),
+]
+
+
+def dpo_data(kind: str) -> list[dict]:
+    if kind == "string":
+        return [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in STRING_PAIRS]
+    return [{"prompt": p, "chosen": [{"role": "assistant", "content": c}], "rejected": [{"role": "assistant", "content": r}]}
+            for p, c, r in DPO_PAIRS]
+
+
 @pytest.fixture(scope="module")
 def dpo_builds(tmp_path_factory):
-    records = [{"id": f"d{k}", "prompt": p, "chosen": [{"role": "assistant", "content": c}],
-                "rejected": [{"role": "assistant", "content": r}]} for k, (p, c, r) in enumerate(DPO_PAIRS)]
-    return build_layouts(records, tmp_path_factory.mktemp("dpo"), max_length=256)
+    out = {}
+    for kind in ("conversational", "string"):
+        records = [{"id": f"d{k}", **r} for k, r in enumerate(dpo_data(kind))]
+        out[kind] = build_layouts(records, tmp_path_factory.mktemp(f"dpo-{kind}"), max_length=256)
+    return out
 
 
+@pytest.mark.parametrize("kind", ["conversational", "string"])
 @pytest.mark.parametrize("layout", ["pairs", "tree"])
-def test_dpo_step_on_packed_rows_equals_trls_dpo_trainer(dpo_builds, layout, tmp_path):
+def test_dpo_step_on_packed_rows_equals_trls_dpo_trainer(dpo_builds, layout, kind, tmp_path):
+    """Conversational records (messages, the chat template) and string records (TRL's standard format, no
+    template: ``preference_strings = "standard"``, the default): the loss and every gradient are TRL's."""
     trl = pytest.importorskip("trl", reason="trl is in the test layer (requirements.lock); not installed here")
     from datasets import Dataset
 
-    ds = PackedDataset(dpo_builds[layout])
+    ds = PackedDataset(dpo_builds[kind][layout])
+    assert ds.manifest.config["preference_strings"] == "standard"
     tok = ds.tokenizer()
     vocab = len(tok)
     policy, ref_model = llama(vocab, "sdpa"), llama(vocab, "sdpa", seed=1)
-    data = Dataset.from_list([{"prompt": p, "chosen": [{"role": "assistant", "content": c}],
-                               "rejected": [{"role": "assistant", "content": r}]} for p, c, r in DPO_PAIRS])
-    args = trl.DPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=len(DPO_PAIRS), beta=0.1,
+    data = Dataset.from_list(dpo_data(kind))
+    args = trl.DPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=len(data), beta=0.1,
                          report_to=[], max_length=None, use_cpu=True, bf16=False, fp16=False, dataset_num_proc=None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = trl.DPOTrainer(model=policy, ref_model=ref_model, args=args, train_dataset=data, processing_class=tok)
-    examples = [trainer.train_dataset[i] for i in range(len(DPO_PAIRS))]
+    examples = [trainer.train_dataset[i] for i in range(len(data))]
     inputs = trainer.data_collator(examples)
     model = trainer.model
     model.zero_grad()
@@ -309,7 +331,7 @@ def test_dpo_step_on_packed_rows_equals_trls_dpo_trainer(dpo_builds, layout, tmp
         reference = packed_logps(trainer.ref_model(**model_inputs(batch)).logits, batch)
     model.zero_grad()
     policy_logps = packed_logps(model(**model_inputs(batch)).logits, batch)
-    assert len(policy_logps.pairs()[0]) == len(DPO_PAIRS)
+    assert len(policy_logps.pairs()[0]) == len(data)
     loss = dpo_loss(policy_logps, reference, beta=0.1)
     # TRL's fused log-prob kernel computes in float32 whatever the model's dtype: the bounds are float32's
     assert abs(float(loss) - float(trl_loss)) <= 1e-6
@@ -317,3 +339,103 @@ def test_dpo_step_on_packed_rows_equals_trls_dpo_trainer(dpo_builds, layout, tmp
     for name, p in model.named_parameters():
         scale = trl_grads[name].abs().max().clamp(min=1e-12)
         assert (p.grad - trl_grads[name]).abs().max() / scale <= 1e-5, name
+
+
+def test_dpo_step_on_image_pairs_equals_trls_dpo_trainer(tmp_path):
+    """Conversational pairs with images in the prompt, a Qwen3-VL family build (its processor, its template):
+    the ids and trained tokens are those TRL's vision collator makes, and the DPO loss and gradients are
+    DPOTrainer's (float32 model: measured 6e-7 on the loss, 3e-6 relative on the gradients)."""
+    trl = pytest.importorskip("trl", reason="trl is in the test layer (requirements.lock); not installed here")
+    pytest.importorskip("torchvision")
+    import copy
+
+    from datasets import Dataset
+    from family_assets import FAMILY_ASSETS, qwen3vl_model
+    from family_harness import build_family
+    from transformers.image_utils import load_image
+    from trl.trainer.dpo_trainer import DataCollatorForVisionPreference
+
+    images = write_images(tmp_path / "img")
+    part = lambda name: {"type": "image", "image": str(images[name].relative_to(tmp_path))}  # noqa: E731
+    answer = lambda text: [{"role": "assistant", "content": text}]  # noqa: E731
+    records = [{"id": "q0", "prompt": [{"role": "user", "content": [part("exif6.jpg"), {"type": "text", "text": "What is it?"}]}],
+                "chosen": answer("A gradient."), "rejected": answer("A cat, I think.")},
+               {"id": "q1", "prompt": [{"role": "user", "content": [{"type": "text", "text": "Compare"}, part("photo.webp"),
+                                                                    part("one_1x1.png")]}],
+                "chosen": answer("Two images."), "rejected": answer("One.")}]
+    source = tmp_path / "pref.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    processor = FAMILY_ASSETS["qwen3vl"].processor(tmp_path / "checkpoint")
+    build_family("qwen3vl", tmp_path / "checkpoint", source, tmp_path / "out", preference="pairs")
+    examples = [{"prompt": [{"role": "user", "content": [{"type": p["type"]} if p["type"] == "image" else p
+                                                         for p in r["prompt"][0]["content"]]}],
+                 "chosen": r["chosen"], "rejected": r["rejected"],
+                 "images": [load_image(str(tmp_path / p["image"])) for p in r["prompt"][0]["content"] if p["type"] == "image"]}
+                for r in records]
+
+    samples = SampleDataset(tmp_path / "out")
+    by_id = {row["key"]: row for row in (samples[i] for i in range(len(samples)))}
+    trl_batch = DataCollatorForVisionPreference(processor)(copy.deepcopy(examples))  # it fills the messages in place
+    real = trl_batch["attention_mask"].bool()
+    for k, r in enumerate(records):
+        row = by_id[r["id"]]
+        for j in range(2):  # chosen, rejected: TRL's rows k and k + n
+            b, a, e = k + j * len(records), int(row["cu_seqlens"][j]), int(row["cu_seqlens"][j + 1])
+            assert trl_batch["input_ids"][b][real[b]].tolist() == np.asarray(row["input_ids"][a:e]).tolist()
+            trained = (np.asarray(row["labels"][a:e]) != IGNORE).astype(int).tolist()
+            assert trl_batch["completion_mask"][b][real[b]].tolist() == trained
+
+    policy, ref_model = qwen3vl_model(processor, "sdpa"), qwen3vl_model(processor, "sdpa", seed=1)
+    args = trl.DPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=len(records), beta=0.1, report_to=[],
+                         max_length=None, use_cpu=True, bf16=False, fp16=False, dataset_num_proc=None,
+                         remove_unused_columns=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = trl.DPOTrainer(model=policy, ref_model=ref_model, args=args, processing_class=processor,
+                                 train_dataset=Dataset.from_list([{"prompt": "x", "chosen": "y", "rejected": "z",
+                                                                   "images": []}]))
+    model = trainer.model
+    model.zero_grad()
+    trl_loss = trainer.compute_loss(model, trainer.data_collator(copy.deepcopy(examples)))
+    trl_loss.backward()
+    trl_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    ds = PackedDataset(tmp_path / "out")
+    batch = PackedCollator(attention="sdpa", processor=processor, family=ds.family,
+                           pad_to_multiple_of=16)([ds[i] for i in range(len(ds))])
+    with torch.no_grad():
+        reference = packed_logps(trainer.ref_model(**model_inputs(batch)).logits, batch)
+    model.zero_grad()
+    loss = dpo_loss(packed_logps(model(**model_inputs(batch)).logits, batch), reference, beta=0.1)
+    assert abs(float(loss) - float(trl_loss)) <= 1e-5
+    loss.backward()
+    assert any("visual" in n for n in trl_grads)
+    for name, grad in trl_grads.items():
+        p = dict(model.named_parameters())[name]
+        assert (p.grad - grad).abs().max() / grad.abs().max().clamp(min=1e-12) <= 1e-4, name
+
+
+def test_string_kto_records_are_the_tokens_trls_kto_trainer_trains(tmp_path):
+    """KTO's string records (TRL's standard format): each record's ids are KTOTrainer's prompt_ids + completion_ids,
+    and exactly its completion_ids are trained (EOS appended, the completion from where the prompt's tokens stop)."""
+    trl = pytest.importorskip("trl", reason="trl is in the test layer (requirements.lock); not installed here")
+    from datasets import Dataset
+
+    from packer.encode import Encoder, EncoderSpec
+    from packer.ingest.reader import RawLine
+
+    enc = Encoder(EncoderSpec.of(tokenizer=TOKENIZER, preference="pairs"))
+    data = [{"prompt": "The frog likes to jump", "completion": "ing around.", "label": True},  # BPE merges across
+            {"prompt": "Q: 2 + 2?\nA:", "completion": " 5", "label": False},
+            {"prompt": "Say hi.", "completion": " Hi!<|endoftext|>", "label": True}]  # already ends with EOS
+    args = trl.KTOConfig(output_dir=str(tmp_path / "kto"), per_device_train_batch_size=len(data), report_to=[],
+                         max_length=None, use_cpu=True, bf16=False, fp16=False, dataset_num_proc=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = trl.KTOTrainer(model=llama(len(enc.tok), "sdpa"), ref_model=llama(len(enc.tok), "sdpa", seed=1),
+                                 args=args, train_dataset=Dataset.from_list(data), processing_class=enc.tok)
+    for i, record in enumerate(data):
+        want = trainer.train_dataset[i]
+        sample = enc.encode_line(RawLine(i + 1, json.dumps(record).encode()), "t.jsonl", Path("."))
+        assert sample.input_ids.tolist() == want["prompt_ids"] + want["completion_ids"]
+        assert (sample.labels != IGNORE).astype(int).tolist() == [0] * len(want["prompt_ids"]) + [1] * len(want["completion_ids"])

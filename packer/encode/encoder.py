@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.encode import preference
+from packer.encode import preference, standard
 from packer.encode.labels import Labeller, span_mask
 from packer.encode.render import MARK_END, MARK_START, Renderer, probe_conversations, template_clock
 from packer.encode.shipped import Shipped, ship, unpack
@@ -131,10 +131,14 @@ class RenderedChat:
     edits: list[tuple[int, int, int]] = field(default_factory=list)
     spans: list[tuple[int, int]] | None = None  # the trained character spans of ``full``, once labelled
     clips_cut: int = 0  # audio clips longer than the encoder's window (counted as audio_truncated)
+    prompt: str | None = None  # a string preference record in TRL's standard format: its prompt (``text`` is no
+    #                            rendering but prompt + response + EOS, see packer.encode.standard)
+    completion_start: int = 0  # standard format: the first trained token
+    tools: list[dict[str, Any]] | None = None  # the record's tool schemas, marked: every rendering of it gets them
 
     @property
     def marked(self) -> bool:
-        return MARK_START in self.text or MARK_END in self.text
+        return self.prompt is None and (MARK_START in self.text or MARK_END in self.text)
 
 
 class Encoder:
@@ -238,7 +242,8 @@ class Encoder:
         in :meth:`_finish`, so the failure (if it is one record's) stays that record's."""
         docs = list(dict.fromkeys(rec.text for _, rec, _ in prepared if isinstance(rec, Document)))
         rendered = [c for _, _, chat in prepared for c in (chat if isinstance(chat, list) else [chat])]
-        chats = list(dict.fromkeys(c.text for c in rendered if c is not None and not c.marked))
+        chats = list(dict.fromkeys(c.text for c in rendered if c is not None and not c.marked and c.prompt is None))
+        plain = list(dict.fromkeys(t for c in rendered if c is not None and c.prompt is not None for t in (c.prompt, c.text)))
         memo: dict = {}
         try:  # a chunk holds at most TOKENIZE_BATCH records: one call per kind
             for text, (ids, _) in zip(docs, self.text.encode(docs, special=True, split=True, offsets=False), strict=True):
@@ -251,7 +256,20 @@ class Encoder:
                 memo["chat", text] = hit
         except Exception:  # noqa: BLE001 -- per record below
             pass
+        try:
+            for text, hit in zip(plain, self._standard_encode(plain), strict=True):
+                memo["standard", text] = hit
+        except Exception:  # noqa: BLE001 -- per record below
+            pass
         self._memo = memo
+
+    def _standard_encode(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``tok(text)`` as TRL calls it on standard-format text: special tokens added, typed ones parsed."""
+        return self.text.encode(texts, special=True, split=self.text.split_default, offsets=True)
+
+    def _standard_tokens(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        hit = self._memo.get(("standard", text))
+        return hit if hit is not None else self._standard_encode([text])[0]
 
     # ------------------------------------------------------------------ one record
 
@@ -275,6 +293,9 @@ class Encoder:
             conversations = [record.conversation(k) for k in range(len(record.responses))]
             for conv in conversations:
                 self._check_modalities(conv)
+            if record.strings and self.config.preference_strings == "standard":
+                prompt, texts = standard.texts(record, self.tok.eos_token)
+                return obj, record, [RenderedChat(t, t, [], "standard", [], set(), False, prompt=prompt) for t in texts]
             return obj, record, [self._render(conv) for conv in conversations]
         self._check_modalities(record)
         return obj, record, self._render(record)
@@ -284,7 +305,9 @@ class Encoder:
             raise PackerError("the tokenizer has no chat template, so conversations cannot be rendered; use a chat "
                               "tokenizer or set one in its tokenizer_config.json / chat_template.jinja")
         messages = self._messages(conv)
-        full = self.renderer.render(messages)
+        tools = marked_data(list(conv.tools), self.renderer.mark) if conv.tools else None
+        full = self._render_tools(messages, tools) if tools or any("tool_calls" in m for m in messages) \
+            else self.renderer.render(messages)
         positions = self._media_positions(full)
         self._record_cut = 0
         items = self._expand_media(conv, [self._media_kind[token] for _, token in positions])
@@ -301,7 +324,33 @@ class Encoder:
         assistant = [i for i, t in enumerate(conv.turns) if t.role == "assistant"]
         trained = {i for i in assistant if conv.turns[i].trained}  # a TRL prompt's assistant turns: context
         return RenderedChat(full, text, messages, self.config.train_on, assistant, trained,
-                            self.config.train_on_empty_think, items, edits, clips_cut=self._record_cut)
+                            self.config.train_on_empty_think, items, edits, clips_cut=self._record_cut, tools=tools)
+
+    def _render_tools(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        """A record with tool calls or tools, rendered with them; refused (``tools_not_rendered``) where the template
+        raises on them or leaves them out (its rendering without them is the same: the tool-call turn would train
+        as an empty turn, or the model would learn calls to tools it was never shown)."""
+        bare = [{k: v for k, v in m.items() if k != "tool_calls"} for m in messages]
+        calls = sum(len(m.get("tool_calls", ())) for m in messages)
+        what = " and ".join(filter(None, [f"{calls} tool call(s)" if calls else "", f"{len(tools)} tool(s)" if tools else ""]))
+        try:
+            full = self.renderer.render(messages, tools=tools)
+        except BadRecord as e:  # the template's message says what it refused (a tool call id's format, ...)
+            raise BadRecord("tools_not_rendered", f"the chat template cannot render the record's {what}: "
+                                                  f"{e.detail.removeprefix('the chat template refused the conversation: ')}"
+                                                  ) from None
+        for name, without in (("tool calls", (bare, tools)), ("tools", (messages, None))):
+            if (name == "tools" and not tools) or (name == "tool calls" and not calls):
+                continue
+            try:
+                same = self.renderer.render(without[0], tools=without[1]) == full
+            except BadRecord:  # the template needs them: it renders them
+                same = False
+            if same:
+                raise BadRecord("tools_not_rendered", f"the chat template leaves out the record's {name} ({what}): it "
+                                                      f"renders the record as it renders it without them; use a template "
+                                                      f"that renders tools (chat_template), or drop them from the record")
+        return full
 
     def _messages(self, conv: Conversation) -> list[dict[str, Any]]:
         return template_messages(conv, self.family.structured, self.family.media_token, self.renderer.mark)
@@ -440,6 +489,8 @@ class Encoder:
         return ids, None, []  # None: every token trained
 
     def _chat_tokens(self, chat: RenderedChat) -> tuple[np.ndarray, np.ndarray]:
+        if chat.prompt is not None:
+            return self._standard_tokens(chat.text)
         hit = self._memo.get(("chat", chat.text))
         if hit is not None:
             return hit
@@ -494,6 +545,12 @@ class Encoder:
     def _encode_preference(self, record: Preference, chats: list[RenderedChat]):
         """Each response as its own conversation (prompt + response), one after the other, and the tokens they
         share (:mod:`packer.encode.preference`): ``(ids, trained, media, responses, prefix)``."""
+        plain = chats[0].prompt is not None  # TRL's standard format (packer.encode.standard)
+        if plain:
+            start = standard.completion_start(self._standard_tokens(chats[0].prompt)[0],
+                                              [self._standard_tokens(c.text)[0] for c in chats])
+            for chat in chats:
+                chat.completion_start = start
         parts = [self._encode_conversation(record.conversation(k), chat) for k, chat in enumerate(chats)]
         roles = [r.role for r in record.responses]
         for (_, trained, _), role in zip(parts, roles, strict=True):
@@ -502,9 +559,9 @@ class Encoder:
                                                        f"or an empty one)")
         prefix = 0
         if len(parts) > 1:
-            prompt = self._prompt_rendering(record)
-            prefix = preference.tree_prefix([p[0] for p in parts], [p[1] for p in parts], [c.text for c in chats],
-                                            [self._prompt_end(c, prompt) for c in chats],
+            prompt = None if plain else self._prompt_rendering(record)
+            ends = [len(c.prompt) if plain else self._prompt_end(c, prompt) for c in chats]
+            prefix = preference.tree_prefix([p[0] for p in parts], [p[1] for p in parts], [c.text for c in chats], ends,
                                             [m.start + m.length for p in parts for m in p[2]], roles)
         responses, media, start = [], [], 0
         for (ids, _, spans), response in zip(parts, record.responses, strict=True):
@@ -518,7 +575,9 @@ class Encoder:
         implicit prompt whose responses go on with a user turn, TRL's ``extract_prompt``); None otherwise."""
         if all(r.turns and r.turns[0].role == "assistant" and r.turns[0].trained for r in record.responses):
             return None
-        return self.renderer.render(self._messages(Conversation(record.prompt, record.id))) if record.prompt else ""
+        tools = marked_data(list(record.tools), self.renderer.mark) if record.tools else None
+        return self.renderer.render(self._messages(Conversation(record.prompt, record.id)), tools=tools) \
+            if record.prompt else ""
 
     def _prompt_end(self, chat: RenderedChat, prompt: str | None = None) -> int:
         """Where the prompt ends in ``chat.text``: the header of the first trained turn (its start when the template
@@ -537,9 +596,11 @@ class Encoder:
         nothing a media expansion inserted is ever trained."""
         if chat.train_on == "all":
             mask = np.ones(len(ids), dtype=bool)
+        elif chat.prompt is not None:  # TRL's standard format: every token from the completion's start
+            mask = np.arange(len(ids)) >= chat.completion_start
         else:
             spans = self.labeller.trained_spans(chat.messages, chat.full, chat.assistant, chat.trained,
-                                                chat.train_on_empty_think)
+                                                chat.train_on_empty_think, chat.tools)
             chat.spans = spans
             mask = span_mask(starts, [(_shift(s, chat.edits), _shift(e, chat.edits)) for s, e in spans], len(chat.text))
         if chat.edits:
@@ -568,8 +629,22 @@ def template_messages(conv: Conversation, structured: bool, media_token: Callabl
         if t.reasoning:  # transformers' _alias_reasoning_fields: every name a template may read it by
             key, text = t.reasoning
             message = {"thinking": mark(text), **message, key: mark(text), "reasoning_content": mark(text)}
+        for key, value in t.fields:  # tool_calls, tool_call_id, name: on the message, as apply_chat_template keeps them
+            message[key] = marked_data(value, mark)
         out.append(message)
     return out
+
+
+def marked_data(value: Any, mark: Callable[[str], str]) -> Any:
+    """``value`` (JSON data: a tool call, tool schemas) with every string marked, keys left as they are -- what
+    transformers' ``mark_control_tokens`` does to messages, tools and documents."""
+    if isinstance(value, str):
+        return mark(value)
+    if isinstance(value, dict):
+        return {k: marked_data(v, mark) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [marked_data(v, mark) for v in value]
+    return value
 
 
 def _shift(pos: int, edits: list[tuple[int, int, int]]) -> int:

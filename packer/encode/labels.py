@@ -73,6 +73,7 @@ class Labeller:
     closing: str = ""
     generation_markers: bool = False
     skeletons: dict = field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None  # the record being labelled: its tool schemas (set by trained_spans)
 
     def __post_init__(self):
         self.generation_markers = bool(GENERATION_TAG.search(str(self.renderer.source)))
@@ -123,7 +124,8 @@ class Labeller:
         marker = marker_for(messages)
         roles = tuple(m["role"] for m in messages)
         spans = None
-        if all(isinstance(m["content"], str) for m in messages if m["role"] != "assistant"):  # else it cannot align
+        calls = self.tools is not None or any("tool_calls" in m for m in messages)  # a skeleton of its own
+        if not calls and all(isinstance(m["content"], str) for m in messages if m["role"] != "assistant"):
             cached = self.skeletons.get(roles)
             if cached is None and roles not in self.skeletons and len(self.skeletons) < SKELETONS:
                 cached = self.skeletons[roles] = self.skeleton(messages, range(len(messages)), marker)
@@ -142,7 +144,7 @@ class Labeller:
             content = messages[j]["content"]
             copy[j] = {**messages[j], "content": [{"type": "text", "text": text}] if isinstance(content, list) else text}
         try:
-            rendered = self.renderer.render(copy)
+            rendered = self.renderer.render(copy, tools=self.tools)
         except BadRecord:
             return None
         pieces, cursor = [], 0
@@ -166,8 +168,20 @@ class Labeller:
         follows, an inserted ``<think>`` block say, is the turn's own emission; a template with no
         generation prompt -- Mistral's ``[/INST]`` then ``" " + content`` -- has all of it fixed); a
         non-assistant marked message must appear verbatim. An assistant turn's content ends where its own text
-        ends when that is followed by the next fixed text, else where the next fixed text is found."""
+        ends when that is followed by the next fixed text, else where the next fixed text is found.
+
+        An assistant turn's tool calls are rendered after its content, in the template text that follows its marker:
+        they are the turn's own emission, up to the template's closing (``closing``), so that text is moved from the
+        next piece into the turn's content."""
         header, spans = self.header, {}
+        pieces, emitted = list(pieces), {}
+        for k, j in enumerate(marked):
+            if messages[j]["role"] == "assistant" and "tool_calls" in messages[j]:
+                cut = pieces[k + 1].find(self.closing) if self.closing else -1
+                if cut < 0 or not isinstance(messages[j]["content"], str):
+                    return None
+                emitted[j], pieces[k + 1] = pieces[k + 1][:cut], pieces[k + 1][cut:]
+        own = {j: {**messages[j], "content": messages[j]["content"] + text} for j, text in emitted.items()}
         pos, pending = 0, None  # pending: (turn, start) of an assistant turn whose end is not found yet
         for k, j in enumerate(marked):
             piece, message = pieces[k], messages[j]
@@ -187,7 +201,7 @@ class Labeller:
                     return None  # a structured user turn: its rendering is the template's, not verbatim
                 fixed = piece + content
             if pending is not None:
-                at = self._content_end(full, messages[pending[0]], pending[1], fixed)
+                at = self._content_end(full, own.get(pending[0], messages[pending[0]]), pending[1], fixed)
                 if at < 0:
                     return None
                 spans[pending[0]] = self._span(full, pending[1], at)
@@ -247,11 +261,11 @@ class Labeller:
         spans = {}
         for i in turns:
             try:
-                before = self.renderer.render(messages[:i], add_generation_prompt=True) if i else ""
+                before = self.renderer.render(messages[:i], add_generation_prompt=True, tools=self.tools) if i else ""
             except BadRecord:  # some templates cannot render a prefix; the header is then trained too
                 before = ""
             start = len(os.path.commonprefix([full, before]))
-            prefix = self.renderer.render(messages[: i + 1])
+            prefix = self.renderer.render(messages[: i + 1], tools=self.tools)
             end = len(os.path.commonprefix([full, prefix]))
             content = text_of(messages[i])
             content_end = end
@@ -270,12 +284,21 @@ class Labeller:
     # ------------------------------------------------------------ masks
 
     def trained_spans(self, messages: list[dict[str, Any]], full: str, assistant: list[int], trained: set[int],
-                      train_on_empty_think: bool) -> list[tuple[int, int]]:
+                      train_on_empty_think: bool, tools: list[dict[str, Any]] | None = None) -> list[tuple[int, int]]:
         """The character spans to train: the template's generation blocks (minus context turns) when it marks
-        them, else the assistant spans of the turns in ``trained``."""
+        them, else the assistant spans of the turns in ``trained``. ``tools``: the record's tool schemas, rendered
+        with every rendering of the record."""
+        self.tools = tools
+        try:
+            return self._trained_spans(messages, full, assistant, trained, train_on_empty_think)
+        finally:
+            self.tools = None
+
+    def _trained_spans(self, messages: list[dict[str, Any]], full: str, assistant: list[int], trained: set[int],
+                       train_on_empty_think: bool) -> list[tuple[int, int]]:
         if self.generation_markers:
             try:
-                rendered, blocks = self.renderer.generation_spans(messages)
+                rendered, blocks = self.renderer.generation_spans(messages, self.tools)
             except Exception:  # noqa: BLE001 -- the tracker refused: the spans below
                 rendered, blocks = None, []
             if rendered == full and blocks:

@@ -99,34 +99,38 @@ class Renderer:
 
     # ------------------------------------------------------------ rendering
 
-    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False) -> str:
-        """The rendered text; a template error is the record's (``template_error``)."""
+    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """The rendered text (``tools``: the template's ``tools`` variable, as ``apply_chat_template(tools=)`` passes
+        it); a template error is the record's (``template_error``)."""
         if not messages:
             raise BadRecord("template_error", "the chat template refused the conversation: Cannot apply chat template "
                                               "to an empty conversation. Provide at least one message.")
         try:
             if self.compiled is not None:
-                return self.compiled.render(messages=messages, tools=None, documents=None,
+                return self.compiled.render(messages=messages, tools=tools, documents=None,
                                             add_generation_prompt=add_generation_prompt, **self.variables)
-            return self.public(messages, add_generation_prompt=add_generation_prompt)
+            return self.public(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         except BadRecord:
             raise
         except Exception as e:  # jinja raises TemplateError (and anything the template calls)
             raise BadRecord("template_error", f"the chat template refused the conversation: {e}") from None
 
-    def public(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False) -> str:
+    def public(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False,
+               tools: list[dict[str, Any]] | None = None) -> str:
         """transformers' own rendering (the reference the fast path is checked against). Its template data passes
         through ``_plain_template_data``, which turns a function into a string, so the build's clock cannot reach
         it: a template that reads ``strftime_now`` is only ever rendered by the compiled path (see :meth:`check`)."""
-        return self.tok.apply_chat_template(messages, chat_template=self.source, tokenize=False,
+        return self.tok.apply_chat_template(messages, chat_template=self.source, tokenize=False, tools=tools,
                                             add_generation_prompt=add_generation_prompt)
 
-    def generation_spans(self, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
+    def generation_spans(self, messages: list[dict[str, Any]],
+                         tools: list[dict[str, Any]] | None = None) -> tuple[str, list[tuple[int, int]]]:
         """The rendering and the character spans of its ``{% generation %}`` blocks (transformers' tracker)."""
         from transformers.utils.chat_template_utils import render_jinja_template
 
         variables = {**self.variables}
-        rendered, indices = render_jinja_template(conversations=[messages], chat_template=self.source,
+        rendered, indices = render_jinja_template(conversations=[messages], chat_template=self.source, tools=tools,
                                                   return_assistant_tokens_mask=True, **variables)
         return rendered[0], [tuple(s) for s in indices[0]]
 

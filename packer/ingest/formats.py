@@ -12,7 +12,9 @@ Shapes (auto-detected per line by their key fields, in this order, or forced wit
   roles are ``ROLES`` (``tool`` turns are rendered by the template, never trained); parts
   are ``{"type": "text", "text"}``, ``{"type": "image", "image" | "path" | "url"}``,
   ``{"type": "audio", "audio" | "path" | "url"}`` (``type`` may be left out when the key
-  says it) and OpenAI's ``{"type": "image_url", "image_url": {"url"}}``.
+  says it) and OpenAI's ``{"type": "image_url", "image_url": {"url"}}``. An assistant turn's ``tool_calls``, a
+  tool turn's ``tool_call_id`` / ``name`` and the record's ``tools`` are kept for the template
+  (:mod:`packer.ingest.tools`).
 - ``prompt_completion`` (TRL): ``{"prompt": str | [messages], "completion": str | [messages]}``.
   A string prompt is one user turn, a string completion one assistant turn; message lists
   are read as ``messages``. Completion turns are trained (assistant ones); prompt turns
@@ -35,6 +37,7 @@ count that does not match the list is a bad record, not a silent misalignment.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import posixpath
@@ -45,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.errors import BadRecord
-from packer.ingest import preference
+from packer.ingest import preference, tools
 from packer.ingest.records import ROLES, Conversation, Document, Part, Preference, Turn
 from packer.io import fs
 from packer.media.limits import check_frame_rate
@@ -185,7 +188,9 @@ def parse_record(obj: dict[str, Any], fmt: str, base_dir: Path, tags: dict[str, 
         return Document(text=text, id=rid)
     media = _MediaQueue(obj, base_dir, tags, allow_outside_root)
     if fmt in preference.FORMATS:
-        return preference.parse(obj, fmt, media, lambda value, key, role: _turns_of(value, key, role, media), rid)
+        record = preference.parse(obj, fmt, media, lambda value, key, role: _turns_of(value, key, role, media), rid)
+        schemas = tools.record_tools(obj)
+        return dataclasses.replace(record, tools=schemas, strings=record.strings and schemas is None)
     if fmt == "prompt_completion":
         turns = _prompt_completion_turns(obj, media)
     elif fmt == "alpaca":
@@ -195,7 +200,7 @@ def parse_record(obj: dict[str, Any], fmt: str, base_dir: Path, tags: dict[str, 
     else:  # llava / sharegpt with a 'conversations' list
         turns = _chat_turns(obj["conversations"], "conversations", media, sharegpt=True)
     media.check_all_used()
-    return Conversation(turns=tuple(turns), id=rid)
+    return Conversation(turns=tuple(turns), id=rid, tools=tools.record_tools(obj))
 
 
 def _turn_list(turns: Any, key: str) -> list[Any]:
@@ -237,6 +242,9 @@ def _message_turn(m: dict[str, Any], where: str, media: _MediaQueue) -> Turn:
         raise BadRecord("wrong_type", f"{where}.role must be a string")
     if role not in ROLES:
         raise BadRecord("unknown_role", f"{where}.role = {role!r} (expected {', '.join(ROLES)})")
+    fields = tools.message_fields(m, where)
+    if content is None and any(k == "tool_calls" for k, _ in fields):  # OpenAI's tool-call turn: no content
+        content = ""
     if isinstance(content, str):
         parts = media.split_text(content)
     elif isinstance(content, list):
@@ -246,7 +254,7 @@ def _message_turn(m: dict[str, Any], where: str, media: _MediaQueue) -> Turn:
     reasoning = next(((key, m[key]) for key in REASONING_FIELDS if m.get(key) is not None), ())
     if reasoning and not isinstance(reasoning[1], str):
         raise BadRecord("wrong_type", f"{where}.{reasoning[0]} must be a string, got {type(reasoning[1]).__name__}")
-    return Turn(role, tuple(parts), structured=isinstance(content, list), reasoning=reasoning)
+    return Turn(role, tuple(parts), structured=isinstance(content, list), reasoning=reasoning, fields=fields)
 
 
 def _turns_of(value: Any, key: str, role: str, media: _MediaQueue) -> list[Turn]:

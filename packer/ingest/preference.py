@@ -8,21 +8,27 @@ Shapes (detected by :func:`detect`, or forced with ``--format``):
   turns as the prompt (TRL's implicit prompt, ``extract_prompt``). ``score_chosen`` /
   ``score_rejected`` (UltraFeedback's) become the responses' weights.
 - ``unpaired_preference`` (TRL unpaired, KTO): ``{"prompt", "completion", "label": true | false}``:
-  one response, role ``desirable`` (``true``) or ``undesirable``.
+  one response, role ``desirable`` (``true``) or ``undesirable``. The label must be a JSON boolean:
+  ``"false"``, ``0``, ``1``, ``null`` are refused (``label_not_boolean``), never coerced (Python's
+  ``bool("false")`` is true) nor trained as a plain prompt / completion record.
 - ``responses`` (rejection sampling, best-of-n, GRPO-style groups): ``{"prompt", "responses": [...]}``
   (or ``"completions"``), each response a string or a list of messages, with optional per-response
   ``rewards`` (or ``weights``), numbers: roles ``"0"``, ``"1"``, ...
 
-As for TRL's prompt / completion records, a string prompt is one user turn and a string
-response one assistant turn, both rendered with the chat template; the prompt's turns are
-context (never trained, assistant turns in a multi-turn prompt included), each response's
-assistant turns are trained. Media belong to the prompt: a response holding an image, a clip
+A record whose prompt and responses are all strings is in TRL's *standard* format: by default
+(``preference_strings = "standard"``) it is tokenized as TRL's ``DPOTrainer`` / ``KTOTrainer``
+tokenize it, with no chat template (:mod:`packer.encode.standard`); ``Preference.strings`` marks it.
+Otherwise (message lists, or ``preference_strings = "chat"``) a string prompt is one user turn and
+a string response one assistant turn, rendered with the chat template as TRL's prompt / completion
+records are; the prompt's turns are context (never trained, assistant turns in a multi-turn prompt
+included), each response's assistant turns are trained. Media belong to the prompt: a response holding an image, a clip
 or a video is refused (``media_in_response``), so a shared prompt holds every media item.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Any
 
@@ -42,7 +48,7 @@ def detect(obj: dict[str, Any]) -> str | None:
         return "preference"
     if "prompt" in obj and any(k in obj for k in RESPONSE_LISTS):
         return "responses"
-    if "prompt" in obj and "completion" in obj and isinstance(obj.get("label"), bool):
+    if "prompt" in obj and "completion" in obj and "label" in obj:  # a label that is no boolean: refused in parse
         return "unpaired_preference"
     return None
 
@@ -56,8 +62,10 @@ def parse(obj: dict[str, Any], fmt: str, media, turns_of, rid: str | None) -> Pr
         weights = [_number(obj.get(f"score_{r}"), f"score_{r}") for r in roles]
     elif fmt == "unpaired_preference":
         label = obj["label"]
-        if not isinstance(label, bool):
-            raise BadRecord("wrong_type", f"'label' must be true or false (desirable or not), got {type(label).__name__}")
+        if not isinstance(label, bool):  # "false", 0, null: never coerced (bool("false") is True), never trained as SFT
+            raise BadRecord("label_not_boolean", f"'label' must be the JSON boolean true or false (desirable or not), "
+                                                 f"got {json.dumps(label)[:40]} ({type(label).__name__}); write it as true / "
+                                                 f"false, or drop 'label' to train the record as prompt / completion SFT")
         prompt_value, values = obj["prompt"], [("completion", obj["completion"])]
         roles, weights = ["desirable" if label else "undesirable"], [math.nan]
     else:
@@ -82,7 +90,8 @@ def parse(obj: dict[str, Any], fmt: str, media, turns_of, rid: str | None) -> Pr
                                                  f"belong to the prompt, which every response shares; move them there")
         responses.append(Response(turns, role, weight))
     media.check_all_used()
-    return Preference(prompt, tuple(responses), rid)
+    strings = isinstance(prompt_value, str) and all(isinstance(v, str) for _, v in values)
+    return Preference(prompt, tuple(responses), rid, strings)
 
 
 def _paired(obj: dict[str, Any]) -> tuple[Any, list[tuple[str, Any]]]:

@@ -11,6 +11,7 @@ input format. Preference and multi-response records (TRL ``prompt`` / ``chosen``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 # "tool": a tool's / function's output (ShareGPT ``observation`` / ``function``), rendered by the
 # chat template as it renders that role (ChatML: ``<|im_start|>tool``), never trained.
@@ -37,12 +38,14 @@ class Turn:
     structured: bool = False  # the record gave the content as a list of parts (rendered as a list where the family
     #                           renders structured content, as HF's processor.apply_chat_template would)
     reasoning: tuple[str, str] = ()  # (field, text): the turn's reasoning_content / thinking / reasoning, for the template
+    fields: tuple[tuple[str, Any], ...] = ()  # tool keys kept on the message (tool_calls, tool_call_id, name)
 
 
 @dataclass(frozen=True)
 class Conversation:
     turns: tuple[Turn, ...]
     id: str | None = None
+    tools: tuple[dict[str, Any], ...] | None = None  # the record's tool schemas: the template's ``tools``
 
     @property
     def media(self) -> tuple[Part, ...]:
@@ -75,7 +78,9 @@ class Preference:
     prompt: tuple[Turn, ...]
     responses: tuple[Response, ...]
     id: str | None = None
+    strings: bool = False  # the prompt and every response were given as strings (TRL's standard, non-chat, format)
+    tools: tuple[dict[str, Any], ...] | None = None
 
     def conversation(self, k: int) -> Conversation:
         """The prompt followed by response ``k``: what the record's ``k``-th response is, run alone."""
-        return Conversation(self.prompt + self.responses[k].turns, self.id)
+        return Conversation(self.prompt + self.responses[k].turns, self.id, self.tools)

