@@ -308,6 +308,8 @@ def _dummies(dummy_media: Any, family: dict[str, Any] | None, model_config: Any)
         and torch.distributed.get_world_size() > 1
     if dummy_media is None and not (distributed and kinds):
         return None
+    if dummy_media is None and model_config is None and (family or {}).get("name", "generic") == "generic":
+        return None  # a generic build declares every kind, text-only ones too: PackedCollator.for_build decides
     if model_config is None or not kinds:
         why = (f"torch.distributed runs {torch.distributed.get_world_size()} ranks and the build declares "
                f"{', '.join(kinds)}: a rank whose batch lacks one never runs its tower (DDP fails, FSDP hangs)"

@@ -140,8 +140,7 @@ def check_model(ds, model) -> None:
     named = build_family(ds)
     of_model = family_of_model(model)
     model_type = getattr(model.config, "model_type", "?")
-    if named is not None and of_model is not None and of_model.name != named["name"] \
-            and not (named["name"] == "hf" or of_model.name == "generic"):
+    if named is not None and of_model is not None and of_model.name != named["name"] and named["name"] != "hf":
         raise ValueError(f"{type(model).__name__} ({model_type}) is family {of_model.name}'s model, but the build was made "
                          f"for family {named['name']} ({named.get('processor_class')}): load a {named['name']} model, or "
                          f"rebuild with --family {of_model.name} and its processor")
