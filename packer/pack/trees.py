@@ -110,26 +110,32 @@ def structure(seg_sample: np.ndarray, seg_start: np.ndarray, seg_length: np.ndar
     group = np.arange(n, dtype=np.int64)
     response = np.full(n, PLAIN, np.int64)
     row_start = np.repeat(row_offsets[:-1], np.diff(row_offsets))
+    lookup: dict[int, tuple[dict, dict]] = {}  # sample -> ({(start, length): response}, same for branches)
     leader = prompt = -1
     for j in range(n):
-        entry = info.get(int(seg_sample[j]))
+        sample = int(seg_sample[j])
+        entry = info.get(sample)
         if entry is None:
             continue
         prefix, starts, lengths = entry
+        if sample not in lookup:  # each response found by its range in O(1): a record may have 10^4 segments
+            pairs = list(zip(starts.tolist(), lengths.tolist(), strict=True))
+            lookup[sample] = ({}, {})
+            for r, (a, m) in reversed(list(enumerate(pairs))):  # the first response of a range wins, as before
+                lookup[sample][0][a, m] = r
+                lookup[sample][1][a + prefix, m - prefix] = r
+        whole, branch = lookup[sample]
         s, m = int(seg_start[j]), int(seg_length[j])
         if s == 0:  # a record's first segment: its tree prompt, or its first response
             leader = j
             prompt = -1
         if s == 0 and len(starts) > 1 and m == prefix:
             response[j], prompt = PROMPT, j
+        elif prompt >= 0 and (s, m) in branch:
+            response[j], parent[j] = branch[s, m], prompt - row_start[j]
+        elif (s, m) in whole:
+            response[j] = whole[s, m]
         else:
-            whole = np.flatnonzero((starts == s) & (lengths == m))
-            branch = np.flatnonzero((starts + prefix == s) & (lengths - prefix == m))
-            if prompt >= 0 and len(branch):
-                response[j], parent[j] = int(branch[0]), prompt - row_start[j]
-            elif len(whole):
-                response[j] = int(whole[0])
-            else:
-                raise ValueError(f"segment {j} (tokens {s}:{s + m} of sample {int(seg_sample[j])}) is no response of it")
+            raise ValueError(f"segment {j} (tokens {s}:{s + m} of sample {sample}) is no response of it")
         group[j] = leader
     return parent, group - row_start, response

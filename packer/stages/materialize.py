@@ -171,7 +171,11 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
     seg_len = bins.column("lengths").combine_chunks().flatten().to_numpy().astype(np.int64)
     row_seg = members.offsets.to_numpy().astype(np.int64)
     row_seg -= row_seg[0]
-    sub = samples.take(seg_idx, ["key", "modality", "source_index", "source_line", "media", "responses", "prefix"])
+    # Each sample's row once (a preference record is one sample of many segments: its lists are not copied
+    # per segment), and its scalar columns per segment through ``inverse``.
+    unique, inverse = np.unique(seg_idx, return_inverse=True)
+    own = samples.take(unique, ["key", "modality", "source_index", "source_line", "media", "responses", "prefix"])
+    sub = own.select(["key", "modality", "source_index", "source_line"]).take(pa.array(inverse))
     tok_off = csr_offsets(seg_len)  # segment j occupies tok_off[j]:tok_off[j+1] of the shard's tokens
     row_tok = tok_off[row_seg]
     seg_start_in_row = tok_off[:-1] - np.repeat(row_tok[:-1], np.diff(row_seg))
@@ -189,18 +193,17 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
     row_seg32 = pa.array(row_seg, pa.int32())
     row_tok32 = pa.array(row_tok, pa.int32())
     modality = pc.dictionary_encode(sub.column("modality").cast(pa.string()).combine_chunks())
-    tree = _tree_columns(sub, seg_idx, seg_from, seg_len, row_seg)
+    tree = _tree_columns(own, unique, seg_idx, seg_from, seg_len, row_seg)
     keys = sub.column("key").to_pylist()
     keys = [k if s == 0 or r != "" else f"{k}@{s}" for k, s, r in zip(keys, seg_from.tolist(), tree["role"], strict=True)]
-    seg_media = sub.column("media").to_pylist()
+    sample_media = [_SpanIndex(m) for m in own.column("media").to_pylist()]
     media = []
     for r in range(len(row_seg) - 1):
         spans = []
         for j in range(row_seg[r], row_seg[r + 1]):
-            lo, hi = seg_from[j], seg_from[j] + seg_len[j]
-            for m in seg_media[j]:
-                if lo <= m["start"] and m["start"] + m["length"] <= hi:  # cuts never go through a span
-                    spans.append({**m, "segment": int(j - row_seg[r]), "start": int(m["start"] - lo + seg_start_in_row[j])})
+            lo, hi = int(seg_from[j]), int(seg_from[j] + seg_len[j])
+            for m in sample_media[inverse[j]].within(lo, hi):  # cuts never go through a span
+                spans.append({**m, "segment": int(j - row_seg[r]), "start": int(m["start"] - lo + seg_start_in_row[j])})
         media.append(spans)
     return pa.table(
         {
@@ -226,22 +229,39 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
     )
 
 
-def _tree_columns(sub: pa.Table, seg_idx: np.ndarray, seg_from: np.ndarray, seg_len: np.ndarray,
+class _SpanIndex:
+    """A sample's media spans, found by token range in ``O(log n + found)``: a preference sample holds its prompt's
+    spans once per response, and each of its segments looks up only its own."""
+
+    def __init__(self, spans: list[dict]):
+        self.spans = spans
+        starts = np.array([m["start"] for m in spans], np.int64)
+        self.order = np.argsort(starts, kind="stable")
+        self.starts = starts[self.order]
+
+    def within(self, lo: int, hi: int) -> list[dict]:
+        """The spans wholly inside tokens ``lo : hi``, in stored order."""
+        a, b = np.searchsorted(self.starts, [lo, hi])
+        picked = [self.spans[k] for k in np.sort(self.order[a:b]).tolist()]
+        return [m for m in picked if m["start"] + m["length"] <= hi]
+
+
+def _tree_columns(own: pa.Table, unique: np.ndarray, seg_idx: np.ndarray, seg_from: np.ndarray, seg_len: np.ndarray,
                   row_seg: np.ndarray) -> dict[str, list]:
-    """Each segment's parent and group (segment numbers in its row), role and weight."""
+    """Each segment's parent and group (segment numbers in its row), role and weight. ``own`` holds each sample of
+    ``unique`` once: a preference record's response list is read once, whatever its number of segments."""
     n = len(seg_idx)
-    counts = pc.list_value_length(sub.column("responses")).to_numpy(zero_copy_only=False) if n else np.zeros(0)
+    counts = pc.list_value_length(own.column("responses")).to_numpy(zero_copy_only=False) if n else np.zeros(0)
     if not counts.any():
         return {"parent": np.full(n, -1), "group": np.arange(n) - np.repeat(row_seg[:-1], np.diff(row_seg)),
                 "role": [""] * n, "weight": np.full(n, np.nan, np.float32)}
     info, meta = {}, {}
-    prefixes = sub.column("prefix").to_numpy()
-    for j in np.flatnonzero(counts).tolist():
-        sample = int(seg_idx[j])
-        if sample not in info:
-            spans = sub.column("responses")[j].as_py()
-            info[sample] = (int(prefixes[j]), np.array([r["start"] for r in spans]), np.array([r["length"] for r in spans]))
-            meta[sample] = ([r["role"] for r in spans], [r["weight"] for r in spans])
+    prefixes = own.column("prefix").to_numpy()
+    for u in np.flatnonzero(counts).tolist():
+        spans = own.column("responses")[u].as_py()
+        sample = int(unique[u])
+        info[sample] = (int(prefixes[u]), np.array([r["start"] for r in spans]), np.array([r["length"] for r in spans]))
+        meta[sample] = ([r["role"] for r in spans], [r["weight"] for r in spans])
     parent, group, response = structure(seg_idx, seg_from, seg_len, row_seg, info)
     role, weight = [""] * n, np.full(n, np.nan, np.float32)
     for j in np.flatnonzero(response != PLAIN).tolist():
