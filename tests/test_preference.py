@@ -216,6 +216,33 @@ def test_a_template_rendering_the_prompt_differently_per_response_is_refused():
     encode(enc, {"prompt": "Hi", "chosen": "Hello", "rejected": "Hallo"})  # same length: the same prompt, packed
 
 
+@pytest.mark.parametrize("n", [2, 3, 40])
+def test_responses_added_one_at_a_time_share_what_they_share_all_at_once(chatml, n):
+    """The encoder keeps the first response whole and of the others only what they do not share with it; each
+    response comes back whole, equal to its own rendering's tokens (check_alone), prompt stored per response."""
+    answers = [f"Answer {i}: " + "yes " * (i % 5) for i in range(n)]
+    sample = check_alone(chatml, PROMPT, answers)
+    assert len(sample.responses) == n and sample.prefix > 10
+
+
+def test_a_record_that_cannot_fit_is_dropped_before_its_other_responses_are_rendered(monkeypatch):
+    enc = Encoder(EncoderSpec.of(tokenizer=TOKENIZER, preference="tree", max_length=100))
+    rendered = []
+    real = enc._render
+    monkeypatch.setattr(enc, "_render", lambda conv: rendered.append(conv) or real(conv))
+    with pytest.raises(BadRecord, match=r"the first 1 of its 1,000 responses already take at least [\d,]+ tokens as a "
+                                        r"tree .* over max_length 100: dropped before") as e:
+        encode(enc, {"prompt": "x " * 200, "responses": [f"answer {i}" for i in range(1000)]})
+    assert e.value.reason == "preference_too_long" and len(rendered) == 1
+    rendered.clear()  # many short responses: a lower bound of one token per response not yet rendered
+    with pytest.raises(BadRecord, match="over max_length 100") as e:
+        encode(enc, {"prompt": "Hi", "responses": [f"a{i}" for i in range(1000)]})
+    assert len(rendered) < 100
+    enc = Encoder(EncoderSpec.of(tokenizer=TOKENIZER, preference="pairs", max_length=100))
+    sample = encode(enc, {"prompt": "x " * 30, "chosen": "a", "rejected": "b " * 40})  # over only once all are built:
+    assert sample.length > 100  # stored whole; the planner drops it (preference_too_long in dropped.jsonl)
+
+
 def test_preference_none_quarantines_them_and_train_on_all_is_refused(tmp_path):
     enc = Encoder(EncoderSpec.of(tokenizer=TOKENIZER))
     with pytest.raises(BadRecord, match="--preference pairs or tree") as e:
@@ -314,7 +341,8 @@ def test_builds_account_for_every_record_and_keep_a_record_in_one_row(builds):
         manifest = json.loads((folder / "manifest.json").read_text())
         acc = manifest["accounting"]
         assert acc["records_read"] == 21 and acc["samples_packed"] == 15
-        assert acc["quarantined_by_reason"] == {"empty_text": 3} and acc["dropped_by_reason"] == {"preference_too_long": 3}
+        # "long": its first response alone is over max_length, so stage 1 drops it before rendering the other
+        assert acc["quarantined_by_reason"] == {"empty_text": 3, "preference_too_long": 3} and acc["dropped_by_reason"] == {}
         assert verify(folder)[0] == []
         seen: dict[str, list] = {}
         for row in packed_rows(folder):

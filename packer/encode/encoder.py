@@ -52,6 +52,8 @@ from packer.media.counter import MediaProber, kept_seconds
 from packer.shards.schema import IGNORE, MEDIA_KINDS, MediaSpan, ResponseSpan, Sample
 
 MEDIA_ORDER = MEDIA_KINDS  # the order a modality name lists its kinds in
+PREFERENCE_BATCH_BYTES = 1 << 20  # a preference record whose line times its responses is over this is rendered and
+#                                   tokenized one response at a time, not with the batch (its renderings repeat the prompt)
 TOKENIZE_BATCH = 1000  # texts per tokenizer call: the wrapper's cost is paid per call, memory grows with the batch
 
 
@@ -249,10 +251,10 @@ class Encoder:
                 raise BadRecord("preference_record", f"a preference / multi-response record ({len(record.responses)} "
                                                      f"response(s)); this build packs SFT records only: pass --preference "
                                                      f"pairs or tree to pack it with its roles")
-            conversations = [record.conversation(k) for k in range(len(record.responses))]
-            for conv in conversations:
-                self._check_modalities(conv)
-            return obj, record, [self._render(conv) for conv in conversations]
+            self._check_modalities(record.conversation(0))  # the media are the prompt's, the same in every response
+            if len(raw.data) * len(record.responses) > PREFERENCE_BATCH_BYTES:  # rendered one by one, when encoded
+                return obj, record, [None] * len(record.responses)
+            return obj, record, [self._render(record.conversation(k)) for k in range(len(record.responses))]
         self._check_modalities(record)
         return obj, record, self._render(record)
 
@@ -439,27 +441,44 @@ class Encoder:
         media.sort(key=lambda m: m.start)
         return np.concatenate(pieces_ids), np.concatenate(pieces_mask), media
 
-    def _encode_preference(self, record: Preference, chats: list[RenderedChat]):
+    def _encode_preference(self, record: Preference, chats: list[RenderedChat | None]):
         """Each response as its own conversation (prompt + response), one after the other, and the tokens they
-        share (:mod:`packer.encode.preference`): ``(ids, trained, media, responses, prefix)``."""
-        parts = [self._encode_conversation(record.conversation(k), chat) for k, chat in enumerate(chats)]
+        share (:mod:`packer.encode.preference`): ``(ids, trained, media, responses, prefix)``.
+
+        The responses go through one at a time (``chats[k]`` is None when the record was too large to render whole
+        in :meth:`_prepare`), keeping only what each does not share with the first; once the responses so far
+        cannot fit ``max_length`` as a tree (the shorter layout), the record is dropped before the rest are
+        rendered (``preference_too_long``)."""
         roles = [r.role for r in record.responses]
-        for (_, trained, _), role in zip(parts, roles, strict=True):
+        n = len(roles)
+        prompt = self._prompt_rendering(record) if n > 1 else None
+        shared, media = preference.SharedPrefix(), []
+        for k, role in enumerate(roles):
+            chat = chats[k] if chats[k] is not None else self._render(record.conversation(k))
+            ids, trained, spans = self._encode_conversation(record.conversation(k), chat)
             if not trained[1:].any():
                 raise BadRecord("no_trainable_tokens", f"response {role!r} has no token to train on (no assistant turn, "
                                                        f"or an empty one)")
-        prefix = 0
-        if len(parts) > 1:
-            prompt = self._prompt_rendering(record)
-            prefix = preference.tree_prefix([p[0] for p in parts], [p[1] for p in parts], [c.text for c in chats],
-                                            [self._prompt_end(c, prompt) for c in chats],
-                                            [m.start + m.length for p in parts for m in p[2]], roles)
-        responses, media, start = [], [], 0
-        for (ids, _, spans), response in zip(parts, record.responses, strict=True):
+            if k == 0:
+                media = spans
+            shared.add(ids, trained, chat.text, self._prompt_end(chat, prompt) if n > 1 else 0,
+                       [m.start + m.length for m in spans])
+            chats[k] = chat if k == 0 else None  # the first counts the prompt's clips (_finish); no other is kept
+            if k < n - 1 and shared.tree_lower_bound(n) > self.config.max_length:
+                raise BadRecord("preference_too_long",
+                                f"the first {k + 1:,} of its {n:,} responses already take at least "
+                                f"{shared.tree_lower_bound(n):,} tokens as a tree (pairs take more), over max_length "
+                                f"{self.config.max_length:,}: dropped before the other responses were rendered")
+        prefix = shared.prefix(roles) if n > 1 else 0
+        responses, all_media, start, ids_out, trained_out = [], [], 0, [], []
+        for k, response in enumerate(record.responses):
+            ids, trained = shared.response(k)
             responses.append(ResponseSpan(start, len(ids), response.role, response.weight))
-            media += [dataclasses.replace(m, start=m.start + start) for m in spans]
+            all_media += [dataclasses.replace(m, start=m.start + start) for m in media]
+            ids_out.append(ids)
+            trained_out.append(trained)
             start += len(ids)
-        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), media, responses, prefix)
+        return np.concatenate(ids_out), np.concatenate(trained_out), all_media, responses, prefix
 
     def _prompt_rendering(self, record: Preference) -> str | None:
         """The prompt's turns rendered alone, where some response does not open with its trained assistant turn (an

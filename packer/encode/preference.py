@@ -27,6 +27,7 @@ not refused: the tokens diverge there, and each branch starts at the last token 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -71,3 +72,75 @@ def tree_prefix(ids: list[np.ndarray], trained: list[np.ndarray], texts: list[st
         raise BadRecord("preference_prompt_diverges", f"a media item of the prompt ends at token {max(media_ends)}, after "
                                                       f"the {b - 1} tokens the responses share")
     return b - 1
+
+
+@dataclass
+class SharedPrefix:
+    """:func:`tree_prefix` over responses added one at a time with :meth:`add`.
+
+    Response 0 is kept whole (``ids0`` / ``trained0``); response ``k > 0`` only from ``keep[k]``, the
+    token before the most it can share with response 0, since a token it shares is response 0's.
+    :meth:`response` gives any response back whole once the prefix is known."""
+
+    ids0: np.ndarray | None = None
+    trained0: np.ndarray | None = None
+    text0: str = ""
+    keep: list[int] = field(default_factory=list)
+    tails: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    b: int = 0  # tokens every response so far shares, up to the first trained one
+    agree: int = 0  # characters every rendering so far shares with the first
+    differs: tuple[int, str] = (0, "")  # the first response whose rendering shares only ``agree`` characters, near there
+    need: int = 0  # the furthest prompt end
+    media_end: int = 0
+
+    def add(self, ids: np.ndarray, trained: np.ndarray, text: str, prompt_end: int, media_ends: list[int]) -> None:
+        k = len(self.lengths)
+        self.need = max(self.need, prompt_end)
+        self.media_end = max([self.media_end, *media_ends])
+        self.lengths.append(len(ids))
+        if k == 0:
+            self.ids0, self.trained0, self.text0 = ids, trained, text
+            self.b, self.agree = first_trained(trained), len(text)
+            self.keep.append(0)
+            self.tails.append((ids, trained))
+            return
+        own = min(common_prefix([self.ids0, ids]), first_trained(trained))
+        self.b = min(self.b, own)
+        agree = len(os.path.commonprefix([self.text0, text]))
+        if agree < self.agree:
+            self.agree, self.differs = agree, (k, text[max(0, agree - 12) : agree + 12])
+        keep = max(own - 1, 0)
+        self.keep.append(keep)
+        self.tails.append((ids[keep:], trained[keep:]))
+
+    def tree_lower_bound(self, n: int) -> int:
+        """The fewest tokens the record (``n`` responses) can take as a tree, from the responses added so far."""
+        p = max(self.b - 1, 0)
+        return sum(self.lengths) - (len(self.lengths) - 1) * p + (n - len(self.lengths))
+
+    def prefix(self, roles: list[str]) -> int:
+        """What :func:`tree_prefix` gives (and refuses) for the responses added."""
+        if self.agree < self.need:
+            k, near = self.differs
+            raise BadRecord("preference_prompt_diverges",
+                            f"the responses' renderings differ at character {self.agree} of the prompt's {self.need} "
+                            f"(response {roles[k]!r} against {roles[0]!r}: {near!r} / "
+                            f"{self.text0[max(0, self.agree - 12) : self.agree + 12]!r}): the chat template renders the "
+                            f"prompt differently for each response, so no prompt is the one every response follows; fix "
+                            f"the template (or the record), or drop it")
+        if self.b < 2:
+            raise BadRecord("preference_prompt_diverges", f"the responses share {self.b} leading token(s): nothing to "
+                                                          f"share as a prompt")
+        if self.media_end > self.b - 1:
+            raise BadRecord("preference_prompt_diverges", f"a media item of the prompt ends at token {self.media_end}, "
+                                                          f"after the {self.b - 1} tokens the responses share")
+        return self.b - 1
+
+    def response(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Response ``k``'s tokens and trained mask, whole."""
+        ids, trained = self.tails[k]
+        keep = self.keep[k]
+        if keep == 0:
+            return ids, trained
+        return np.concatenate([self.ids0[:keep], ids]), np.concatenate([self.trained0[:keep], trained])
