@@ -11,6 +11,7 @@ renders the prompt differently per response (refused).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from importlib import resources
@@ -28,7 +29,7 @@ from packer.encode import Encoder, EncoderSpec
 from packer.errors import BadRecord, ConfigError
 from packer.ingest import Preference, parse_record
 from packer.ingest.reader import RawLine
-from packer.pack.trees import Responses, expand, structure
+from packer.pack.trees import Responses, expand, response_row, structure
 from packer.verify import verify
 
 IGNORE = -100
@@ -44,8 +45,10 @@ def encode(encoder: Encoder, record: dict):
 
 
 def segments(sample) -> list[tuple[np.ndarray, np.ndarray]]:
-    return [(np.asarray(sample.input_ids[r.start : r.start + r.length]), np.asarray(sample.labels[r.start : r.start + r.length]))
-            for r in sample.responses]
+    """Each response whole (the sample stores the shared prompt once)."""
+    row = {"input_ids": sample.input_ids, "labels": sample.labels, "media": [dataclasses.asdict(m) for m in sample.media],
+           "responses": [dataclasses.asdict(r) for r in sample.responses], "prefix": sample.prefix}
+    return [(np.asarray(w["input_ids"]), np.asarray(w["labels"])) for w in (response_row(row, k) for k in range(len(row["responses"])))]
 
 
 def with_template(source: str, tokenizer: str = TOKENIZER, **settings) -> Encoder:

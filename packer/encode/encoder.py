@@ -26,7 +26,6 @@ chunk's records are tokenized one by one instead. The tokens are the same either
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -335,9 +334,8 @@ class Encoder:
         else:
             ids, trained, media = self._encode_conversation(record, chat)
         labels = ids.copy() if trained is None else np.where(trained, ids, IGNORE).astype(np.int32)
-        for start in [r.start for r in responses] or [0]:
-            if len(labels):
-                labels[start] = IGNORE  # a segment's first token is never the target of the previous one
+        if len(labels):  # a segment's first token is never the target of the previous one (every response's: token 0)
+            labels[0] = IGNORE
         self._check_reserved_untrained(labels)
         n_trained = int(np.count_nonzero(labels != IGNORE))
         if n_trained == 0:
@@ -354,7 +352,7 @@ class Encoder:
             modality="+".join(kinds) or "text",
             input_ids=ids,
             labels=labels,
-            length=len(ids),
+            length=sum(r.length for r in responses) if responses else len(ids),
             n_trained=n_trained,
             media=tuple(media),
             responses=tuple(responses),
@@ -470,15 +468,15 @@ class Encoder:
                                 f"{shared.tree_lower_bound(n):,} tokens as a tree (pairs take more), over max_length "
                                 f"{self.config.max_length:,}: dropped before the other responses were rendered")
         prefix = shared.prefix(roles) if n > 1 else 0
-        responses, all_media, start, ids_out, trained_out = [], [], 0, [], []
-        for k, response in enumerate(record.responses):
+        responses, start, ids_out, trained_out = [], 0, [], []
+        for k, response in enumerate(record.responses):  # stored: the shared prompt once, then each response's rest
             ids, trained = shared.response(k)
             responses.append(ResponseSpan(start, len(ids), response.role, response.weight))
-            all_media += [dataclasses.replace(m, start=m.start + start) for m in media]
-            ids_out.append(ids)
-            trained_out.append(trained)
+            cut = prefix if k else 0
+            ids_out.append(ids[cut:])
+            trained_out.append(trained[cut:])
             start += len(ids)
-        return np.concatenate(ids_out), np.concatenate(trained_out), all_media, responses, prefix
+        return np.concatenate(ids_out), np.concatenate(trained_out), media, responses, prefix
 
     def _prompt_rendering(self, record: Preference) -> str | None:
         """The prompt's turns rendered alone, where some response does not open with its trained assistant turn (an

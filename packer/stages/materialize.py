@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from packer._ranges import concat_ranges, csr_offsets
 from packer.io.files import set_durable
 from packer.io.fs import location
-from packer.pack.trees import PLAIN, PROMPT, structure
+from packer.pack.trees import PLAIN, PROMPT, stored_ranges, structure
 from packer.shards.io import read_shard, write_shard_batches
 from packer.shards.schema import IGNORE, PACKED_SCHEMA, SAMPLE_SCHEMA, ShardEntry
 from packer.shards.stats import ShardStats, table_stats
@@ -180,8 +180,10 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
     row_tok = tok_off[row_seg]
     seg_start_in_row = tok_off[:-1] - np.repeat(row_tok[:-1], np.diff(row_seg))
 
+    stored = _stored_pieces(own, inverse, seg_from, seg_len)
+
     def gather(column: str) -> np.ndarray:
-        return samples.gather_tokens(column, seg_idx, seg_from, seg_len)
+        return samples.gather_tokens(column, np.repeat(seg_idx, 2), *stored)
 
     labels = gather("labels")
     labels[tok_off[:-1]] = IGNORE
@@ -197,11 +199,14 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
     keys = sub.column("key").to_pylist()
     keys = [k if s == 0 or r != "" else f"{k}@{s}" for k, s, r in zip(keys, seg_from.tolist(), tree["role"], strict=True)]
     sample_media = [_SpanIndex(m) for m in own.column("media").to_pylist()]
+    stored_media = (pc.list_value_length(own.column("responses")).to_numpy(zero_copy_only=False) > 0)[inverse] \
+        if len(seg_idx) else np.zeros(0, bool)  # a preference segment: its response's media, in that response's tokens
     media = []
     for r in range(len(row_seg) - 1):
         spans = []
         for j in range(row_seg[r], row_seg[r + 1]):
-            lo, hi = int(seg_from[j]), int(seg_from[j] + seg_len[j])
+            lo = int(stored[0][2 * j]) if stored_media[j] else int(seg_from[j])  # in the coordinates of its media
+            hi = lo + int(seg_len[j])
             for m in sample_media[inverse[j]].within(lo, hi):  # cuts never go through a span
                 spans.append({**m, "segment": int(j - row_seg[r]), "start": int(m["start"] - lo + seg_start_in_row[j])})
         media.append(spans)
@@ -227,6 +232,28 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
         },
         schema=PACKED_SCHEMA,
     )
+
+
+def _stored_pieces(own: pa.Table, inverse: np.ndarray, seg_from: np.ndarray,
+                   seg_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(starts, lengths)`` of two stored pieces per segment (interleaved: segment ``j`` is pieces ``2j``, ``2j + 1``):
+    a preference sample stores its shared prompt once (:func:`packer.pack.trees.stored_ranges`); any other segment
+    is its own range and an empty piece."""
+    starts = np.zeros(2 * len(seg_from), np.int64)
+    lengths = np.zeros(2 * len(seg_from), np.int64)
+    starts[0::2], lengths[0::2] = seg_from, seg_len
+    counts = pc.list_value_length(own.column("responses")).to_numpy(zero_copy_only=False) if len(seg_from) else []
+    prefixes = own.column("prefix").to_numpy() if len(seg_from) else []
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(len(counts) + 1))
+    for u in np.flatnonzero(np.asarray(counts) > 0).tolist():
+        spans = own.column("responses")[u].values
+        mine = order[bounds[u] : bounds[u + 1]]
+        prefix = int(prefixes[u]) if counts[u] > 1 else 0
+        head_at, head, rest_at, rest = stored_ranges(seg_from[mine], seg_len[mine], spans.field("start").to_numpy(),
+                                                     spans.field("length").to_numpy(), prefix)
+        starts[2 * mine], lengths[2 * mine], starts[2 * mine + 1], lengths[2 * mine + 1] = head_at, head, rest_at, rest
+    return starts, lengths
 
 
 class _SpanIndex:
