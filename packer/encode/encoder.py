@@ -51,7 +51,7 @@ from packer.media.counter import MediaProber, kept_seconds
 from packer.shards.schema import IGNORE, MEDIA_KINDS, MediaSpan, ResponseSpan, Sample
 
 MEDIA_ORDER = MEDIA_KINDS  # the order a modality name lists its kinds in
-PREFERENCE_BATCH_BYTES = 1 << 20  # a preference record whose line times its responses is over this is rendered and
+PREFERENCE_BATCH_BYTES = 1 << 18  # a preference record whose line times its responses is over this is rendered and
 #                                   tokenized one response at a time, not with the batch (its renderings repeat the prompt)
 TOKENIZE_BATCH = 1000  # texts per tokenizer call: the wrapper's cost is paid per call, memory grows with the batch
 
@@ -452,8 +452,11 @@ class Encoder:
         prompt = self._prompt_rendering(record) if n > 1 else None
         shared, media = preference.SharedPrefix(), []
         for k, role in enumerate(roles):
-            chat = chats[k] if chats[k] is not None else self._render(record.conversation(k))
+            if chats[k] is None:  # render (and tokenize in one call) the next responses, up to PREFERENCE_BATCH_BYTES
+                self._render_batch(record, chats, k)
+            chat = chats[k]
             ids, trained, spans = self._encode_conversation(record.conversation(k), chat)
+            self._memo.pop(("chat", chat.text), None)
             if not trained[1:].any():
                 raise BadRecord("no_trainable_tokens", f"response {role!r} has no token to train on (no assistant turn, "
                                                        f"or an empty one)")
@@ -477,6 +480,24 @@ class Encoder:
             trained_out.append(trained[cut:])
             start += len(ids)
         return np.concatenate(ids_out), np.concatenate(trained_out), media, responses, prefix
+
+    def _render_batch(self, record: Preference, chats: list[RenderedChat | None], k: int) -> None:
+        """Render responses ``k``, ``k + 1``, ... of ``record`` into ``chats`` until their texts reach
+        ``PREFERENCE_BATCH_BYTES``, and tokenize them in one call (into the memo): a record's responses are not
+        all held at once, nor tokenized one call each."""
+        size, texts = 0, []
+        while k < len(chats) and (not texts or size < PREFERENCE_BATCH_BYTES):
+            chats[k] = self._render(record.conversation(k))
+            if not chats[k].marked:
+                texts.append(chats[k].text)
+            size += len(chats[k].text)
+            k += 1
+        try:
+            encoded = self.text.encode(texts, special=False, split=self.text.split_default, offsets=True)
+            for text, hit in zip(texts, encoded, strict=True):
+                self._memo["chat", text] = hit
+        except Exception:  # noqa: BLE001 -- each response tokenizes its own text, as in _pretokenize
+            pass
 
     def _prompt_rendering(self, record: Preference) -> str | None:
         """The prompt's turns rendered alone, where some response does not open with its trained assistant turn (an

@@ -88,6 +88,7 @@ class SharedPrefix:
     keep: list[int] = field(default_factory=list)
     tails: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
+    total: int = 0  # sum(lengths)
     b: int = 0  # tokens every response so far shares, up to the first trained one
     agree: int = 0  # characters every rendering so far shares with the first
     differs: tuple[int, str] = (0, "")  # the first response whose rendering shares only ``agree`` characters, near there
@@ -99,6 +100,7 @@ class SharedPrefix:
         self.need = max(self.need, prompt_end)
         self.media_end = max([self.media_end, *media_ends])
         self.lengths.append(len(ids))
+        self.total += len(ids)
         if k == 0:
             self.ids0, self.trained0, self.text0 = ids, trained, text
             self.b, self.agree = first_trained(trained), len(text)
@@ -117,7 +119,7 @@ class SharedPrefix:
     def tree_lower_bound(self, n: int) -> int:
         """The fewest tokens the record (``n`` responses) can take as a tree, from the responses added so far."""
         p = max(self.b - 1, 0)
-        return sum(self.lengths) - (len(self.lengths) - 1) * p + (n - len(self.lengths))
+        return self.total - (len(self.lengths) - 1) * p + (n - len(self.lengths))
 
     def prefix(self, roles: list[str]) -> int:
         """What :func:`tree_prefix` gives (and refuses) for the responses added."""
