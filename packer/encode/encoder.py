@@ -485,8 +485,9 @@ class Encoder:
         """Render responses ``k``, ``k + 1``, ... of ``record`` into ``chats`` until their texts reach
         ``PREFERENCE_BATCH_BYTES``, and tokenize them in one call (into the memo): a record's responses are not
         all held at once, nor tokenized one call each."""
-        size, texts = 0, []
-        while k < len(chats) and (not texts or size < PREFERENCE_BATCH_BYTES):
+        size, texts, first = 0, [], k
+        while k < len(chats) and (k == first or (first > 0 and size < PREFERENCE_BATCH_BYTES)):  # the first alone: it
+            #                                                       may show the record cannot fit (_encode_preference)
             chats[k] = self._render(record.conversation(k))
             if not chats[k].marked:
                 texts.append(chats[k].text)
