@@ -74,7 +74,12 @@ def make_family(config: Any) -> Family:
         return Generic(config)
     from packer.families.checkpoint import read_checkpoint
 
-    settings = cls.settings_class.resolve(read_checkpoint(config.processor), config.processor_options)
+    try:
+        settings = cls.settings_class.resolve(read_checkpoint(config.processor), config.processor_options)
+    except (ValueError, TypeError, OverflowError) as e:  # int("sixteen"), int(inf), int(None) from a processor config
+        raise ConfigError(f"{config.processor}: a processor setting of family {name} is not a number ({type(e).__name__}: "
+                          f"{e}); fix it in the checkpoint's processor config, or override it with --processor-options "
+                          f"NAME=VALUE") from None
     return cls(resolve_kinds(name, tuple(config.modalities)), settings)
 
 

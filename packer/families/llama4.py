@@ -40,6 +40,7 @@ import numpy as np
 
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.checkpoint import Checkpoint
+from packer.media import bounds as setting_bounds
 from packer.specs import parse_params
 
 # Written by Llama4Processor._prompt_split_image as literals (not processor settings).
@@ -58,6 +59,9 @@ class Llama4Settings:
     patch_size: int = 14  # Llama4Processor's
     pixel_shuffle_ratio: float = 0.5
     image_token: str = IMAGE  # what the template writes and the processor replaces
+
+    def __post_init__(self):
+        setting_bounds.check(self, "llama4")
 
     @classmethod
     def resolve(cls, checkpoint: Checkpoint, options: str = "") -> Llama4Settings:
