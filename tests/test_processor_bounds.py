@@ -114,3 +114,40 @@ def test_the_bound_table_is_in_the_docs():
 def test_a_bound_refuses_the_value_not_the_type():
     with pytest.raises(ConfigError, match=r"dynamic.max_pixels = '1e9' is not a number"):
         policies.Dynamic(max_pixels="1e9")
+
+
+# ---------------------------------------------------------------- a row's memory at collate time
+
+
+@pytest.mark.slow  # writes and probes hours of FLAC, loads the Qwen tokenizer (~1 min here)
+@pytest.mark.parametrize("minutes, reason", [(120, "media_over_memory"), (90, None)])
+def test_hours_of_audio_a_family_encodes_whole_are_refused_at_build_time(tmp_path, minutes, reason):
+    """Qwen3-Omni encodes a clip whole: 5 h 50 min of FLAC (1 MB) packed as 273k tokens and collating its row needed
+    over 12 GB. A record whose audio would need more than COLLATE_BYTES (4 GiB, ~1 h 52 min) is quarantined at build
+    time naming the clip (media_over_memory); 90 minutes is packed."""
+    from hostile_media import write_silent_flac
+
+    from packer.encode import Encoder, EncoderSpec
+    from packer.errors import BadRecord
+    from packer.ingest.reader import RawLine
+
+    flac = write_silent_flac(tmp_path / "long.flac", minutes * 60)
+    assert flac.stat().st_size < 2 * 2**20
+    from family_assets import QWEN_TOKENIZER, TEMPLATES
+
+    enc = Encoder(EncoderSpec.of(tokenizer=QWEN_TOKENIZER, chat_template=str(TEMPLATES / "qwen3omni.jinja"),
+                                 family="qwen3omni", modalities=["audio"]))
+    record = {"messages": [{"role": "user", "content": [{"type": "audio", "audio": "long.flac"}, {"type": "text", "text": "?"}]},
+                           {"role": "assistant", "content": "Silence."}]}
+    line = RawLine(1, json.dumps(record).encode())
+    if reason is None:
+        assert enc.encode_line(line, "t.jsonl", tmp_path).media[0].kind == "audio"
+        return
+    with pytest.raises(BadRecord, match=r"'long.flac' \(120.0 min of audio, all of it encoded by family qwen3omni\) brings "
+                                        r"the record's media to about 4.3 GiB when its row is collated, over the 4 GiB a "
+                                        r"row's media may need: cut it into shorter clips") as e:
+        enc.encode_line(line, "t.jsonl", tmp_path)
+    assert e.value.reason == reason
+    from packer import reasons
+
+    assert "collated" in reasons.fix(reason)

@@ -47,6 +47,7 @@ from packer.ingest.formats import decode_json, parse_record, record_id
 from packer.ingest.reader import RawLine
 from packer.ingest.records import Conversation, Document, Preference
 from packer.io.fs import is_url
+from packer.media import bounds as setting_bounds
 from packer.media.counter import MediaProber, kept_seconds
 from packer.shards.schema import IGNORE, MEDIA_KINDS, MediaSpan, ResponseSpan, Sample
 
@@ -302,7 +303,7 @@ class Encoder:
         record = RecordMedia({k: sum(p.kind == k for p in media) for k in MEDIA_ORDER}, tuple(media), self.prober.probe)
         by_kind = {k: [i for i, p in enumerate(media) if p.kind == k] for k in MEDIA_ORDER}
         taken = dict.fromkeys(MEDIA_ORDER, 0)
-        out = []
+        out, collate = [], 0  # bytes the record's media need at collate time (estimated: packer.media.bounds)
         for kind in found:
             index = by_kind[kind][taken[kind]]
             taken[kind] += 1
@@ -313,6 +314,15 @@ class Encoder:
                     raise BadRecord("audio_too_long", f"{part.ref!r} is {info.seconds:.1f} s; the audio encoder sees "
                                                       f"{self.kept_audio:g} s (--long-audio drop)")
                 self._record_cut += 1
+            if kind == "audio":
+                kept = info.seconds if self.kept_audio is None else min(info.seconds, self.kept_audio)
+                collate += setting_bounds.audio_collate_bytes(kept)
+                if collate > setting_bounds.COLLATE_BYTES:
+                    raise BadRecord("media_over_memory",
+                                    f"{part.ref!r} ({info.seconds / 60:,.1f} min of audio, all of it encoded by family "
+                                    f"{self.family.name}) brings the record's media to about {collate / 2**30:.1f} GiB "
+                                    f"when its row is collated, over the {setting_bounds.COLLATE_BYTES / 2**30:g} GiB a "
+                                    f"row's media may need: cut it into shorter clips")
             try:
                 expansion = self.family.expand(kind, info, part, record)
             except ValueError as e:

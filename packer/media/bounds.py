@@ -17,6 +17,9 @@ from typing import Any
 from packer.errors import ConfigError
 
 MAX_PIXELS = 89_478_485  # PIL's MAX_IMAGE_PIXELS: packer.media.limits' bound on a decoded frame
+COLLATE_BYTES = 4 * 2**30  # the most one record's media may need when its row is collated (refused at build time)
+AUDIO_COLLATE_BYTES_PER_SECOND = 640_000  # a second of audio through a feature extractor at collate time: the waveform
+#   at 16 kHz in float32, its STFT and log-mel (Qwen3-Omni: a 5 h 50 min clip needed over 12 GB, ~570 KB/s)
 
 
 @dataclass(frozen=True)
@@ -105,3 +108,8 @@ def table() -> str:
 
 def _n(x: float) -> str:
     return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+
+def audio_collate_bytes(seconds: float) -> int:
+    """What ``seconds`` of audio the encoder keeps need when a row holding them is collated (estimated)."""
+    return int(math.ceil(seconds * AUDIO_COLLATE_BYTES_PER_SECOND))
