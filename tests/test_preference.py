@@ -483,3 +483,24 @@ def test_a_responses_reasoning_field_reaches_the_template_and_is_trained_with_it
     assert "add them" in text and "It is 4." in text
     sft = encode(enc, {"prompt": PROMPT, "completion": record["chosen"]})
     assert chosen[0].tolist() == sft.input_ids.tolist() and chosen[1].tolist() == sft.labels.tolist()
+
+
+def test_samples_that_store_each_response_whole_are_refused_not_misread(chatml):
+    """A sample stores its shared prompt once; one written by an earlier packer (each response whole) is named, with
+    the rebuild, when stage 3 (a repack) meets it."""
+    from packer.errors import PackerError
+    from packer.shards.schema import PLAN_SCHEMA, SAMPLE_SCHEMA, to_table
+    from packer.stages.materialize import SampleStore, pack_rows
+
+    sample = encode(chatml, {"id": "r", "prompt": PROMPT, "chosen": "It is 4.", "rejected": "Five."})
+    whole = segments(sample)
+    old = dataclasses.replace(sample, input_ids=np.concatenate([i for i, _ in whole]).astype(np.int32),
+                              labels=np.concatenate([lab for _, lab in whole]).astype(np.int32))
+    spans = [(r.start, r.length) for r in sample.responses]
+    bins = pa.table({"samples": [[0, 0]], "starts": [[s for s, _ in spans]], "lengths": [[n for _, n in spans]]},
+                    schema=PLAN_SCHEMA)
+    rows = pack_rows(SampleStore([to_table([sample], SAMPLE_SCHEMA)]), bins).to_pylist()[0]
+    assert rows["input_ids"] == [t for i, _ in whole for t in i.tolist()]
+    with pytest.raises(PackerError, match=r"sample 'r' holds \d+ tokens where its responses stored with their prompt "
+                                          r"once make \d+: samples written by an earlier packer .* rebuild"):
+        pack_rows(SampleStore([to_table([old], SAMPLE_SCHEMA)]), bins)

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packer._ranges import concat_ranges, csr_offsets
+from packer.errors import PackerError
 from packer.io.files import set_durable
 from packer.io.fs import location
 from packer.pack.trees import PLAIN, PROMPT, stored_ranges, structure
@@ -94,6 +95,19 @@ class SampleStore:
                     continue
                 sel, rows = in_shard[in_batch], local[in_batch] - first
                 out[concat_ranges(out_at[sel], lengths[sel])] = values[concat_ranges(offsets[rows] + starts[sel], lengths[sel])]
+        return out
+
+    def list_lengths(self, column: str, indices: np.ndarray) -> np.ndarray:
+        """The length of list ``column`` of each sample of ``indices``, from the shards' offsets (nothing copied)."""
+        out = np.zeros(len(indices), np.int64)
+        shard = np.searchsorted(self.starts, indices, side="right") - 1
+        for k in np.unique(shard).tolist():
+            in_shard = np.flatnonzero(shard == k)
+            local = indices[in_shard] - self.starts[k]
+            for first, offsets, _ in self._flat_column(k, column):
+                in_batch = (local >= first) & (local < first + len(offsets) - 1)
+                rows = local[in_batch] - first
+                out[in_shard[in_batch]] = offsets[rows + 1] - offsets[rows]
         return out
 
     def _flat_column(self, k: int, column: str) -> list[tuple[int, np.ndarray, np.ndarray]]:
@@ -180,7 +194,7 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
     row_tok = tok_off[row_seg]
     seg_start_in_row = tok_off[:-1] - np.repeat(row_tok[:-1], np.diff(row_seg))
 
-    stored = _stored_pieces(own, inverse, seg_from, seg_len)
+    stored = _stored_pieces(own, inverse, seg_from, seg_len, samples.list_lengths("input_ids", unique))
 
     def gather(column: str) -> np.ndarray:
         return samples.gather_tokens(column, np.repeat(seg_idx, 2), *stored)
@@ -234,8 +248,8 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
     )
 
 
-def _stored_pieces(own: pa.Table, inverse: np.ndarray, seg_from: np.ndarray,
-                   seg_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _stored_pieces(own: pa.Table, inverse: np.ndarray, seg_from: np.ndarray, seg_len: np.ndarray,
+                   stored_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(starts, lengths)`` of two stored pieces per segment (interleaved: segment ``j`` is pieces ``2j``, ``2j + 1``):
     a preference sample stores its shared prompt once (:func:`packer.pack.trees.stored_ranges`); any other segment
     is its own range and an empty piece."""
@@ -250,8 +264,14 @@ def _stored_pieces(own: pa.Table, inverse: np.ndarray, seg_from: np.ndarray,
         spans = own.column("responses")[u].values
         mine = order[bounds[u] : bounds[u + 1]]
         prefix = int(prefixes[u]) if counts[u] > 1 else 0
+        whole = spans.field("length").to_numpy()
+        expected = int(whole.sum()) - (len(whole) - 1) * prefix  # the prompt once, then each response's rest
+        if int(stored_lengths[u]) != expected:
+            raise PackerError(f"sample {own.column('key')[u].as_py()!r} holds {int(stored_lengths[u]):,} tokens where its "
+                              f"responses stored with their prompt once make {expected:,}: samples written by an earlier "
+                              f"packer (each response stored whole); rebuild: packer build ... --overwrite")
         head_at, head, rest_at, rest = stored_ranges(seg_from[mine], seg_len[mine], spans.field("start").to_numpy(),
-                                                     spans.field("length").to_numpy(), prefix)
+                                                     whole, prefix)
         starts[2 * mine], lengths[2 * mine], starts[2 * mine + 1], lengths[2 * mine + 1] = head_at, head, rest_at, rest
     return starts, lengths
 
