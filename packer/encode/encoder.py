@@ -53,7 +53,8 @@ from packer.shards.schema import IGNORE, MEDIA_KINDS, MediaSpan, ResponseSpan, S
 
 MEDIA_ORDER = MEDIA_KINDS  # the order a modality name lists its kinds in
 PREFERENCE_BATCH_BYTES = 1 << 18  # a preference record whose line times its responses is over this is rendered and
-#                                   tokenized one response at a time, not with the batch (its renderings repeat the prompt)
+#   tokenized apart from the chunk's batch, its first response alone then this many bytes of renderings at a time
+#   (each rendering repeats the prompt: all of them at once would cost the responses times the prompt)
 TOKENIZE_BATCH = 1000  # texts per tokenizer call: the wrapper's cost is paid per call, memory grows with the batch
 
 
