@@ -194,10 +194,14 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
     row_tok = tok_off[row_seg]
     seg_start_in_row = tok_off[:-1] - np.repeat(row_tok[:-1], np.diff(row_seg))
 
-    stored = _stored_pieces(own, inverse, seg_from, seg_len, samples.list_lengths("input_ids", unique))
+    preference = pc.list_value_length(own.column("responses")).to_numpy(zero_copy_only=False).any() if len(seg_idx) else False
+    stored = _stored_pieces(own, inverse, seg_from, seg_len, samples.list_lengths("input_ids", unique)) if preference \
+        else (seg_from, seg_len, None)  # no preference sample: each segment is its own range
 
     def gather(column: str) -> np.ndarray:
-        return samples.gather_tokens(column, np.repeat(seg_idx, 2), *stored)
+        if stored[2] is None:
+            return samples.gather_tokens(column, seg_idx, seg_from, seg_len)
+        return samples.gather_tokens(column, np.repeat(seg_idx, 2), stored[0], stored[1])
 
     labels = gather("labels")
     labels[tok_off[:-1]] = IGNORE
@@ -219,7 +223,7 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
     for r in range(len(row_seg) - 1):
         spans = []
         for j in range(row_seg[r], row_seg[r + 1]):
-            lo = int(stored[0][2 * j]) if stored_media[j] else int(seg_from[j])  # in the coordinates of its media
+            lo = int(stored[0][2 * j]) if stored_media[j] else int(seg_from[j])  # in its media's coordinates
             hi = lo + int(seg_len[j])
             for m in sample_media[inverse[j]].within(lo, hi):  # cuts never go through a span
                 spans.append({**m, "segment": int(j - row_seg[r]), "start": int(m["start"] - lo + seg_start_in_row[j])})
@@ -249,8 +253,8 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
 
 
 def _stored_pieces(own: pa.Table, inverse: np.ndarray, seg_from: np.ndarray, seg_len: np.ndarray,
-                   stored_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(starts, lengths)`` of two stored pieces per segment (interleaved: segment ``j`` is pieces ``2j``, ``2j + 1``):
+                   stored_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """``(starts, lengths, True)`` of two stored pieces per segment (interleaved: segment ``j`` is pieces ``2j``, ``2j + 1``):
     a preference sample stores its shared prompt once (:func:`packer.pack.trees.stored_ranges`); any other segment
     is its own range and an empty piece."""
     starts = np.zeros(2 * len(seg_from), np.int64)
@@ -273,7 +277,7 @@ def _stored_pieces(own: pa.Table, inverse: np.ndarray, seg_from: np.ndarray, seg
         head_at, head, rest_at, rest = stored_ranges(seg_from[mine], seg_len[mine], spans.field("start").to_numpy(),
                                                      whole, prefix)
         starts[2 * mine], lengths[2 * mine], starts[2 * mine + 1], lengths[2 * mine + 1] = head_at, head, rest_at, rest
-    return starts, lengths
+    return starts, lengths, True
 
 
 class _SpanIndex:
