@@ -53,25 +53,11 @@ def tree_prefix(ids: list[np.ndarray], trained: list[np.ndarray], texts: list[st
                 media_ends: list[int], roles: list[str]) -> int:
     """The tree prompt's length ``b - 1`` for responses ``ids`` (see the module docstring): ``texts`` are the
     renderings that were tokenized, ``prompt_ends[k]`` where response ``k``'s prompt ends in ``texts[k]``,
-    ``media_ends`` the token after each media span of the responses."""
-    agree = len(os.path.commonprefix(texts))
-    need = max(prompt_ends)
-    if agree < need:
-        k = next((k for k, t in enumerate(texts[1:], 1) if t[agree : agree + 1] != texts[0][agree : agree + 1]), 1)
-        raise BadRecord("preference_prompt_diverges",
-                        f"the responses' renderings differ at character {agree} of the prompt's {need} (response "
-                        f"{roles[k]!r} against {roles[0]!r}: {texts[k][max(0, agree - 12) : agree + 12]!r} / "
-                        f"{texts[0][max(0, agree - 12) : agree + 12]!r}): the chat template renders the prompt differently "
-                        f"for each response, so no prompt is the one every response follows; fix the template (or the "
-                        f"record), or drop it")
-    b = min(common_prefix(ids), *(first_trained(t) for t in trained))
-    if b < 2:
-        raise BadRecord("preference_prompt_diverges", f"the responses share {b} leading token(s): nothing to share as a "
-                                                      f"prompt")
-    if media_ends and max(media_ends) > b - 1:
-        raise BadRecord("preference_prompt_diverges", f"a media item of the prompt ends at token {max(media_ends)}, after "
-                                                      f"the {b - 1} tokens the responses share")
-    return b - 1
+    ``media_ends`` the token after each media span of the responses. All at once: :class:`SharedPrefix` over them."""
+    shared = SharedPrefix()
+    for k, (a, t, text, end) in enumerate(zip(ids, trained, texts, prompt_ends, strict=True)):
+        shared.add(a, t, text, end, media_ends if k == 0 else [])
+    return shared.prefix(roles)
 
 
 @dataclass
