@@ -73,7 +73,8 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
     family = manifest.tokenizer.get("family") or {"name": "generic"}
     placeholders = manifest.placeholders
     root = media_root or manifest.media_root
-    rows = samples.take(chosen).select(["source_index", "source_line", "key", "input_ids", "media", "responses"]).to_pylist()
+    rows = samples.take(chosen).select(["source_index", "source_line", "key", "input_ids", "media", "responses",
+                                        "prefix"]).to_pylist()
     lines = _lines(manifest.inputs, {(r["source_index"], r["source_line"]) for r in rows})
     renderer = _renderer(proc, config)
     mismatches = []
@@ -83,7 +84,7 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
         try:
             record = _parse(raw, file, config)
             parts = [(r["key"], record, r)] if not r["responses"] else [
-                (f"{r['key']} ({response['role']})", record.conversation(k), _response_row(r, response))
+                (f"{r['key']} ({response['role']})", record.conversation(k), _response_row(r, k))
                 for k, response in enumerate(r["responses"])]
             checked = [(key, sub, _processor_ids(proc, renderer, conv, config, family, placeholders, sub, root))
                        for key, conv, sub in parts]
@@ -101,11 +102,11 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
     return mismatches, len(rows)
 
 
-def _response_row(row: dict, response: dict) -> dict:
+def _response_row(row: dict, k: int) -> dict:
     """A preference sample's response as a row of its own: its tokens, and the media spans inside them."""
-    a, n = response["start"], response["length"]
-    return {"input_ids": row["input_ids"][a : a + n],
-            "media": [{**m, "start": m["start"] - a} for m in row["media"] if a <= m["start"] < a + n]}
+    from packer.pack.trees import response_row
+
+    return {**response_row(row, k), "input_ids": response_row(row, k)["input_ids"].tolist()}
 
 
 def _load(name: str):

@@ -20,6 +20,8 @@ FIXES = {
     "corrupt_video": "damaged video files: re-encode or remove them (quarantine.jsonl names each)",
     "no_video_stream": "files listed as video hold no video stream: list them as audio / image, or drop them",
     "video_too_large": "video frames over 89 Mpixels, or over 2^40 pixels in all: downscale or cut them",
+    "media_over_memory": "a record's audio would need over 4 GiB when its row is collated (hours of audio the encoder "
+                         "keeps whole): cut it into shorter clips",
     "media_too_long": "audio / video over 6 hours (or 2^20 frames): cut them into clips, or check they are not damaged",
     "bad_frame_rate": "a video or frame list states an implausible rate (not 0.01-1000 fps): re-encode it, or fix the fps",
     "bad_sample_rate": "audio at an implausible sample rate (not 1 kHz-768 kHz): resample it",

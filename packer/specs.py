@@ -68,5 +68,6 @@ def convert(default: Any, value: str, where: str) -> Any:
             try:
                 return kind(value)
             except ValueError:
-                raise ConfigError(f"{where} = {value!r} is not a valid {kind.__name__}") from None
+                raise ConfigError(f"{where} = {value!r} is not a valid {kind.__name__}; give a number "
+                                  f"({where.rsplit('.', 1)[-1]}={default})") from None
     return value

@@ -261,3 +261,28 @@ def test_one_record_costs_time_and_memory_linear_in_its_size(tmp_path, kind, siz
     mb = size / 2**20
     assert m["mb"] <= 200 * mb + 16, m
     assert m["cpu"] <= 2 * mb + 0.25, m
+
+
+# ---------------------------------------------------------------- preference records (subprocess)
+
+
+def _preference_bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_preference_memory", ROOT / "bench" / "bench_preference_memory.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+@pytest.mark.slow  # subprocess builds of 10^4-response records
+@pytest.mark.parametrize("case, outcome", [("responses:10000", []), ("prompt:100K:1000", ["preference_too_long"])])
+def test_a_preference_record_costs_memory_linear_in_its_line(case, outcome):
+    """The stated bound (docs/reliability.md): one preference record, built whole (stages 1-4), grows peak memory by at
+    most 250 bytes per byte of its line plus 64 MB (the renderings tokenized in one call: PREFERENCE_BATCH_BYTES) --
+    10^4 responses in a 214 KB line took 6.5 GB (each segment copied the record's response list) -- and its samples
+    hold its prompt once: at most 8 bytes per byte of the line. A record that cannot fit is dropped in stage 1."""
+    m = _preference_bench().measure(case, TOKENIZER)
+    assert m["bad"] == outcome, m
+    assert m["mb"] * 2**20 <= 250 * m["line"] + 64 * 2**20, m
+    assert m["samples"] <= 8 * m["line"] + 64 * 2**10, m

@@ -11,6 +11,7 @@ renders the prompt differently per response (refused).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -29,7 +30,7 @@ from packer.encode import Encoder, EncoderSpec
 from packer.errors import BadRecord, ConfigError
 from packer.ingest import Preference, parse_record
 from packer.ingest.reader import RawLine
-from packer.pack.trees import Responses, expand, structure
+from packer.pack.trees import Responses, expand, response_row, structure
 from packer.verify import verify
 
 IGNORE = -100
@@ -45,8 +46,10 @@ def encode(encoder: Encoder, record: dict):
 
 
 def segments(sample) -> list[tuple[np.ndarray, np.ndarray]]:
-    return [(np.asarray(sample.input_ids[r.start : r.start + r.length]), np.asarray(sample.labels[r.start : r.start + r.length]))
-            for r in sample.responses]
+    """Each response whole (the sample stores the shared prompt once)."""
+    row = {"input_ids": sample.input_ids, "labels": sample.labels, "media": [dataclasses.asdict(m) for m in sample.media],
+           "responses": [dataclasses.asdict(r) for r in sample.responses], "prefix": sample.prefix}
+    return [(np.asarray(w["input_ids"]), np.asarray(w["labels"])) for w in (response_row(row, k) for k in range(len(row["responses"])))]
 
 
 def with_template(source: str, tokenizer: str = TOKENIZER, **settings) -> Encoder:
@@ -320,6 +323,33 @@ def test_a_template_rendering_the_prompt_differently_per_response_is_refused():
     encode(enc, {"prompt": "Hi", "chosen": "Hello", "rejected": "Hallo"})  # same length: the same prompt, packed
 
 
+@pytest.mark.parametrize("n", [2, 3, 40])
+def test_responses_added_one_at_a_time_share_what_they_share_all_at_once(chatml, n):
+    """The encoder keeps the first response whole and of the others only what they do not share with it; each
+    response comes back whole, equal to its own rendering's tokens (check_alone), prompt stored per response."""
+    answers = [f"Answer {i}: " + "yes " * (i % 5) for i in range(n)]
+    sample = check_alone(chatml, PROMPT, answers)
+    assert len(sample.responses) == n and sample.prefix > 10
+
+
+def test_a_record_that_cannot_fit_is_dropped_before_its_other_responses_are_rendered(monkeypatch):
+    enc = Encoder(EncoderSpec.of(tokenizer=TOKENIZER, preference="tree", max_length=100))
+    rendered = []
+    real = enc._render
+    monkeypatch.setattr(enc, "_render", lambda conv: rendered.append(conv) or real(conv))
+    with pytest.raises(BadRecord, match=r"the first 1 of its 1,000 responses already take at least [\d,]+ tokens as a "
+                                        r"tree .* over max_length 100: dropped before") as e:
+        encode(enc, {"prompt": "x " * 200, "responses": [f"answer {i}" for i in range(1000)]})
+    assert e.value.reason == "preference_too_long" and len(rendered) == 1
+    rendered.clear()  # many short responses: a lower bound of one token per response not yet rendered
+    with pytest.raises(BadRecord, match="over max_length 100") as e:
+        encode(enc, {"prompt": "Hi", "responses": [f"a{i}" for i in range(1000)]})
+    assert len(rendered) < 100
+    enc = Encoder(EncoderSpec.of(tokenizer=TOKENIZER, preference="pairs", max_length=100))
+    sample = encode(enc, {"prompt": "x " * 30, "chosen": "a", "rejected": "b " * 40})  # over only once all are built:
+    assert sample.length > 100  # stored whole; the planner drops it (preference_too_long in dropped.jsonl)
+
+
 def test_preference_none_quarantines_them_and_train_on_all_is_refused(tmp_path):
     enc = Encoder(EncoderSpec.of(tokenizer=TOKENIZER))
     with pytest.raises(BadRecord, match="--preference pairs or tree") as e:
@@ -418,7 +448,8 @@ def test_builds_account_for_every_record_and_keep_a_record_in_one_row(builds):
         manifest = json.loads((folder / "manifest.json").read_text())
         acc = manifest["accounting"]
         assert acc["records_read"] == 21 and acc["samples_packed"] == 15
-        assert acc["quarantined_by_reason"] == {"empty_text": 3} and acc["dropped_by_reason"] == {"preference_too_long": 3}
+        # "long": its first response alone is over max_length, so stage 1 drops it before rendering the other
+        assert acc["quarantined_by_reason"] == {"empty_text": 3, "preference_too_long": 3} and acc["dropped_by_reason"] == {}
         assert verify(folder)[0] == []
         seen: dict[str, list] = {}
         for row in packed_rows(folder):
@@ -556,3 +587,24 @@ def test_a_responses_reasoning_field_reaches_the_template_and_is_trained_with_it
     assert "add them" in text and "It is 4." in text
     sft = encode(enc, {"prompt": PROMPT, "completion": record["chosen"]})
     assert chosen[0].tolist() == sft.input_ids.tolist() and chosen[1].tolist() == sft.labels.tolist()
+
+
+def test_samples_that_store_each_response_whole_are_refused_not_misread(chatml):
+    """A sample stores its shared prompt once; one written by an earlier packer (each response whole) is named, with
+    the rebuild, when stage 3 (a repack) meets it."""
+    from packer.errors import PackerError
+    from packer.shards.schema import PLAN_SCHEMA, SAMPLE_SCHEMA, to_table
+    from packer.stages.materialize import SampleStore, pack_rows
+
+    sample = encode(chatml, {"id": "r", "prompt": PROMPT, "chosen": "It is 4.", "rejected": "Five."})
+    whole = segments(sample)
+    old = dataclasses.replace(sample, input_ids=np.concatenate([i for i, _ in whole]).astype(np.int32),
+                              labels=np.concatenate([lab for _, lab in whole]).astype(np.int32))
+    spans = [(r.start, r.length) for r in sample.responses]
+    bins = pa.table({"samples": [[0, 0]], "starts": [[s for s, _ in spans]], "lengths": [[n for _, n in spans]]},
+                    schema=PLAN_SCHEMA)
+    rows = pack_rows(SampleStore([to_table([sample], SAMPLE_SCHEMA)]), bins).to_pylist()[0]
+    assert rows["input_ids"] == [t for i, _ in whole for t in i.tolist()]
+    with pytest.raises(PackerError, match=r"sample 'r' holds \d+ tokens where its responses stored with their prompt "
+                                          r"once make \d+: samples written by an earlier packer .* rebuild"):
+        pack_rows(SampleStore([to_table([old], SAMPLE_SCHEMA)]), bins)

@@ -50,10 +50,14 @@ from packer.ingest.formats import decode_json, parse_record, record_id
 from packer.ingest.reader import RawLine
 from packer.ingest.records import Conversation, Document, Preference
 from packer.io.fs import is_url
+from packer.media import bounds as setting_bounds
 from packer.media.counter import MediaProber, kept_seconds
 from packer.shards.schema import IGNORE, MEDIA_KINDS, MediaSpan, ResponseSpan, Sample
 
 MEDIA_ORDER = MEDIA_KINDS  # the order a modality name lists its kinds in
+PREFERENCE_BATCH_BYTES = 1 << 18  # a preference record whose line times its responses is over this is rendered and
+#   tokenized apart from the chunk's batch, its first response alone then this many bytes of renderings at a time
+#   (each rendering repeats the prompt: all of them at once would cost the responses times the prompt)
 TOKENIZE_BATCH = 1000  # texts per tokenizer call: the wrapper's cost is paid per call, memory grows with the batch
 
 
@@ -290,13 +294,13 @@ class Encoder:
                 raise BadRecord("preference_record", f"a preference / multi-response record ({len(record.responses)} "
                                                      f"response(s)); this build packs SFT records only: pass --preference "
                                                      f"pairs or tree to pack it with its roles")
-            conversations = [record.conversation(k) for k in range(len(record.responses))]
-            for conv in conversations:
-                self._check_modalities(conv)
-            if record.strings and self.config.preference_strings == "standard":
+            if record.strings and self.config.preference_strings == "standard":  # TRL's standard format
                 prompt, texts = standard.texts(record, self.tok.eos_token)
                 return obj, record, [RenderedChat(t, t, [], "standard", [], set(), False, prompt=prompt) for t in texts]
-            return obj, record, [self._render(conv) for conv in conversations]
+            self._check_modalities(record.conversation(0))  # the media are the prompt's, the same in every response
+            if len(raw.data) * len(record.responses) > PREFERENCE_BATCH_BYTES:  # rendered one by one, when encoded
+                return obj, record, [None] * len(record.responses)
+            return obj, record, [self._render(record.conversation(k)) for k in range(len(record.responses))]
         self._check_modalities(record)
         return obj, record, self._render(record)
 
@@ -373,7 +377,7 @@ class Encoder:
         record = RecordMedia({k: sum(p.kind == k for p in media) for k in MEDIA_ORDER}, tuple(media), self.prober.probe)
         by_kind = {k: [i for i, p in enumerate(media) if p.kind == k] for k in MEDIA_ORDER}
         taken = dict.fromkeys(MEDIA_ORDER, 0)
-        out = []
+        out, collate = [], 0  # bytes the record's media need at collate time (estimated: packer.media.bounds)
         for kind in found:
             index = by_kind[kind][taken[kind]]
             taken[kind] += 1
@@ -384,6 +388,15 @@ class Encoder:
                     raise BadRecord("audio_too_long", f"{part.ref!r} is {info.seconds:.1f} s; the audio encoder sees "
                                                       f"{self.kept_audio:g} s (--long-audio drop)")
                 self._record_cut += 1
+            if kind == "audio":
+                kept = info.seconds if self.kept_audio is None else min(info.seconds, self.kept_audio)
+                collate += setting_bounds.audio_collate_bytes(kept)
+                if collate > setting_bounds.COLLATE_BYTES:
+                    raise BadRecord("media_over_memory",
+                                    f"{part.ref!r} ({info.seconds / 60:,.1f} min of audio, all of it encoded by family "
+                                    f"{self.family.name}) brings the record's media to about {collate / 2**30:.1f} GiB "
+                                    f"when its row is collated, over the {setting_bounds.COLLATE_BYTES / 2**30:g} GiB a "
+                                    f"row's media may need: cut it into shorter clips")
             try:
                 expansion = self.family.expand(kind, info, part, record)
             except ValueError as e:
@@ -405,9 +418,8 @@ class Encoder:
         else:
             ids, trained, media = self._encode_conversation(record, chat)
         labels = ids.copy() if trained is None else np.where(trained, ids, IGNORE).astype(np.int32)
-        for start in [r.start for r in responses] or [0]:
-            if len(labels):
-                labels[start] = IGNORE  # a segment's first token is never the target of the previous one
+        if len(labels):  # a segment's first token is never the target of the previous one (every response's: token 0)
+            labels[0] = IGNORE
         self._check_reserved_untrained(labels)
         n_trained = int(np.count_nonzero(labels != IGNORE))
         if n_trained == 0:
@@ -424,7 +436,7 @@ class Encoder:
             modality="+".join(kinds) or "text",
             input_ids=ids,
             labels=labels,
-            length=len(ids),
+            length=sum(r.length for r in responses) if responses else len(ids),
             n_trained=n_trained,
             media=tuple(media),
             responses=tuple(responses),
@@ -542,33 +554,72 @@ class Encoder:
             raise BadRecord("incompatible_media", self.family.row_key_reason(keys))
         return np.concatenate(pieces_ids), np.concatenate(pieces_mask), media
 
-    def _encode_preference(self, record: Preference, chats: list[RenderedChat]):
+    def _encode_preference(self, record: Preference, chats: list[RenderedChat | None]):
         """Each response as its own conversation (prompt + response), one after the other, and the tokens they
-        share (:mod:`packer.encode.preference`): ``(ids, trained, media, responses, prefix)``."""
-        plain = chats[0].prompt is not None  # TRL's standard format (packer.encode.standard)
+        share (:mod:`packer.encode.preference`): ``(ids, trained, media, responses, prefix)``.
+
+        The responses go through one at a time (``chats[k]`` is None when the record was too large to render whole
+        in :meth:`_prepare`), keeping only what each does not share with the first; once the responses so far
+        cannot fit ``max_length`` as a tree (the shorter layout), the record is dropped before the rest are
+        rendered (``preference_too_long``)."""
+        roles = [r.role for r in record.responses]
+        n = len(roles)
+        plain = chats[0] is not None and chats[0].prompt is not None  # TRL's standard format (packer.encode.standard)
         if plain:
             start = standard.completion_start(self._standard_tokens(chats[0].prompt)[0],
                                               [self._standard_tokens(c.text)[0] for c in chats])
             for chat in chats:
                 chat.completion_start = start
-        parts = [self._encode_conversation(record.conversation(k), chat) for k, chat in enumerate(chats)]
-        roles = [r.role for r in record.responses]
-        for (_, trained, _), role in zip(parts, roles, strict=True):
+        prompt = self._prompt_rendering(record) if n > 1 and not plain else None
+        shared, media = preference.SharedPrefix(), []
+        for k, role in enumerate(roles):
+            if chats[k] is None:  # render (and tokenize in one call) the next responses, up to PREFERENCE_BATCH_BYTES
+                self._render_batch(record, chats, k)
+            chat = chats[k]
+            ids, trained, spans = self._encode_conversation(record.conversation(k), chat)
+            self._memo.pop(("chat", chat.text), None)
             if not trained[1:].any():
                 raise BadRecord("no_trainable_tokens", f"response {role!r} has no token to train on (no assistant turn, "
                                                        f"or an empty one)")
-        prefix = 0
-        if len(parts) > 1:
-            prompt = None if plain else self._prompt_rendering(record)
-            ends = [len(c.prompt) if plain else self._prompt_end(c, prompt) for c in chats]
-            prefix = preference.tree_prefix([p[0] for p in parts], [p[1] for p in parts], [c.text for c in chats], ends,
-                                            [m.start + m.length for p in parts for m in p[2]], roles)
-        responses, media, start = [], [], 0
-        for (ids, _, spans), response in zip(parts, record.responses, strict=True):
+            if k == 0:
+                media = spans
+            end = 0 if n == 1 else len(chat.prompt) if plain else self._prompt_end(chat, prompt)
+            shared.add(ids, trained, chat.text, end, [m.start + m.length for m in spans])
+            chats[k] = chat if k == 0 else None  # the first counts the prompt's clips (_finish); no other is kept
+            if k < n - 1 and shared.tree_lower_bound(n) > self.config.max_length:
+                raise BadRecord("preference_too_long",
+                                f"the first {k + 1:,} of its {n:,} responses already take at least "
+                                f"{shared.tree_lower_bound(n):,} tokens as a tree (pairs take more), over max_length "
+                                f"{self.config.max_length:,}: dropped before the other responses were rendered")
+        prefix = shared.prefix(roles) if n > 1 else 0
+        responses, start, ids_out, trained_out = [], 0, [], []
+        for k, response in enumerate(record.responses):  # stored: the shared prompt once, then each response's rest
+            ids, trained = shared.response(k)
             responses.append(ResponseSpan(start, len(ids), response.role, response.weight))
-            media += [dataclasses.replace(m, start=m.start + start) for m in spans]
+            cut = prefix if k else 0
+            ids_out.append(ids[cut:])
+            trained_out.append(trained[cut:])
             start += len(ids)
-        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), media, responses, prefix)
+        return np.concatenate(ids_out), np.concatenate(trained_out), media, responses, prefix
+
+    def _render_batch(self, record: Preference, chats: list[RenderedChat | None], k: int) -> None:
+        """Render responses ``k``, ``k + 1``, ... of ``record`` into ``chats`` until their texts reach
+        ``PREFERENCE_BATCH_BYTES``, and tokenize them in one call (into the memo): a record's responses are not
+        all held at once, nor tokenized one call each."""
+        size, texts, first = 0, [], k
+        while k < len(chats) and (k == first or (first > 0 and size < PREFERENCE_BATCH_BYTES)):  # the first alone: it
+            #                                                       may show the record cannot fit (_encode_preference)
+            chats[k] = self._render(record.conversation(k))
+            if not chats[k].marked:
+                texts.append(chats[k].text)
+            size += len(chats[k].text)
+            k += 1
+        try:
+            encoded = self.text.encode(texts, special=False, split=self.text.split_default, offsets=True)
+            for text, hit in zip(texts, encoded, strict=True):
+                self._memo["chat", text] = hit
+        except Exception:  # noqa: BLE001 -- each response tokenizes its own text, as in _pretokenize
+            pass
 
     def _prompt_rendering(self, record: Preference) -> str | None:
         """The prompt's turns rendered alone, where some response does not open with its trained assistant turn (an

@@ -27,6 +27,7 @@ not refused: the tokens diverge there, and each branch starts at the last token 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -52,22 +53,82 @@ def tree_prefix(ids: list[np.ndarray], trained: list[np.ndarray], texts: list[st
                 media_ends: list[int], roles: list[str]) -> int:
     """The tree prompt's length ``b - 1`` for responses ``ids`` (see the module docstring): ``texts`` are the
     renderings that were tokenized, ``prompt_ends[k]`` where response ``k``'s prompt ends in ``texts[k]``,
-    ``media_ends`` the token after each media span of the responses."""
-    agree = len(os.path.commonprefix(texts))
-    need = max(prompt_ends)
-    if agree < need:
-        k = next((k for k, t in enumerate(texts[1:], 1) if t[agree : agree + 1] != texts[0][agree : agree + 1]), 1)
-        raise BadRecord("preference_prompt_diverges",
-                        f"the responses' renderings differ at character {agree} of the prompt's {need} (response "
-                        f"{roles[k]!r} against {roles[0]!r}: {texts[k][max(0, agree - 12) : agree + 12]!r} / "
-                        f"{texts[0][max(0, agree - 12) : agree + 12]!r}): the chat template renders the prompt differently "
-                        f"for each response, so no prompt is the one every response follows; fix the template (or the "
-                        f"record), or drop it")
-    b = min(common_prefix(ids), *(first_trained(t) for t in trained))
-    if b < 2:
-        raise BadRecord("preference_prompt_diverges", f"the responses share {b} leading token(s): nothing to share as a "
-                                                      f"prompt")
-    if media_ends and max(media_ends) > b - 1:
-        raise BadRecord("preference_prompt_diverges", f"a media item of the prompt ends at token {max(media_ends)}, after "
-                                                      f"the {b - 1} tokens the responses share")
-    return b - 1
+    ``media_ends`` the token after each media span of the responses. All at once: :class:`SharedPrefix` over them."""
+    shared = SharedPrefix()
+    for k, (a, t, text, end) in enumerate(zip(ids, trained, texts, prompt_ends, strict=True)):
+        shared.add(a, t, text, end, media_ends if k == 0 else [])
+    return shared.prefix(roles)
+
+
+@dataclass
+class SharedPrefix:
+    """:func:`tree_prefix` over responses added one at a time with :meth:`add`.
+
+    Response 0 is kept whole (``ids0`` / ``trained0``); response ``k > 0`` only from ``keep[k]``, the
+    token before the most it can share with response 0, since a token it shares is response 0's.
+    :meth:`response` gives any response back whole once the prefix is known."""
+
+    ids0: np.ndarray | None = None
+    trained0: np.ndarray | None = None
+    text0: str = ""
+    keep: list[int] = field(default_factory=list)
+    tails: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    total: int = 0  # sum(lengths)
+    b: int = 0  # tokens every response so far shares, up to the first trained one
+    agree: int = 0  # characters every rendering so far shares with the first
+    differs: tuple[int, str] = (0, "")  # the first response whose rendering shares only ``agree`` characters, near there
+    need: int = 0  # the furthest prompt end
+    media_end: int = 0
+
+    def add(self, ids: np.ndarray, trained: np.ndarray, text: str, prompt_end: int, media_ends: list[int]) -> None:
+        k = len(self.lengths)
+        self.need = max(self.need, prompt_end)
+        self.media_end = max([self.media_end, *media_ends])
+        self.lengths.append(len(ids))
+        self.total += len(ids)
+        if k == 0:
+            self.ids0, self.trained0, self.text0 = ids, trained, text
+            self.b, self.agree = first_trained(trained), len(text)
+            self.keep.append(0)
+            self.tails.append((ids, trained))
+            return
+        own = min(common_prefix([self.ids0, ids]), first_trained(trained))
+        self.b = min(self.b, own)
+        agree = len(os.path.commonprefix([self.text0, text]))
+        if agree < self.agree:
+            self.agree, self.differs = agree, (k, text[max(0, agree - 12) : agree + 12])
+        keep = max(own - 1, 0)
+        self.keep.append(keep)
+        self.tails.append((ids[keep:], trained[keep:]))
+
+    def tree_lower_bound(self, n: int) -> int:
+        """The fewest tokens the record (``n`` responses) can take as a tree, from the responses added so far."""
+        p = max(self.b - 1, 0)
+        return self.total - (len(self.lengths) - 1) * p + (n - len(self.lengths))
+
+    def prefix(self, roles: list[str]) -> int:
+        """What :func:`tree_prefix` gives (and refuses) for the responses added."""
+        if self.agree < self.need:
+            k, near = self.differs
+            raise BadRecord("preference_prompt_diverges",
+                            f"the responses' renderings differ at character {self.agree} of the prompt's {self.need} "
+                            f"(response {roles[k]!r} against {roles[0]!r}: {near!r} / "
+                            f"{self.text0[max(0, self.agree - 12) : self.agree + 12]!r}): the chat template renders the "
+                            f"prompt differently for each response, so no prompt is the one every response follows; fix "
+                            f"the template (or the record), or drop it")
+        if self.b < 2:
+            raise BadRecord("preference_prompt_diverges", f"the responses share {self.b} leading token(s): nothing to "
+                                                          f"share as a prompt")
+        if self.media_end > self.b - 1:
+            raise BadRecord("preference_prompt_diverges", f"a media item of the prompt ends at token {self.media_end}, "
+                                                          f"after the {self.b - 1} tokens the responses share")
+        return self.b - 1
+
+    def response(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Response ``k``'s tokens and trained mask, whole."""
+        ids, trained = self.tails[k]
+        keep = self.keep[k]
+        if keep == 0:
+            return ids, trained
+        return np.concatenate([self.ids0[:keep], ids]), np.concatenate([self.trained0[:keep], trained])

@@ -101,7 +101,13 @@ def make_family(config: Any) -> Family:
         checkpoint = read_checkpoint(config.processor)
     else:  # refused where the build could not reproduce AutoProcessor on that folder
         checkpoint = family_checkpoint(name, config.processor, kinds)
-    return cls(kinds, cls.settings_class.resolve(checkpoint, config.processor_options))
+    try:
+        settings = cls.settings_class.resolve(checkpoint, config.processor_options)
+    except (ValueError, TypeError, OverflowError) as e:  # int("sixteen"), int(inf), int(None) from a processor config
+        raise ConfigError(f"{config.processor}: a processor setting of family {name} is not a number ({type(e).__name__}: "
+                          f"{e}); fix it in the checkpoint's processor config, or override it with --processor-options "
+                          f"NAME=VALUE") from None
+    return cls(kinds, settings)
 
 
 def family_from_state(state: dict[str, Any], config: Any) -> Family:

@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 from packer.errors import ConfigError
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.checkpoint import Checkpoint
+from packer.media import bounds as setting_bounds
 from packer.modeling.towers import Dummy, Tower
 from packer.specs import parse_params
 
@@ -50,6 +51,9 @@ class Gemma3Settings:
     boi_token: str = "<start_of_image>"
     image_token: str = "<image_soft_token>"
     eoi_token: str = "<end_of_image>"
+
+    def __post_init__(self):
+        setting_bounds.check(self, "gemma3")
 
     @classmethod
     def resolve(cls, checkpoint: Checkpoint, options: str = "") -> Gemma3Settings:

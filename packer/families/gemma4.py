@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 from packer.errors import ConfigError
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.checkpoint import Checkpoint
+from packer.media import bounds as setting_bounds
 from packer.modeling.towers import Dummy, Tower
 from packer.specs import parse_params
 
@@ -71,6 +72,9 @@ class Gemma4Settings:
     audio_token: str = "<|audio|>"
     boa_token: str = "<|audio>"
     eoa_token: str = "<audio|>"
+
+    def __post_init__(self):
+        setting_bounds.check(self, "gemma4")
 
     @classmethod
     def resolve(cls, checkpoint: Checkpoint, options: str = "") -> Gemma4Settings:

@@ -30,6 +30,7 @@ import numpy as np
 
 from packer.errors import ConfigError
 from packer.families.base import Expansion, Family, RecordMedia, Run
+from packer.media import bounds as setting_bounds
 
 CACHE = 4096  # sizes whose expansion a worker keeps
 MAX_BLANK_PIXELS = 4096 * 4096  # the largest blank image asked about (48 MB of RGB, ~200 MB once the processor floats it)
@@ -45,6 +46,9 @@ class HFSettings:
     audio_token: str = ""
     audio_run: str = ""
     sampling_rate: int = 0
+
+    def __post_init__(self):
+        setting_bounds.check(self, "hf", fix="the checkpoint's processor config (NAME)")
 
     @classmethod
     def resolve(cls, checkpoint: Any, options: str = "") -> HFSettings:

@@ -39,6 +39,7 @@ import numpy as np
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.checkpoint import Checkpoint
 from packer.families.towers import one_tile
+from packer.media import bounds as setting_bounds
 from packer.modeling.towers import Dummy, Tower, side
 from packer.specs import parse_params
 
@@ -63,6 +64,9 @@ class InternVLSettings:
     start_image_token: str = "<img>"
     end_image_token: str = "</img>"
     video_token: str = "<video>"
+
+    def __post_init__(self):
+        setting_bounds.check(self, "internvl")
 
     @classmethod
     def resolve(cls, checkpoint: Checkpoint, options: str = "") -> InternVLSettings:

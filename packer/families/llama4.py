@@ -41,6 +41,7 @@ import numpy as np
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.checkpoint import Checkpoint
 from packer.families.towers import one_tile
+from packer.media import bounds as setting_bounds
 from packer.modeling.towers import Dummy, Tower, side
 from packer.specs import parse_params
 
@@ -60,6 +61,9 @@ class Llama4Settings:
     patch_size: int = 14  # Llama4Processor's
     pixel_shuffle_ratio: float = 0.5
     image_token: str = IMAGE  # what the template writes and the processor replaces
+
+    def __post_init__(self):
+        setting_bounds.check(self, "llama4")
 
     @classmethod
     def resolve(cls, checkpoint: Checkpoint, options: str = "") -> Llama4Settings:

@@ -47,6 +47,7 @@ from packer.errors import ConfigError
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.checkpoint import Checkpoint
 from packer.families.towers import channels
+from packer.media import bounds as setting_bounds
 from packer.media.policies import best_resolution
 from packer.modeling.towers import Dummy, Tower, side
 from packer.specs import parse_params
@@ -74,6 +75,7 @@ class LlavaOnevisionSettings:
     video_token: str = "<video>"
 
     def __post_init__(self):
+        setting_bounds.check(self, "llava_onevision")  # every number within its bound before the checks below use them
         if self.vision_feature_select_strategy not in ("", "default", "full"):
             raise ConfigError(f"llava_onevision: vision_feature_select_strategy {self.vision_feature_select_strategy!r} "
                               f"is not default or full")

@@ -41,6 +41,7 @@ from packer.errors import ConfigError
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.checkpoint import Checkpoint
 from packer.families.towers import QWEN_VISION
+from packer.media import bounds as setting_bounds
 from packer.media.policies import Dynamic, Qwen2VLVideo
 from packer.modeling.towers import Dummy, Tower
 from packer.specs import parse_params
@@ -83,6 +84,7 @@ class Qwen3OmniSettings:
     audio_end: str = "<|audio_end|>"
 
     def __post_init__(self):
+        setting_bounds.check(self, "qwen3omni")  # every number within its bound before the checks below use them
         if self.use_audio_in_video:
             raise ConfigError("qwen3omni: use_audio_in_video (the processor's load_audio_from_video: a video's sound "
                               "track interleaved with its frames) is not reproduced: packer does not read a video's "

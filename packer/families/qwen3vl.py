@@ -38,6 +38,7 @@ import numpy as np
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.checkpoint import Checkpoint
 from packer.families.towers import QWEN_VISION
+from packer.media import bounds as setting_bounds
 from packer.media.policies import Dynamic
 from packer.specs import parse_params
 
@@ -69,6 +70,9 @@ class Qwen3VLSettings:
     video_token: str = "<|video_pad|>"
     vision_start: str = "<|vision_start|>"
     vision_end: str = "<|vision_end|>"
+
+    def __post_init__(self):
+        setting_bounds.check(self, "qwen3vl")
 
     @classmethod
     def resolve(cls, checkpoint: Checkpoint, options: str = "") -> Qwen3VLSettings:

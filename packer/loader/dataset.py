@@ -247,14 +247,15 @@ class SampleDataset(_ShardedTable):
     sample is a row of its responses, each a segment (the ``pairs`` layout)."""
 
     kind = "samples"
-    columns = ("input_ids", "labels", "key", "modality", "media", "length", "responses")
+    columns = ("input_ids", "labels", "key", "modality", "media", "length", "responses", "prefix")
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         row = super().__getitem__(index)
         n = int(row["length"])
         responses = row.pop("responses")
+        prefix = row.pop("prefix", 0)
         if responses:
-            return _responses_row(row, responses)
+            return _responses_row(row, responses, prefix)
         row["cu_seqlens"] = np.asarray([0, n], dtype=np.int32)
         row["n_tokens"] = n
         row["segment_ids"], row["segment_modality"] = [row["key"]], [row["modality"]]
@@ -275,10 +276,24 @@ class SampleDataset(_ShardedTable):
         return self.column("modality").cast(pa.string()).to_numpy(zero_copy_only=False)
 
 
-def _responses_row(row: dict[str, Any], responses: list[dict[str, Any]]) -> dict[str, Any]:
+def _responses_row(row: dict[str, Any], responses: list[dict[str, Any]], prefix: int) -> dict[str, Any]:
     """A preference sample as a row of its responses (each the prompt + that response, a segment of its own)."""
+    from packer.pack.trees import response_row
+
     k = len(responses)
     bounds = [r["start"] for r in responses] + [responses[-1]["start"] + responses[-1]["length"]]
+    torch_format = not isinstance(row["input_ids"], np.ndarray)
+    stored = {**row, "input_ids": np.asarray(row["input_ids"]), "labels": np.asarray(row["labels"]), "responses": responses,
+              "prefix": prefix}
+    whole = [response_row(stored, j) for j in range(k)]  # stored with the prompt once: each response whole
+    for column in ("input_ids", "labels"):
+        values = np.concatenate([w[column] for w in whole]).astype(np.int32)
+        if torch_format:
+            import torch
+
+            values = torch.from_numpy(values.astype(np.int64))
+        row[column] = values
+    row["media"] = [{**m, "start": m["start"] + b} for w, b in zip(whole, bounds, strict=False) for m in w["media"]]
     row["cu_seqlens"] = np.asarray(bounds, dtype=np.int32)
     row["n_tokens"] = int(bounds[-1])
     row["segment_ids"], row["segment_modality"] = [row["key"]] * k, [row["modality"]] * k

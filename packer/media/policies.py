@@ -21,11 +21,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from packer.errors import ConfigError
+from packer.media import bounds
 from packer.specs import parse_spec
 
 IMAGE_POLICIES: dict[str, type] = {}
 AUDIO_POLICIES: dict[str, type] = {}
 VIDEO_POLICIES: dict[str, type] = {}
+
+POLICY_FIX = "the policy spec, --image-tokens / --audio-tokens / --video-tokens POLICY:NAME=VALUE"
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class Fixed:
             size, patch = open_clip_geometry(self.model)
             object.__setattr__(self, "image_size", size)
             object.__setattr__(self, "patch_size", patch)
+        bounds.check(self, self.name, fix=POLICY_FIX)
         if self.image_size % self.patch_size:
             raise ConfigError(f"fixed: image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
 
@@ -113,6 +117,7 @@ class Dynamic:
     rounding: str = "transformers"
 
     def __post_init__(self):
+        bounds.check(self, self.name, fix=POLICY_FIX)
         if self.rounding not in ("transformers", "qwen-vl-utils"):
             raise ConfigError(f"dynamic: rounding must be transformers or qwen-vl-utils, got {self.rounding!r}")
 
@@ -151,6 +156,9 @@ class AnyRes:
     image_size: int = 336
     patch_size: int = 14
     pinpoints: str = "336x672/672x336/672x672/1008x336/336x1008"
+
+    def __post_init__(self):
+        bounds.check(self, self.name, fix=POLICY_FIX)
 
     def grid_pinpoints(self) -> list[tuple[int, int]]:
         try:
@@ -199,6 +207,7 @@ class Whisper:
     windows: str = "ceil"
 
     def __post_init__(self):
+        bounds.check(self, self.name, fix=POLICY_FIX)
         if self.windows not in ("ceil", "one"):
             raise ConfigError(f"whisper: windows must be ceil or one, got {self.windows!r}")
 
@@ -227,6 +236,7 @@ class Qwen2Audio:
     long: str = "truncate"
 
     def __post_init__(self):
+        bounds.check(self, self.name, fix=POLICY_FIX)
         if self.long not in ("truncate", "split"):
             raise ConfigError(f"qwen2-audio: long must be truncate or split, got {self.long!r}")
 
@@ -253,6 +263,9 @@ class Rate:
 
     name: ClassVar[str] = "rate"
     per_second: float = 25.0
+
+    def __post_init__(self):
+        bounds.check(self, self.name, fix=POLICY_FIX)
 
     def count(self, frames: int, sample_rate: int) -> Count:
         return Count(max(1, math.ceil(frames * self.per_second / sample_rate - 1e-9)))
@@ -319,6 +332,7 @@ class Qwen2VLVideo:
     max_video_tokens: int = 128000
 
     def __post_init__(self):
+        bounds.check(self, self.name, fix=POLICY_FIX)
         for key in ("fps", "temporal_patch_size", "patch_size", "merge_size", "min_pixels", "max_pixels", "max_video_tokens"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"qwen2vl: {key} must be positive, got {getattr(self, key)!r}")

@@ -16,9 +16,15 @@ group and which response it is.
 
 Example, two responses of 9 and 12 tokens sharing 6 (``P`` the prompt, ``a`` / ``b`` the rest)::
 
-    sample      P P P P P P a a a | P P P P P P b b b b b b     starts [0, 9], lengths [9, 12], prefix 6
+    responses   P P P P P P a a a | P P P P P P b b b b b b     starts [0, 9], lengths [9, 12], prefix 6
     pairs       [0, 9) [9, 21)                                  2 segments, 21 tokens
     tree        [0, 6) [6, 9) [15, 21)                          prompt + 2 branches, 15 tokens (6 saved)
+    stored      P P P P P P a a a b b b b b b                   the prompt once (15 tokens), media spans once
+
+Token ranges (``starts``, the plan's segments) count the responses whole, one after the other, as
+above; the sample *stores* the shared prompt once, then each response's remaining tokens
+(:func:`stored_ranges` maps one onto the other), so a record of ``k`` responses costs its tokens,
+not ``k`` copies of its prompt.
 """
 
 from __future__ import annotations
@@ -110,26 +116,69 @@ def structure(seg_sample: np.ndarray, seg_start: np.ndarray, seg_length: np.ndar
     group = np.arange(n, dtype=np.int64)
     response = np.full(n, PLAIN, np.int64)
     row_start = np.repeat(row_offsets[:-1], np.diff(row_offsets))
+    lookup: dict[int, tuple[dict, dict]] = {}  # sample -> ({(start, length): response}, same for branches)
     leader = prompt = -1
     for j in range(n):
-        entry = info.get(int(seg_sample[j]))
+        sample = int(seg_sample[j])
+        entry = info.get(sample)
         if entry is None:
             continue
         prefix, starts, lengths = entry
+        if sample not in lookup:  # each response found by its range in O(1): a record may have 10^4 segments
+            pairs = list(zip(starts.tolist(), lengths.tolist(), strict=True))
+            lookup[sample] = ({}, {})
+            for r, (a, m) in reversed(list(enumerate(pairs))):  # the first response of a range wins, as before
+                lookup[sample][0][a, m] = r
+                lookup[sample][1][a + prefix, m - prefix] = r
+        whole, branch = lookup[sample]
         s, m = int(seg_start[j]), int(seg_length[j])
         if s == 0:  # a record's first segment: its tree prompt, or its first response
             leader = j
             prompt = -1
         if s == 0 and len(starts) > 1 and m == prefix:
             response[j], prompt = PROMPT, j
+        elif prompt >= 0 and (s, m) in branch:
+            response[j], parent[j] = branch[s, m], prompt - row_start[j]
+        elif (s, m) in whole:
+            response[j] = whole[s, m]
         else:
-            whole = np.flatnonzero((starts == s) & (lengths == m))
-            branch = np.flatnonzero((starts + prefix == s) & (lengths - prefix == m))
-            if prompt >= 0 and len(branch):
-                response[j], parent[j] = int(branch[0]), prompt - row_start[j]
-            elif len(whole):
-                response[j] = int(whole[0])
-            else:
-                raise ValueError(f"segment {j} (tokens {s}:{s + m} of sample {int(seg_sample[j])}) is no response of it")
+            raise ValueError(f"segment {j} (tokens {s}:{s + m} of sample {sample}) is no response of it")
         group[j] = leader
     return parent, group - row_start, response
+
+
+def stored_ranges(seg_start: np.ndarray, seg_length: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                  prefix: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Where tokens ``seg_start : + seg_length`` (ranges over the responses whole, each inside one response) of a
+    preference sample lie in its stored tokens (the ``prefix`` shared tokens once, then each response's rest):
+    ``(head_start, head_length, rest_start, rest_length)``, the part in the shared prompt then the response's own.
+
+    >>> [x.tolist() for x in stored_ranges(np.array([9, 15]), np.array([12, 6]), np.array([0, 9]), np.array([9, 12]), 6)]
+    [[0, 6], [6, 0], [9, 9], [6, 6]]
+    """
+    seg_start, seg_length = np.asarray(seg_start, np.int64), np.asarray(seg_length, np.int64)
+    starts, lengths = np.asarray(starts, np.int64), np.asarray(lengths, np.int64)
+    k = np.searchsorted(starts, seg_start, "right") - 1
+    rest_at = prefix + csr_offsets(lengths - prefix)[:-1]  # where response k's own tokens are stored
+    a = seg_start - starts[k]
+    b = a + seg_length
+    head = np.clip(np.minimum(b, prefix) - a, 0, None)
+    own = np.maximum(a, prefix)
+    return a, head, rest_at[k] + own - prefix, np.clip(b - own, 0, None)
+
+
+def response_row(row: dict, k: int) -> dict:
+    """Response ``k`` of a preference sample's row (``input_ids``, ``labels`` when present, ``media``, ``responses``,
+    ``prefix``) as the row of that conversation alone: its tokens whole, and its media spans (the prompt's)."""
+    spans = row["responses"]
+    starts = np.array([r["start"] for r in spans], np.int64)
+    lengths = np.array([r["length"] for r in spans], np.int64)
+    prefix = int(row["prefix"]) if len(spans) > 1 else 0
+    head_at, head, rest_at, rest = (int(x[0]) for x in stored_ranges(starts[k : k + 1], lengths[k : k + 1], starts,
+                                                                      lengths, prefix))
+    out = {"media": [dict(m) for m in row["media"] if m["start"] + m["length"] <= int(lengths[k])]}
+    for column in ("input_ids", "labels"):
+        if column in row:
+            values = np.asarray(row[column])
+            out[column] = np.concatenate([values[head_at : head_at + head], values[rest_at : rest_at + rest]])
+    return out

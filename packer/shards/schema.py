@@ -112,7 +112,8 @@ class MediaSpan:
 @dataclass(frozen=True)
 class ResponseSpan:
     """One response of a preference / multi-response sample: tokens ``start : start + length`` of the
-    sample are the record's prompt followed by this response, rendered and tokenized as that
+    sample's responses counted whole (stored with the prompt once: :class:`Sample`) are the record's
+    prompt followed by this response, rendered and tokenized as that
     conversation alone would be (its labels train the response only). ``role``: ``chosen`` /
     ``rejected``, ``desirable`` / ``undesirable``, or the response's index (``"0"``, ``"1"``, ...);
     ``weight``: its reward / weight from the record, NaN when none was given."""
@@ -132,11 +133,15 @@ class Sample:
     The sample is stored whole even when longer than ``max_length``: the oversize
     policy is applied when planning, so ``repack`` can use a longer context.
 
-    A preference record is one sample holding each response's whole conversation one after the
-    other (``responses``); the first ``prefix`` tokens of every response are the same tokens (the
-    prompt they share, untrained). The plan lays them out as pairs (each response whole) or as a
-    tree (``prefix`` once, then each response's remaining tokens). ``prefix`` is 0 and
-    ``responses`` empty for every other record.
+    A preference record is one sample of several responses, each its whole conversation (``responses``:
+    token ranges counted as if the responses were stored whole, one after the other); the first
+    ``prefix`` tokens of every response are the same tokens (the prompt they share, untrained), so
+    they are stored once: ``input_ids`` / ``labels`` hold the shared prompt, then each response's
+    remaining tokens, and ``media`` the prompt's spans once (:func:`packer.pack.trees.stored_ranges`,
+    :func:`~packer.pack.trees.response_row`); ``length`` is the responses' tokens whole (their
+    ``pairs`` length). The plan lays them out as pairs (each response whole) or as a tree
+    (``prefix`` once, then each response's remaining tokens). ``prefix`` is 0 and ``responses``
+    empty for every other record.
     """
 
     key: Str

@@ -15,9 +15,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packer._ranges import concat_ranges, csr_offsets
+from packer.errors import PackerError
 from packer.io.files import set_durable
 from packer.io.fs import location
-from packer.pack.trees import PLAIN, PROMPT, structure
+from packer.pack.trees import PLAIN, PROMPT, stored_ranges, structure
 from packer.shards.io import read_shard, write_shard_batches
 from packer.shards.schema import IGNORE, PACKED_SCHEMA, SAMPLE_SCHEMA, ShardEntry
 from packer.shards.stats import ShardStats, table_stats
@@ -96,6 +97,19 @@ class SampleStore:
                 out[concat_ranges(out_at[sel], lengths[sel])] = values[concat_ranges(offsets[rows] + starts[sel], lengths[sel])]
         return out
 
+    def list_lengths(self, column: str, indices: np.ndarray) -> np.ndarray:
+        """The length of list ``column`` of each sample of ``indices``, from the shards' offsets (nothing copied)."""
+        out = np.zeros(len(indices), np.int64)
+        shard = np.searchsorted(self.starts, indices, side="right") - 1
+        for k in np.unique(shard).tolist():
+            in_shard = np.flatnonzero(shard == k)
+            local = indices[in_shard] - self.starts[k]
+            for first, offsets, _ in self._flat_column(k, column):
+                in_batch = (local >= first) & (local < first + len(offsets) - 1)
+                rows = local[in_batch] - first
+                out[in_shard[in_batch]] = offsets[rows + 1] - offsets[rows]
+        return out
+
     def _flat_column(self, k: int, column: str) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """``(first row, offsets, flat values)`` of each record batch of shard ``k``'s list column (zero-copy views)."""
         key = (k, column)
@@ -171,13 +185,23 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
     seg_len = bins.column("lengths").combine_chunks().flatten().to_numpy().astype(np.int64)
     row_seg = members.offsets.to_numpy().astype(np.int64)
     row_seg -= row_seg[0]
-    sub = samples.take(seg_idx, ["key", "modality", "source_index", "source_line", "media", "responses", "prefix"])
+    # Each sample's row once (a preference record is one sample of many segments: its lists are not copied
+    # per segment), and its scalar columns per segment through ``inverse``.
+    unique, inverse = np.unique(seg_idx, return_inverse=True)
+    own = samples.take(unique, ["key", "modality", "source_index", "source_line", "media", "responses", "prefix"])
+    sub = own.select(["key", "modality", "source_index", "source_line"]).take(pa.array(inverse))
     tok_off = csr_offsets(seg_len)  # segment j occupies tok_off[j]:tok_off[j+1] of the shard's tokens
     row_tok = tok_off[row_seg]
     seg_start_in_row = tok_off[:-1] - np.repeat(row_tok[:-1], np.diff(row_seg))
 
+    preference = pc.list_value_length(own.column("responses")).to_numpy(zero_copy_only=False).any() if len(seg_idx) else False
+    stored = _stored_pieces(own, inverse, seg_from, seg_len, samples.list_lengths("input_ids", unique)) if preference \
+        else (seg_from, seg_len, None)  # no preference sample: each segment is its own range
+
     def gather(column: str) -> np.ndarray:
-        return samples.gather_tokens(column, seg_idx, seg_from, seg_len)
+        if stored[2] is None:
+            return samples.gather_tokens(column, seg_idx, seg_from, seg_len)
+        return samples.gather_tokens(column, np.repeat(seg_idx, 2), stored[0], stored[1])
 
     labels = gather("labels")
     labels[tok_off[:-1]] = IGNORE
@@ -189,18 +213,20 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
     row_seg32 = pa.array(row_seg, pa.int32())
     row_tok32 = pa.array(row_tok, pa.int32())
     modality = pc.dictionary_encode(sub.column("modality").cast(pa.string()).combine_chunks())
-    tree = _tree_columns(sub, seg_idx, seg_from, seg_len, row_seg)
+    tree = _tree_columns(own, unique, seg_idx, seg_from, seg_len, row_seg)
     keys = sub.column("key").to_pylist()
     keys = [k if s == 0 or r != "" else f"{k}@{s}" for k, s, r in zip(keys, seg_from.tolist(), tree["role"], strict=True)]
-    seg_media = sub.column("media").to_pylist()
+    sample_media = [_SpanIndex(m) for m in own.column("media").to_pylist()]
+    stored_media = (pc.list_value_length(own.column("responses")).to_numpy(zero_copy_only=False) > 0)[inverse] \
+        if len(seg_idx) else np.zeros(0, bool)  # a preference segment: its response's media, in that response's tokens
     media = []
     for r in range(len(row_seg) - 1):
         spans = []
         for j in range(row_seg[r], row_seg[r + 1]):
-            lo, hi = seg_from[j], seg_from[j] + seg_len[j]
-            for m in seg_media[j]:
-                if lo <= m["start"] and m["start"] + m["length"] <= hi:  # cuts never go through a span
-                    spans.append({**m, "segment": int(j - row_seg[r]), "start": int(m["start"] - lo + seg_start_in_row[j])})
+            lo = int(stored[0][2 * j]) if stored_media[j] else int(seg_from[j])  # in its media's coordinates
+            hi = lo + int(seg_len[j])
+            for m in sample_media[inverse[j]].within(lo, hi):  # cuts never go through a span
+                spans.append({**m, "segment": int(j - row_seg[r]), "start": int(m["start"] - lo + seg_start_in_row[j])})
         media.append(spans)
     return pa.table(
         {
@@ -226,22 +252,67 @@ def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:
     )
 
 
-def _tree_columns(sub: pa.Table, seg_idx: np.ndarray, seg_from: np.ndarray, seg_len: np.ndarray,
+def _stored_pieces(own: pa.Table, inverse: np.ndarray, seg_from: np.ndarray, seg_len: np.ndarray,
+                   stored_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """``(starts, lengths, True)`` of two stored pieces per segment (interleaved: segment ``j`` is pieces ``2j``, ``2j + 1``):
+    a preference sample stores its shared prompt once (:func:`packer.pack.trees.stored_ranges`); any other segment
+    is its own range and an empty piece."""
+    starts = np.zeros(2 * len(seg_from), np.int64)
+    lengths = np.zeros(2 * len(seg_from), np.int64)
+    starts[0::2], lengths[0::2] = seg_from, seg_len
+    counts = pc.list_value_length(own.column("responses")).to_numpy(zero_copy_only=False) if len(seg_from) else []
+    prefixes = own.column("prefix").to_numpy() if len(seg_from) else []
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(len(counts) + 1))
+    for u in np.flatnonzero(np.asarray(counts) > 0).tolist():
+        spans = own.column("responses")[u].values
+        mine = order[bounds[u] : bounds[u + 1]]
+        prefix = int(prefixes[u]) if counts[u] > 1 else 0
+        whole = spans.field("length").to_numpy()
+        expected = int(whole.sum()) - (len(whole) - 1) * prefix  # the prompt once, then each response's rest
+        if int(stored_lengths[u]) != expected:
+            raise PackerError(f"sample {own.column('key')[u].as_py()!r} holds {int(stored_lengths[u]):,} tokens where its "
+                              f"responses stored with their prompt once make {expected:,}: samples written by an earlier "
+                              f"packer (each response stored whole); rebuild: packer build ... --overwrite")
+        head_at, head, rest_at, rest = stored_ranges(seg_from[mine], seg_len[mine], spans.field("start").to_numpy(),
+                                                     whole, prefix)
+        starts[2 * mine], lengths[2 * mine], starts[2 * mine + 1], lengths[2 * mine + 1] = head_at, head, rest_at, rest
+    return starts, lengths, True
+
+
+class _SpanIndex:
+    """A sample's media spans, found by token range in ``O(log n + found)``: a preference sample holds its prompt's
+    spans once per response, and each of its segments looks up only its own."""
+
+    def __init__(self, spans: list[dict]):
+        self.spans = spans
+        starts = np.array([m["start"] for m in spans], np.int64)
+        self.order = np.argsort(starts, kind="stable")
+        self.starts = starts[self.order]
+
+    def within(self, lo: int, hi: int) -> list[dict]:
+        """The spans wholly inside tokens ``lo : hi``, in stored order."""
+        a, b = np.searchsorted(self.starts, [lo, hi])
+        picked = [self.spans[k] for k in np.sort(self.order[a:b]).tolist()]
+        return [m for m in picked if m["start"] + m["length"] <= hi]
+
+
+def _tree_columns(own: pa.Table, unique: np.ndarray, seg_idx: np.ndarray, seg_from: np.ndarray, seg_len: np.ndarray,
                   row_seg: np.ndarray) -> dict[str, list]:
-    """Each segment's parent and group (segment numbers in its row), role and weight."""
+    """Each segment's parent and group (segment numbers in its row), role and weight. ``own`` holds each sample of
+    ``unique`` once: a preference record's response list is read once, whatever its number of segments."""
     n = len(seg_idx)
-    counts = pc.list_value_length(sub.column("responses")).to_numpy(zero_copy_only=False) if n else np.zeros(0)
+    counts = pc.list_value_length(own.column("responses")).to_numpy(zero_copy_only=False) if n else np.zeros(0)
     if not counts.any():
         return {"parent": np.full(n, -1), "group": np.arange(n) - np.repeat(row_seg[:-1], np.diff(row_seg)),
                 "role": [""] * n, "weight": np.full(n, np.nan, np.float32)}
     info, meta = {}, {}
-    prefixes = sub.column("prefix").to_numpy()
-    for j in np.flatnonzero(counts).tolist():
-        sample = int(seg_idx[j])
-        if sample not in info:
-            spans = sub.column("responses")[j].as_py()
-            info[sample] = (int(prefixes[j]), np.array([r["start"] for r in spans]), np.array([r["length"] for r in spans]))
-            meta[sample] = ([r["role"] for r in spans], [r["weight"] for r in spans])
+    prefixes = own.column("prefix").to_numpy()
+    for u in np.flatnonzero(counts).tolist():
+        spans = own.column("responses")[u].as_py()
+        sample = int(unique[u])
+        info[sample] = (int(prefixes[u]), np.array([r["start"] for r in spans]), np.array([r["length"] for r in spans]))
+        meta[sample] = ([r["role"] for r in spans], [r["weight"] for r in spans])
     parent, group, response = structure(seg_idx, seg_from, seg_len, row_seg, info)
     role, weight = [""] * n, np.full(n, np.nan, np.float32)
     for j in np.flatnonzero(response != PLAIN).tolist():
