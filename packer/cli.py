@@ -196,12 +196,16 @@ def report(out, html, **settings):
               help="How many records --against-processor re-runs (media records first).")
 @click.option("--media-root", default=None, help="Where the media are now, when they moved since the build (--media, "
                                                  "--against-processor; default: the build's).")
-def verify(out, media, processor, sample, media_root):
+@click.option("--deep", is_flag=True, help="Also re-derive every packed row from samples/ and plan.arrow (stage 3 "
+                                           "again, no tokenizer or media) and compare: catches a consistent edit of a "
+                                           "shard whose hash was updated in the manifest.")
+def verify(out, media, processor, sample, media_root, deep):
     """Check every file of the build folder against the manifest (nothing missing, changed or extra),
-    every row's invariants and the accounting; with --media, every media file too."""
+    every row's invariants and the accounting; with --media, every media file too. A damaged shard is
+    named on one line (exit 6), never a crash."""
     from packer.verify import verify_or_raise
 
-    click.echo(_run(verify_or_raise, out, media=media, media_root=media_root))
+    click.echo(_run(verify_or_raise, out, media=media, media_root=media_root, deep=deep))
     if processor:
         from packer.against_processor import verify_against_processor_or_raise
 
