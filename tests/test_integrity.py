@@ -255,3 +255,39 @@ def test_deep_passes_a_media_build_and_names_an_edited_media_span(sample_build, 
     edit(out, shard, other_ref)
     problems = verify(out, deep=True)[0]
     assert [(p.file, p.message.split(" differs")[0]) for p in problems] == [(shard, "media")], problems
+
+
+@pytest.mark.slow  # builds a Qwen3-VL family checkpoint and runs its processor (~20 s)
+def test_against_processor_compares_the_packed_rows_too(tmp_path):
+    """A packed row edited after the build (hash updated, samples/ intact) differs from the processor's ids."""
+    pytest.importorskip("torchvision")
+    from family_assets import FAMILY_ASSETS
+    from family_harness import build_family
+    from media_fixtures import write_images
+
+    from packer.against_processor import verify_against_processor
+
+    images = write_images(tmp_path / "img")
+    part = {"type": "image", "image": str(images["photo.webp"].relative_to(tmp_path))}
+    records = [{"id": "q0", "prompt": [{"role": "user", "content": [part, {"type": "text", "text": "What is it?"}]}],
+                "chosen": "A photo.", "rejected": "A cat."},
+               {"id": "c1", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]}]
+    source = tmp_path / "data.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    FAMILY_ASSETS["qwen3vl"].processor(tmp_path / "checkpoint")
+    out = tmp_path / "out"
+    build_family("qwen3vl", tmp_path / "checkpoint", source, out, preference="tree")
+    assert verify_against_processor(out, str(tmp_path / "checkpoint"), sample=2) == ([], 2)
+
+    def answer_changed(rows):
+        row = next(r for r in rows if "rejected" in r["segment_role"])
+        k = row["segment_role"].index("rejected")
+        at = next(i for i in range(row["cu_seqlens"][k], row["cu_seqlens"][k + 1]) if row["labels"][i] != IGNORE)
+        row["input_ids"][at] = row["labels"][at] = row["input_ids"][at] + 1
+
+    edit(out, "packed/part-00000.arrow", answer_changed)
+    assert verify(out)[0] == []  # every row invariant holds
+    mismatches, checked = verify_against_processor(out, str(tmp_path / "checkpoint"), sample=2)
+    assert checked == 2 and len(mismatches) == 1 and "q0 in packed/part-00000.arrow row" in str(mismatches[0])
+    assert "the packed row differs from its samples/ row" in str(mismatches[0])
+    assert any(p.file == "packed/part-00000.arrow" for p in verify(out, deep=True)[0])
