@@ -30,7 +30,10 @@ Checks, naming the file (and row) of every problem found:
   of a split sample once, duplicate ids harmless) and the manifest's rows and tokens.
 
 A manifest that is missing, damaged or of another schema version is a problem like any
-other (exit code 6), never a traceback.
+other (exit code 6), never a traceback; so is a damaged shard: every Arrow file is validated
+before a row is read (:mod:`packer.shards.integrity`) and named on one line, and the rows of a
+file whose sha256 differs are not checked one by one. ``--deep`` (:mod:`packer.verify_deep`)
+re-derives the packed rows from the samples and the plan and compares them.
 """
 
 from __future__ import annotations
