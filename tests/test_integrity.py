@@ -291,3 +291,34 @@ def test_against_processor_compares_the_packed_rows_too(tmp_path):
     assert checked == 2 and len(mismatches) == 1 and "q0 in packed/part-00000.arrow row" in str(mismatches[0])
     assert "the packed row differs from its samples/ row" in str(mismatches[0])
     assert any(p.file == "packed/part-00000.arrow" for p in verify(out, deep=True)[0])
+
+
+@pytest.mark.slow  # an S3 server (moto) in a subprocess
+def test_a_damaged_shard_of_a_remote_build_is_named_too(builds, tmp_path):
+    """The issue's S3 case: a build in a bucket, 64 bytes of a packed shard flipped there; --deep on a clean one."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    from s3_server import S3Server
+
+    with S3Server() as server:
+        fs = server.filesystem()
+        fs.mkdir("builds")
+        src = builds["text"]
+        for path in sorted(p for p in src.rglob("*") if p.is_file()):
+            fs.pipe(f"builds/b/{path.relative_to(src).as_posix()}", path.read_bytes())
+        env = {**os.environ, **server.env, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+               "PACKER_CACHE": str(tmp_path / "cache")}
+        clean = subprocess.run([sys.executable, "-m", "packer", "verify", "s3://builds/b", "--deep"], capture_output=True,
+                               text=True, timeout=300, env=env, cwd=ROOT)
+        assert clean.returncode == 0 and "every packed row re-derived" in clean.stdout, clean.stdout + clean.stderr
+        shard = tmp_path / "shard.arrow"
+        shard.write_bytes(fs.cat("builds/b/packed/part-00001.arrow"))
+        flip(shard, 0.6)
+        fs.pipe("builds/b/packed/part-00001.arrow", shard.read_bytes())
+        child = subprocess.run([sys.executable, "-c", CHILD, "s3://builds/b"], capture_output=True, text=True, timeout=300,
+                               env={**env, "PACKER_CACHE": str(tmp_path / "cache2")}, cwd=ROOT)
+    assert child.returncode == 0, (child.returncode, child.stderr[-2000:])  # -11: a segfault
+    (result,) = [json.loads(line) for line in child.stdout.splitlines() if line.startswith("{")]
+    (problem,) = [line for line in result["output"].splitlines() if line.startswith("  ")]
+    assert result["code"] == 6 and problem.startswith("  packed/part-00001.arrow: sha256 differs"), result
+    assert result["loaders"] == {"PackedDataset": "DamagedShardError", "SampleDataset": "read"}, result
