@@ -207,6 +207,9 @@ TAMPERINGS = {  # build, file, edit, the file --deep names
     "a response's weight": ("pairs", "packed/part-00000.arrow", reweigh, "packed"),
     "a label flipped, counts fixed": ("text", "packed/part-00001.arrow", flip_label, "packed"),
     "a token id": ("text", "packed/part-00001.arrow", other_id, "packed"),
+    "a loss denominator off by one": ("text", "packed/part-00000.arrow", lambda rows: rows[0].update(
+        segment_trained=[rows[0]["segment_trained"][0] + 1, *rows[0]["segment_trained"][1:]],
+        n_trained=rows[0]["n_trained"] + 1), "packed"),  # the row check names it too
     "a segment's display id": ("text", "packed/part-00000.arrow", lambda rows: rows[0]["segment_ids"].__setitem__(0, "x"),
                                "packed"),
     "a segment's line": ("text", "packed/part-00000.arrow",

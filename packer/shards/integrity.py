@@ -46,7 +46,7 @@ def check_table(table: pa.Table, where: str, vocab_size: int | None = None, *, r
         return
     first = 0
     for batch in table.to_batches():
-        problem = check(batch, vocab_size)
+        problem = _nulls(batch) or check(batch, vocab_size)
         if problem is not None:
             row, what = problem
             raise damaged(where, None if row is None else first + row, what)
@@ -59,6 +59,15 @@ def damaged(where: str, row: int | None, what: object) -> DamagedShardError:
     reason = f"{'' if row is None else f'row {row}: '}damaged ({what})"
     return DamagedShardError(f"{where} {reason}: packer verify lists every problem, a rebuild (or a fresh copy) "
                              f"replaces it", reason)
+
+
+def _nulls(batch: pa.RecordBatch) -> tuple[None, str] | None:
+    """A build writes no null: one in a column (or in a list's values) is a damaged validity bitmap."""
+    for field, column in zip(batch.schema, batch.columns, strict=True):
+        values = column.values if pa.types.is_list(field.type) else None
+        if not field.nullable and (column.null_count or (values is not None and values.null_count)):
+            return None, f"nulls in {field.name}"
+    return None
 
 
 class _Lists:
