@@ -90,7 +90,7 @@ def verify(out: str | Path, *, media: str | None = None, media_root: str | None 
         problems += found
     placeholders = set(manifest.placeholders.values())
     kind_ids = {k: manifest.placeholder_id(k) for k in MEDIA_KINDS}
-    rows = tokens = 0
+    rows = tokens = segments = 0
     samples: set[tuple[int, int]] = set()
     spans: dict[tuple[int, int], set[tuple[int, int]]] = {}  # a sample's token ranges, over its segments
     for entry in manifest.files.packed:
@@ -115,6 +115,7 @@ def verify(out: str | Path, *, media: str | None = None, media_root: str | None 
                                                  cu[:-1], cu[1:], strict=False):
                 spans.setdefault((source, line), set()).add((start, b - a))
             tokens += row["n_tokens"]
+            segments += len(cu) - 1
         rows += table.num_rows
     if deep:
         from packer.verify_deep import deep_problems
@@ -123,7 +124,7 @@ def verify(out: str | Path, *, media: str | None = None, media_root: str | None 
         if not unsound & inputs:  # a damaged or changed file is named once, not re-derived
             problems += deep_problems(out, manifest)
     problems += _check_pieces(spans)
-    problems += _check_accounting(out, manifest, rows, tokens, len(samples),
+    problems += _check_accounting(out, manifest, (rows, tokens, segments), len(samples),
                                   rows_read=not unsound & {e.file for e in manifest.files.packed})
     return problems, {"files": len(listed), "rows": rows, "tokens": tokens, "media": media_checked}
 
@@ -361,9 +362,11 @@ def _check_pieces(spans: dict[tuple[int, int], set[tuple[int, int]]]) -> list[Pr
     return problems[:20]
 
 
-def _check_accounting(out: Path, manifest: Manifest, rows: int, tokens: int, n_samples: int,
+def _check_accounting(out: Path, manifest: Manifest, counted: tuple[int, int, int], n_samples: int,
                       rows_read: bool = True) -> list[Problem]:
-    """The manifest's accounting; against the packed rows' counts when every packed shard was read."""
+    """The manifest's accounting; against the packed rows' counts (rows, tokens, segments) when every packed
+    shard was read."""
+    rows, tokens, segments = counted
     acc: Accounting = manifest.accounting
     problems = [Problem("manifest.json", None, m) for m in acc.balanced()]
     for entry, count in ((manifest.files.quarantine, acc.quarantined), (manifest.files.dropped, acc.dropped)):
@@ -378,6 +381,9 @@ def _check_accounting(out: Path, manifest: Manifest, rows: int, tokens: int, n_s
     if rows != stats.get("rows") or tokens != stats.get("tokens"):
         problems.append(Problem("manifest.json", None, f"shards hold {rows} rows / {tokens} tokens, the manifest says "
                                                        f"{stats.get('rows')} / {stats.get('tokens')}"))
+    if "segments" in stats and segments != stats["segments"]:
+        problems.append(Problem("manifest.json", None, f"shards hold {segments} segments, the manifest says "
+                                                       f"{stats['segments']}"))
     return problems
 
 

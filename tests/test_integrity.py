@@ -335,3 +335,12 @@ def test_a_damaged_shard_of_a_remote_build_is_named_too(builds, tmp_path):
     (problem,) = [line for line in result["output"].splitlines() if line.startswith("  ")]
     assert result["code"] == 6 and problem.startswith("  packed/part-00001.arrow: sha256 differs"), result
     assert result["loaders"] == {"PackedDataset": "DamagedShardError", "SampleDataset": "read"}, result
+
+
+def test_verify_recounts_the_segments_the_manifest_states(copy):
+    out = copy("text")
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["stats"]["segments"] += 1
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert [str(p) for p in verify(out)[0]] == [f"manifest.json: shards hold {manifest['stats']['segments'] - 1} segments, "
+                                                f"the manifest says {manifest['stats']['segments']}"]
