@@ -105,17 +105,18 @@ def verify(out: str | Path, *, media: str | None = None, media_root: str | None 
         for k, row in ((k, r) for s in range(0, table.num_rows, 64) for k, r in
                        enumerate(table.slice(s, 64).to_pylist(), start=s)):
             try:
-                found = _check_row(row, manifest.max_length, placeholders, kind_ids, vocab)
+                problems += [Problem(entry.file, k, m) for m in
+                             _check_row(row, manifest.max_length, placeholders, kind_ids, vocab)]
+                samples.update(zip(row["segment_source"], row["segment_line"], strict=True))  # pieces count once
+                cu = row["cu_seqlens"]
+                for source, line, start, a, b in zip(row["segment_source"], row["segment_line"], row["segment_start"],
+                                                     cu[:-1], cu[1:], strict=False):
+                    spans.setdefault((source, line), set()).add((start, b - a))
             except Exception as e:  # noqa: BLE001 -- values no build writes: a problem to name, never a traceback
-                found = [f"values no build writes ({type(e).__name__}: {' '.join(str(e).split())})"]
-            problems += [Problem(entry.file, k, m) for m in found]
-            samples.update(zip(row["segment_source"], row["segment_line"], strict=True))  # pieces count once
-            cu = row["cu_seqlens"]
-            for source, line, start, a, b in zip(row["segment_source"], row["segment_line"], row["segment_start"],
-                                                 cu[:-1], cu[1:], strict=False):
-                spans.setdefault((source, line), set()).add((start, b - a))
+                problems.append(Problem(entry.file, k, f"values no build writes ({type(e).__name__}: "
+                                                       f"{' '.join(str(e).split())})"))
             tokens += row["n_tokens"]
-            segments += len(cu) - 1
+            segments += len(row["cu_seqlens"]) - 1
         rows += table.num_rows
     if deep:
         from packer.verify_deep import deep_problems
