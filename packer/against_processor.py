@@ -21,7 +21,9 @@ Each sampled record whose ids differ is a :class:`Mismatch` (file, line, id, bot
 position that differs). A preference record is checked response by response: each response's tokens
 against the processor on its conversation (prompt + response), the id naming the response's role.
 A sample is drawn with the seed, media records first, so a small ``--sample`` covers every
-modality the build holds.
+modality the build holds. The packed rows training reads are checked too: each segment of a sampled
+record (a piece, a response, a tree's prompt or branch) holds the processor's ids at its place in the record,
+so a packed shard edited after the build (its hash updated) is named even where ``samples/`` is intact.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
     rows = samples.take(chosen).select(["source_index", "source_line", "key", "input_ids", "media", "responses",
                                         "prefix"]).to_pylist()
     lines = _lines(manifest.inputs, {(r["source_index"], r["source_line"]) for r in rows})
+    segments = _packed_segments(out, manifest, {(r["source_index"], r["source_line"]) for r in rows})
     renderer = _renderer(proc, config)
     mismatches = []
     for r in rows:
@@ -92,14 +95,56 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
             mismatches.append(Mismatch(file, r["source_line"], r["key"], len(r["input_ids"]), 0, 0,
                                        f"the processor refused the record: {type(e).__name__}: {e}"))
             continue
-        for key, sub, expected in checked:
+        whole: list[int | None] = [None] * len(r["input_ids"])  # the processor's id at each token of the sample
+        sample_ok = True
+        for (key, sub, expected), response in zip(checked, r["responses"] or [None], strict=True):
             got = list(sub["input_ids"])
             if got != expected:
+                sample_ok = False
                 first = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b),
                              min(len(got), len(expected)))
                 mismatches.append(Mismatch(file, r["source_line"], key, len(got), len(expected), first,
                                            _media_note(sub["media"])))
+            a = response["start"] if response else 0
+            whole[a : a + len(expected)] = expected[: len(whole) - a]
+        if sample_ok:  # the packed rows of a record whose samples/ row is right: the same ids, cut as planned
+            mismatches += _packed_mismatches(file, r, whole, segments.get((r["source_index"], r["source_line"]), []))
     return mismatches, len(rows)
+
+
+def _packed_segments(out: Path, manifest, wanted: set[tuple[int, int]]) -> dict[tuple[int, int], list[tuple]]:
+    """``(shard, row, segment start in the sample, ids)`` of every packed segment of the ``wanted`` records."""
+    from packer.shards.io import read_shard
+
+    found: dict[tuple[int, int], list[tuple]] = {}
+    for entry in manifest.files.packed:
+        table = read_shard(out / entry.file, entry.sha256)
+        source = table.column("segment_source").combine_chunks()
+        line = table.column("segment_line").combine_chunks()
+        hits = np.flatnonzero(np.isin(source.values.to_numpy().astype(np.int64) * (1 << 40) + line.values.to_numpy(),
+                                      [s * (1 << 40) + ln for s, ln in wanted]))
+        if not len(hits):
+            continue
+        row_of = np.searchsorted(source.offsets.to_numpy(), hits, side="right") - 1
+        for k, row in zip(hits.tolist(), row_of.tolist(), strict=True):
+            j = k - int(source.offsets[row].as_py())
+            data = table.slice(row, 1).select(["cu_seqlens", "input_ids", "segment_start"]).to_pylist()[0]
+            cu = data["cu_seqlens"]
+            key = (int(source.values[k].as_py()), int(line.values[k].as_py()))
+            found.setdefault(key, []).append((entry.file, row, data["segment_start"][j], data["input_ids"][cu[j] : cu[j + 1]]))
+    return found
+
+
+def _packed_mismatches(file: str, sample: dict, whole: list[int | None], segments: list[tuple]) -> list[Mismatch]:
+    out = []
+    for shard, row, start, ids in segments:
+        expected = whole[start : start + len(ids)]
+        if any(e is not None and e != g for e, g in zip(expected, ids, strict=False)) or len(expected) < len(ids):
+            first = next((i for i, (e, g) in enumerate(zip(expected, ids, strict=False)) if e is not None and e != g),
+                         len(expected))
+            out.append(Mismatch(file, sample["source_line"], f"{sample['key']} in {shard} row {row}", len(ids),
+                                len(expected), first, "the packed row differs from its samples/ row: edited after the build"))
+    return out
 
 
 def _response_row(row: dict, k: int) -> dict:

@@ -198,12 +198,16 @@ def report(out, html, **settings):
                                                  "--against-processor; default: the build's).")
 @click.option("--collate", is_flag=True, help="Also prove every row can be collated for the build's family from its "
                                               "stored spans, no pixel loaded (rows of one video frame count, ...).")
-def verify(out, media, processor, sample, media_root, collate):
+@click.option("--deep", is_flag=True, help="Also re-derive every packed row from samples/ and plan.arrow (stage 3 "
+                                           "again, no tokenizer or media) and compare: catches a consistent edit of a "
+                                           "shard whose hash was updated in the manifest.")
+def verify(out, media, processor, sample, media_root, collate, deep):
     """Check every file of the build folder against the manifest (nothing missing, changed or extra),
-    every row's invariants and the accounting; with --media, every media file too."""
+    every row's invariants and the accounting; with --media, every media file too. A damaged shard is
+    named on one line (exit 6), never a crash."""
     from packer.verify import verify_or_raise
 
-    click.echo(_run(verify_or_raise, out, media=media, media_root=media_root, collate=collate))
+    click.echo(_run(verify_or_raise, out, media=media, media_root=media_root, collate=collate, deep=deep))
     if processor:
         from packer.against_processor import verify_against_processor_or_raise
 

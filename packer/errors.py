@@ -40,6 +40,16 @@ class VerifyError(PackerError):
     exit_code = 6
 
 
+class DamagedShardError(PackerError):
+    """A shard's bytes do not hold what a packer shard can: offsets outside their buffers, values no
+    build writes (a damaged disk block, a bad copy). Raised before any row is used; ``reason`` says
+    what is wrong (and where) in one line, without the file's name."""
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason or message
+
+
 class SchemaVersionError(PackerError):
     """A shard or manifest written with a schema version this packer does not read."""
 

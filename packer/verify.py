@@ -32,7 +32,10 @@ Checks, naming the file (and row) of every problem found:
   of a split sample once, duplicate ids harmless) and the manifest's rows and tokens.
 
 A manifest that is missing, damaged or of another schema version is a problem like any
-other (exit code 6), never a traceback.
+other (exit code 6), never a traceback; so is a damaged shard: every Arrow file is validated
+before a row is read (:mod:`packer.shards.integrity`) and named on one line, and the rows of a
+file whose sha256 differs are not checked one by one. ``--deep`` (:mod:`packer.verify_deep`)
+re-derives the packed rows from the samples and the plan and compares them.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packer.errors import PackerError
+from packer.errors import DamagedShardError, PackerError
 from packer.io.files import sha256_file
 from packer.io.fs import is_remote, location
 from packer.shards.io import read_shard
@@ -64,11 +67,12 @@ class Problem:
 
 
 def verify(out: str | Path, *, media: str | None = None, media_root: str | None = None,
-           collate: bool = False) -> tuple[list[Problem], dict[str, int]]:
+           collate: bool = False, deep: bool = False) -> tuple[list[Problem], dict[str, int]]:
     """Problems found (empty: the build is sound) and what was checked. ``media``: also check
     every media file (``"stat"`` or ``"hash"``), found under ``media_root`` (default: the build's).
     ``collate``: also prove every row can be collated for the build's family from its stored spans, no pixel
     loaded (:meth:`packer.families.Family.row_problem`: LLaVA-OneVision's videos of one frame count a row).
+    ``deep``: also re-derive every packed row from the samples and the plan (:mod:`packer.verify_deep`).
     ``out`` may be a URL (a build in object storage): its shards are checked through local copies."""
     if media not in (None, "stat", "hash"):
         raise ValueError(f"media must be None, 'stat' or 'hash', got {media!r}")
@@ -79,8 +83,10 @@ def verify(out: str | Path, *, media: str | None = None, media_root: str | None 
         return [Problem("manifest.json", None, str(e))], {"files": 0, "rows": 0, "tokens": 0, "media": 0}
     problems: list[Problem] = []
     listed = manifest.all_files()
+    vocab = manifest.tokenizer.get("vocab_size")
     for entry in listed:
-        problems += _check_file(out, entry)
+        problems += _check_file(out, entry, vocab, rows=entry not in manifest.files.packed)
+    unsound = {p.file for p in problems}  # missing, changed or damaged: its rows are not the build's
     problems += _check_folder(out, manifest)
     media_checked = 0
     if media:
@@ -89,32 +95,45 @@ def verify(out: str | Path, *, media: str | None = None, media_root: str | None 
     row_problem = _row_problem(manifest) if collate else None
     placeholders = set(manifest.placeholders.values())
     kind_ids = {k: manifest.placeholder_id(k) for k in MEDIA_KINDS}
-    rows = tokens = 0
+    rows = tokens = segments = 0
     samples: set[tuple[int, int]] = set()
     spans: dict[tuple[int, int], set[tuple[int, int]]] = {}  # a sample's token ranges, over its segments
     for entry in manifest.files.packed:
         path = out / entry.file
-        if not path.is_file():
+        if entry.file in unsound:  # named once by the file check; rows of another file are no evidence
             continue
-        try:
-            table = read_shard(_local(path))
-        except Exception as e:  # damaged beyond reading: already reported by the file check
-            problems.append(Problem(entry.file, None, f"cannot be read: {e}"))
+        try:  # Arrow's full validation (offsets inside their buffers, UTF-8): every row below is safe to read
+            table = read_shard(_local(path), rows=False)
+        except PackerError as e:  # changed since the file check
+            problems.append(Problem(entry.file, None, str(e)))
             continue
         for k, row in ((k, r) for s in range(0, table.num_rows, 64) for k, r in
                        enumerate(table.slice(s, 64).to_pylist(), start=s)):
-            problems += [Problem(entry.file, k, m) for m in _check_row(row, manifest.max_length, placeholders, kind_ids)]
-            if row_problem is not None and (why := row_problem(row["media"])):
-                problems.append(Problem(entry.file, k, f"cannot be collated for its family: {why}"))
-            samples.update(zip(row["segment_source"], row["segment_line"], strict=True))  # pieces count once
-            cu = row["cu_seqlens"]
-            for source, line, start, a, b in zip(row["segment_source"], row["segment_line"], row["segment_start"],
-                                                 cu[:-1], cu[1:], strict=False):
-                spans.setdefault((source, line), set()).add((start, b - a))
+            try:
+                problems += [Problem(entry.file, k, m) for m in
+                             _check_row(row, manifest.max_length, placeholders, kind_ids, vocab)]
+                if row_problem is not None and (why := row_problem(row["media"])):
+                    problems.append(Problem(entry.file, k, f"cannot be collated for its family: {why}"))
+                samples.update(zip(row["segment_source"], row["segment_line"], strict=True))  # pieces count once
+                cu = row["cu_seqlens"]
+                for source, line, start, a, b in zip(row["segment_source"], row["segment_line"], row["segment_start"],
+                                                     cu[:-1], cu[1:], strict=False):
+                    spans.setdefault((source, line), set()).add((start, b - a))
+            except Exception as e:  # noqa: BLE001 -- values no build writes: a problem to name, never a traceback
+                problems.append(Problem(entry.file, k, f"values no build writes ({type(e).__name__}: "
+                                                       f"{' '.join(str(e).split())})"))
             tokens += row["n_tokens"]
+            segments += len(row["cu_seqlens"]) - 1
         rows += table.num_rows
+    if deep:
+        from packer.verify_deep import deep_problems
+
+        inputs = {e.file for e in [*manifest.files.samples, *manifest.files.packed, manifest.files.plan] if e is not None}
+        if not unsound & inputs:  # a damaged or changed file is named once, not re-derived
+            problems += deep_problems(out, manifest)
     problems += _check_pieces(spans)
-    problems += _check_accounting(out, manifest, rows, tokens, len(samples))
+    problems += _check_accounting(out, manifest, (rows, tokens, segments), len(samples),
+                                  rows_read=not unsound & {e.file for e in manifest.files.packed})
     return problems, {"files": len(listed), "rows": rows, "tokens": tokens, "media": media_checked}
 
 
@@ -225,7 +244,10 @@ def _local(path):
     return local_copy(path)
 
 
-def _check_file(out: Path, entry: ShardEntry) -> list[Problem]:
+def _check_file(out: Path, entry: ShardEntry, vocab: int | None, rows: bool) -> list[Problem]:
+    """Present, same size and sha256; an Arrow file also sound (:mod:`packer.shards.integrity`: every value
+    of its rows with ``rows``; a packed shard's rows are checked one by one, each problem named) with the
+    manifest's row count."""
     path = out / entry.file
     if not path.is_file():
         return [Problem(entry.file, None, "missing")]
@@ -233,18 +255,29 @@ def _check_file(out: Path, entry: ShardEntry) -> list[Problem]:
         return [Problem(entry.file, None, f"size {path.stat().st_size} differs from the manifest's {entry.bytes}")]
     path = _local(path)
     if sha256_file(path) != entry.sha256:
-        return [Problem(entry.file, None, "sha256 differs from the manifest (the file changed or is damaged)")]
+        damage = ""
+        if path.suffix == ".arrow":
+            try:
+                read_shard(path, vocab_size=vocab)
+            except DamagedShardError as e:
+                damage = f"; {e.reason}"
+            except PackerError as e:
+                damage = f"; {e}"
+        return [Problem(entry.file, None, f"sha256 differs from the manifest (the file changed or is damaged){damage}")]
     if path.suffix == ".arrow":
         try:
-            n = read_shard(path).num_rows
-        except Exception as e:
-            return [Problem(entry.file, None, f"cannot be read as a packer shard: {e}")]
+            n = read_shard(path, rows=rows, vocab_size=vocab).num_rows
+        except DamagedShardError as e:  # one line naming the first thing wrong
+            return [Problem(entry.file, None, e.reason)]
+        except PackerError as e:  # another schema version
+            return [Problem(entry.file, None, str(e))]
         if n != entry.rows:
             return [Problem(entry.file, None, f"{n} rows, the manifest says {entry.rows}")]
     return []
 
 
-def _check_row(row: dict, max_length: int, placeholders: set[int], kind_ids: dict[str, int | None]) -> list[str]:
+def _check_row(row: dict, max_length: int, placeholders: set[int], kind_ids: dict[str, int | None],
+               vocab: int | None = None) -> list[str]:
     out = []
     cu = np.asarray(row["cu_seqlens"], dtype=np.int64)
     ids = np.asarray(row["input_ids"], dtype=np.int64)
@@ -257,6 +290,9 @@ def _check_row(row: dict, max_length: int, placeholders: set[int], kind_ids: dic
         return out
     if n > max_length:
         out.append(f"n_tokens {n} > max_length {max_length}")
+    top = vocab if vocab is not None else np.iinfo(np.int64).max
+    if np.any((ids < 0) | (ids >= top)) or np.any((labels != IGNORE) & ((labels < 0) | (labels >= top))):
+        out.append(f"a token id or label outside [0, {top}) (labels: or {IGNORE})")
     if "segment_trained" in row:  # the loss denominators the collator reads: they must be the labels' own counts
         counts = np.add.reduceat((labels != IGNORE).astype(np.int64), cu[:-1]).tolist()
         if list(row["segment_trained"]) != counts or row.get("n_trained") != sum(counts):
@@ -344,12 +380,18 @@ def _check_pieces(spans: dict[tuple[int, int], set[tuple[int, int]]]) -> list[Pr
     return problems[:20]
 
 
-def _check_accounting(out: Path, manifest: Manifest, rows: int, tokens: int, n_samples: int) -> list[Problem]:
+def _check_accounting(out: Path, manifest: Manifest, counted: tuple[int, int, int], n_samples: int,
+                      rows_read: bool = True) -> list[Problem]:
+    """The manifest's accounting; against the packed rows' counts (rows, tokens, segments) when every packed
+    shard was read."""
+    rows, tokens, segments = counted
     acc: Accounting = manifest.accounting
     problems = [Problem("manifest.json", None, m) for m in acc.balanced()]
     for entry, count in ((manifest.files.quarantine, acc.quarantined), (manifest.files.dropped, acc.dropped)):
         if entry is not None:
             problems += _check_jsonl(out / entry.file, count)
+    if not rows_read:
+        return problems
     if n_samples != acc.samples_packed:
         problems.append(Problem("manifest.json", None, f"packed rows hold {n_samples} samples, the accounting says "
                                                        f"{acc.samples_packed}"))
@@ -357,6 +399,9 @@ def _check_accounting(out: Path, manifest: Manifest, rows: int, tokens: int, n_s
     if rows != stats.get("rows") or tokens != stats.get("tokens"):
         problems.append(Problem("manifest.json", None, f"shards hold {rows} rows / {tokens} tokens, the manifest says "
                                                        f"{stats.get('rows')} / {stats.get('tokens')}"))
+    if "segments" in stats and segments != stats["segments"]:
+        problems.append(Problem("manifest.json", None, f"shards hold {segments} segments, the manifest says "
+                                                       f"{stats['segments']}"))
     return problems
 
 
@@ -382,16 +427,17 @@ def _check_jsonl(path: Path, count: int) -> list[Problem]:
 
 
 def verify_or_raise(out: str | Path, limit: int = 50, *, media: str | None = None, media_root: str | None = None,
-                    collate: bool = False) -> str:
+                    collate: bool = False, deep: bool = False) -> str:
     from packer.errors import VerifyError
 
-    problems, checked = verify(out, media=media, media_root=media_root, collate=collate)
+    problems, checked = verify(out, media=media, media_root=media_root, collate=collate, deep=deep)
     if problems:
         shown = "\n".join(f"  {p}" for p in problems[:limit])
         more = f"\n  ... and {len(problems) - limit} more" if len(problems) > limit else ""
         raise VerifyError(f"{out}: {len(problems)} problem(s)\n{shown}{more}")
     media_text = f", {checked['media']:,} media files ({media})" if media else ""
-    collated = ", every row collatable for its family" if collate else ""
+    done = (", every row collatable for its family" if collate else "") + \
+        ("; every packed row re-derived from samples/ + plan.arrow" if deep else "")
     return (f"{out}: ok ({checked['files']} files, {checked['rows']:,} rows, {checked['tokens']:,} tokens{media_text} "
-            f"checked{collated})")
+            f"checked{done})")
 

@@ -46,12 +46,12 @@ class Recording(PackedTrainer):
 
 def train(build: str, steps: int, output_dir: str, *, batch_size: int = 2, accumulation: int = 2, loss: str = "token",
           lr: float = 3e-3, cpu: bool = True, report_dir: str | None = None, save_steps: int = 0,
-          resume: str | None = None) -> list[float]:
+          resume: str | None = None, optim: str = "adamw_torch") -> list[float]:
     ds = PackedDataset(build)
     args = TrainingArguments(output_dir=output_dir, max_steps=steps, per_device_train_batch_size=batch_size,
                              gradient_accumulation_steps=accumulation, learning_rate=lr, lr_scheduler_type="constant",
                              logging_steps=1, report_to=[], use_cpu=cpu, seed=0, disable_tqdm=True,
-                             save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500)
+                             save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500, optim=optim)
     collate = PackedCollator(attention="sdpa", loss=loss, pad_to_multiple_of=64)
     trainer = Recording(model=tiny_llama(ds), args=args, train_dataset=ds, data_collator=collate)
     trainer.rows = rows = []
@@ -77,11 +77,12 @@ def main() -> None:
     ap.add_argument("--output-dir", help="where checkpoints go (default: a temporary folder)")
     ap.add_argument("--save-steps", type=int, default=0, help="a checkpoint every N optimizer steps")
     ap.add_argument("--resume", help="a checkpoint folder to resume from (mid-epoch: the next unseen rows)")
+    ap.add_argument("--optim", default="adamw_torch", help="the Trainer's optimizer (sgd: what the equivalence test checks)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         losses = train(args.build, args.steps, args.output_dir or tmp, batch_size=args.batch_size,
                        accumulation=args.accumulation, loss=args.loss, cpu=not args.gpu, report_dir=args.report_dir,
-                       save_steps=args.save_steps, resume=args.resume)
+                       save_steps=args.save_steps, resume=args.resume, optim=args.optim)
     print("losses:", " ".join(f"{x:.3f}" for x in losses), flush=True)
 
 

@@ -18,7 +18,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from packer.errors import PackerError
+from packer.errors import DamagedShardError, PackerError
 
 CHUNK = 8 * 2**20
 
@@ -48,8 +48,8 @@ def local_copy(path, sha256: str | None = None) -> Path:
                 h.update(chunk)
                 out.write(chunk)
         if sha256 and h.hexdigest() != sha256:
-            raise PackerError(f"{path} does not match its manifest (sha256 differs): the file changed or is damaged; "
-                              f"packer verify lists every problem, a rebuild replaces it")
+            raise DamagedShardError(f"{path} does not match its manifest (sha256 differs): the file changed or is "
+                                    f"damaged; packer verify lists every problem, a rebuild replaces it")
         os.replace(tmp, target)
     except FileNotFoundError:
         raise PackerError(f"{path} is missing: the build is incomplete or damaged (packer verify lists every problem)") from None

@@ -68,7 +68,8 @@ class _ShardedTable:
 
     def _table(self, k: int) -> pa.Table:
         if k not in self._tables:
-            self._tables[k] = read_shard(self.out / self.entries[k].file, self.entries[k].sha256)
+            self._tables[k] = read_shard(self.out / self.entries[k].file, self.entries[k].sha256,  # checked: never a crash
+                                         vocab_size=self.manifest.tokenizer.get("vocab_size"))
         return self._tables[k]
 
     def column(self, name: str) -> pa.ChunkedArray:

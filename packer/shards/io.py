@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from packer.errors import PackerError
+from packer.errors import DamagedShardError, PackerError
 from packer.io.files import HashingWriter, atomic_open
 from packer.io.fs import is_remote, location
+from packer.shards.integrity import check_table
 from packer.shards.schema import ShardEntry, check_schema
 
 BATCH_ROWS = 1024  # record batch size inside a shard: small enough for streaming readers
@@ -39,9 +40,13 @@ def write_shard_batches(path: str | Path, schema: pa.Schema, tables, root: str |
     return ShardEntry(file=path.relative_to(root).as_posix(), rows=rows, bytes=hashed.size, sha256=hashed.sha256())
 
 
-def read_shard(path: str | Path, sha256: str | None = None) -> pa.Table:
-    """Memory-map a shard (zero-copy) after checking its schema version. A missing,
-    truncated or damaged file raises :class:`~packer.errors.PackerError` naming it.
+def read_shard(path: str | Path, sha256: str | None = None, *, rows: bool = True,
+               vocab_size: int | None = None) -> pa.Table:
+    """Memory-map a shard (zero-copy) after checking its schema version and its content
+    (:func:`~packer.shards.integrity.check_table`: Arrow's full validation, and with ``rows`` the
+    values of every row, token ids below ``vocab_size`` where given). A missing or truncated file
+    raises :class:`~packer.errors.PackerError` naming it, a damaged one
+    :class:`~packer.errors.DamagedShardError`: never a crash on a later row access.
     A remote shard is mapped from its local copy (checked against ``sha256`` when given)."""
     try:
         local = path
@@ -52,12 +57,16 @@ def read_shard(path: str | Path, sha256: str | None = None) -> pa.Table:
         source = pa.memory_map(str(local), "r")
         reader = pa.ipc.open_stream(source)
         check_schema(reader.schema, str(path))
-        return reader.read_all()
+        table = reader.read_all()
+        check_table(table, str(path), vocab_size, rows=rows)
+        return table
     except FileNotFoundError:
         raise PackerError(f"{path} is missing: the build is incomplete or damaged (packer verify lists every problem)") from None
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
-        raise PackerError(f"{path} cannot be read as a packer shard ({e}): the file is damaged or truncated; "
-                          f"packer verify lists every problem, a rebuild replaces it") from None
+    except (pa.ArrowException, OSError, ValueError, MemoryError) as e:  # ValueError: an undecodable schema, too
+        what = " ".join(str(e).split())  # one line, whatever Arrow's message held
+        raise DamagedShardError(f"{path} cannot be read as a packer shard ({what}): the file is damaged or truncated; "
+                                f"packer verify lists every problem, a rebuild replaces it",
+                                f"cannot be read as a packer shard ({what})") from None
 
 
 def read_shards(paths: list[Path], schema: pa.Schema, sha256: list[str] | None = None) -> pa.Table:

@@ -134,11 +134,12 @@ class MaterializeState:
 def setup(out: str, sample_files: list[str], plan_sha256: str, durable: bool = True,
           sample_sha256: list[str] | None = None) -> MaterializeState:
     """The samples and the plan, memory-mapped (a remote build's through local copies, checked
-    against ``sample_sha256`` / ``plan_sha256``)."""
+    against ``sample_sha256`` / ``plan_sha256``). Each worker runs this: the samples get Arrow's
+    validation here (safe to read), their values were checked once by the driver that planned them."""
     set_durable(durable)
     out_path = location(out)
     shas = sample_sha256 or [None] * len(sample_files)
-    samples = SampleStore([read_shard(out_path / f, sha) for f, sha in zip(sample_files, shas, strict=True)])
+    samples = SampleStore([read_shard(out_path / f, sha, rows=False) for f, sha in zip(sample_files, shas, strict=True)])
     return MaterializeState(samples, read_shard(out_path / "plan.arrow", plan_sha256), out_path, plan_sha256,
                             Journal(out_path))
 
