@@ -333,8 +333,8 @@ def test_responses_added_one_at_a_time_share_what_they_share_all_at_once(chatml,
 
 
 def test_a_record_that_cannot_fit_is_dropped_before_its_other_responses_are_rendered(monkeypatch):
-    enc = Encoder(EncoderSpec.of(tokenizer=TOKENIZER, preference="tree", max_length=100))
-    rendered = []
+    enc = Encoder(EncoderSpec.of(tokenizer=TOKENIZER, preference="tree", max_length=100, preference_strings="chat"))
+    rendered = []  # string records rendered with the chat template, as they were before TRL's standard format
     real = enc._render
     monkeypatch.setattr(enc, "_render", lambda conv: rendered.append(conv) or real(conv))
     with pytest.raises(BadRecord, match=r"the first 1 of its 1,000 responses already take at least [\d,]+ tokens as a "

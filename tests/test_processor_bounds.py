@@ -8,6 +8,7 @@ import dataclasses
 import importlib
 import json
 import re
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -35,6 +36,10 @@ def numeric(cls) -> list[str]:
 def test_every_numeric_setting_has_a_bound_its_default_keeps(cls):
     assert [n for n in numeric(cls) if bounds.rule(n) is None] == []
     cls()  # the defaults are within
+
+
+ROOT = Path(__file__).parents[1]
+SAMPLE_CHECKPOINT = {"internvl": "internvl3"}  # the sample checkpoints' folders, by family
 
 
 def run(tmp_path, monkeypatch, *args):
@@ -75,7 +80,8 @@ def run(tmp_path, monkeypatch, *args):
     ("llava_onevision", "video_fps=1e9", r"video_fps = 1,000,000,000 is out of bounds"),
 ])
 def test_a_bad_processor_option_is_a_configuration_error(tmp_path, monkeypatch, family, option, words):
-    output = run(tmp_path, monkeypatch, "--family", family, "--processor-options", option)
+    checkpoint = ROOT / "sample_data" / "processors" / SAMPLE_CHECKPOINT.get(family, family)  # a named family needs one
+    output = run(tmp_path, monkeypatch, "--family", family, "--processor", str(checkpoint), "--processor-options", option)
     assert re.search(words, " ".join(output.split())), output
 
 
@@ -89,7 +95,7 @@ def test_a_bad_checkpoint_setting_is_a_configuration_error(tmp_path, monkeypatch
     ck = tmp_path / "ck"
     ck.mkdir()
     (ck / "preprocessor_config.json").write_text(json.dumps({"image_processor_type": "Qwen2VLImageProcessor", **config}))
-    output = run(tmp_path, monkeypatch, "--family", "qwen3vl", "--processor", str(ck))
+    output = run(tmp_path, monkeypatch, "--family", "qwen3vl", "--processor", str(ck), "--modalities", "image")  # no video config
     assert re.search(words, " ".join(output.split())), output
 
 
