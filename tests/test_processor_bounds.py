@@ -38,7 +38,6 @@ def test_every_numeric_setting_has_a_bound_its_default_keeps(cls):
     cls()  # the defaults are within
 
 
-ROOT = Path(__file__).parents[1]
 SAMPLE_CHECKPOINT = {"internvl": "internvl3"}  # the sample checkpoints' folders, by family
 
 
