@@ -8,7 +8,6 @@ import dataclasses
 import importlib
 import json
 import re
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
