@@ -31,8 +31,8 @@ from packer.config import resolve
 tmp = Path({tmp!r})
 def run(src, out, **kw):
     return build(resolve(None, input=[str(src)], output=str(out), tokenizer={tok!r}, preference="tree", workers=1,
-                         max_bad_fraction=1.0, **kw), progress=False)
-(tmp / "warm.jsonl").write_text(json.dumps({{"prompt": "Hi", "chosen": "a", "rejected": "b"}}) + "\\n")
+                         max_bad_fraction=1.0, preference_strings={strings!r}, **kw), progress=False)
+(tmp / "warm.jsonl").write_text(json.dumps({{"prompt": "Say hi to me.", "chosen": " Hi.", "rejected": " No."}}) + "\\n")
 run(tmp / "warm.jsonl", tmp / "warm")
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 start = time.perf_counter()
@@ -60,14 +60,16 @@ def size(text: str) -> int:
     return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
 
 
-def measure(case: str, tokenizer: str) -> dict:
-    """One case in a child process: the line's bytes and what the child printed."""
+def measure(case: str, tokenizer: str, strings: str = "chat") -> dict:
+    """One case in a child process: the line's bytes and what the child printed. ``strings``: the string records
+    rendered with the chat template (``chat``) or tokenized as TRL's standard format (``standard``)."""
     rec, max_length = record(case)
     line = json.dumps(rec) + "\n"
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "line.jsonl"
         path.write_text(line + json.dumps({"text": "a document, so the build packs something"}) + "\n")
-        code = CHILD.format(root=str(ROOT), tok=tokenizer, tmp=tmp, path=str(path), max_length=max_length)
+        code = CHILD.format(root=str(ROOT), tok=tokenizer, tmp=tmp, path=str(path), max_length=max_length,
+                            strings=strings)
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
         if r.returncode:
             raise RuntimeError(r.stderr[-2000:])
@@ -78,10 +80,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="responses:1000,responses:10000,prompt:100K:1000,fits:25K:400")
     ap.add_argument("--tokenizer", default=str(ROOT / "sample_data" / "tokenizer"))
+    ap.add_argument("--strings", choices=["chat", "standard"], default="chat",
+                    help="how the string records are read (preference_strings)")
     args = ap.parse_args()
     print(f"{'case':20} {'line':>9} {'peak growth':>12} {'x line':>7} {'wall':>7} {'samples':>10}  outcome")
     for case in args.cases.split(","):
-        r = measure(case, args.tokenizer)
+        r = measure(case, args.tokenizer, args.strings)
         print(f"{case:20} {r['line'] / 1024:8.0f}K {r['mb']:9.0f} MB {r['mb'] * 2**20 / r['line']:6.0f}x "
               f"{r['seconds']:6.2f}s {r['samples'] / 1024:9.0f}K  {', '.join(r['bad']) or 'packed'}")
 

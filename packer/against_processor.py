@@ -95,7 +95,8 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
             mismatches.append(Mismatch(file, r["source_line"], r["key"], len(r["input_ids"]), 0, 0,
                                        f"the processor refused the record: {type(e).__name__}: {e}"))
             continue
-        whole: list[int | None] = [None] * len(r["input_ids"])  # the processor's id at each token of the sample
+        size = max(x["start"] + x["length"] for x in r["responses"]) if r["responses"] else len(r["input_ids"])
+        whole: list[int | None] = [None] * size  # the processor's id at each token of the sample (its responses whole)
         sample_ok = True
         for (key, sub, expected), response in zip(checked, r["responses"] or [None], strict=True):
             got = list(sub["input_ids"])

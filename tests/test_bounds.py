@@ -126,9 +126,11 @@ def test_no_infinite_rate_reaches_the_ref_or_second_per_grid_t(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in lines))
     build(BuildConfig(input=(str(src),), output=str(tmp_path / "out"), tokenizer=TOKENIZER, max_length=8192,
-                      video_tokens="qwen2vl:min_frames=2"), progress=False)
+                      video_tokens="qwen2vl:min_frames=2", max_bad_fraction=1.0), progress=False)
     spans = [m for row in PackedDataset(tmp_path / "out", check_media=False) for m in row["media"]]
-    assert len(spans) == 5
+    assert len(spans) == 4  # a frame list without a rate cannot be sampled at the policy's fps (the processor refuses it)
+    quarantined = [json.loads(x) for x in (tmp_path / "out" / "quarantine.jsonl").read_text().splitlines()]
+    assert [(q["id"], q["reason"]) for q in quarantined] == [("r3", "unsupported_video")]
 
     def refuse(constant):
         raise ValueError(f"not JSON: {constant}")
@@ -276,13 +278,14 @@ def _preference_bench():
 
 
 @pytest.mark.slow  # subprocess builds of 10^4-response records
+@pytest.mark.parametrize("strings", ["chat", "standard"])  # string records rendered, or tokenized as TRL's text
 @pytest.mark.parametrize("case, outcome", [("responses:10000", []), ("prompt:100K:1000", ["preference_too_long"])])
-def test_a_preference_record_costs_memory_linear_in_its_line(case, outcome):
+def test_a_preference_record_costs_memory_linear_in_its_line(case, outcome, strings):
     """The stated bound (docs/reliability.md): one preference record, built whole (stages 1-4), grows peak memory by at
     most 250 bytes per byte of its line plus 64 MB (the renderings tokenized in one call: PREFERENCE_BATCH_BYTES) --
     10^4 responses in a 214 KB line took 6.5 GB (each segment copied the record's response list) -- and its samples
     hold its prompt once: at most 8 bytes per byte of the line. A record that cannot fit is dropped in stage 1."""
-    m = _preference_bench().measure(case, TOKENIZER)
+    m = _preference_bench().measure(case, TOKENIZER, strings)
     assert m["bad"] == outcome, m
     assert m["mb"] * 2**20 <= 250 * m["line"] + 64 * 2**20, m
     assert m["samples"] <= 8 * m["line"] + 64 * 2**10, m

@@ -62,7 +62,7 @@ def test_a_media_batch_never_reaches_the_model_without_its_pixels(qwen3vl):
     batch = PackedCollator(family=ds.family)(rows)  # spans collated, no processor: masks and positions only
     with pytest.raises(ValueError, match=r"media span\(s\) \(image\) but the collator loads no media.*for_build"):
         model_inputs(batch)
-    with pytest.raises(ValueError, match="the build holds image, video but the collator loads no media"):
+    with pytest.raises(ValueError, match="the build holds image but the collator loads no media"):
         PackedCollator(family=ds.family).check_build(ds, model)
 
 
@@ -103,7 +103,7 @@ def test_packed_trainer_defaults_to_the_builds_collator_and_refuses_one_without_
     trainer = PackedTrainer(model=model, args=args, train_dataset=ds)
     batch = trainer.data_collator([ds[0]])
     assert trainer.data_collator.family["name"] == "qwen3vl" and "pixel_values" in batch
-    with pytest.raises(ValueError, match="the build holds image, video but the collator loads no media"):
+    with pytest.raises(ValueError, match="the build holds image but the collator loads no media"):
         PackedTrainer(model=model, args=args, train_dataset=ds, data_collator=PackedCollator(family=ds.family))
 
 

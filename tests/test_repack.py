@@ -21,7 +21,8 @@ def rows(out, manifest):
 def test_repack_to_a_longer_context_keeps_every_sample(sample_build, tmp_path, monkeypatch):
     src, m = sample_build
     # Make a re-encode impossible: repack must not need the tokenizer or the media.
-    for where in ("packer.encode.tokenizer.load_tokenizer", "packer.encode.encoder.load_tokenizer"):
+    for where in ("packer.encode.tokenizer.load_tokenizer", "packer.encode.tokenizer.open_tokenizer",
+                  "packer.encode.encoder.open_tokenizer"):
         monkeypatch.setattr(where, lambda *a, **k: pytest.fail("repack loaded a tokenizer"))
     m2 = repack(src, output=str(tmp_path / "r8k"), max_length=8192, progress=False).to_dict()
     out = tmp_path / "r8k"

@@ -22,6 +22,7 @@ from packer.encode import Encoder, EncoderSpec
 from packer.errors import BadRecord
 from packer.ingest import parse_record
 from packer.ingest.reader import RawLine
+from packer.pack.trees import response_row
 from packer.reasons import FIXES
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -129,9 +130,11 @@ def test_a_preference_records_tools_reach_each_response_and_a_tool_call_response
     record = {"prompt": HF[:1], "chosen": [HF[1]], "rejected": [{"role": "assistant", "content": "I cannot tell."}],
               "tools": TOOLS}
     sample = enc.encode_line(line(record), "t.jsonl", SAMPLE)
-    for r, response in zip(sample.responses, [record["chosen"], record["rejected"]], strict=True):
-        ids = sample.input_ids[r.start : r.start + r.length].tolist()
-        labels = sample.labels[r.start : r.start + r.length]
+    stored = {"input_ids": sample.input_ids, "labels": sample.labels, "media": [], "prefix": sample.prefix,
+              "responses": [{"start": r.start, "length": r.length} for r in sample.responses]}
+    for k, (r, response) in enumerate(zip(sample.responses, [record["chosen"], record["rejected"]], strict=True)):
+        whole = response_row(stored, k)  # the prompt is stored once: each response's tokens, whole
+        ids, labels = whole["input_ids"].tolist(), whole["labels"]
         reference = enc.tok.apply_chat_template(HF[:1] + response, tools=TOOLS, tokenize=True, return_dict=True)
         assert ids == list(reference["input_ids"])
         trained = enc.tok.decode([t for t, y in zip(ids, labels.tolist(), strict=True) if y != -100])

@@ -295,6 +295,7 @@ class Encoder:
                                                      f"response(s)); this build packs SFT records only: pass --preference "
                                                      f"pairs or tree to pack it with its roles")
             if record.strings and self.config.preference_strings == "standard":  # TRL's standard format
+                self._standard_fits(record)
                 prompt, texts = standard.texts(record, self.tok.eos_token)
                 return obj, record, [RenderedChat(t, t, [], "standard", [], set(), False, prompt=prompt) for t in texts]
             self._check_modalities(record.conversation(0))  # the media are the prompt's, the same in every response
@@ -303,6 +304,16 @@ class Encoder:
             return obj, record, [self._render(record.conversation(k)) for k in range(len(record.responses))]
         self._check_modalities(record)
         return obj, record, self._render(record)
+
+    def _standard_fits(self, record: Preference) -> None:
+        """Drop a string record whose prompt alone, with a token for each response, cannot fit ``max_length`` even as a
+        tree, before each response's text (a copy of the prompt each, TRL's way) is made and tokenized."""
+        prompt = "".join(p.text for t in record.prompt for p in t.parts)
+        need = len(self._standard_tokens(prompt)[0]) + len(record.responses)
+        if need > self.config.max_length:
+            raise BadRecord("preference_too_long", f"the prompt and {len(record.responses):,} responses take at least "
+                                                   f"{need:,} tokens as a tree (pairs take more), over max_length "
+                                                   f"{self.config.max_length:,}: dropped before the responses were tokenized")
 
     def _render(self, conv: Conversation) -> RenderedChat:
         if self.renderer is None:

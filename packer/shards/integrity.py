@@ -14,12 +14,13 @@ mapped file (a segfault, not an error). :func:`check_table` refuses such a table
     ``n_tokens``; one entry per segment in each ``segment_*`` list; ids in ``[0, vocab_size)`` (where
     given), labels -100 or such an id; ``segment_trained`` / ``n_trained`` the labels' own counts;
     parents and groups earlier segments of the row; media spans inside the row and their segment list;
-  - ``samples``: ``len(input_ids) == len(labels) == length``, ids and labels as above, ``n_trained``
+  - ``samples``: ``len(input_ids) == len(labels) == length`` (a preference sample: ``length`` less the shared
+    prompt stored once, ``prefix x (responses - 1)``), ids and labels as above, ``n_trained``
     the labels' count, media and response spans inside the sample, ``prefix <= length``;
   - ``plan``: one sample, start and length per segment, none negative.
 
 What this cannot see is a damaged value that is still a valid one (a token id replaced by another):
-``packer verify`` compares each file's sha256, and ``packer verify --deep`` re-derives the packed rows.
+``packer verify`` compares each file's sha256, and its deep mode re-derives the packed rows (:mod:`packer.verify_deep`).
 """
 
 from __future__ import annotations
@@ -199,7 +200,11 @@ def _samples(batch: pa.RecordBatch, vocab_size: int | None) -> tuple[int, str] |
     row = _first(n < 0)
     if row is not None:
         return row, "a negative length"
-    problem, labels, supervised = _tokens(batch, n, vocab_size)
+    prefix = batch.column("prefix").to_numpy(zero_copy_only=False).astype(np.int64)
+    responses = _Lists(batch.column("responses"))
+    # a preference sample stores its shared prompt once: length counts it once per response (packer.pack.trees)
+    held = n - prefix * np.maximum(responses.lengths - 1, 0)
+    problem, labels, supervised = _tokens(batch, held, vocab_size)
     if problem is not None:
         return problem
     stored = batch.column("n_trained").to_numpy(zero_copy_only=False).astype(np.int64)
@@ -210,11 +215,9 @@ def _samples(batch: pa.RecordBatch, vocab_size: int | None) -> tuple[int, str] |
         row = _first(batch.column(name).to_numpy(zero_copy_only=False) < 0)
         if row is not None:
             return row, f"a negative {name}"
-    prefix = batch.column("prefix").to_numpy(zero_copy_only=False).astype(np.int64)
     row = _first((prefix < 0) | (prefix > n))
     if row is not None:
         return row, "a prefix outside the sample"
-    responses = _Lists(batch.column("responses"))
     if len(responses.values):
         fields = dict(zip([f.name for f in responses.values.type], responses.values.flatten(), strict=True))
         start, length = (fields[k].to_numpy(zero_copy_only=False).astype(np.int64) for k in ("start", "length"))
@@ -222,7 +225,7 @@ def _samples(batch: pa.RecordBatch, vocab_size: int | None) -> tuple[int, str] |
         row = _first((start < 0) | (length < 1) | (start + length > n[of]), responses)
         if row is not None:
             return row, "a response span outside the sample"
-    return _media(batch, n, None)
+    return _media(batch, held, None)
 
 
 def _plan(batch: pa.RecordBatch, vocab_size: int | None) -> tuple[int, str] | None:
