@@ -1,8 +1,8 @@
 """The runtime loader: packed shards -> batches any trainer can use. Imports torch.
 
     from packer.loader import PackedDataset, PackedCollator, TokenBalancedSampler, model_inputs, packed_loss
-    ds = PackedDataset("out/qwen2vl")
-    collate = PackedCollator(attention="sdpa", rope="mrope", pad_to=ds.max_length, processor=processor)
+    ds = PackedDataset("out/qwen3vl")
+    collate = PackedCollator.for_build(ds, model)   # attention, rope, family, processor: from the build and the model
     sampler = TokenBalancedSampler(ds, num_replicas=world, rank=rank, batch_size=1, seed=0)
     loader = DataLoader(ds, batch_size=1, sampler=sampler, collate_fn=collate, num_workers=4)
     for batch in loader:
