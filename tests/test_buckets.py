@@ -101,7 +101,7 @@ def test_a_compiled_model_compiles_once_per_row_length(bucketed):
                 for i in sampler:
                     batch = collate([ds[i]])
                     shapes.add(batch["input_ids"].shape[-1])
-                    packed_loss(model(**model_inputs(batch)).logits, batch).backward()
+                    packed_loss(model(**model_inputs(batch, model)).logits, batch).backward()
                     step += 1
                     if step == 50 or (name == "longest" and counter.frame_count > 2 * len(ds.row_lengths)):
                         step = 50

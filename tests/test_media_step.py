@@ -51,7 +51,7 @@ def test_a_processor_that_disagrees_with_the_build_names_the_file_both_counts_an
     processor = qwen2vl_processor(ds.tokenizer())
     processor.image_processor = Qwen2VLImageProcessor(size={"shortest_edge": 3136, "longest_edge": 28 * 28 * 16})
     with pytest.raises(MediaMismatchError, match=r"plain_300x200.jpg: the build gave this image \d+ placeholder positions "
-                                                 r"but Qwen2VLImageProcessor produces \d+ features .* rebuild with"):
+                                                 r"but Qwen2VLImageProcessor produces \d+ features .* rebuild for"):
         PackedCollator(processor=processor, rope="mrope")([ds[i] for i in range(len(ds))])
 
 

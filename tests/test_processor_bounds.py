@@ -137,10 +137,10 @@ def test_hours_of_audio_a_family_encodes_whole_are_refused_at_build_time(tmp_pat
 
     flac = write_silent_flac(tmp_path / "long.flac", minutes * 60)
     assert flac.stat().st_size < 2 * 2**20
-    from family_assets import QWEN_TOKENIZER, TEMPLATES
+    from family_assets import TEMPLATES
 
-    enc = Encoder(EncoderSpec.of(tokenizer=QWEN_TOKENIZER, chat_template=str(TEMPLATES / "qwen3omni.jinja"),
-                                 family="qwen3omni", modalities=["audio"]))
+    enc = Encoder(EncoderSpec.of(processor=str(ROOT / "sample_data" / "processors" / "qwen3omni"),
+                                 chat_template=str(TEMPLATES / "qwen3omni.jinja"), family="qwen3omni", modalities=["audio"]))
     record = {"messages": [{"role": "user", "content": [{"type": "audio", "audio": "long.flac"}, {"type": "text", "text": "?"}]},
                            {"role": "assistant", "content": "Silence."}]}
     line = RawLine(1, json.dumps(record).encode())

@@ -397,7 +397,8 @@ def model_inputs(batch: dict[str, Any], model=None) -> dict[str, Any]:
     ``seq_idx``, ``loss_weights``) and ``cu_seqlens`` / ``max_seqlen``, names the
     Qwen2-VL vision tower takes as its own: the language model's varlen boundaries travel
     as ``cu_seq_lens_q/k`` and ``max_length_q/k``. ``use_cache=False``: training builds
-    no KV cache.
+    no KV cache. A batch whose media spans have no inputs (a collator without a processor) is refused unless the
+    ``model`` given has no media tower at all (a text model: the placeholders are its text).
     """
     if model is not None:
         from packer.loader.checks import attention_form, check_attention
@@ -406,7 +407,10 @@ def model_inputs(batch: dict[str, Any], model=None) -> dict[str, Any]:
     real = [m for m in batch.get("media", ()) if not m.get("dummy")]
     unfed = sorted({m["kind"] for m in real if not any(k in batch for k in MEDIA_KEYS.get(m["kind"], ()))})
     if unfed:
-        raise ValueError(_no_media_step([m for m in real if m["kind"] in unfed]))
+        from packer.loader.derive import text_only
+
+        if not text_only(model):  # a model with towers (or one not named): it would never see these media
+            raise ValueError(_no_media_step([m for m in real if m["kind"] in unfed]))
     out = {k: batch[k] for k in MODEL_KEYS if k in batch}
     out["use_cache"] = False
     return out

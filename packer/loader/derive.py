@@ -22,6 +22,7 @@ row_lengths       the build's ``--row-lengths``
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,15 @@ def check_batches(ds, batch_size: int) -> None:
                          f"batch: use batch_size=1 (per_device_train_batch_size=1; each packed row is already full)")
 
 
+def text_only(model) -> bool:
+    """``model`` is given and no family declares towers for it (a text model: no pixel could reach it)."""
+    if model is None:
+        return False
+    from packer.loader.dummy import towers
+
+    return not towers(model)
+
+
 def check_model(ds, model) -> None:
     """Refuse a model of another family than the build's, or without the towers its media need."""
     if model is None:
@@ -165,7 +175,11 @@ def check_collator(collator, ds, model=None) -> None:
         raise ValueError(f"the collator's family is {have!r} but the build's is {named['name']!r}: use "
                          f"PackedCollator.for_build(ds, model=model), or pass family=ds.family")
     kinds = media_kinds(ds)
-    if kinds and collator.media_step is None:
+    if kinds and collator.media_step is None and text_only(model):
+        warnings.warn(f"the build holds {', '.join(kinds)} but {type(model).__name__} has no media tower: their "
+                      f"placeholder tokens train as text. Build without them (modalities) for a text model",
+                      stacklevel=3)
+    elif kinds and collator.media_step is None:
         raise ValueError(f"the build holds {', '.join(kinds)} but the collator loads no media (no processor): the model "
                          f"would train on placeholders without pixels. Use PackedCollator.for_build(ds, model=model), or "
                          f"pass processor=... (the checkpoint the build was made from)")

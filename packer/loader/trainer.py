@@ -153,7 +153,7 @@ class PackedTrainer(Trainer):
     def compute_loss(self, model, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
         """``sum(w * ce)`` over this micro-batch / the step's global ``sum(w)`` x world size; without the
         step's sum (evaluation) the micro-batch's own weighted mean."""
-        outputs = model(**model_inputs(inputs))
+        outputs = model(**model_inputs(inputs, self.model))  # the unwrapped model: its towers and attention judged
         total, local = packed_loss(outputs.logits, inputs, reduce=False)
         if num_items_in_batch is None:
             loss = total / local.clamp(min=torch.finfo(local.dtype).tiny)
