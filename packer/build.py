@@ -121,7 +121,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
             warn_no_encoder(out, config, encoded)
             warn_internal_errors(out, encoded)
             check_bad_fraction(out, config, encoded, tokenizer)
-            tokenizer_files = save_tokenizer(driver.encoder.tok, out)
+            tokenizer_files = save_tokenizer(used_tokenizer(driver.encoder), out)
             media_index = write_media_index(out, encoded.media)  # the workers looked the files up
             sections = media_passes(out, config, encoded, embedder, extractor, progress, engine, media_root)
             return plan_and_pack(out, config, encoded, tokenizer, engine, progress, media_root=media_root,
@@ -265,6 +265,19 @@ def media_models(config: BuildConfig):
 
         extractor = WhisperFeatures(FeatureSpec.parse(config.audio_features))
     return embedder, extractor
+
+
+def used_tokenizer(encoder):
+    """The tokenizer with exactly the chat template the build rendered with (a --chat-template file's or a named
+    one's text as its only template), so ``OUT/tokenizer`` renders what the shards hold."""
+    tok, renderer = encoder.tok, encoder.renderer
+    if renderer is None or tok.chat_template == renderer.source:
+        return tok
+    import copy
+
+    tok = copy.copy(tok)  # shallow: the encoder's tokenizer keeps its own templates
+    tok.chat_template = renderer.source
+    return tok
 
 
 def save_tokenizer(tok, out: Path) -> list[ShardEntry]:

@@ -27,6 +27,7 @@ chunk's records are tokenized one by one instead. The tokens are the same either
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -149,7 +150,8 @@ class Encoder:
         self.renderer: Renderer | None = None
         self.labeller: Labeller | None = None
         if self.tok.chat_template:
-            self.renderer = Renderer(self.tok, config.chat_template, template_clock(config.template_time))
+            self.renderer = Renderer(self.tok, config.chat_template, template_clock(config.template_time),
+                                     max_steps=config.template_max_steps, max_chars=config.template_max_chars)
             self.renderer.check(probe_conversations(self.family.kinds if self.family.structured else ()))
             self.labeller = Labeller(self.renderer)
         self._memo: dict = {}  # texts tokenized in a batch, for the records of one encode_lines call
@@ -165,6 +167,10 @@ class Encoder:
         out["chat_template"] = self.config.chat_template
         out["template_time"] = template_clock(self.config.template_time).isoformat()
         out["fast_render"] = bool(self.renderer and self.renderer.compiled is not None)
+        if self.renderer is not None:  # the template rendered (a --chat-template file's content, not its name)
+            out["chat_template_sha256"] = hashlib.sha256(self.renderer.source.encode()).hexdigest()
+            if self.renderer.randomized:
+                out["template_random"] = "seeded per rendering from sha256 of its messages"
         return out
 
     # ------------------------------------------------------------------ batches
