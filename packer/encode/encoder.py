@@ -40,7 +40,7 @@ import numpy as np
 
 from packer.encode import preference
 from packer.encode.labels import Labeller, span_mask
-from packer.encode.render import MARK_END, MARK_START, Renderer, probe_conversations, template_clock
+from packer.encode.render import MARK_END, MARK_START, Renderer, probe_conversations, remove_markers, template_clock
 from packer.encode.tokenizer import fingerprint, load_tokenizer
 from packer.encode.tokens import TextTokenizer
 from packer.errors import BadRecord, PackerError
@@ -391,6 +391,10 @@ class Encoder:
         if ids is None:
             # Literal "<image>" in a document is text, not a placeholder: split special tokens.
             ids = self.text.encode([doc.text], special=True, split=True, offsets=False)[0][0]
+        if MARK_START in doc.text or MARK_END in doc.text:  # removed, as from chats (render.remove_markers)
+            if self.renderer is not None:
+                self.renderer.markers_removed += doc.text.count(MARK_START) + doc.text.count(MARK_END)
+            ids = self.text.encode([remove_markers(doc.text)], special=True, split=True, offsets=False)[0][0]
         eos = self.tok.eos_token_id
         if self.config.append_eos and eos is not None and (not len(ids) or ids[-1] != eos):
             ids = np.append(ids, np.int32(eos))

@@ -125,6 +125,9 @@ class Renderer:
         self.randomized = uses_chance(self.source)
         self.control = control_tokens(tok, self.source)
         self._control_re = re.compile("|".join(map(re.escape, sorted(self.control, key=len, reverse=True))) or "(?!)")
+        self._normalizing = _normalizing_backend(tok, self.control)  # None: control tokens match the raw text only
+        self.sanitized = 0  # control tokens typed in the data and encoded as text (raw or after normalization)
+        self.markers_removed = 0  # U+F0000 / U+F0001 characters removed from the data
         self.fast_checked = False
 
     # ------------------------------------------------------------ rendering
@@ -192,10 +195,32 @@ class Renderer:
 
     def mark(self, text: str) -> str:
         """``text`` with every control token wrapped in transformers' markers (and stray markers dropped),
-        as ``mark_control_tokens`` does; unchanged (the same object) when it holds neither."""
+        as ``mark_control_tokens`` does; unchanged (the same object) when it holds neither.
+
+        A tokenizer that normalizes (NFKC, lowercasing) before it matches its added tokens would turn
+        ``＜|im_start|＞`` or ``<|IM_START|>`` into the real token: where the normalized text holds a control
+        token, the spans are found by the tokenizer itself (the offsets of the control ids its own encoding of
+        ``text`` gives) and those original characters are marked."""
         if MARK_START in text or MARK_END in text:
-            text = text.replace(MARK_START, "").replace(MARK_END, "")
-        return self._control_re.sub(f"{MARK_START}\\g<0>{MARK_END}", text) if self._control_re.search(text) else text
+            self.markers_removed += text.count(MARK_START) + text.count(MARK_END)
+            text = remove_markers(text)
+        if self._normalizing is not None:
+            backend, ids, pattern = self._normalizing
+            if pattern.search(backend.normalizer.normalize_str(text)):
+                encoding = backend.encode(text, add_special_tokens=False)
+                spans = [o for i, o in zip(encoding.ids, encoding.offsets, strict=True) if i in ids]
+                if spans:
+                    self.sanitized += len(spans)
+                    pieces, cursor = [], 0
+                    for a, b in spans:
+                        pieces += [text[cursor:a], MARK_START, text[a:b], MARK_END]
+                        cursor = b
+                    return "".join(pieces) + text[cursor:]
+        if not self._control_re.search(text):
+            return text
+        marked, n = self._control_re.subn(f"{MARK_START}\\g<0>{MARK_END}", text)
+        self.sanitized += n
+        return marked
 
     # ------------------------------------------------------------ the start-up check
 
@@ -262,6 +287,34 @@ class Renderer:
             yield
         finally:
             shared["strftime_now"] = before
+
+
+def remove_markers(text: str) -> str:
+    """``text`` without transformers' private-use markers U+F0000 / U+F0001: they carry the marking of control
+    tokens, so packer removes them from every text it encodes, chats and documents alike (counted in the report)."""
+    return text.replace(MARK_START, "").replace(MARK_END, "")
+
+
+def _normalizing_backend(tok: Any, control: tuple[str, ...]):
+    """(a private copy of the Rust tokenizer, the control ids, a pattern of the control tokens) when the tokenizer
+    has a normalizer and matches some control token after normalizing (``normalized=True``); else None."""
+    backend = tok.backend_tokenizer
+    if backend.normalizer is None:
+        return None
+    chosen = set(control)
+    normalized = [t.content for t in tok.added_tokens_decoder.values() if t.content in chosen and t.normalized]
+    if not normalized:
+        return None
+    from tokenizers import Tokenizer
+
+    own = Tokenizer.from_str(backend.to_str())
+    own.no_truncation()
+    own.no_padding()
+    own.encode_special_tokens = False
+    ids = {own.token_to_id(t) for t in control} - {None}
+    pattern = re.compile("|".join(re.escape(own.normalizer.normalize_str(t)) for t in sorted(normalized, key=len,
+                                                                                              reverse=True)))
+    return own, ids, pattern
 
 
 def control_tokens(tok: Any, source: str) -> tuple[str, ...]:
