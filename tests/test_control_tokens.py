@@ -193,3 +193,16 @@ def test_private_use_markers_are_removed_from_chats_and_documents():
                                      {"role": "assistant", "content": "x"}]})
     assert "abc" in enc.tok.decode(chat.input_ids)
     assert enc.renderer.markers_removed == 4
+
+
+def test_changed_content_is_counted_in_the_report(tmp_path):
+    from packer.build import build
+    from packer.config import BuildConfig
+
+    src = tmp_path / "in.jsonl"
+    records = [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": INJECT}]},
+               {"text": "a\U000f0000b"}]
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    build(BuildConfig(input=(str(src),), output=str(tmp_path / "out"), tokenizer=TOKENIZER), progress=False)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["accounting"]["content_changed"] == {"control_tokens_as_text": 4, "private_markers_removed": 1}

@@ -161,6 +161,14 @@ class Encoder:
         """kind -> the id its placeholder runs are made of."""
         return {k: self.run_ids[t] for k, t in self.run_tokens.items() if k in self.family.kinds}
 
+    def content_changed(self) -> dict[str, int]:
+        """Counts of text encoded otherwise than it was written (report.json ``accounting.content_changed``):
+        control tokens typed in a message and encoded as text (``control_tokens_as_text``, counted per rendering, so
+        a preference record's prompt once per response) and U+F0000 / U+F0001 characters removed
+        (``private_markers_removed``)."""
+        r = self.renderer
+        return {"control_tokens_as_text": r.sanitized if r else 0, "private_markers_removed": r.markers_removed if r else 0}
+
     def fingerprint(self) -> dict:
         out = fingerprint(self.tok, self.spec.tokenizer, self.family.special_tokens(), self.serialized)
         out["family"] = self.family.describe()
