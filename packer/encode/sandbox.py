@@ -34,6 +34,8 @@ from packer.errors import BadRecord
 
 MAX_INT_BITS = 1 << 16  # no chat template needs an integer of more than 65,536 bits
 _SIZED = (str, list, tuple, bytes, dict)
+_GROWING = frozenset({"center", "indent", "wordwrap", "format", "replace", "join", "tojson", "pprint", "batch", "slice",
+                      "truncate", "xmlattr", "urlize"})  # filters whose result can outgrow their input
 _WIDTH = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\d+|\*)?(?:\.(\d+|\*))?")
 
 
@@ -87,9 +89,8 @@ def bound(env: Any, source: str, budget: Budget):
     env.globals = dict(env.globals)
     filters["packer_loop"] = functools.partial(_loop, budget)
     filters["packer_sized"] = budget.sized
-    for name, f in list(filters.items()):
-        if not name.startswith("packer_"):
-            filters[name] = _sized_filter(f, name, budget)
+    for name in _GROWING & set(filters):  # the others give at most what they are given (checked where it is used)
+        filters[name] = _sized_filter(filters[name], name, budget)
     base_call = env.call
     base_binop = env.call_binop
 
@@ -99,6 +100,8 @@ def bound(env: Any, source: str, budget: Budget):
         return budget.sized(base_call(context, obj, *args, **kwargs))
 
     def call_binop(context, operator, left, right):
+        if operator == "+" and type(left) is int and type(right) is int:
+            return left + right  # the common case (loop.index0 + 1): one bit of growth at most
         _before_binop(operator, left, right, budget)
         return budget.sized(base_binop(context, operator, left, right))
 
