@@ -128,3 +128,30 @@ def test_a_chat_template_file_is_part_of_the_build(tmp_path):
     template.write_text("edited " + CHATML)
     with pytest.raises(PackerError, match="tokenizer"):
         build(config, progress=False)  # the same folder, another template: refused, never the stale shards
+
+
+def test_a_dated_template_builds_byte_identical_across_runs_and_time_zones(tmp_path):
+    """A Llama 3.x-style date line (and ``%s``, and sub-second fields): the same bytes under three TZs and twice."""
+    template = tmp_path / "t.jinja"
+    template.write_text("Cutting Knowledge Date: December 2023\nToday Date: {{ strftime_now('%d %b %Y') }} "
+                        "{{ strftime_now('%s.%f') }}\n" + CHATML)
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{k}"},
+                                                    {"role": "assistant", "content": f"a{k}"}]}) + "\n" for k in range(5)))
+    digests = []
+    for k, tz in enumerate(("UTC", "America/Los_Angeles", "Asia/Kolkata", "UTC")):
+        out = tmp_path / f"out{k}"
+        env = {**os.environ, "TZ": tz, "PYTHONPATH": str(ROOT)}
+        env.pop("SOURCE_DATE_EPOCH", None)
+        subprocess.run([sys.executable, "-m", "packer", "build", "-i", str(src), "-o", str(out), "--tokenizer", TOKENIZER,
+                        "--chat-template", str(template)], env=env, check=True, capture_output=True, text=True)
+        manifest = json.loads((out / "manifest.json").read_text())
+        digests.append(json.dumps({k: manifest["files"][k] for k in ("samples", "packed")}, sort_keys=True))
+    assert len(set(digests)) == 1
+    import pyarrow as pa
+    from transformers import AutoTokenizer
+
+    with pa.ipc.open_stream(str(tmp_path / "out0" / json.loads(digests[0])["packed"][0]["file"])) as f:
+        ids = f.read_all().column("input_ids")[0].as_py()
+    text = AutoTokenizer.from_pretrained(str(tmp_path / "out0" / "tokenizer")).decode(ids)
+    assert "Today Date: 01 Jan 1970 0.000000" in text  # no SOURCE_DATE_EPOCH: the Unix epoch, in UTC
