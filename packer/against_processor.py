@@ -213,7 +213,8 @@ def _renderer(proc, config):
         tok = copy.copy(tok)  # the processor's own template over the tokenizer's (a shallow copy: nothing shared changes)
         tok.chat_template = proc.chat_template
     try:
-        return Renderer(tok, config.chat_template, template_clock(config.template_time))
+        return Renderer(tok, config.chat_template, template_clock(config.template_time),
+                        max_steps=config.template_max_steps, max_chars=config.template_max_chars)
     except PackerError:
         return None  # no template: documents only
 

@@ -71,6 +71,7 @@ class Encoded:
     blank_lines: int
     input_sources: list[int] = field(default_factory=list)  # the `input` entry each input file came from
     audio_truncated: int = 0  # clips of the samples cut to the audio encoder's window (--long-audio truncate)
+    content_changed: dict = field(default_factory=dict)  # Encoder.content_changed, summed over the tasks
     columns: pa.Table | None = None  # planning.plan_columns of every sample, from the stage-1 results (None: read the shards)
     media: list = field(default_factory=list)  # the media index's rows, one per file, from the stage-1 results
 
@@ -134,7 +135,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
             warn_no_encoder(out, driver.encoder.family.kinds, encoded)
             warn_internal_errors(out, encoded)
             check_bad_fraction(out, config, encoded, tokenizer)
-            tokenizer_files = save_tokenizer(driver.encoder.tok, out)
+            tokenizer_files = save_tokenizer(used_tokenizer(driver.encoder), out)
             media_index = write_media_index(out, encoded.media)  # the workers looked the files up
             sections = media_passes(out, config, encoded, embedder, extractor, progress, engine, media_root)
             return plan_and_pack(out, config, encoded, tokenizer, engine, progress, media_root=media_root,
@@ -296,6 +297,19 @@ def media_models(config: BuildConfig):
     return embedder, extractor
 
 
+def used_tokenizer(encoder):
+    """The tokenizer with exactly the chat template the build rendered with (a --chat-template file's or a named
+    one's text as its only template), so ``OUT/tokenizer`` renders what the shards hold."""
+    tok, renderer = encoder.tok, encoder.renderer
+    if renderer is None or tok.chat_template == renderer.source:
+        return tok
+    import copy
+
+    tok = copy.copy(tok)  # shallow: the encoder's tokenizer keeps its own templates
+    tok.chat_template = renderer.source
+    return tok
+
+
 def save_tokenizer(tok, out: Path) -> list[ShardEntry]:
     """``OUT/tokenizer/``: the tokenizer as the build used it, placeholder / begin / end
     tokens included, so ``AutoTokenizer.from_pretrained(OUT / "tokenizer")`` gives the
@@ -403,7 +417,8 @@ def _repack_into(out: Path, source: Path, manifest: Manifest, config: BuildConfi
     acc = manifest.accounting
     by_file = {name: FileAccount(records=f.records, quarantined=f.quarantined) for name, f in acc.by_file.items()}
     encoded = Encoded(manifest.inputs, manifest.files.samples, by_file, acc.quarantined_by_reason, manifest.files.quarantine,
-                      acc.blank_lines, manifest.input_sources, audio_truncated=int(manifest.stats.get("audio_truncated", 0)))
+                      acc.blank_lines, manifest.input_sources, audio_truncated=int(manifest.stats.get("audio_truncated", 0)),
+                      content_changed=dict(manifest.stats.get("content_changed", {})))
     engine = get_engine(config.engine, config.workers or 1, address=config.ray_address, cpus_per_task=config.cpus_per_task)
     return plan_and_pack(out, config, encoded, manifest.tokenizer, engine, progress, media_root=manifest.media_root,
                          sections=manifest.sections, tokenizer_files=manifest.files.tokenizer, media_index=manifest.files.media,
@@ -443,6 +458,7 @@ def encode_inputs(out: Path, files: list[Path], tasks, counts: dict[str, int], s
     qpath = out / "quarantine.jsonl"
     stage = Stage("encode", "records", bytes_total=sum(fs.stat(f)[0] for f in files), enabled=progress)
     reused = n_tasks = cut = 0
+    changed: Counter = Counter()
     with atomic_open(qpath, "w") as qf:
         for res in engine.map(encode.encode_task, tasks, encode.setup, setup_args, in_process_state=driver):
             for entry in res.quarantine:
@@ -456,13 +472,14 @@ def encode_inputs(out: Path, files: list[Path], tasks, counts: dict[str, int], s
                 for row in res.media or ():
                     media.setdefault(row.ref, row)  # a file several tasks name: its first row, in task order
             reused, n_tasks, cut = reused + res.reused, n_tasks + 1, cut + res.audio_truncated
+            changed.update(res.content_changed or {})
             stage.advance(res.records, res.nbytes)
     resumed = f"; {reused} of {n_tasks} tasks reused from the interrupted run" if reused else ""
     stage.done(f"{stage.count:,} records ({sum(quarantined.values()):,} quarantined){resumed}")
     quarantine = ShardEntry(qpath.name, sum(quarantined.values()), qpath.stat().st_size, sha256_file(qpath))
     return Encoded(list(by_file), shards, by_file, dict(quarantined), quarantine, counts.get("blank_lines", 0),
                    columns=pa.concat_tables(columns) if columns else plan_columns(SAMPLE_SCHEMA.empty_table()),
-                   media=list(media.values()), audio_truncated=cut)
+                   media=list(media.values()), audio_truncated=cut, content_changed=dict(sorted(changed.items())))
 
 
 def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any], engine, progress, *,
@@ -512,7 +529,8 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
         files=Files(samples=encoded.sample_shards, packed=packed, plan=plan_entry, quarantine=encoded.quarantine,
                     dropped=write_dropped(out, rows, p), tokenizer=list(tokenizer_files or []), media=media_index),
         accounting=accounting(by_file, encoded.quarantined, dropped, encoded.blank_lines),
-        stats={**_stats(config, samples, p), **_row_lengths(config, p), "audio_truncated": encoded.audio_truncated},
+        stats={**_stats(config, samples, p), **_row_lengths(config, p), "audio_truncated": encoded.audio_truncated,
+               "content_changed": encoded.content_changed},
         execution=config.execution_dict(), sections=dict(sections or {}), repacked_from=repacked_from, code=code_identity(),
     )
     from packer.report import REPORT_FILES, write_report

@@ -79,6 +79,12 @@ class BuildConfig:
     template_time: str = _opt("", "The time a template's strftime_now sees (ISO 8601); empty: SOURCE_DATE_EPOCH if set, "
                                   "else 1970-01-01T00:00:00Z, so a clock never makes two builds differ.",
                               stage="content", group="tokenizer")
+    template_max_steps: int = _opt(1_000_000, "Loop iterations and calls one chat-template rendering may take; a record "
+                                              "needing more is quarantined (template_too_slow).",
+                                   stage="content", group="tokenizer")
+    template_max_chars: int = _opt(64 * 2**20, "Characters one chat-template rendering may build or write; a record "
+                                               "needing more is quarantined (template_output_too_long).",
+                                   stage="content", group="tokenizer")
     train_on: str = _opt("assistant", "Which tokens get labels in conversations.", choices=("assistant", "all"),
                          stage="content", group="tokenizer")
     append_eos: bool = _opt(True, "End every text document with the tokenizer's EOS token.", stage="content", group="tokenizer")
@@ -228,7 +234,7 @@ class BuildConfig:
             if choices and value not in choices:
                 raise ConfigError(f"{f.name} = {value!r} is not one of {', '.join(choices)}")
         for key in ("max_length", "chunk_records", "shard_rows", "shard_bytes", "embed_batch_size", "max_line_bytes",
-                    "report_batch", "report_window"):
+                    "report_batch", "report_window", "template_max_steps", "template_max_chars"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be at least 1, got {getattr(self, key)}")
         for key in ("max_segments", "max_media", "max_images", "max_audio", "max_videos"):

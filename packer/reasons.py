@@ -53,6 +53,8 @@ FIXES = {
     "no_encoder": "media of a kind the pipeline's modalities leave out: use a pipeline that encodes it",
     "tools_not_rendered": "tool calls / tools the chat template cannot render or leaves out: use a tool-calling template",
     "template_error": "the chat template failed on these records: check their roles and turns",
+    "template_too_slow": "the chat template ran past --template-max-steps on these records: fix the template, or raise it",
+    "template_output_too_long": "the chat template built more than --template-max-chars: fix the template, or raise it",
     "no_trainable_tokens": "records with nothing to train (no assistant turn?)",
     "oversize": "samples longer than --max-length: raise it, or --oversize truncate / split",
     "media_over_capacity": "a media item longer than a row: raise --max-length",

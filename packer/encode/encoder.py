@@ -27,6 +27,7 @@ chunk's records are tokenized one by one instead. The tokens are the same either
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import posixpath
@@ -40,7 +41,7 @@ import numpy as np
 
 from packer.encode import preference, standard
 from packer.encode.labels import Labeller, span_mask
-from packer.encode.render import MARK_END, MARK_START, Renderer, probe_conversations, template_clock
+from packer.encode.render import MARK_END, MARK_START, Renderer, probe_conversations, remove_markers, template_clock
 from packer.encode.shipped import Shipped, ship, unpack
 from packer.encode.tokenizer import add_tokens, fingerprint, missing_tokens, open_tokenizer, require_tokens
 from packer.encode.tokens import TextTokenizer
@@ -180,7 +181,8 @@ class Encoder:
         self.renderer: Renderer | None = None
         self.labeller: Labeller | None = None
         if self.tok.chat_template:
-            self.renderer = Renderer(self.tok, template or config.chat_template, template_clock(config.template_time))
+            self.renderer = Renderer(self.tok, template or config.chat_template, template_clock(config.template_time),
+                                     max_steps=config.template_max_steps, max_chars=config.template_max_chars)
             self.renderer.check(probe_conversations(self.family.kinds if self.family.structured else ()))
             self.labeller = Labeller(self.renderer)
         self._memo: dict = {}  # texts tokenized in a batch, for the records of one encode_lines call
@@ -190,12 +192,24 @@ class Encoder:
         """kind -> the id its placeholder runs are made of."""
         return {k: self.run_ids[t] for k, t in self.run_tokens.items() if k in self.family.kinds}
 
+    def content_changed(self) -> dict[str, int]:
+        """Counts of text encoded otherwise than it was written (report.json ``accounting.content_changed``):
+        control tokens typed in a message and encoded as text (``control_tokens_as_text``, counted per rendering, so
+        a preference record's prompt once per response) and U+F0000 / U+F0001 characters removed
+        (``private_markers_removed``)."""
+        r = self.renderer
+        return {"control_tokens_as_text": r.sanitized if r else 0, "private_markers_removed": r.markers_removed if r else 0}
+
     def fingerprint(self) -> dict:
         out = fingerprint(self.tok, self.spec.tokenizer, self.family.special_tokens(), self.serialized)
         out["family"] = self.family.describe()
         out["chat_template"] = self.config.chat_template
         out["template_time"] = template_clock(self.config.template_time).isoformat()
         out["fast_render"] = bool(self.renderer and self.renderer.compiled is not None)
+        if self.renderer is not None:  # the template rendered (a --chat-template file's content, not its name)
+            out["chat_template_sha256"] = hashlib.sha256(self.renderer.source.encode()).hexdigest()
+            if self.renderer.randomized:
+                out["template_random"] = "seeded per rendering from sha256 of its messages"
         return out
 
     # ------------------------------------------------------------------ batches
@@ -506,6 +520,10 @@ class Encoder:
         if ids is None:
             # Literal "<image>" in a document is text, not a placeholder: split special tokens.
             ids = self.text.encode([doc.text], special=True, split=True, offsets=False)[0][0]
+        if MARK_START in doc.text or MARK_END in doc.text:  # removed, as from chats (render.remove_markers)
+            if self.renderer is not None:
+                self.renderer.markers_removed += doc.text.count(MARK_START) + doc.text.count(MARK_END)
+            ids = self.text.encode([remove_markers(doc.text)], special=True, split=True, offsets=False)[0][0]
         eos = self.tok.eos_token_id
         if self.config.append_eos and eos is not None and (not len(ids) or ids[-1] != eos):
             ids = np.append(ids, np.int32(eos))

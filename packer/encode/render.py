@@ -10,11 +10,19 @@ The fast path is used only when it renders a set of probe conversations exactly 
 public call does (:meth:`Renderer.check`, once per template at start-up); otherwise, or
 when transformers' private compiler is gone, every render goes through the public call.
 
-Two things a template can read that would make builds differ are fixed here:
+A rendering runs under a bound on its steps and on the characters it builds
+(:mod:`packer.encode.sandbox`): a template that loops without end or writes gigabytes costs its
+record (``template_too_slow``, ``template_output_too_long``), never the build.
 
-- the clock: ``strftime_now`` (Llama 3.1's date line) is given a fixed time, the build's
+Three things a template can read that would make builds differ are fixed here:
+
+- the clock: ``strftime_now`` (Llama 3.1's date line) is given a fixed time in UTC, the build's
   ``template_time`` (``SOURCE_DATE_EPOCH`` when set, else the Unix epoch), passed as a
-  template variable, which shadows transformers' global of the same name in both paths;
+  template variable, which shadows transformers' global of the same name; ``%s`` (seconds since
+  1970, which C's strftime computes in the local time zone) is written from that time itself;
+- chance: ``|random`` and ``lipsum()`` draw from Python's generator seeded, for each rendering,
+  with a hash of the messages rendered (the same record gives the same text in any build, order
+  or worker); the manifest's tokenizer entry says so (``template_random``);
 - control tokens typed in the data: with ``sanitize`` (always, in packer), every control
   token inside a message string is wrapped in transformers' private-use markers
   (``mark_control_tokens``), exactly as ``apply_chat_template(..., sanitize_control_tokens=True)``
@@ -27,17 +35,24 @@ Two things a template can read that would make builds differ are fixed here:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from packer.encode.sandbox import Budget, bound
 from packer.errors import BadRecord, ConfigError, PackerError
 
 MARK_START, MARK_END = "\U000f0000", "\U000f0001"  # transformers' markers (chat_template_utils._CONTROL_TOKEN_*)
 _JSON = (str, dict, list, tuple, int, float, bool, type(None))  # what messages and special tokens are made of
+MAX_STEPS = 1_000_000  # template_max_steps' default: ~1 s of loop on one shared core (docs/reliability.md)
+MAX_CHARS = 64 * 2**20  # template_max_chars' default: 8x the default max_line_bytes
 
 
 def template_clock(template_time: str = "") -> datetime:
@@ -49,7 +64,7 @@ def template_clock(template_time: str = "") -> datetime:
         except ValueError:
             raise ConfigError(f"template_time = {template_time!r} is not an ISO 8601 date or time "
                               f"(e.g. 2026-01-01 or 2026-01-01T12:00:00)") from None
-        return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        return moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)
     epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
     if epoch:
         try:
@@ -57,6 +72,18 @@ def template_clock(template_time: str = "") -> datetime:
         except (ValueError, OverflowError, OSError):
             raise ConfigError(f"SOURCE_DATE_EPOCH = {epoch!r} is not a number of seconds since 1970") from None
     return datetime.fromtimestamp(0, UTC)
+
+
+def strftime_at(moment: datetime) -> Callable[[str], str]:
+    """``strftime_now`` at ``moment``: ``moment.strftime``, with ``%s`` (seconds since 1970: C's strftime reads it in
+    the local time zone, so two machines would write different numbers) written from ``moment`` itself."""
+    seconds = str(int(moment.timestamp()))
+
+    def strftime_now(fmt: str) -> str:
+        if "%s" in fmt:
+            fmt = re.sub(r"%[%s]", lambda m: "%%" if m.group() == "%%" else seconds, fmt)
+        return moment.strftime(fmt)
+    return strftime_now
 
 
 def template_source(tok: Any, name: str = "") -> str:
@@ -86,15 +113,21 @@ def template_source(tok: Any, name: str = "") -> str:
 class Renderer:
     """One tokenizer's template, rendered as ``apply_chat_template(tokenize=False)`` renders it."""
 
-    def __init__(self, tok: Any, template_name: str = "", clock: datetime | None = None):
+    def __init__(self, tok: Any, template_name: str = "", clock: datetime | None = None, *,
+                 max_steps: int = MAX_STEPS, max_chars: int = MAX_CHARS):
         self.tok = tok
         self.name = template_name
         self.source = template_source(tok, template_name)
-        moment = clock or template_clock()
-        self.variables: dict[str, Any] = {**tok.special_tokens_map, "strftime_now": moment.strftime}
-        self.compiled = _compile(self.source)
+        self.moment = clock or template_clock()
+        self.variables: dict[str, Any] = {**tok.special_tokens_map, "strftime_now": strftime_at(self.moment)}
+        self.budget = Budget(max_steps, max_chars)
+        self.compiled = _compile(self.source, self.budget)
+        self.randomized = uses_chance(self.source)
         self.control = control_tokens(tok, self.source)
         self._control_re = re.compile("|".join(map(re.escape, sorted(self.control, key=len, reverse=True))) or "(?!)")
+        self._normalizing = _normalizing_backend(tok, self.control)  # None: control tokens match the raw text only
+        self.sanitized = 0  # control tokens typed in the data and encoded as text (raw or after normalization)
+        self.markers_removed = 0  # U+F0000 / U+F0001 characters removed from the data
         self.fast_checked = False
 
     # ------------------------------------------------------------ rendering
@@ -107,14 +140,44 @@ class Renderer:
             raise BadRecord("template_error", "the chat template refused the conversation: Cannot apply chat template "
                                               "to an empty conversation. Provide at least one message.")
         try:
-            if self.compiled is not None:
-                return self.compiled.render(messages=messages, tools=tools, documents=None,
-                                            add_generation_prompt=add_generation_prompt, **self.variables)
-            return self.public(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+            with self._chance(messages, add_generation_prompt, tools):
+                if self.compiled is not None:
+                    return self._bounded(messages, add_generation_prompt, self.variables, tools)
+                return self.public(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         except BadRecord:
             raise
         except Exception as e:  # jinja raises TemplateError (and anything the template calls)
             raise BadRecord("template_error", f"the chat template refused the conversation: {e}") from None
+
+    def _bounded(self, messages: list[dict[str, Any]], add_generation_prompt: bool, variables: dict[str, Any],
+                 tools: list[dict[str, Any]] | None = None) -> str:
+        """The compiled rendering, its steps and characters bounded (:mod:`packer.encode.sandbox`)."""
+        budget = self.budget
+        budget.reset()
+        pieces, size = [], 0
+        for piece in self.compiled.generate(messages=messages, tools=tools, documents=None,
+                                            add_generation_prompt=add_generation_prompt, **variables):
+            size += len(piece)
+            if size > budget.max_chars:
+                raise budget.too_long(size)
+            pieces.append(piece)
+        return "".join(pieces)
+
+    @contextmanager
+    def _chance(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                tools: list[dict[str, Any]] | None = None) -> Iterator[None]:
+        """Python's generator (what ``|random`` and ``lipsum()`` draw from) seeded from the messages, for a
+        template that draws; the caller's state is put back after."""
+        if not self.randomized:
+            yield
+            return
+        state = random.getstate()
+        key = json.dumps([messages, add_generation_prompt, tools], sort_keys=True, ensure_ascii=False, default=str)
+        random.seed(int.from_bytes(hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()[:8], "big"))
+        try:
+            yield
+        finally:
+            random.setstate(state)
 
     def public(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False,
                tools: list[dict[str, Any]] | None = None) -> str:
@@ -138,47 +201,126 @@ class Renderer:
 
     def mark(self, text: str) -> str:
         """``text`` with every control token wrapped in transformers' markers (and stray markers dropped),
-        as ``mark_control_tokens`` does; unchanged (the same object) when it holds neither."""
+        as ``mark_control_tokens`` does; unchanged (the same object) when it holds neither.
+
+        A tokenizer that normalizes (NFKC, lowercasing) before it matches its added tokens would turn
+        ``＜|im_start|＞`` or ``<|IM_START|>`` into the real token: where the normalized text holds a control
+        token, the spans are found by the tokenizer itself (the offsets of the control ids its own encoding of
+        ``text`` gives) and those original characters are marked."""
         if MARK_START in text or MARK_END in text:
-            text = text.replace(MARK_START, "").replace(MARK_END, "")
-        return self._control_re.sub(f"{MARK_START}\\g<0>{MARK_END}", text) if self._control_re.search(text) else text
+            self.markers_removed += text.count(MARK_START) + text.count(MARK_END)
+            text = remove_markers(text)
+        if self._normalizing is not None:
+            backend, ids, pattern = self._normalizing
+            if pattern.search(backend.normalizer.normalize_str(text)):
+                encoding = backend.encode(text, add_special_tokens=False)
+                spans = [o for i, o in zip(encoding.ids, encoding.offsets, strict=True) if i in ids]
+                if spans:
+                    self.sanitized += len(spans)
+                    pieces, cursor = [], 0
+                    for a, b in spans:
+                        pieces += [text[cursor:a], MARK_START, text[a:b], MARK_END]
+                        cursor = b
+                    return "".join(pieces) + text[cursor:]
+        if not self._control_re.search(text):
+            return text
+        marked, n = self._control_re.subn(f"{MARK_START}\\g<0>{MARK_END}", text)
+        self.sanitized += n
+        return marked
 
     # ------------------------------------------------------------ the start-up check
 
     def check(self, probes: list[list[dict[str, Any]]]) -> bool:
         """Render ``probes`` both ways; keep the compiled path only if every rendering (or refusal) is equal.
-        Returns whether the fast path is in use. Both read transformers' own clock here (the compiled path's
-        variable shadows it with ``datetime.now``), so the check compares the machinery; builds then give the
-        compiled path the build's fixed time. A template that reads the clock and cannot use the compiled path
-        is refused: the public path would stamp every record with the time it was rendered."""
+        Returns whether the fast path is in use. Both read the build's fixed time here (transformers' global
+        ``strftime_now`` is set to it for the check) and the same seed, so the check compares the machinery.
+        A template that reads the clock and cannot use the compiled path
+        is refused: the public path would stamp every record with the time it was rendered; so is one that draws
+        (``|random``, ``lipsum``) and cannot."""
         self.fast_checked = True
         clocked = "strftime_now" in self.source
         if self.compiled is None:
-            if clocked:
-                raise PackerError("the chat template reads the clock (strftime_now) and transformers' template compiler "
-                                  "is not available to give it the build's fixed time; pin transformers to a version "
-                                  "packer supports")
+            if clocked or self.randomized:
+                raise PackerError(f"the chat template reads {self._fixed_reads()} and transformers' template compiler "
+                                  f"is not available to fix it for the build; pin transformers to a version packer "
+                                  f"supports")
             return False
-        now = {**self.variables, "strftime_now": lambda fmt: datetime.now().strftime(fmt)}
-        for messages in probes:
-            for prompt in (False, True):
-                fast = slow = None
-                try:
-                    fast = self.compiled.render(messages=messages, tools=None, documents=None,
-                                                add_generation_prompt=prompt, **now)
-                except Exception as e:  # noqa: BLE001 -- compared with the public call's refusal
-                    fast = ("error", type(e).__name__)
-                try:
-                    slow = self.public(messages, add_generation_prompt=prompt)
-                except Exception as e:  # noqa: BLE001
-                    slow = ("error", type(e).__name__)
-                if fast != slow:
-                    self.compiled = None
-                    if clocked:
-                        raise PackerError("the chat template reads the clock (strftime_now) and its compiled rendering "
-                                          "differs from transformers' own; packer cannot render it with a fixed time")
-                    return False
+        with self._public_clock():
+            for messages in probes:
+                for prompt in (False, True):
+                    fast = slow = None
+                    try:
+                        with self._chance(messages, prompt):
+                            fast = self._bounded(messages, prompt, self.variables)
+                    except BadRecord:  # over a bound on a probe: the public call would run unbounded; every record
+                        return True    # will meet the bound too, and be quarantined
+
+                    except Exception as e:  # noqa: BLE001 -- compared with the public call's refusal
+                        fast = ("error", type(e).__name__)
+                    try:
+                        with self._chance(messages, prompt):
+                            slow = self.public(messages, add_generation_prompt=prompt)
+                    except Exception as e:  # noqa: BLE001
+                        slow = ("error", type(e).__name__)
+                    if fast != slow:
+                        self.compiled = None
+                        if clocked or self.randomized:
+                            raise PackerError(f"the chat template reads {self._fixed_reads()} and its compiled "
+                                              f"rendering differs from transformers' own; packer cannot render it "
+                                              f"with a fixed time and seed")
+                        return False
         return True
+
+    def _fixed_reads(self) -> str:
+        reads = (["the clock (strftime_now)"] if "strftime_now" in self.source else []) + (
+            ["chance (random / lipsum)"] if self.randomized else [])
+        return " and ".join(reads)
+
+    @contextmanager
+    def _public_clock(self) -> Iterator[None]:
+        """transformers' own ``strftime_now`` at the build's time, for the check: both paths then read the same
+        clock, so a template that prints seconds or microseconds compares equal (the wall clock would not)."""
+        try:
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+
+            shared = _compile_jinja_template(self.source).environment.globals
+        except Exception:  # noqa: BLE001 -- no private compiler: nothing to fix
+            yield
+            return
+        before = shared.get("strftime_now")
+        shared["strftime_now"] = self.variables["strftime_now"]
+        try:
+            yield
+        finally:
+            shared["strftime_now"] = before
+
+
+def remove_markers(text: str) -> str:
+    """``text`` without transformers' private-use markers U+F0000 / U+F0001: they carry the marking of control
+    tokens, so packer removes them from every text it encodes, chats and documents alike (counted in the report)."""
+    return text.replace(MARK_START, "").replace(MARK_END, "")
+
+
+def _normalizing_backend(tok: Any, control: tuple[str, ...]):
+    """(a private copy of the Rust tokenizer, the control ids, a pattern of the control tokens) when the tokenizer
+    has a normalizer and matches some control token after normalizing (``normalized=True``); else None."""
+    backend = tok.backend_tokenizer
+    if backend.normalizer is None:
+        return None
+    chosen = set(control)
+    normalized = [t.content for t in tok.added_tokens_decoder.values() if t.content in chosen and t.normalized]
+    if not normalized:
+        return None
+    from tokenizers import Tokenizer
+
+    own = Tokenizer.from_str(backend.to_str())
+    own.no_truncation()
+    own.no_padding()
+    own.encode_special_tokens = False
+    ids = {own.token_to_id(t) for t in control} - {None}
+    pattern = re.compile("|".join(re.escape(own.normalizer.normalize_str(t)) for t in sorted(normalized, key=len,
+                                                                                              reverse=True)))
+    return own, ids, pattern
 
 
 def control_tokens(tok: Any, source: str) -> tuple[str, ...]:
@@ -213,6 +355,25 @@ def markup_tokens(contents: list[str]) -> set[str]:
 
 def template_literals(source: str) -> str:
     """The template's raw text and string constants, joined by NUL (so no match spans two)."""
+    from jinja2 import nodes
+
+    ast = _parse(source)
+    literals = {n.data for n in ast.find_all(nodes.TemplateData)}
+    literals |= {n.value for n in ast.find_all(nodes.Const) if isinstance(n.value, str)}
+    return "\0".join(sorted(literals))
+
+
+def uses_chance(source: str) -> bool:
+    """Whether the template draws at random: jinja's ``|random`` filter or its ``lipsum()`` global."""
+    from jinja2 import nodes
+
+    ast = _parse(source)
+    return (any(n.name == "random" for n in ast.find_all(nodes.Filter))
+            or any(n.name == "lipsum" for n in ast.find_all(nodes.Name)))
+
+
+def _parse(source: str):
+    """The template's syntax tree (``{% generation %}`` understood)."""
     import jinja2
     from jinja2 import nodes
     from jinja2.ext import Extension
@@ -229,13 +390,10 @@ def template_literals(source: str) -> str:
             return caller()
 
     env = jinja2.Environment(extensions=[Generation, "jinja2.ext.loopcontrols"])
-    ast = env.parse(source)
-    literals = {n.data for n in ast.find_all(nodes.TemplateData)}
-    literals |= {n.value for n in ast.find_all(nodes.Const) if isinstance(n.value, str)}
-    return "\0".join(sorted(literals))
+    return env.parse(source)
 
 
-def _compile(source: str):
+def _compile(source: str, budget: Budget | None = None):
     """The template as transformers compiles it (its sandbox, filters and globals), in an overlay
     of that environment whose attribute check is memoised for plain values; None when
     transformers' private compiler is not there (every render then takes the public path).
@@ -253,10 +411,11 @@ def _compile(source: str):
         from transformers.utils.chat_template_utils import _compile_jinja_template
     except ImportError:
         return None
+    budget = budget or Budget(MAX_STEPS, MAX_CHARS)
     shared = _compile_jinja_template(source).environment
     known = (SandboxedEnvironment.is_safe_attribute, ImmutableSandboxedEnvironment.is_safe_attribute)
     if type(shared).is_safe_attribute not in known:
-        return shared.from_string(source)  # a sandbox whose check may depend on the value: not memoised
+        return bound(shared.overlay(), source, budget)  # a sandbox whose check may depend on the value: not memoised
     namespace = shared.globals.get("namespace")  # transformers' own Namespace subclass
     plain = frozenset({*_JSON, LoopContext, Namespace, *([namespace] if isinstance(namespace, type) else [])})
     env = shared.overlay()
@@ -273,7 +432,7 @@ def _compile(source: str):
         return hit
 
     env.is_safe_attribute = is_safe_attribute
-    return env.from_string(source)
+    return bound(env, source, budget)
 
 
 def probe_conversations(media_kinds: tuple[str, ...] = ()) -> list[list[dict[str, Any]]]:

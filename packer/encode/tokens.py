@@ -46,10 +46,9 @@ class TextTokenizer:
         self.byte_starts = ByteStarts.for_tokenizer(tok, self.state)  # None: starts come from offsets
         self.normal_form = normal_form(tok, self.state)  # None: every text goes through the normalizer
         self.normalizer = self.backend.normalizer
-        added = [t for t in tok.added_tokens_decoder.values()]
-        self._markers = re.compile(
-            f"{MARK_START}(" + ("|".join(re.escape(t.content) for t in sorted(added, key=lambda t: -len(t.content)))
-                                or "(?!)") + f"){MARK_END}|[{MARK_START}{MARK_END}]")
+        # a marked span: a control token, or text the tokenizer's normalizer turns into one (＜|im_start|＞ under NFKC)
+        self._markers = re.compile(f"{MARK_START}([^{MARK_START}{MARK_END}]+){MARK_END}|[{MARK_START}{MARK_END}]")
+        self._control_ids = {t for t, a in tok.added_tokens_decoder.items()}
         self._newline = self._rust(["\n"], special=False, split=False, offsets=False)[0].ids
 
     # ------------------------------------------------------------ batches
@@ -119,9 +118,10 @@ class TextTokenizer:
                 else:
                     ids, starts = self._offsets(piece, split=split)
             if as_text:
-                own = self.backend.token_to_id(piece)
-                if own is not None and own in ids.tolist():
-                    raise ValueError(f"cannot encode {piece!r} as plain text: the tokenizer produces it from plain text")
+                made = [i for i in ids.tolist() if i in self._control_ids]
+                if made:
+                    raise ValueError(f"cannot encode {piece!r} as plain text: the tokenizer produces "
+                                     f"{self.backend.id_to_token(made[0])!r} from plain text")
             ids_parts.append(ids)
             start_parts.append(starts + at)
         if not ids_parts:

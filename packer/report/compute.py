@@ -302,7 +302,7 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
             "fill_edges": np.linspace(0, 1, 11).tolist(),
             "fill_per_row": np.histogram(np.minimum(row_fill, 1), bins=np.linspace(0, 1, 11))[0].tolist(),
         },
-        "accounting": dataclasses.asdict(acc),
+        "accounting": {**dataclasses.asdict(acc), "content_changed": stats.get("content_changed", {})},
         "oversize": {k: stats.get(k, 0) for k in ("truncated_samples", "truncated_tokens", "split_samples", "split_pieces",
                                                   "split_pieces_dropped", "split_lost_media", "audio_truncated")},
         "sample_row": sample_row(out, manifest),

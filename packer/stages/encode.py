@@ -80,6 +80,7 @@ class EncodeResult:
     columns: pa.Table | None = None  # the shard's plan columns (planning.plan_columns): the driver plans from these
     media: list | None = None  # media_files.media_rows of the shard: the driver writes the media index from these
     audio_truncated: int = 0  # clips of the task's samples cut to the audio encoder's window
+    content_changed: dict | None = None  # Encoder.content_changed over the task: text the build encoded otherwise
 
 
 def make_tasks(files: list, chunk_records: int, counts: dict[str, int],
@@ -137,7 +138,8 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
         table = read_shard(state.out / shard.file, shard.sha256) if shard else None
         return EncodeResult(task.index, task.file, task.records, [QuarantineEntry(**q) for q in done["quarantine"]],
                             shard, reused=True, nbytes=task.end - task.start, columns=plan_columns(table) if shard else None,
-                            media=_media(state, table) if shard else [], audio_truncated=done.get("audio_truncated", 0))
+                            media=_media(state, table) if shard else [], audio_truncated=done.get("audio_truncated", 0),
+                            content_changed=done.get("content_changed", {}))
     samples, bad = [], []
     file_dir = parent(task.file)
     try:
@@ -149,6 +151,7 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
     # One call for the task: records are parsed and rendered one by one, tokenized together,
     # then finished one by one; each failure is that record's (see Encoder.encode_lines).
     cut_before = state.encoder.clips_cut
+    changed_before = state.encoder.content_changed()
     for raw, result in zip(lines, encode_records(state.encoder, lines, task.file, file_dir, task.file_index), strict=True):
         if isinstance(result, BadRecord) and result.reason == "internal_error" and state.on_internal_error == "stop":
             stop_on_internal_error(state.out, task.file, raw, result)
@@ -160,6 +163,7 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
             samples.append(result)
     shard = columns = media = None
     cut = state.encoder.clips_cut - cut_before
+    changed = {k: n - changed_before[k] for k, n in state.encoder.content_changed().items()}
     target = state.out / "samples" / f"part-{task.index:05d}.arrow"
     try:  # output I/O (disk full, permissions) stops the build with the path, not a traceback
         if samples:
@@ -167,12 +171,13 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
             shard = write_shard(target, table, state.out)
             columns, media = plan_columns(table), _media(state, table)
         state.journal.record("encode", task.index, shard_payload(shard, quarantine=[asdict(q) for q in bad],
-                                                                 audio_truncated=cut, **identity))
+                                                                 audio_truncated=cut, content_changed=changed,
+                                                                 **identity))
     except OSError as e:
         raise PackerError(f"cannot write stage-1 output for task {task.index} under {state.out}: {e}; check the "
                           f"free space and permissions there") from e
     return EncodeResult(task.index, task.file, task.records, bad, shard, nbytes=task.end - task.start, columns=columns,
-                        media=media if shard else [], audio_truncated=cut)
+                        media=media if shard else [], audio_truncated=cut, content_changed=changed)
 
 
 def _media(state: EncodeState, table: pa.Table) -> list:
