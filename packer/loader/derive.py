@@ -85,7 +85,7 @@ def collator_for_build(cls, ds, model=None, *, processor=None, **overrides: Any)
     kinds = media_kinds(ds)
     if processor is None and kinds:
         processor = load_build_processor(ds)
-    args: dict[str, Any] = {"family": family, "processor": processor, "row_lengths": ds.row_lengths}
+    args: dict[str, Any] = {"family": family, "processor": processor, "row_lengths": getattr(ds, "row_lengths", None)}
     if model is not None:
         args["attention"] = default_attention(model)
         args["model_config"] = model.config
