@@ -578,9 +578,9 @@ class Encoder:
                                    tokens=expansion.tokens, ref=ref, llm_grid=tuple(expansion.llm_grid),
                                    second_per_grid_t=float(expansion.second_per_grid_t)))
         media.sort(key=lambda m: m.start)
-        keys = sorted({k for m in media if (k := self.family.row_key(span_fields(m))) is not None}, key=str)
-        if len(keys) > 1:  # the model class cannot take the record's own items in one call (its processor neither)
-            raise BadRecord("incompatible_media", self.family.row_key_reason(keys))
+        why = self.family.row_problem([span_fields(m) for m in media])
+        if why:  # the model class cannot take the record's own items in one call (its processor neither)
+            raise BadRecord("incompatible_media", why)
         return np.concatenate(pieces_ids), np.concatenate(pieces_mask), media
 
     def _encode_preference(self, record: Preference, chats: list[RenderedChat | None]):

@@ -174,10 +174,14 @@ class Family(ABC):
         checks it from the stored spans."""
         return None
 
+    def row_keys(self, spans: list[dict[str, Any]]) -> list[Hashable]:
+        """The distinct :meth:`row_key` s of ``spans`` (dummy items left out), in a stable order."""
+        return sorted({k for m in spans if not m.get("dummy") and (k := self.row_key(m)) is not None}, key=str)
+
     def row_problem(self, spans: list[dict[str, Any]]) -> str | None:
         """Why a row (or a batch) holding ``spans`` cannot be collated for this family's model class, from the stored
         spans alone (no pixel loaded); None where it can. ``packer verify --collate`` asks it of every row."""
-        keys = sorted({k for m in spans if not m.get("dummy") and (k := self.row_key(m)) is not None}, key=str)
+        keys = self.row_keys(spans)
         return self.row_key_reason(keys) if len(keys) > 1 else None
 
     def row_key_reason(self, keys: list[Hashable]) -> str:

@@ -266,14 +266,9 @@ class LlavaOnevision(Family):
         """``pixel_values`` / ``image_sizes`` / ``batch_num_images`` of a batch's images: each record's images
         handed to the image processor as one list (as ``apply_chat_template`` does), so a record of several
         images is not tiled; every image's count checked against its span."""
-        groups: list[list[Any]] = []
-        last = None
-        for picture, m in zip(pictures, spans, strict=True):
-            key = (m.get("batch", 0), m["segment"])
-            if key != last:
-                groups.append([])
-                last = key
-            groups[-1].append(picture)
+        from packer.modeling.spans import by_record
+
+        groups = [[pictures[i] for i in group] for group in by_record(spans)]
         enc = image_processor(groups, return_tensors="pt")
         per_image = [len(g) for g in groups for _ in g]
         by = f"{type(image_processor).__name__} (family {self.name})"

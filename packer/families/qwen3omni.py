@@ -295,14 +295,9 @@ class Qwen3Omni(Family):
         import torch
         import torch.nn.functional as F
 
-        groups: list[list[int]] = []
-        last = None
-        for i, m in enumerate(spans):
-            key = (m.get("batch", 0), m["segment"])
-            if key != last:
-                groups.append([])
-                last = key
-            groups[-1].append(i)
+        from packer.modeling.spans import by_record
+
+        groups = by_record(spans)
         features, masks = [], []
         for group in groups:
             enc = feature_extractor([waves[i] for i in group], sampling_rate=self.s.sampling_rate, padding=True,

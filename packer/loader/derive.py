@@ -115,8 +115,8 @@ def row_keys(ds) -> list:
         return []
     out = []
     for spans in ds.column("media").to_pylist():
-        keys = {k for m in spans if (k := family.row_key(m)) is not None}
-        out.append(keys.pop() if len(keys) == 1 else None if not keys else tuple(sorted(keys, key=str)))
+        keys = family.row_keys(spans)
+        out.append(keys[0] if len(keys) == 1 else None if not keys else tuple(keys))
     return out
 
 

@@ -28,6 +28,20 @@ def span_runs(span: dict[str, Any]) -> list[tuple[int, int]]:
     return [(int(o), int(n)) for o, n in runs] if runs else [(0, int(span["length"]))]
 
 
+def by_record(spans: list[dict[str, Any]]) -> list[list[int]]:
+    """The positions in ``spans`` (scatter order) of each record's items, record by record: a row's segment is one
+    record, so consecutive spans of one (batch row, segment) belong together (what a processor takes as one call)."""
+    groups: list[list[int]] = []
+    last = None
+    for i, m in enumerate(spans):
+        key = (m.get("batch", 0), m["segment"])
+        if key != last:
+            groups.append([])
+            last = key
+        groups[-1].append(i)
+    return groups
+
+
 def span_path(span: dict[str, Any]) -> str:
     return span.get("path") or span["ref"]
 

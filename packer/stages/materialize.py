@@ -81,33 +81,31 @@ class SampleStore:
         inverse[order] = np.arange(len(order))
         return grouped.take(pa.array(inverse))
 
-    def gather_tokens(self, column: str, indices: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """Tokens ``starts[j] : starts[j] + lengths[j]`` of sample ``indices[j]``'s ``column``, concatenated in ``j`` order."""
-        out_at = csr_offsets(lengths)
-        out = np.empty(int(out_at[-1]), dtype=np.int32)
+    def _located(self, column: str, indices: np.ndarray):
+        """For each record batch of ``column`` holding samples of ``indices``: (positions in ``indices``, their rows in
+        the batch, the batch's list offsets, its flat values)."""
         shard = np.searchsorted(self.starts, indices, side="right") - 1
         for k in np.unique(shard).tolist():
             in_shard = np.flatnonzero(shard == k)
             local = indices[in_shard] - self.starts[k]
             for first, offsets, values in self._flat_column(k, column):
                 in_batch = (local >= first) & (local < first + len(offsets) - 1)
-                if not in_batch.any():
-                    continue
-                sel, rows = in_shard[in_batch], local[in_batch] - first
-                out[concat_ranges(out_at[sel], lengths[sel])] = values[concat_ranges(offsets[rows] + starts[sel], lengths[sel])]
+                if in_batch.any():
+                    yield in_shard[in_batch], local[in_batch] - first, offsets, values
+
+    def gather_tokens(self, column: str, indices: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Tokens ``starts[j] : starts[j] + lengths[j]`` of sample ``indices[j]``'s ``column``, concatenated in ``j`` order."""
+        out_at = csr_offsets(lengths)
+        out = np.empty(int(out_at[-1]), dtype=np.int32)
+        for sel, rows, offsets, values in self._located(column, indices):
+            out[concat_ranges(out_at[sel], lengths[sel])] = values[concat_ranges(offsets[rows] + starts[sel], lengths[sel])]
         return out
 
     def list_lengths(self, column: str, indices: np.ndarray) -> np.ndarray:
         """The length of list ``column`` of each sample of ``indices``, from the shards' offsets (nothing copied)."""
         out = np.zeros(len(indices), np.int64)
-        shard = np.searchsorted(self.starts, indices, side="right") - 1
-        for k in np.unique(shard).tolist():
-            in_shard = np.flatnonzero(shard == k)
-            local = indices[in_shard] - self.starts[k]
-            for first, offsets, _ in self._flat_column(k, column):
-                in_batch = (local >= first) & (local < first + len(offsets) - 1)
-                rows = local[in_batch] - first
-                out[in_shard[in_batch]] = offsets[rows + 1] - offsets[rows]
+        for sel, rows, offsets, _ in self._located(column, indices):
+            out[sel] = offsets[rows + 1] - offsets[rows]
         return out
 
     def _flat_column(self, k: int, column: str) -> list[tuple[int, np.ndarray, np.ndarray]]:
