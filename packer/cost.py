@@ -82,6 +82,7 @@ import numpy as np
 from packer.shards.schema import MEDIA_KINDS
 
 KINDS = MEDIA_KINDS
+COSTS = ("llm", "encoder", "supervised")  # the three things a row costs a step: CostModel.vector
 PER_KIND = ("image", "audio")  # stats holding these are read per kind; video's arrays count where present
 
 
@@ -112,6 +113,16 @@ class CostModel:
                  + getattr(self, f"{kind}_square") * square)
             cost = cost + c
         return np.asarray(cost, dtype=np.float64)
+
+    def vector(self, stats: dict[str, np.ndarray]) -> np.ndarray:
+        """Per row, the three costs of :data:`COSTS` as ``float64 [rows, 3]``: ``llm`` (tokens and attention pairs
+        through the language model), ``encoder`` (the media towers: every media term), ``supervised`` (tokens the
+        loss counts, ``stats["trained"]``; 0 where the stats lack them). ``llm + encoder`` is :meth:`__call__`, the
+        row's compute; supervised tokens cost no compute of their own but weigh a rank's loss."""
+        llm = np.asarray(self.token * stats["tokens"] + self.attention * stats["attention"], dtype=np.float64)
+        total = self(stats)
+        supervised = np.asarray(stats.get("trained", np.zeros_like(llm)), dtype=np.float64)
+        return np.stack([llm, total - llm, supervised], axis=-1)
 
     def _kinds(self, stats):
         charged = [k for k in KINDS if any(getattr(self, f"{k}_{t}") for t in ("item", "token", "square"))]

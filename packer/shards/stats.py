@@ -20,7 +20,7 @@ from packer.shards.schema import IGNORE, MEDIA_KINDS
 
 # Per-row arrays (``ShardStats.array(f"row_{name}")``): a sampler's cost model inputs (packer.cost).
 ROW_FIELDS = ("tokens", "attention", "media_items", "media_tokens", "image_items", "image_tokens", "image_square",
-              "audio_items", "audio_tokens", "audio_square", "video_items", "video_tokens", "video_square")
+              "audio_items", "audio_tokens", "audio_square", "video_items", "video_tokens", "video_square", "trained")
 KINDS = MEDIA_KINDS
 PREFERENCE_FIELDS = ("preference_records", "responses", "tree_prompts", "tree_branches", "tokens_saved")
 PROBED_REFS = 2000  # distinct files per kind a shard offers the report's size / duration histograms
@@ -81,6 +81,7 @@ class ShardStats:
     row_video_items: list[np.ndarray] = field(default_factory=list)
     row_video_tokens: list[np.ndarray] = field(default_factory=list)
     row_video_square: list[np.ndarray] = field(default_factory=list)
+    row_trained: list[np.ndarray] = field(default_factory=list)  # supervised tokens (a segment's first never)
     # preference records (--preference): records and their responses; a tree's prompts, branches and the tokens
     # it saves against the pairs layout (each branch would repeat its prompt there)
     preference_records: int = 0
@@ -183,6 +184,7 @@ def table_stats(table: pa.Table) -> ShardStats:
     stats.row_attention = [row_att]
     stats.row_media_items = [np.bincount(row_of_seg, weights=media_items, minlength=table.num_rows)]
     stats.row_media_tokens = [np.bincount(row_of_seg, weights=media_tokens, minlength=table.num_rows)]
+    stats.row_trained = [np.bincount(row_of_seg, weights=trained, minlength=table.num_rows)]
     span_kind, span_len, span_steps = np.zeros(0, object), np.zeros(0), np.ones(0)
     if len(spans):
         span_kind = pc.struct_field(spans, "kind").cast(pa.string()).to_numpy(zero_copy_only=False)
@@ -246,3 +248,34 @@ def _preference(stats: ShardStats, table: pa.Table, seg_index: np.ndarray, row_o
         alone[branch] += seg_len[of]
     alone[role == "prompt"] = 0
     return extra, leader, alone
+
+
+def sample_stats(samples: pa.Table) -> dict[str, np.ndarray]:
+    """Per sample, the :data:`ROW_FIELDS` a packed row of that sample alone would have (``samples`` holds the samples
+    schema's ``length``, ``n_trained`` and ``media``): what :meth:`packer.cost.CostModel.vector` turns into the
+    sample's cost vector. ``attention`` is ``length²`` (a preference sample's responses whole: the ``pairs`` layout,
+    an upper bound of its tree)."""
+    n = samples.num_rows
+    length = samples.column("length").to_numpy().astype(np.float64) if n else np.zeros(0)
+    out = {"tokens": length, "attention": length**2,
+           "trained": samples.column("n_trained").to_numpy().astype(np.float64) if n else np.zeros(0)}
+    media = samples.column("media").combine_chunks() if n else None
+    spans = media.flatten() if n else []
+    kind, tokens, steps, parent = np.zeros(0, object), np.zeros(0), np.ones(0), np.zeros(0, np.int64)
+    if len(spans):
+        parent = pc.list_parent_indices(media).to_numpy()
+        kind = pc.struct_field(spans, "kind").cast(pa.string()).to_numpy(zero_copy_only=False)
+        tokens = pc.struct_field(spans, "tokens").to_numpy().astype(np.float64)
+        steps = np.ones(len(spans))
+        grid = pc.struct_field(spans, "llm_grid")
+        timed = (kind == "video") & (pc.list_value_length(grid).fill_null(0).to_numpy(zero_copy_only=False) > 0)
+        if timed.any():
+            steps[timed] = np.maximum(pc.list_element(grid.filter(pa.array(timed)), 0).to_numpy(), 1)
+    out["media_items"] = np.bincount(parent, minlength=n).astype(np.float64)
+    out["media_tokens"] = np.bincount(parent, weights=tokens, minlength=n)
+    for k in KINDS:
+        m = kind == k
+        out[f"{k}_items"] = np.bincount(parent[m], minlength=n).astype(np.float64)
+        out[f"{k}_tokens"] = np.bincount(parent[m], weights=tokens[m], minlength=n)
+        out[f"{k}_square"] = np.bincount(parent[m], weights=tokens[m] ** 2 / steps[m], minlength=n)
+    return out
