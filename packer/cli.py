@@ -185,6 +185,29 @@ def report(out, html, **settings):
 
 
 @main.command()
+@click.argument("out", type=click.Path(file_okay=False, exists=True))
+@click.option("--ranks", type=click.IntRange(min=1), required=True, help="Data-parallel ranks the plan is for.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True, help="Rows per rank a step.")
+@click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True, help="Epochs to plan.")
+@click.option("--seed", type=int, default=0, show_default=True, help="The plan's seed (the sampler's).")
+@click.option("--window", type=click.IntRange(min=1), default=None,
+              help="Steps per grouping window (default: the whole epoch; smaller: rows meet more varied rows).")
+@click.option("--cost-model", "cost_model", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="A cost model JSON (packer calibrate) instead of the build's.")
+@click.option("--stages", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="A TOML file of mixture stages ([[stages]] start, end, weights = {source = w}) to plan instead of "
+                   "epochs.")
+@click.option("-o", "--output", default=None, help="Where to write the plan (default: OUT/steps/ranksR-batchB-seedS.arrow).")
+def steps(out, ranks, batch_size, epochs, seed, window, cost_model, stages, output):
+    """Plan which rows each of RANKS data-parallel ranks trains at every step, balanced on the rows' llm, encoder
+    and supervised cost at once, and write the plan StepPlanSampler(plan=...) follows."""
+    from packer.loader.samplers.step_plan import plan_command, summary_text
+
+    click.echo(summary_text(_run(plan_command, out, ranks=ranks, batch_size=batch_size, epochs=epochs, seed=seed,
+                                 window=window, cost_model=cost_model, stages=stages, output=output)))
+
+
+@main.command()
 @click.argument("out", type=click.Path(file_okay=False))
 @click.option("--media", type=click.Choice(["stat", "hash"]), is_flag=False, flag_value="stat", default=None,
               help="Also check every media file against the build's media index: size and modification time (stat, "

@@ -147,6 +147,7 @@ def _row_problem(manifest: Manifest):
     return family_from_state(family, None).row_problem
 
 
+STEPS_DIR = "steps"  # packer.shards.step_plan.FOLDER: step plans written after the build
 JOURNAL_NAME = re.compile(r"(encode|pack)-\d{5}\.json")
 
 
@@ -167,9 +168,26 @@ def _check_folder(out: Path, manifest: Manifest) -> list[Problem]:
             elif not JOURNAL_NAME.fullmatch(name):
                 problems.append(Problem(rel, None, "not resume state a build writes (extra file)"))
             continue
+        if rel.startswith(STEPS_DIR + "/") and rel.endswith(".arrow"):
+            problems += _check_step_plan(path, rel, manifest)
+            continue
         problems.append(Problem(rel, None, "not part of the build: the manifest does not list it (an extra or stray file; "
                                            "remove it, or rebuild)"))
     return problems
+
+
+def _check_step_plan(path: Path, rel: str, manifest: Manifest) -> list[Problem]:
+    """A step plan (``packer steps``) names rows of this build, or it is a problem."""
+    from packer.shards.step_plan import read_plan, rows_identity
+
+    try:
+        meta = read_plan(path).meta
+    except Exception as e:  # noqa: BLE001 - any unreadable file is one problem, named
+        return [Problem(rel, None, f"not a step plan packer steps writes ({e})")]
+    if meta.get("build") != rows_identity(manifest.files.packed):
+        return [Problem(rel, None, "a step plan of other rows (the build changed since it was written): write it again "
+                                   "with `packer steps`")]
+    return []
 
 
 def _check_fingerprint(path: Path, manifest: Manifest) -> list[Problem]:

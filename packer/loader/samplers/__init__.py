@@ -2,6 +2,7 @@
 
 from packer.cost import CostModel
 from packer.loader.samplers.split_modality import SplitModalitySampler
+from packer.loader.samplers.step_plan import StepPlanSampler
 from packer.loader.samplers.token_balanced import TokenBalancedSampler
 
-__all__ = ["CostModel", "SplitModalitySampler", "TokenBalancedSampler"]
+__all__ = ["CostModel", "SplitModalitySampler", "StepPlanSampler", "TokenBalancedSampler"]

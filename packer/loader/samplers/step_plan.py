@@ -1,0 +1,174 @@
+"""StepPlanSampler: each rank's rows at every step from a step plan balanced on the llm, encoder and supervised
+cost of the rows at once (:mod:`packer.steps`), written offline (``packer steps OUT``) or computed the same way.
+
+    sampler = StepPlanSampler(ds, batch_size=1)                     # plans each epoch itself (seed + epoch)
+    sampler = StepPlanSampler(ds, plan="OUT/steps/ranks8-batch1-seed0.arrow")   # follows a written plan
+
+A written plan holds its epochs (or its stages' steps), the ranks and rows per rank it was made for, the seed,
+window and cost model; the sampler refuses one made for another world size, batch size or build, with the fix.
+Without a file, the plan of an epoch is :func:`packer.steps.plan_steps` of the rows' cost vectors under the
+build's cost model, a pure function of (seed, epoch): every rank computes the same plan, and a resumed run
+(``state_dict`` / ``load_state_dict``, as every packer sampler) continues exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from packer.cost import COSTS, CostModel
+from packer.loader.samplers._dist import ResumableMixin, world
+from packer.shards.step_plan import PlanFile, read_plan, rows_identity, write
+from packer.steps import Stage, measure, plan_stages, plan_steps, random_steps
+
+
+class StepPlanSampler(ResumableMixin, torch.utils.data.Sampler):
+    def __init__(self, dataset, *, num_replicas: int | None = None, rank: int | None = None, batch_size: int = 1,
+                 seed: int = 0, shuffle: bool = True, drop_last: bool = False, cost: CostModel | None = None,
+                 window: int | None = None, plan: str | Path | None = None):
+        self.num_replicas, self.rank = world(num_replicas, rank)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if hasattr(dataset, "family"):  # a family whose model takes a batch's items in one call (issue 33)
+            from packer.loader.derive import check_batches
+
+            check_batches(dataset, batch_size)
+        self.batch_size, self.seed, self.shuffle, self.drop_last = batch_size, seed, shuffle, drop_last
+        self.rows = len(dataset)
+        self.window = window or max(1, self.rows)  # the whole epoch: see packer.steps
+        self.file = None
+        if plan is not None:
+            self.file = read_plan(plan)
+            check_plan(self.file, dataset, self.num_replicas, batch_size)
+            self.seed = int(self.file.meta["seed"])
+            self.steps = int(self.file.meta["steps_per_epoch"])
+            return
+        self.costs = row_costs(dataset, cost)
+        per_step = self.num_replicas * batch_size
+        self.steps = self.rows // per_step if drop_last else -(-self.rows // per_step)
+        if self.steps == 0:
+            raise ValueError(f"{self.rows} rows cannot fill one step of {self.num_replicas} x {batch_size} with "
+                             f"drop_last=True")
+
+    def assignment(self, epoch: int | None = None) -> np.ndarray:
+        """``[steps, num_replicas, batch_size]`` row numbers for an epoch (every rank's view)."""
+        epoch = self.epoch if epoch is None else epoch
+        if self.file is not None:
+            return self.file.epoch(epoch)
+        return plan_steps(self.costs, self.num_replicas, self.batch_size, seed=self.seed, epoch=epoch,
+                          window=self.window, shuffle=self.shuffle, drop_last=self.drop_last)
+
+
+def row_costs(dataset, cost: CostModel | None = None) -> np.ndarray:
+    """``float64 [rows, 3]``: each row's llm, encoder and supervised cost under ``cost`` (by default the build's
+    cost model, as its manifest records it, else ``CostModel()``)."""
+    return (cost or build_cost_model(dataset.manifest)).vector(dataset.row_stats())
+
+
+def build_cost_model(manifest) -> CostModel:
+    """The cost model the build recorded (``manifest.stats["cost_model"]["coefficients"]``), else ``CostModel()``."""
+    recorded = (manifest.stats.get("cost_model") or {}).get("coefficients")
+    return CostModel(**recorded) if recorded else CostModel()
+
+
+def row_sources(dataset) -> np.ndarray:
+    """Each row's source: the ``input`` entry its first segment's file came from (``manifest.input_sources``)."""
+    import pyarrow.compute as pc
+
+    first = np.concatenate([pc.list_element(dataset._table(k).column("segment_source"), 0).to_numpy()
+                            for k in range(len(dataset.entries))] or [np.zeros(0, np.int64)]).astype(np.int64)
+    of_file = np.asarray(dataset.manifest.input_sources or range(len(dataset.manifest.inputs)), np.int64)
+    return of_file[first] if len(first) else first
+
+
+def source_names(manifest) -> list[str]:
+    """The build's sources by number: each ``input`` entry's pattern (the part before any ``#weight=...``)."""
+    from packer.mix import Source
+
+    return [Source.parse(spec).pattern for spec in manifest.config.get("input", [])]
+
+
+def write_plan(out: str | Path, path: str | Path, *, ranks: int, batch_size: int = 1, epochs: int = 1, seed: int = 0,
+               window: int | None = None, cost: CostModel | None = None, stages: list[Stage] | None = None) -> dict:
+    """Plan ``epochs`` epochs (or the ``stages``' steps: one "epoch" of them) of the build at ``out`` for ``ranks``
+    x ``batch_size`` rows a step and write them to ``path`` (Arrow: epoch, step, rows; the settings and the
+    balance figures in its metadata). Returns the metadata."""
+    from packer.loader.dataset import PackedDataset
+
+    ds = PackedDataset(out, check_media=False)
+    model = cost or build_cost_model(ds.manifest)
+    costs = model.vector(ds.row_stats())
+    window = window or max(1, len(costs))
+    if stages:
+        names = source_names(ds.manifest)
+        plans = [plan_stages(costs, row_sources(ds), names, stages, ranks, batch_size, seed=seed, window=window)]
+    else:
+        plans = [plan_steps(costs, ranks, batch_size, seed=seed, epoch=e, window=window) for e in range(epochs)]
+    meta = {"ranks": ranks, "batch_size": batch_size, "epochs": len(plans), "steps_per_epoch": len(plans[0]),
+            "seed": seed, "window": window, "rows": len(costs), "build": rows_identity(ds.entries),
+            "cost_model": {f: getattr(model, f) for f in model.__dataclass_fields__},
+            "stages": [{"start": s.start, "end": s.end, "weights": s.weights} for s in stages or []],
+            "balance": {"random": measure(costs, random_steps(len(costs), ranks, batch_size, seed), COSTS),
+                        "plan": measure(costs, plans[0], COSTS)}}
+    write(path, plans, meta)
+    return meta
+
+
+def check_plan(plan: PlanFile, dataset, ranks: int, batch_size: int) -> None:
+    m = plan.meta
+    for name, have, want in (("ranks", ranks, m["ranks"]), ("batch_size", batch_size, m["batch_size"]),
+                             ("rows", len(dataset), m["rows"]), ("build", rows_identity(dataset.entries), m["build"])):
+        if have != want:
+            raise ValueError(f"the step plan was made for {name} = {want!r}, this run has {have!r}: write a plan for "
+                             f"this set-up (`packer steps OUT --ranks {ranks} --batch-size {batch_size}`) or pass "
+                             f"plan=None to plan each epoch here")
+
+
+def plan_command(out: str, *, ranks: int, batch_size: int = 1, epochs: int = 1, seed: int = 0, window: int | None = None,
+                 cost_model: str | None = None, stages: str | None = None, output: str | None = None) -> dict:
+    """``packer steps``: :func:`write_plan` with a cost model file and a stages file read; the metadata and path."""
+    from packer.shards.step_plan import FOLDER
+
+    path = Path(output) if output else Path(out) / FOLDER / f"ranks{ranks}-batch{batch_size}-seed{seed}.arrow"
+    meta = write_plan(out, path, ranks=ranks, batch_size=batch_size, epochs=epochs, seed=seed, window=window,
+                      cost=load_cost_model(cost_model) if cost_model else None,
+                      stages=read_stages(stages) if stages else None)
+    return {**meta, "path": str(path)}
+
+
+def load_cost_model(path: str | Path) -> CostModel:
+    """A cost model JSON: CostModel's fields at the top level or under ``coefficients`` (what calibrate writes)."""
+    import json
+
+    raw = json.loads(Path(path).read_text())
+    raw = raw.get("coefficients", raw)
+    unknown = sorted(set(raw) - set(CostModel.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"{path}: {unknown} are not cost model coefficients (known: {sorted(CostModel.__dataclass_fields__)})")
+    return CostModel(**{k: float(v) for k, v in raw.items()})
+
+
+def read_stages(path: str | Path) -> list[Stage]:
+    """``[[stages]]`` tables of a TOML file: ``start``, ``end`` (steps), ``weights`` (source pattern -> weight)."""
+    import tomllib
+
+    tables = tomllib.loads(Path(path).read_text()).get("stages") or []
+    if not tables:
+        raise ValueError(f"{path} holds no [[stages]] table (each: start, end, weights = {{source = weight}})")
+    try:
+        return [Stage(int(t["start"]), int(t["end"]), {str(k): float(v) for k, v in t["weights"].items()})
+                for t in tables]
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path}: each [[stages]] table needs start, end and weights = {{source = weight}}: {e}") from None
+
+
+def summary_text(meta: dict) -> str:
+    b = meta["balance"]
+    lines = [f"{meta['path']}: {meta['epochs']} epoch(s) x {meta['steps_per_epoch']:,} steps of {meta['ranks']} ranks x "
+             f"{meta['batch_size']} rows ({meta['rows']:,} rows)",
+             "  Σ slowest rank / Σ mean rank    " + "  ".join(f"{c:>10}" for c in COSTS)]
+    for name in ("random", "plan"):
+        lines.append(f"  {name:<30} " + "  ".join(f"{b[name][c]:10.3f}" for c in COSTS))
+    return "\n".join(lines)

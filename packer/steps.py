@@ -1,0 +1,295 @@
+"""The step plan: which packed rows each data-parallel rank trains at each step, balanced on every
+cost a row has at once (pure numpy).
+
+A row costs a step three things (:meth:`packer.cost.CostModel.vector`): ``llm`` (its tokens and
+attention pairs through the language model), ``encoder`` (its images, frames and clips through the
+towers) and ``supervised`` (the tokens its loss counts, which weigh a rank's gradient). A rank that
+draws the video rows waits for nobody but makes everybody wait; a rank of prompts and few answers
+trains on a fraction of the others' tokens. Balancing total tokens (or one scalar cost) leaves both.
+
+The plan of an epoch, for ``ranks`` x ``batch_size`` rows a step (a micro-step: with gradient
+accumulation every micro-step is balanced, so their sums are too):
+
+1. shuffle the rows (seed + epoch); pad to whole steps with rows from the start of that order, as
+   ``DistributedSampler`` does (or drop the tail);
+2. cut the order into windows of ``window`` steps; within a window, group the rows into steps of
+   similar cost vectors: split the window's rows along the cost (each divided by its mean over all
+   rows) they spread most in, at a whole number of steps, and recurse until a part is one step
+   (a k-d tree whose leaves are steps);
+3. at one row per rank, swap rows between neighbouring steps while that lowers the sum of their slowest ranks;
+   deal each step's rows to the ranks, ``batch_size`` each: costliest first (by its largest cost
+   relative to the step's mean rank), each to the rank with room whose worst cost after taking it
+   is lowest; then swap rows between the worst rank and the others while that lowers the step's
+   worst cost ratio;
+4. shuffle the window's steps.
+
+At one row per rank, step 3 can do nothing (any deal of one row each is as good as another): the
+balance comes from step 2, and from rows that cost alike (:mod:`packer.pack` can cap a row's
+encoder cost). ``window`` trades randomness for balance as in :mod:`packer.balance`; by default it is the
+whole epoch: the plan is made offline, so its steps are shuffled over the epoch, but a step's rows are rows of
+alike costs (at one row per rank that is the price of balance; a smaller window mixes them more).
+
+Mixture stages (:class:`Stage`) change the sources' weights by step range without re-packing: the
+rows of each stage's steps are drawn from each source's rows in proportion to the stage's weights
+(each source's rows in a seeded order, a new order each time they run out), then planned as above
+window by window.
+
+:func:`measure` reports a plan per cost: Σ over steps of the slowest rank over Σ of the mean rank
+(what the ranks wait, as :func:`packer.balance.imbalance` weighted), and the simulated step time,
+Σ over steps of the slowest rank's ``llm + encoder``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from packer.balance import group_steps
+
+SWAP_ROUNDS = 8  # improving swaps tried per step (each lowers the step's worst ratio, or the step is done)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Steps ``[start, end)`` draw their rows from the sources in proportion to ``weights`` (source name ->
+    weight; a source left out gets none)."""
+
+    start: int
+    end: int
+    weights: dict[str, float]
+
+
+def normalized(costs: np.ndarray) -> np.ndarray:
+    """``costs[n, k]`` divided by each cost's mean over the rows; a cost all zero is left out."""
+    costs = np.asarray(costs, dtype=np.float64).reshape(len(costs), -1)
+    mean = costs.mean(0) if len(costs) else np.zeros(costs.shape[1])
+    keep = mean > 0
+    return costs[:, keep] / mean[keep]
+
+
+def group(rows: np.ndarray, costs: np.ndarray, per_step: int) -> list[np.ndarray]:
+    """``rows`` (a multiple of ``per_step`` of them) as steps of rows of similar ``costs`` (normalized rows of
+    costs, indexed by row number): a k-d split along the widest cost at a whole number of steps."""
+    out: list[np.ndarray] = []
+    stack = [rows]
+    while stack:
+        part = stack.pop()
+        steps = len(part) // per_step
+        if steps <= 1 or not costs.shape[1]:
+            out.extend(part.reshape(-1, per_step))
+            continue
+        c = costs[part]
+        d = int(np.argmax(c.max(0) - c.min(0)))
+        part = part[np.argsort(-c[:, d], kind="stable")]
+        cut = (steps // 2) * per_step
+        stack.extend([part[cut:], part[:cut]])  # popped costliest first: steps in decreasing cost
+    return out
+
+
+def refine(steps: list[np.ndarray], costs: np.ndarray, passes: int = 4) -> list[np.ndarray]:
+    """At one row per rank: swap rows between neighbouring steps (alike after :func:`group`) while a swap lowers the
+    sum over costs of the two steps' slowest ranks -- what Σ slowest / Σ mean measures, the mean being fixed."""
+    steps = [s.copy() for s in steps]
+    for _ in range(passes):
+        changed = False
+        for k in range(len(steps) - 1):
+            a, b = steps[k], steps[k + 1]
+            ca, cb = costs[a], costs[b]
+            now = ca.max(0).sum() + cb.max(0).sum()
+            # every swap (i of a, j of b) at once: a without i (top two per cost) plus b's j, and the other way
+            top_a, top_b = _without(ca), _without(cb)
+            new_a = np.maximum(top_a[:, None, :], cb[None, :, :])  # [i, j, cost]
+            new_b = np.maximum(top_b[None, :, :], ca[:, None, :])
+            total = new_a.sum(2) + new_b.sum(2)
+            i, j = np.unravel_index(int(np.argmin(total)), total.shape)
+            if total[i, j] < now - 1e-9:
+                a[i], b[j] = b[j], a[i]
+                changed = True
+        if not changed:
+            break
+    return steps
+
+
+def _without(c: np.ndarray) -> np.ndarray:
+    """``[i, cost]``: each cost's maximum over the rows of ``c`` but row i."""
+    order = np.argsort(-c, axis=0, kind="stable")
+    first = c[order[0], np.arange(c.shape[1])]
+    second = c[order[1], np.arange(c.shape[1])] if len(c) > 1 else np.full(c.shape[1], -np.inf)
+    return np.where(np.arange(len(c))[:, None] == order[0][None, :], second[None, :], first[None, :])
+
+
+def deal(step: np.ndarray, costs: np.ndarray, ranks: int, per_rank: int) -> np.ndarray:
+    """One step's rows as ``[ranks, per_rank]``, minimizing the step's worst ratio of a rank's cost to the mean
+    rank's, over every cost (``costs`` normalized, indexed by row number)."""
+    if per_rank == 1 or not costs.shape[1]:
+        return step.reshape(ranks, per_rank) if per_rank > 1 else step.reshape(ranks, 1)
+    c = costs[step]
+    target = np.maximum(c.sum(0) / ranks, 1e-12)
+    order = np.argsort(-(c / target).max(1), kind="stable")
+    load = np.zeros((ranks, c.shape[1]))
+    slots: list[list[int]] = [[] for _ in range(ranks)]
+    for i in order.tolist():
+        worst = ((load + c[i]) / target).max(1)
+        worst[[len(s) >= per_rank for s in slots]] = np.inf
+        r = int(np.argmin(worst))
+        slots[r].append(i)
+        load[r] += c[i]
+    for _ in range(SWAP_ROUNDS):
+        ratio = (load / target).max(1)
+        a = int(np.argmax(ratio))
+        best, move = ratio[a], None
+        for b in range(ranks):
+            if b == a:
+                continue
+            for i in slots[a]:
+                for j in slots[b]:
+                    delta = c[j] - c[i]
+                    new = max(((load[a] + delta) / target).max(), ((load[b] - delta) / target).max())
+                    if new < best - 1e-12:
+                        best, move = new, (b, i, j)
+        if move is None:
+            break
+        b, i, j = move
+        slots[a][slots[a].index(i)], slots[b][slots[b].index(j)] = j, i
+        load[a] += c[j] - c[i]
+        load[b] += c[i] - c[j]
+    return step[np.asarray(slots, dtype=np.int64)]
+
+
+def plan_window(rows: np.ndarray, costs: np.ndarray, ranks: int, per_rank: int,
+                rng: np.random.Generator | None) -> np.ndarray:
+    """``[steps, ranks, per_rank]`` of one window's rows (a multiple of ``ranks * per_rank``)."""
+    grouped = group(rows, costs, ranks * per_rank)
+    if per_rank == 1 and costs.shape[1]:
+        grouped = refine(grouped, costs)
+    steps = [deal(s, costs, ranks, per_rank) for s in grouped]
+    if rng is not None:
+        steps = [steps[k] for k in rng.permutation(len(steps))]
+    return np.stack(steps) if steps else np.zeros((0, ranks, per_rank), np.int64)
+
+
+def plan_steps(costs: np.ndarray, ranks: int, per_rank: int = 1, *, seed: int = 0, epoch: int = 0,
+               window: int | None = None, shuffle: bool = True, drop_last: bool = False) -> np.ndarray:
+    """``[steps, ranks, per_rank]`` row numbers of one epoch of rows whose costs are ``costs[n, k]`` (module doc);
+    a pure function of its arguments. Every row once (``drop_last=False``: the last step completed with rows
+    from the start of the epoch's order). ``window``: steps per grouping window, the whole epoch by default."""
+    window = window or max(1, -(-len(costs) // (ranks * per_rank)))
+    _check(ranks, per_rank, window)
+    costs = normalized(costs)
+    n, per_step = len(costs), ranks * per_rank
+    steps = n // per_step if drop_last else -(-n // per_step)
+    rng = np.random.default_rng(seed + epoch)
+    order = rng.permutation(n) if shuffle else np.arange(n)
+    order = np.resize(order, steps * per_step) if n else np.zeros(0, np.int64)
+    span = window * per_step
+    parts = [plan_window(order[a : a + span], costs, ranks, per_rank, rng if shuffle else None)
+             for a in range(0, len(order), span)]
+    return np.concatenate(parts) if parts else np.zeros((0, ranks, per_rank), np.int64)
+
+
+def plan_stages(costs: np.ndarray, source: np.ndarray, names: list[str], stages: list[Stage], ranks: int,
+                per_rank: int = 1, *, seed: int = 0, window: int | None = None) -> np.ndarray:
+    """``[steps, ranks, per_rank]`` over the stages' steps (``stages`` consecutive from step 0): each stage's rows
+    drawn from the sources (``source[n]`` indexes ``names``) by its weights, by largest remainder over the stage,
+    each source's rows in a seeded order that starts again, reshuffled, when they run out; then planned window by
+    window (the whole stage by default) as :func:`plan_steps` plans an epoch."""
+    window = window or max(s.end - s.start for s in stages) if stages else 1
+    _check(ranks, per_rank, window)
+    check_stages(stages, names)
+    costs = normalized(costs)
+    source = np.asarray(source, np.int64)
+    per_step = ranks * per_rank
+    rng = np.random.default_rng([seed, 1])
+    pools = [_Pool(np.flatnonzero(source == s), np.random.default_rng([seed, 2, s])) for s in range(len(names))]
+    out = []
+    for stage in stages:
+        need = (stage.end - stage.start) * per_step
+        weights = np.array([stage.weights.get(n, 0.0) for n in names], dtype=np.float64)
+        weights[[not len(p.rows) for p in pools]] = 0.0
+        if need and weights.sum() <= 0:
+            raise ValueError(f"stage {stage.start}-{stage.end}: none of its sources {sorted(stage.weights)} has rows")
+        counts = _largest_remainder(need, weights)
+        drawn = np.concatenate([pools[s].take(int(k)) for s, k in enumerate(counts)] or [np.zeros(0, np.int64)])
+        drawn = drawn[rng.permutation(len(drawn))]
+        span = window * per_step
+        out += [plan_window(drawn[a : a + span], costs, ranks, per_rank, rng) for a in range(0, len(drawn), span)]
+    return np.concatenate(out) if out else np.zeros((0, ranks, per_rank), np.int64)
+
+
+def check_stages(stages: list[Stage], names: list[str]) -> None:
+    at = 0
+    for s in stages:
+        if s.start != at or s.end <= s.start:
+            raise ValueError(f"stages must run consecutively from step 0, each at least one step: got {s.start}-{s.end} "
+                             f"after step {at}")
+        unknown = sorted(set(s.weights) - set(names))
+        if unknown:
+            raise ValueError(f"stage {s.start}-{s.end} weighs {unknown}, which are not sources of this build "
+                             f"(sources: {names})")
+        if any(w < 0 for w in s.weights.values()):
+            raise ValueError(f"stage {s.start}-{s.end}: weights must be >= 0, got {s.weights}")
+        at = s.end
+
+
+class _Pool:
+    """A source's rows, handed out in a seeded order, reshuffled each time they run out."""
+
+    def __init__(self, rows: np.ndarray, rng: np.random.Generator):
+        self.rows, self.rng, self.order, self.at = rows, rng, rows[rng.permutation(len(rows))], 0
+
+    def take(self, k: int) -> np.ndarray:
+        out = []
+        while k > 0:
+            if self.at == len(self.order):
+                self.order, self.at = self.rows[self.rng.permutation(len(self.rows))], 0
+            got = self.order[self.at : self.at + k]
+            out.append(got)
+            self.at += len(got)
+            k -= len(got)
+        return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
+def _largest_remainder(total: int, weights: np.ndarray) -> np.ndarray:
+    share = total * weights / weights.sum() if weights.sum() > 0 else np.zeros_like(weights)
+    counts = np.floor(share).astype(np.int64)
+    counts[np.argsort(-(share - counts), kind="stable")[: total - int(counts.sum())]] += 1
+    return counts
+
+
+def _check(ranks: int, per_rank: int, window: int) -> None:
+    if ranks < 1 or per_rank < 1:
+        raise ValueError(f"a step needs at least one rank and one row a rank, got {ranks} x {per_rank}")
+    if window < 1:
+        raise ValueError(f"window must be at least one step, got {window}")
+
+
+def measure(costs: np.ndarray, assignment: np.ndarray, names: tuple[str, ...] = ("llm", "encoder", "supervised")
+            ) -> dict[str, float]:
+    """Per cost (``costs[n, k]`` in any units, named by ``names``), Σ over steps of the slowest rank / Σ of the mean
+    rank (1.0 for a cost no row has); ``time``: Σ over steps of the slowest rank's ``llm + encoder`` (the first
+    two costs), the simulated time of the plan."""
+    costs = np.asarray(costs, dtype=np.float64).reshape(len(costs), -1)
+    load = costs[assignment].sum(2)  # [steps, ranks, k]
+    out = {}
+    for k, name in enumerate(names[: costs.shape[1]]):
+        mean = load[:, :, k].mean(1).sum()
+        out[name] = float(load[:, :, k].max(1).sum() / mean) if mean > 0 else 1.0
+    out["time"] = float(load[:, :, :2].sum(2).max(1).sum())
+    return out
+
+
+def random_steps(n: int, ranks: int, per_rank: int = 1, seed: int = 0) -> np.ndarray:
+    """Whole steps of a random order of ``n`` rows (the tail that fills no step left out): no balancing at all."""
+    per_step = ranks * per_rank
+    return np.random.default_rng(seed).permutation(n)[: n // per_step * per_step].reshape(-1, ranks, per_rank)
+
+
+def token_only(costs: np.ndarray, scalar: np.ndarray, ranks: int, per_rank: int = 1, *, seed: int = 0,
+               epoch: int = 0, window: int = 64) -> np.ndarray:
+    """The plan :class:`~packer.loader.TokenBalancedSampler` makes from one scalar cost per row (tokens and
+    attention): the baseline :func:`measure` compares against."""
+    n, per_step = len(scalar), ranks * per_rank
+    rng = np.random.default_rng(seed + epoch)
+    order = np.resize(rng.permutation(n), -(-n // per_step) * per_step)
+    return group_steps(order, np.asarray(scalar, np.float64), ranks, per_rank, window, rng)
