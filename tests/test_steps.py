@@ -164,3 +164,35 @@ def test_a_written_plan_is_what_the_sampler_computes_and_verify_accepts_it(build
     planned.set_epoch(2)
     with pytest.raises(ValueError, match="holds 2 epoch"):
         list(planned)
+
+
+def test_the_report_shows_each_cost_for_random_steps_token_only_and_the_plan(build):
+    from packer.report import report
+
+    by_ranks = report(build)["rank_imbalance"]["by_ranks"]
+    shown = [v for v in by_ranks.values() if v]
+    assert shown
+    for v in shown:
+        assert set(v["costs"]) == {"random", "sampler", "plan"}
+        assert all(set(c) == {"llm", "encoder", "supervised", "time"} for c in v["costs"].values())
+        assert v["costs"]["plan"]["supervised"] < v["costs"]["random"]["supervised"]
+        assert v["costs"]["plan"]["llm"] < v["costs"]["random"]["llm"]
+
+
+def test_a_staged_plan_accounts_each_stage_by_source_and_the_sampler_follows_it(build, tmp_path):
+    from packer.loader.samplers.step_plan import plan_command
+
+    stages = tmp_path / "stages.toml"
+    stages.write_text('[[stages]]\nstart = 0\nend = 4\nweights = { "sample_data/chat.jsonl" = 1.0 }\n'
+                      '[[stages]]\nstart = 4\nend = 10\n'
+                      'weights = { "sample_data/chat.jsonl" = 1.0, "sample_data/llava.jsonl" = 2.0 }\n')
+    meta = plan_command(str(build), ranks=2, batch_size=2, stages=str(stages))
+    assert meta["path"].endswith("-stages.arrow") and meta["steps_per_epoch"] == 10
+    first, second = (s["drawn"] for s in meta["stages"])
+    assert set(first) == {"sample_data/chat.jsonl"} and first["sample_data/chat.jsonl"]["rows"] == 16
+    assert {k: v["rows"] for k, v in second.items()} == {"sample_data/chat.jsonl": 8, "sample_data/llava.jsonl": 16}
+    planned = sampler(build, num_replicas=2, rank=0, batch_size=2, plan=meta["path"])
+    assert len(list(planned)) == 10 * 2
+    stages.write_text('[[stages]]\nstart = 0\nend = 4\nweights = { "nope.jsonl" = 1.0 }\n')
+    with pytest.raises(ValueError, match="not sources of this build"):
+        plan_command(str(build), ranks=2, stages=str(stages))

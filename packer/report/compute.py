@@ -49,7 +49,7 @@ import pyarrow.compute as pc
 
 from packer.balance import group_steps, imbalance, imbalance_floor
 from packer.config import FIELDS, BuildConfig
-from packer.cost import CostModel
+from packer.cost import COSTS, CostModel
 from packer.errors import ConfigError
 from packer.io.files import sha256_file, write_text_atomic
 from packer.io.fs import location
@@ -58,8 +58,9 @@ from packer.report.family import family_section, media_counts, shown_config
 from packer.shards.io import read_shards
 from packer.shards.manifest import REPORT_FILES, Manifest
 from packer.shards.schema import SAMPLE_SCHEMA, ShardEntry
-from packer.shards.stats import ShardStats, length_edges
+from packer.shards.stats import ROW_FIELDS, ShardStats, length_edges
 from packer.shards.stats import shard_stats as _shard_stats
+from packer.steps import measure, plan_steps
 
 MEGABATCH = 50
 # Training throughput the GPU-hour figures assume: about a 7B dense model (6 x 7e9 FLOP per token) on one
@@ -96,13 +97,18 @@ def _pad_cost(lengths: np.ndarray, batch: int) -> int:
     return cost
 
 
-def rank_imbalance(stats: dict[str, np.ndarray], ranks: int, seed: int, per_rank: int, window: int) -> dict[str, float] | None:
+def rank_imbalance(stats: dict[str, np.ndarray], ranks: int, seed: int, per_rank: int, window: int,
+                   cost_model: CostModel | None = None) -> dict[str, Any] | None:
     """Slowest-rank / mean-rank cost (the default cost model) of one epoch at ``ranks`` x
     ``per_rank`` rows: in random order (``random``: row k of a step to rank k mod R) and as
     :class:`~packer.loader.TokenBalancedSampler` with this ``window`` deals the rows
     (``sampler``); each as the mean over steps and, ``_weighted``, as Σ slowest / Σ mean (the
     one that measures ranks waiting). ``best_weighted``: :func:`~packer.balance.imbalance_floor`
-    of the same rows, the optimum at one row per rank and a lower bound above it."""
+    of the same rows, the optimum at one row per rank and a lower bound above it. ``costs``: per order (and
+    ``plan``, :func:`packer.steps.plan_steps` of the same rows: ``packer steps``, :class:`StepPlanSampler`), Σ
+    slowest / Σ mean of each of the three costs under ``cost_model`` (:meth:`CostModel.vector`) and the
+    simulated time (:func:`packer.steps.measure`)."""
+    cost_model = cost_model or CostModel()
     costs = CostModel()(stats)
     per_step = ranks * per_rank
     steps = len(costs) // per_step
@@ -112,9 +118,13 @@ def rank_imbalance(stats: dict[str, np.ndarray], ranks: int, seed: int, per_rank
     order = rng.permutation(len(costs))[: steps * per_step]
     plans = {"random": order.reshape(steps, per_rank, ranks).transpose(0, 2, 1),
              "sampler": group_steps(order, costs, ranks, per_rank, window, rng)}
-    return {"steps": int(steps), **{k: imbalance(costs, v) for k, v in plans.items()},
-            **{f"{k}_weighted": imbalance(costs, v, weighted=True) for k, v in plans.items()},
-            "best_weighted": imbalance_floor(costs[order], ranks, per_rank)}
+    vector = cost_model.vector(stats)[order]
+    plans["plan"] = plan_steps(vector, ranks, per_rank, seed=seed, drop_last=True)
+    return {"steps": int(steps), **{k: imbalance(costs, v) for k, v in plans.items() if k != "plan"},
+            **{f"{k}_weighted": imbalance(costs, v, weighted=True) for k, v in plans.items() if k != "plan"},
+            "best_weighted": imbalance_floor(costs[order], ranks, per_rank),
+            "costs": {k: measure(cost_model.vector(stats), v if k != "plan" else order[v], COSTS)
+                      for k, v in plans.items()}}
 
 
 def step_balance(stats: dict[str, np.ndarray], manifest: Manifest, seed: int) -> dict[str, Any]:
@@ -281,8 +291,7 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
     }
     edges = length_edges(cap)
     row_fill = s.array("row_tokens") / cap if s.rows else np.zeros(0)
-    row_stats = {"tokens": s.array("row_tokens"), "attention": s.array("row_attention"),
-                 "media_items": s.array("row_media_items"), "media_tokens": s.array("row_media_tokens")}
+    row_stats = {name: s.array(f"row_{name}") for name in ROW_FIELDS}
     acc, stats = manifest.accounting, manifest.stats
     trained = sum(m.trained_tokens for m in s.per_modality.values())
     return {

@@ -253,6 +253,21 @@ def step_balance_section(b: dict[str, Any]) -> str:
     table = _table(["ranks x rows", "steps", "random order: mean over steps", "random order: Σmax/Σmean",
                     f"sampler (window {b['window']}): mean over steps", "sampler: Σmax/Σmean", "best possible: Σmax/Σmean"],
                    rows, {1, 2, 3, 4, 5, 6})
+    per_cost = []
+    for k, v in b["by_ranks"].items():
+        if v and "costs" in v:
+            plan_time = max(v["costs"]["plan"]["time"], 1e-12)
+            for name, label in (("random", "random order"), ("sampler", f"TokenBalancedSampler (window {b['window']})"),
+                                ("plan", "step plan (packer steps, StepPlanSampler)")):
+                c = v["costs"][name]
+                per_cost.append([_setup(b, k), label, f"{c['llm']:.3f}", f"{c['encoder']:.3f}", f"{c['supervised']:.3f}",
+                                 f"{c['time'] / plan_time:.3f}"])
+    costs = (_table(["ranks x rows", "order", "llm: Σmax/Σmean", "encoder: Σmax/Σmean", "supervised: Σmax/Σmean",
+                     "simulated time / the plan's"], per_cost, {2, 3, 4, 5})
+             + "<p class='sub'>Each of the three costs a row has (the build's cost model, <code>CostModel.vector</code>): "
+               "llm (tokens and attention pairs), encoder (images, frames, clips through the towers), supervised "
+               "tokens (what weighs a rank's loss); simulated time: Σ over steps of the slowest rank's llm + encoder. "
+               "The step plan balances all three at once (docs/loader.md, \"Step plans\").</p>") if per_cost else ""
     bound = ("at more than one row per rank only a lower bound (&ge;): splitting a step's rows evenly is a partition "
              "problem" if b["best_is_bound"] else "the sampler with a window of the whole epoch reaches it")
     return (f"{table}<p class='sub'>Slowest rank / mean rank of each step's cost (<code>CostModel()</code>: tokens, "
@@ -260,7 +275,7 @@ def step_balance_section(b: dict[str, Any]) -> str:
             f"one: what the ranks wait is Σ (max &minus; mean). The mean over steps weighs a near-free step of cheap "
             f"rows as much as an expensive one. Best possible: the lowest Σmax/Σmean any assignment of the same rows "
             f"reaches; {bound}. Set with <code>--report-ranks</code>, <code>--report-batch</code>, "
-            f"<code>--report-window</code>.</p>")
+            f"<code>--report-window</code>.</p>{costs}")
 
 
 def truncated_section(r: dict[str, Any]) -> str:

@@ -37,7 +37,7 @@ class StepPlanSampler(ResumableMixin, torch.utils.data.Sampler):
             check_batches(dataset, batch_size)
         self.batch_size, self.seed, self.shuffle, self.drop_last = batch_size, seed, shuffle, drop_last
         self.rows = len(dataset)
-        self.window = window or max(1, self.rows)  # the whole epoch: see packer.steps
+        self.window = window  # None: the whole epoch (packer.steps)
         self.file = None
         if plan is not None:
             self.file = read_plan(plan)
@@ -99,21 +99,41 @@ def write_plan(out: str | Path, path: str | Path, *, ranks: int, batch_size: int
 
     ds = PackedDataset(out, check_media=False)
     model = cost or build_cost_model(ds.manifest)
-    costs = model.vector(ds.row_stats())
-    window = window or max(1, len(costs))
+    stats = ds.row_stats()
+    costs = model.vector(stats)
+    accounting = []
     if stages:
-        names = source_names(ds.manifest)
-        plans = [plan_stages(costs, row_sources(ds), names, stages, ranks, batch_size, seed=seed, window=window)]
+        names, source = source_names(ds.manifest), row_sources(ds)
+        plans = [plan_stages(costs, source, names, stages, ranks, batch_size, seed=seed, window=window)]
+        accounting = stage_accounting(plans[0], stages, source, names, stats["tokens"], costs)
     else:
+        window = window or -(-len(costs) // (ranks * batch_size))
         plans = [plan_steps(costs, ranks, batch_size, seed=seed, epoch=e, window=window) for e in range(epochs)]
     meta = {"ranks": ranks, "batch_size": batch_size, "epochs": len(plans), "steps_per_epoch": len(plans[0]),
             "seed": seed, "window": window, "rows": len(costs), "build": rows_identity(ds.entries),
             "cost_model": {f: getattr(model, f) for f in model.__dataclass_fields__},
-            "stages": [{"start": s.start, "end": s.end, "weights": s.weights} for s in stages or []],
+            "stages": [{"start": s.start, "end": s.end, "weights": s.weights, "drawn": a}
+                       for s, a in zip(stages or [], accounting, strict=False)],
             "balance": {"random": measure(costs, random_steps(len(costs), ranks, batch_size, seed), COSTS),
                         "plan": measure(costs, plans[0], COSTS)}}
     write(path, plans, meta)
     return meta
+
+
+def stage_accounting(plan: np.ndarray, stages: list[Stage], source: np.ndarray, names: list[str], tokens: np.ndarray,
+                     costs: np.ndarray) -> list[dict]:
+    """Per stage, per source: rows drawn (repeats counted), distinct rows, tokens and supervised tokens."""
+    out = []
+    for stage in stages:
+        rows = plan[stage.start : stage.end].reshape(-1)
+        by = {}
+        for s, name in enumerate(names):
+            mine = rows[source[rows] == s]
+            if len(mine):
+                by[name] = {"rows": int(len(mine)), "distinct_rows": int(len(np.unique(mine))),
+                            "tokens": int(tokens[mine].sum()), "supervised": int(costs[mine, 2].sum())}
+        out.append(by)
+    return out
 
 
 def check_plan(plan: PlanFile, dataset, ranks: int, batch_size: int) -> None:
@@ -131,7 +151,8 @@ def plan_command(out: str, *, ranks: int, batch_size: int = 1, epochs: int = 1, 
     """``packer steps``: :func:`write_plan` with a cost model file and a stages file read; the metadata and path."""
     from packer.shards.step_plan import FOLDER
 
-    path = Path(output) if output else Path(out) / FOLDER / f"ranks{ranks}-batch{batch_size}-seed{seed}.arrow"
+    name = f"ranks{ranks}-batch{batch_size}-seed{seed}{'-stages' if stages else ''}.arrow"
+    path = Path(output) if output else Path(out) / FOLDER / name
     meta = write_plan(out, path, ranks=ranks, batch_size=batch_size, epochs=epochs, seed=seed, window=window,
                       cost=load_cost_model(cost_model) if cost_model else None,
                       stages=read_stages(stages) if stages else None)
@@ -171,4 +192,8 @@ def summary_text(meta: dict) -> str:
              "  Σ slowest rank / Σ mean rank    " + "  ".join(f"{c:>10}" for c in COSTS)]
     for name in ("random", "plan"):
         lines.append(f"  {name:<30} " + "  ".join(f"{b[name][c]:10.3f}" for c in COSTS))
+    for stage in meta["stages"]:
+        lines.append(f"  stage {stage['start']}-{stage['end']}: " + ", ".join(
+            f"{src} {d['rows']:,} rows ({d['distinct_rows']:,} distinct), {d['tokens']:,} tokens"
+            for src, d in stage["drawn"].items()))
     return "\n".join(lines)
