@@ -188,6 +188,9 @@ def report(out, html, **settings):
 @click.argument("out", type=click.Path(file_okay=False, exists=True))
 @click.option("--ranks", type=click.IntRange(min=1), required=True, help="Data-parallel ranks the plan is for.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True, help="Rows per rank a step.")
+@click.option("--accumulation", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Micro-steps a rank accumulates before the ranks sync (DDP under no_sync): its rows of an optimizer "
+                   "step are balanced together. Leave 1 under FSDP / ZeRO-3 (they sync every micro-step).")
 @click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True, help="Epochs to plan.")
 @click.option("--seed", type=int, default=0, show_default=True, help="The plan's seed (the sampler's).")
 @click.option("--window", type=click.IntRange(min=1), default=None,
@@ -198,13 +201,14 @@ def report(out, html, **settings):
               help="A TOML file of mixture stages ([[stages]] start, end, weights = {source = w}) to plan instead of "
                    "epochs.")
 @click.option("-o", "--output", default=None, help="Where to write the plan (default: OUT/steps/ranksR-batchB-seedS.arrow).")
-def steps(out, ranks, batch_size, epochs, seed, window, cost_model, stages, output):
+def steps(out, ranks, batch_size, accumulation, epochs, seed, window, cost_model, stages, output):
     """Plan which rows each of RANKS data-parallel ranks trains at every step, balanced on the rows' llm, encoder
     and supervised cost at once, and write the plan StepPlanSampler(plan=...) follows."""
     from packer.loader.samplers.step_plan import plan_command, summary_text
 
     click.echo(summary_text(_run(plan_command, out, ranks=ranks, batch_size=batch_size, epochs=epochs, seed=seed,
-                                 window=window, cost_model=cost_model, stages=stages, output=output)))
+                                 window=window, cost_model=cost_model, stages=stages, output=output,
+                                 accumulation=accumulation)))
 
 
 @main.command()

@@ -170,10 +170,22 @@ def plan_window(rows: np.ndarray, costs: np.ndarray, ranks: int, per_rank: int,
 
 
 def plan_steps(costs: np.ndarray, ranks: int, per_rank: int = 1, *, seed: int = 0, epoch: int = 0,
-               window: int | None = None, shuffle: bool = True, drop_last: bool = False) -> np.ndarray:
+               window: int | None = None, shuffle: bool = True, drop_last: bool = False,
+               accumulation: int = 1) -> np.ndarray:
     """``[steps, ranks, per_rank]`` row numbers of one epoch of rows whose costs are ``costs[n, k]`` (module doc);
     a pure function of its arguments. Every row once (``drop_last=False``: the last step completed with rows
-    from the start of the epoch's order). ``window``: steps per grouping window, the whole epoch by default."""
+    from the start of the epoch's order). ``window``: steps per grouping window, the whole epoch by default.
+
+    ``accumulation`` > 1: the ranks wait for each other only at the optimizer step, every ``accumulation``
+    micro-steps (DDP under ``no_sync``), so a rank's ``accumulation x per_rank`` rows of an optimizer step are
+    balanced together and the result is in micro-steps (``[steps x accumulation, ranks, per_rank]``). Leave it 1
+    under FSDP / ZeRO-3, which gather parameters at every micro-step: each is balanced then."""
+    if accumulation < 1:
+        raise ValueError(f"accumulation must be at least 1, got {accumulation}")
+    if accumulation > 1:
+        whole = plan_steps(costs, ranks, per_rank * accumulation, seed=seed, epoch=epoch, window=window,
+                           shuffle=shuffle, drop_last=drop_last)
+        return micro_steps(whole, accumulation)
     window = window or max(1, -(-len(costs) // (ranks * per_rank)))
     _check(ranks, per_rank, window)
     costs = normalized(costs)
@@ -186,6 +198,14 @@ def plan_steps(costs: np.ndarray, ranks: int, per_rank: int = 1, *, seed: int = 
     parts = [plan_window(order[a : a + span], costs, ranks, per_rank, rng if shuffle else None)
              for a in range(0, len(order), span)]
     return np.concatenate(parts) if parts else np.zeros((0, ranks, per_rank), np.int64)
+
+
+def micro_steps(plan: np.ndarray, accumulation: int) -> np.ndarray:
+    """``[steps, ranks, accumulation x b]`` as ``[steps x accumulation, ranks, b]``: each rank's rows of an optimizer
+    step spread over its micro-steps in order."""
+    steps, ranks, per = plan.shape
+    b = per // accumulation
+    return plan.reshape(steps, ranks, accumulation, b).transpose(0, 2, 1, 3).reshape(steps * accumulation, ranks, b)
 
 
 def plan_stages(costs: np.ndarray, source: np.ndarray, names: list[str], stages: list[Stage], ranks: int,
@@ -264,13 +284,16 @@ def _check(ranks: int, per_rank: int, window: int) -> None:
         raise ValueError(f"window must be at least one step, got {window}")
 
 
-def measure(costs: np.ndarray, assignment: np.ndarray, names: tuple[str, ...] = ("llm", "encoder", "supervised")
-            ) -> dict[str, float]:
+def measure(costs: np.ndarray, assignment: np.ndarray, names: tuple[str, ...] = ("llm", "encoder", "supervised"),
+            accumulation: int = 1) -> dict[str, float]:
     """Per cost (``costs[n, k]`` in any units, named by ``names``), Σ over steps of the slowest rank / Σ of the mean
     rank (1.0 for a cost no row has); ``time``: Σ over steps of the slowest rank's ``llm + encoder`` (the first
-    two costs), the simulated time of the plan."""
+    two costs), the simulated time of the plan. ``accumulation``: the ranks wait at every ``accumulation``
+    micro-steps of ``assignment`` (a rank's load is its rows over them)."""
     costs = np.asarray(costs, dtype=np.float64).reshape(len(costs), -1)
-    load = costs[assignment].sum(2)  # [steps, ranks, k]
+    micro, ranks, per = assignment.shape
+    steps = assignment.reshape(micro // accumulation, accumulation, ranks, per).transpose(0, 2, 1, 3)
+    load = costs[steps.reshape(micro // accumulation, ranks, accumulation * per)].sum(2)  # [steps, ranks, k]
     out = {}
     for k, name in enumerate(names[: costs.shape[1]]):
         mean = load[:, :, k].mean(1).sum()

@@ -27,7 +27,7 @@ from packer.steps import Stage, measure, plan_stages, plan_steps, random_steps
 class StepPlanSampler(ResumableMixin, torch.utils.data.Sampler):
     def __init__(self, dataset, *, num_replicas: int | None = None, rank: int | None = None, batch_size: int = 1,
                  seed: int = 0, shuffle: bool = True, drop_last: bool = False, cost: CostModel | None = None,
-                 window: int | None = None, plan: str | Path | None = None):
+                 window: int | None = None, accumulation: int = 1, plan: str | Path | None = None):
         self.num_replicas, self.rank = world(num_replicas, rank)
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -36,21 +36,23 @@ class StepPlanSampler(ResumableMixin, torch.utils.data.Sampler):
 
             check_batches(dataset, batch_size)
         self.batch_size, self.seed, self.shuffle, self.drop_last = batch_size, seed, shuffle, drop_last
+        self.accumulation = accumulation
         self.rows = len(dataset)
         self.window = window  # None: the whole epoch (packer.steps)
         self.file = None
         if plan is not None:
             self.file = read_plan(plan)
-            check_plan(self.file, dataset, self.num_replicas, batch_size)
+            check_plan(self.file, dataset, self.num_replicas, batch_size, accumulation)
             self.seed = int(self.file.meta["seed"])
             self.steps = int(self.file.meta["steps_per_epoch"])
             return
         self.costs = row_costs(dataset, cost)
-        per_step = self.num_replicas * batch_size
-        self.steps = self.rows // per_step if drop_last else -(-self.rows // per_step)
-        if self.steps == 0:
-            raise ValueError(f"{self.rows} rows cannot fill one step of {self.num_replicas} x {batch_size} with "
-                             f"drop_last=True")
+        per_step = self.num_replicas * batch_size * accumulation
+        steps = self.rows // per_step if drop_last else -(-self.rows // per_step)
+        if steps == 0:
+            raise ValueError(f"{self.rows} rows cannot fill one step of {self.num_replicas} x {batch_size} x "
+                             f"{accumulation} with drop_last=True")
+        self.steps = steps * accumulation  # micro-steps
 
     def assignment(self, epoch: int | None = None) -> np.ndarray:
         """``[steps, num_replicas, batch_size]`` row numbers for an epoch (every rank's view)."""
@@ -58,7 +60,8 @@ class StepPlanSampler(ResumableMixin, torch.utils.data.Sampler):
         if self.file is not None:
             return self.file.epoch(epoch)
         return plan_steps(self.costs, self.num_replicas, self.batch_size, seed=self.seed, epoch=epoch,
-                          window=self.window, shuffle=self.shuffle, drop_last=self.drop_last)
+                          window=self.window, shuffle=self.shuffle, drop_last=self.drop_last,
+                          accumulation=self.accumulation)
 
 
 def row_costs(dataset, cost: CostModel | None = None) -> np.ndarray:
@@ -91,7 +94,8 @@ def source_names(manifest) -> list[str]:
 
 
 def write_plan(out: str | Path, path: str | Path, *, ranks: int, batch_size: int = 1, epochs: int = 1, seed: int = 0,
-               window: int | None = None, cost: CostModel | None = None, stages: list[Stage] | None = None) -> dict:
+               window: int | None = None, cost: CostModel | None = None, stages: list[Stage] | None = None,
+               accumulation: int = 1) -> dict:
     """Plan ``epochs`` epochs (or the ``stages``' steps: one "epoch" of them) of the build at ``out`` for ``ranks``
     x ``batch_size`` rows a step and write them to ``path`` (Arrow: epoch, step, rows; the settings and the
     balance figures in its metadata). Returns the metadata."""
@@ -102,20 +106,24 @@ def write_plan(out: str | Path, path: str | Path, *, ranks: int, batch_size: int
     stats = ds.row_stats()
     costs = model.vector(stats)
     accounting = []
+    if stages and accumulation > 1:
+        raise ValueError("a staged plan is made in micro-steps of their own: plan stages with accumulation 1")
     if stages:
         names, source = source_names(ds.manifest), row_sources(ds)
         plans = [plan_stages(costs, source, names, stages, ranks, batch_size, seed=seed, window=window)]
         accounting = stage_accounting(plans[0], stages, source, names, stats["tokens"], costs)
     else:
         window = window or -(-len(costs) // (ranks * batch_size))
-        plans = [plan_steps(costs, ranks, batch_size, seed=seed, epoch=e, window=window) for e in range(epochs)]
-    meta = {"ranks": ranks, "batch_size": batch_size, "epochs": len(plans), "steps_per_epoch": len(plans[0]),
+        plans = [plan_steps(costs, ranks, batch_size, seed=seed, epoch=e, window=window, accumulation=accumulation)
+                 for e in range(epochs)]
+    meta = {"ranks": ranks, "batch_size": batch_size, "accumulation": accumulation, "epochs": len(plans),
+            "steps_per_epoch": len(plans[0]),
             "seed": seed, "window": window, "rows": len(costs), "build": rows_identity(ds.entries),
             "cost_model": {f: getattr(model, f) for f in model.__dataclass_fields__},
             "stages": [{"start": s.start, "end": s.end, "weights": s.weights, "drawn": a}
                        for s, a in zip(stages or [], accounting, strict=False)],
-            "balance": {"random": measure(costs, random_steps(len(costs), ranks, batch_size, seed), COSTS),
-                        "plan": measure(costs, plans[0], COSTS)}}
+            "balance": {"random": measure(costs, random_steps(len(costs), ranks, batch_size * accumulation, seed), COSTS),
+                        "plan": measure(costs, plans[0], COSTS, accumulation)}}
     write(path, plans, meta)
     return meta
 
@@ -136,26 +144,30 @@ def stage_accounting(plan: np.ndarray, stages: list[Stage], source: np.ndarray, 
     return out
 
 
-def check_plan(plan: PlanFile, dataset, ranks: int, batch_size: int) -> None:
+def check_plan(plan: PlanFile, dataset, ranks: int, batch_size: int, accumulation: int = 1) -> None:
     m = plan.meta
     for name, have, want in (("ranks", ranks, m["ranks"]), ("batch_size", batch_size, m["batch_size"]),
+                             ("accumulation", accumulation, m.get("accumulation", 1)),
                              ("rows", len(dataset), m["rows"]), ("build", rows_identity(dataset.entries), m["build"])):
         if have != want:
             raise ValueError(f"the step plan was made for {name} = {want!r}, this run has {have!r}: write a plan for "
-                             f"this set-up (`packer steps OUT --ranks {ranks} --batch-size {batch_size}`) or pass "
+                             f"this set-up (`packer steps OUT --ranks {ranks} --batch-size {batch_size} --accumulation "
+                             f"{accumulation}`) or pass "
                              f"plan=None to plan each epoch here")
 
 
 def plan_command(out: str, *, ranks: int, batch_size: int = 1, epochs: int = 1, seed: int = 0, window: int | None = None,
-                 cost_model: str | None = None, stages: str | None = None, output: str | None = None) -> dict:
+                 cost_model: str | None = None, stages: str | None = None, output: str | None = None,
+                 accumulation: int = 1) -> dict:
     """``packer steps``: :func:`write_plan` with a cost model file and a stages file read; the metadata and path."""
     from packer.shards.step_plan import FOLDER
 
-    name = f"ranks{ranks}-batch{batch_size}-seed{seed}{'-stages' if stages else ''}.arrow"
+    accumulated = f"-accumulation{accumulation}" if accumulation > 1 else ""
+    name = f"ranks{ranks}-batch{batch_size}{accumulated}-seed{seed}{'-stages' if stages else ''}.arrow"
     path = Path(output) if output else Path(out) / FOLDER / name
     meta = write_plan(out, path, ranks=ranks, batch_size=batch_size, epochs=epochs, seed=seed, window=window,
                       cost=load_cost_model(cost_model) if cost_model else None,
-                      stages=read_stages(stages) if stages else None)
+                      stages=read_stages(stages) if stages else None, accumulation=accumulation)
     return {**meta, "path": str(path)}
 
 
