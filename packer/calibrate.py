@@ -82,9 +82,11 @@ def text_shapes(max_tokens: int) -> list[Shape]:
 
 
 def image_shapes(max_image_tokens: int, merge: int, text: int = 16) -> list[Shape]:
-    """Images of 16, 64, ... up to ``max_image_tokens`` placeholder tokens (square grids, one a 1:2 grid), one
-    each; and 2 and 4 images of the smallest sizes, so items vary apart from tokens."""
-    sides = [s for s in (4, 8, 16, 32, 64) if s * s <= max_image_tokens] or [4]
+    """Images of 16, 64, ... up to ``max_image_tokens`` placeholder tokens (square grids; 4 and 16 below 64), one
+    each; 2 and 4 images of the smallest size, 2 of the next and one 1:2 grid, so items, tokens an image and
+    tokens² vary apart."""
+    sides = [s for s in (4, 8, 16, 32, 64) if s * s <= max_image_tokens]
+    sides = sides if len(sides) > 1 else [2, 4]  # two sizes at least: tokens an image must vary apart from items
     grid = lambda side, wide=1: (side * merge, side * merge * wide)  # noqa: E731 -- tokens side² x wide
     shapes = [Shape(1, text, 1, grid(s)) for s in sides]
     shapes += [Shape(1, text, 2, grid(sides[0])), Shape(1, text, 4, grid(sides[0]))]
@@ -167,7 +169,8 @@ def calibrate(model: str, *, device: str = "cpu", dtype: str = "auto", attention
     fields = {k: coef.get(k, 0.0) for k in ("token", "attention", "image_item", "image_token", "image_square")}
     if vision:
         fields |= {f"video_{t}": fields[f"image_{t}"] for t in ("item", "token", "square")}
-    notes = []
+    notes = [f"{k} fitted to 0: the timings do not show it over the per-call overhead; time longer rows (--max-tokens) "
+             f"or more repeats" for k in ("token", "attention") if not fields[k]]
     flops = CostModel.for_model(config)
     if flops.audio_item:  # not timed: its FLOPs at the language model's measured seconds per FLOP
         fields["audio_item"] = flops.audio_item * fields["token"] / flops.token
@@ -201,6 +204,7 @@ def summary_text(result: dict[str, Any]) -> str:
     lines.append(f"  overhead      {result['overhead_s']:.4g} s a call (not in the cost model)")
     lines.append("  largest |residual|: " + ", ".join(f"{k.split('_')[0]} {100 * v:.1f}%" for k, v in r.items()
                                                        if v is not None))
+    lines += [f"  note: {n}" for n in result["notes"]]
     lines.append(f"  use it: packer build ... --cost-model {result['path']}")
     return "\n".join(lines)
 
