@@ -234,12 +234,14 @@ def _dtype(name: str, device: str):
 def _model(config: Any, attention: str, device: str, dtype) -> tuple[Any, dict]:
     """The model class for ``config``, randomly initialised, in training mode; its vision config where it has a
     Qwen-style tower (merged patches, ``image_grid_thw``), else {}."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     vision_config = getattr(config, "vision_config", None)
     auto = AutoModelForImageTextToText if vision_config is not None else AutoModelForCausalLM
     try:
-        net = auto.from_config(config, attn_implementation=attention)
+        with torch.device(device):  # initialised where it runs: a few seconds for billions of parameters on a GPU
+            net = auto.from_config(config, attn_implementation=attention)
     except ValueError as e:
         raise PackerError(f"calibrate: transformers has no {auto.__name__} for {config.model_type!r}: {e}") from None
     net = net.to(device=device, dtype=dtype).train()
