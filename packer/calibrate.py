@@ -25,7 +25,8 @@ does not leak into the per-token terms, reported as ``overhead_s``, not part of 
 
 Written as JSON: ``coefficients`` (what ``cost_model = PATH`` and ``packer steps --cost-model`` read,
 :meth:`CostModel.load`), the model, device, dtype and library versions, every measured point with its
-fitted time and relative residual, and the largest residual of the text and image points.
+fitted time and relative residual, the largest residual of the text and image points, and ``flops``:
+``for_model``'s FLOPs per unit of each fitted term (FLOPs / coefficient: the rate each term runs at).
 
 torch and transformers are imported inside the functions that use them (``import packer`` stays fast).
 """
@@ -137,7 +138,7 @@ def fit(points: list[dict[str, float]], seconds: list[float], features: tuple[st
 
 def calibrate(model: str, *, device: str = "cpu", dtype: str = "auto", attention: str = "sdpa",
               max_tokens: int = 4096, max_image_tokens: int = 1024, repeats: int = 5, warmup: int = 2,
-              seed: int = 0) -> dict[str, Any]:
+              seed: int = 0, threads: int = 0) -> dict[str, Any]:
     """Time ``model`` (a folder holding ``config.json``, or a hub id) at the shapes above and fit the cost model:
     the JSON :func:`calibrate_command` writes (see the module docstring)."""
     try:
@@ -148,6 +149,8 @@ def calibrate(model: str, *, device: str = "cpu", dtype: str = "auto", attention
     if repeats < 1 or warmup < 0 or max_tokens < 32 or max_image_tokens < 16:
         raise PackerError(f"calibrate needs repeats >= 1, warmup >= 0, max_tokens >= 32 and max_image_tokens >= 16; got "
                           f"{repeats}, {warmup}, {max_tokens}, {max_image_tokens}")
+    if threads:  # on a CPU other jobs share, one thread each op: threads that wait on each other time nothing
+        torch.set_num_threads(threads)
     config = _config(model)
     torch_dtype = _dtype(dtype, device)
     torch.manual_seed(seed)
@@ -179,10 +182,11 @@ def calibrate(model: str, *, device: str = "cpu", dtype: str = "auto", attention
     return {"model": model, "model_type": getattr(config, "model_type", ""), "device": device,
             "dtype": str(torch_dtype).removeprefix("torch."), "attention": attention, "units": "seconds",
             "coefficients": CostModel(**fields).coefficients(), "overhead_s": coef["call"],
+            "flops": {f: getattr(flops, f) for f in features if f != "call"},  # CostModel.for_model: FLOPs a unit
             "fitted": [f for f in features if f != "call"], "points": points,
             "residuals": {"text_max": worst("text"), "image_max": worst("image")}, "notes": notes,
             "settings": {"max_tokens": max_tokens, "max_image_tokens": max_image_tokens, "repeats": repeats,
-                         "warmup": warmup, "seed": seed},
+                         "warmup": warmup, "seed": seed, "threads": torch.get_num_threads()},
             "libraries": {"torch": torch.__version__, "transformers": transformers.__version__}}
 
 
@@ -199,11 +203,13 @@ def summary_text(result: dict[str, Any]) -> str:
     c, r = result["coefficients"], result["residuals"]
     lines = [f"{result['path']}: {result['model']} ({result['model_type']}) on {result['device']}, {result['dtype']}, "
              f"{len(result['points'])} shapes timed"]
-    lines += [f"  {k:<13} {c[k]:.4g} s" for k in ("token", "attention", "image_item", "image_token", "image_square")
-              if k in result["fitted"]]
+    for k in result["fitted"]:
+        flops = result["flops"][k]
+        rate = f"   ({flops / c[k] / 1e12:.3g} TFLOP/s of for_model's FLOPs)" if flops and c[k] else ""
+        lines.append(f"  {k:<13} {c[k]:.4g} s{rate}")
     lines.append(f"  overhead      {result['overhead_s']:.4g} s a call (not in the cost model)")
-    lines.append("  largest |residual|: " + ", ".join(f"{k.split('_')[0]} {100 * v:.1f}%" for k, v in r.items()
-                                                       if v is not None))
+    lines.append("  largest |residual|: " + ", ".join(f"{k} {100 * r[f'{k}_max']:.1f}%" for k in ("text", "image")
+                                                       if r.get(f"{k}_max") is not None))
     lines += [f"  note: {n}" for n in result["notes"]]
     lines.append(f"  use it: packer build ... --cost-model {result['path']}")
     return "\n".join(lines)

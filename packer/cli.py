@@ -222,8 +222,10 @@ def steps(out, ranks, batch_size, epochs, seed, window, cost_model, stages, outp
               help="Timed runs per shape (the median is fitted).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
               help="Untimed runs per shape first.")
+@click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
+              help="CPU threads torch uses (0: its default); 1 on a CPU other jobs share.")
 @click.option("-o", "--output", default="cost_model.json", show_default=True, help="Where to write the JSON.")
-def calibrate(model, device, dtype, attention, max_tokens, max_image_tokens, repeats, warmup, output):
+def calibrate(model, device, dtype, attention, max_tokens, max_image_tokens, repeats, warmup, threads, output):
     """Fit the cost model to MODEL's measured forward + backward time (a folder holding config.json, or a hub id;
     random weights from its config): text rows of several lengths and segmentations, images of several sizes. Writes
     the coefficients that `packer build --cost-model` and `packer steps --cost-model` read."""
@@ -231,7 +233,7 @@ def calibrate(model, device, dtype, attention, max_tokens, max_image_tokens, rep
 
     click.echo(summary_text(_run(calibrate_command, model, output, device=device, dtype=dtype, attention=attention,
                                  max_tokens=max_tokens, max_image_tokens=max_image_tokens, repeats=repeats,
-                                 warmup=warmup)))
+                                 warmup=warmup, threads=threads)))
 
 
 @main.command()

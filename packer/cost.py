@@ -139,6 +139,13 @@ class CostModel:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
+    def of_build(cls, manifest: Any) -> CostModel:
+        """The cost model a build recorded (its manifest's ``stats["cost_model"]["coefficients"]``: the one its
+        samples' cost vectors hold), else ``CostModel()`` (a build from before it recorded one)."""
+        recorded = (manifest.stats.get("cost_model") or {}).get("coefficients")
+        return cls(**recorded) if recorded else cls()
+
+    @classmethod
     def load(cls, path: str | Path) -> CostModel:
         """A cost model JSON: any subset of the coefficients (the rest default), at the top level or under
         ``coefficients`` (what ``packer calibrate`` writes). ``ValueError`` names a key that is no coefficient."""

@@ -69,8 +69,7 @@ def row_costs(dataset, cost: CostModel | None = None) -> np.ndarray:
 
 def build_cost_model(manifest) -> CostModel:
     """The cost model the build recorded (``manifest.stats["cost_model"]["coefficients"]``), else ``CostModel()``."""
-    recorded = (manifest.stats.get("cost_model") or {}).get("coefficients")
-    return CostModel(**recorded) if recorded else CostModel()
+    return CostModel.of_build(manifest)
 
 
 def row_sources(dataset) -> np.ndarray:
