@@ -93,6 +93,14 @@ def test_the_manifest_records_the_cost_model_a_path_gave(one_per_row):
     assert build_cost_model(manifest) == CostModel(**COEFFICIENTS)  # the samplers and packer steps take it
 
 
+def test_repack_keeps_the_samples_cost_model(one_per_row, tmp_path):
+    from packer.build import repack
+
+    out, manifest, _ = one_per_row
+    again = repack(out, output=str(tmp_path / "re"), max_length=8192, max_segments=0, progress=False)
+    assert again.stats["cost_model"] == manifest.stats["cost_model"]
+
+
 def test_plan_columns_carry_the_cost_vector(one_per_row):
     from packer.stages.planning import plan_columns
 
@@ -289,3 +297,15 @@ def test_calibrate_times_a_tiny_vlm_and_writes_a_cost_model_the_build_reads(tmp_
         assert written["coefficients"][f"video_{t}"] == written["coefficients"][f"image_{t}"]
     assert resolve_cost_model(str(path))["calibrated"] == {"device": "cpu", "dtype": "float32",
                                                            "model": str(tmp_path / "model")}
+
+
+def test_a_pipelines_cost_model_path_is_relative_to_the_pipeline(tmp_path, monkeypatch):
+    from packer.config import load_pipeline
+
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "cost.json").write_text(json.dumps({"token": 1.0}))
+    (tmp_path / "jobs" / "a.toml").write_text('cost_model = "cost.json"\n')
+    (tmp_path / "jobs" / "b.toml").write_text('cost_model = "default"\n')
+    monkeypatch.chdir(tmp_path)
+    assert load_pipeline(tmp_path / "jobs" / "a.toml")["cost_model"] == str(Path("jobs") / "cost.json")
+    assert load_pipeline(tmp_path / "jobs" / "b.toml")["cost_model"] == "default"
