@@ -17,8 +17,9 @@ cost model's statistics (:func:`nnls`, in seconds: a fit takes milliseconds)::
 - images (a Qwen-style tower: ``pixel_values`` of merged patches and ``image_grid_thw``): one to four
   images of 16 to ``max_image_tokens`` placeholder tokens each in one sequence, so items, tokens and
   Σ tokens² vary independently. Videos go through the same tower: ``video_*`` get the image
-  coefficients (:mod:`packer.cost`). An audio tower is not timed: ``audio_item`` is its FLOPs
-  (``for_model``) at the seconds per FLOP the fit found for the language model's tokens.
+  coefficients (:mod:`packer.cost`). An audio tower, and a vision tower of another kind (LLaVA's CLIP,
+  InternViT, tiles), is not timed: its terms are its FLOPs (``for_model``) at the seconds per FLOP the
+  fit found for the language model's tokens (``notes`` says so).
 
 ``call`` is a constant per model call (dispatch, the optimizer-free step's fixed work): fitted so it
 does not leak into the per-token terms, reported as ``overhead_s``, not part of the cost model.
@@ -175,9 +176,14 @@ def calibrate(model: str, *, device: str = "cpu", dtype: str = "auto", attention
     notes = [f"{k} fitted to 0: the timings do not show it over the per-call overhead; time longer rows (--max-tokens) "
              f"or more repeats" for k in ("token", "attention") if not fields[k]]
     flops = CostModel.for_model(config)
-    if flops.audio_item:  # not timed: its FLOPs at the language model's measured seconds per FLOP
-        fields["audio_item"] = flops.audio_item * fields["token"] / flops.token
-        notes.append("audio_item: for_model's FLOPs x the fitted seconds per FLOP of the language model's tokens")
+    untimed = [f"{kind}_{t}" for kind in ("image", "video") for t in ("item", "token", "square")] if not vision else []
+    untimed += ["audio_item"]  # towers not timed: their FLOPs at the language model's measured seconds per FLOP
+    for k in untimed:
+        if getattr(flops, k):
+            fields[k] = getattr(flops, k) * fields["token"] / flops.token
+    if any(getattr(flops, k) for k in untimed):
+        notes.append(f"{', '.join(k for k in untimed if getattr(flops, k))}: not timed (no Qwen-style vision tower / an "
+                     f"audio tower); for_model's FLOPs x the fitted seconds per FLOP of the language model's tokens")
     worst = lambda kind: max((abs(p["residual"]) for p in points if p["kind"] == kind), default=None)  # noqa: E731
     return {"model": model, "model_type": getattr(config, "model_type", ""), "device": device,
             "dtype": str(torch_dtype).removeprefix("torch."), "attention": attention, "units": "seconds",
