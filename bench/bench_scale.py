@@ -221,7 +221,7 @@ generated = {"length": length, "source_index": source, "source_line": line, "mod
 def filler(field):
     if pa.types.is_list(field.type):
         return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], field.type.value_type))
-    if pa.types.is_integer(field.type):
+    if pa.types.is_integer(field.type) or pa.types.is_floating(field.type):
         return pa.array(np.zeros(n, field.type.to_pandas_dtype()))
     raise SystemExit(f"bench_scale: the simulation does not know how to fill plan column {field.name} ({field.type})")
 schema = plan_columns(SAMPLE_SCHEMA.empty_table()).schema

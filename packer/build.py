@@ -74,6 +74,7 @@ class Encoded:
     content_changed: dict = field(default_factory=dict)  # Encoder.content_changed, summed over the tasks
     columns: pa.Table | None = None  # planning.plan_columns of every sample, from the stage-1 results (None: read the shards)
     media: list = field(default_factory=list)  # the media index's rows, one per file, from the stage-1 results
+    cost_model: dict = field(default_factory=dict)  # the samples' cost model (packer.cost.resolve_cost_model's record)
 
 
 def build(config: BuildConfig, *, progress: bool = True) -> Manifest:
@@ -124,7 +125,8 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
         try:
             tokenizer = driver.encoder.fingerprint()  # hashes the serialized tokenizer: once
             try:
-                open_state(out, fingerprint(files, config.content_dict(), tokenizer, media_root), overwrite=config.overwrite)
+                open_state(out, fingerprint(files, config.content_dict(), tokenizer, media_root, spec.cost_model),
+                           overwrite=config.overwrite)
             except ConfigError:
                 lock.release(discard=True)  # refused: no lock file left in a folder that holds no build of ours
                 raise
@@ -132,6 +134,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
             warn_sample_tokenizer(config, files)  # once the build is under way (a refused one says only why)
             encoded = encode_inputs(out, files, tasks, counts, setup_args, driver, engine, progress)
             encoded.input_sources = [k for _, k in inputs]
+            encoded.cost_model = spec.cost_model
             warn_no_encoder(out, driver.encoder.family.kinds, encoded)
             warn_internal_errors(out, encoded)
             check_bad_fraction(out, config, encoded, tokenizer)
@@ -418,7 +421,8 @@ def _repack_into(out: Path, source: Path, manifest: Manifest, config: BuildConfi
     by_file = {name: FileAccount(records=f.records, quarantined=f.quarantined) for name, f in acc.by_file.items()}
     encoded = Encoded(manifest.inputs, manifest.files.samples, by_file, acc.quarantined_by_reason, manifest.files.quarantine,
                       acc.blank_lines, manifest.input_sources, audio_truncated=int(manifest.stats.get("audio_truncated", 0)),
-                      content_changed=dict(manifest.stats.get("content_changed", {})))
+                      content_changed=dict(manifest.stats.get("content_changed", {})),
+                      cost_model=dict(manifest.stats.get("cost_model", {})))
     engine = get_engine(config.engine, config.workers or 1, address=config.ray_address, cpus_per_task=config.cpus_per_task)
     return plan_and_pack(out, config, encoded, manifest.tokenizer, engine, progress, media_root=manifest.media_root,
                          sections=manifest.sections, tokenizer_files=manifest.files.tokenizer, media_index=manifest.files.media,
@@ -530,7 +534,7 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
                     dropped=write_dropped(out, rows, p), tokenizer=list(tokenizer_files or []), media=media_index),
         accounting=accounting(by_file, encoded.quarantined, dropped, encoded.blank_lines),
         stats={**_stats(config, samples, p), **_row_lengths(config, p), "audio_truncated": encoded.audio_truncated,
-               "content_changed": encoded.content_changed},
+               "content_changed": encoded.content_changed, "cost_model": encoded.cost_model},
         execution=config.execution_dict(), sections=dict(sections or {}), repacked_from=repacked_from, code=code_identity(),
     )
     from packer.report import REPORT_FILES, write_report

@@ -212,6 +212,35 @@ def steps(out, ranks, batch_size, accumulation, epochs, seed, window, cost_model
 
 
 @main.command()
+@click.argument("model")
+@click.option("--device", default="cpu", show_default=True, help="Where to time the model: cpu, cuda, cuda:1, ...")
+@click.option("--dtype", default="auto", show_default=True,
+              help="Parameter dtype: float32, bfloat16, float16; auto: bfloat16 on cuda, float32 on cpu.")
+@click.option("--attention", default="sdpa", show_default=True,
+              help="The model's attn_implementation (sdpa, eager, flash_attention_2, ...): the kernel training uses.")
+@click.option("--max-tokens", type=click.IntRange(min=32), default=4096, show_default=True,
+              help="Longest text row timed (rows of a quarter, a half and all of it, in 1, 4 and 16 segments).")
+@click.option("--max-image-tokens", type=click.IntRange(min=16), default=1024, show_default=True,
+              help="Placeholder tokens of the largest image timed (a model with a Qwen-style vision tower).")
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Timed runs per shape (the median is fitted).")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Untimed runs per shape first.")
+@click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
+              help="CPU threads torch uses (0: its default); 1 on a CPU other jobs share.")
+@click.option("-o", "--output", default="cost_model.json", show_default=True, help="Where to write the JSON.")
+def calibrate(model, device, dtype, attention, max_tokens, max_image_tokens, repeats, warmup, threads, output):
+    """Fit the cost model to MODEL's measured forward + backward time (a folder holding config.json, or a hub id;
+    random weights from its config): text rows of several lengths and segmentations, images of several sizes. Writes
+    the coefficients that `packer build --cost-model` and `packer steps --cost-model` read."""
+    from packer.calibrate import calibrate_command, summary_text
+
+    click.echo(summary_text(_run(calibrate_command, model, output, device=device, dtype=dtype, attention=attention,
+                                 max_tokens=max_tokens, max_image_tokens=max_image_tokens, repeats=repeats,
+                                 warmup=warmup, threads=threads)))
+
+
+@main.command()
 @click.argument("out", type=click.Path(file_okay=False))
 @click.option("--media", type=click.Choice(["stat", "hash"]), is_flag=False, flag_value="stat", default=None,
               help="Also check every media file against the build's media index: size and modification time (stat, "

@@ -153,6 +153,11 @@ class BuildConfig:
                            stage="content", group="media")
     audio_features: str = _opt("", "Store audio features: whisper[:feature_size=128] (WhisperFeatureExtractor's "
                                    "input_features, 30 s padded, float32); empty: off.", stage="content", group="media")
+    cost_model: str = _opt("auto", "Coefficients of each sample's stored cost vector (llm, encoder, supervised: packer.cost): "
+                                   "auto (FLOPs from the model config.json beside --processor / --tokenizer, else "
+                                   "CostModel()), default (CostModel()), or a path: a cost model JSON (packer calibrate "
+                                   "writes one; any subset of the coefficients) or a model's config.json / folder.",
+                            stage="content", group="media")
     max_length: int = _opt(4096, "Capacity of a packed row, in tokens.", stage="plan", group="packing")
     algorithm: str = _opt("bfd", "Bin-packing algorithm (see packer.pack.ALGORITHMS).", stage="plan", group="packing")
     oversize: str = _opt("truncate", "What to do with a sample longer than max_length. split: pieces of at most max_length, "
@@ -443,7 +448,7 @@ def _relative_to(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     for key in PATH_KEYS:
         if key in out:
             out[key] = [place(v) for v in out[key]] if isinstance(out[key], list) else place(out[key])
-    for key in ("tokenizer", "processor"):  # a folder when the pipeline's folder holds it, else a hub name
+    for key in ("tokenizer", "processor", "cost_model"):  # a path when the pipeline's folder holds it, else a name
         if key in out:
             out[key] = place(out[key], must_exist=True)
     if isinstance(out.get("chat_template"), str) and out["chat_template"].endswith(".jinja"):

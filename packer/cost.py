@@ -134,6 +134,34 @@ class CostModel:
         items, tokens = stats["media_items"], stats["media_tokens"]
         return [(charged[0], items, tokens, tokens**2 / np.maximum(items, 1))]
 
+    def coefficients(self) -> dict[str, float]:
+        """Every coefficient by name: what a cost model JSON holds (:meth:`load` reads it back)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def of_build(cls, manifest: Any) -> CostModel:
+        """The cost model a build recorded (its manifest's ``stats["cost_model"]["coefficients"]``: the one its
+        samples' cost vectors hold), else ``CostModel()`` (a build from before it recorded one)."""
+        recorded = (manifest.stats.get("cost_model") or {}).get("coefficients")
+        return cls(**recorded) if recorded else cls()
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        """A cost model JSON: any subset of the coefficients (the rest default), at the top level or under
+        ``coefficients`` (what ``packer calibrate`` writes). ``ValueError`` names a key that is no coefficient."""
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        raw = raw.get("coefficients", raw) if isinstance(raw, dict) else raw
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: a cost model JSON is an object of coefficients, got {type(raw).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"{path}: {unknown} are not cost model coefficients (known: {sorted(known)})")
+        bad = {k: v for k, v in raw.items() if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0}
+        if bad:
+            raise ValueError(f"{path}: coefficients must be non-negative numbers, got {bad}")
+        return cls(**{k: float(v) for k, v in raw.items()})
+
     @classmethod
     def for_model(cls, config: Any, *, causal: bool = True, training: bool = True, frozen: tuple[str, ...] = (),
                   lm_head: bool = True) -> CostModel:
@@ -250,3 +278,100 @@ def _audio(a: dict, llm_hidden: int) -> float:
     convs = 2 * 3 * mels * d * 2 * positions + 2 * 3 * d * d * positions  # conv1 over 2P frames, conv2 stride 2
     body = layers * (2 * (4 * d * d + 2 * d * ffn) * positions + 4 * d * positions**2)
     return float(convs + body + 2 * d * llm_hidden * (positions // 2))
+
+
+AUTO, DEFAULT = "auto", "default"  # the build's ``cost_model`` settings besides a path
+
+
+def resolve_cost_model(setting: str, checkpoints: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The build's cost model as its manifest records it (``stats["cost_model"]``): ``coefficients`` (what
+    ``CostModel(**coefficients)`` rebuilds), ``source`` (``model_config``: :meth:`CostModel.for_model` of ``path``;
+    ``file``: coefficients read from ``path``; ``default``: ``CostModel()``) and ``setting``.
+
+    ``setting``: ``auto`` (the first of ``checkpoints`` -- the processor, the tokenizer -- whose folder or hub cache
+    holds a model ``config.json``, else ``CostModel()`` with a ``note`` saying why), ``default``, or a path: a model
+    config (``config.json`` or its folder) or a cost model JSON (:meth:`CostModel.load`; a calibration's ``device``,
+    ``dtype`` and ``model`` recorded under ``calibrated``). A path that cannot be read raises ``ConfigError``."""
+    from packer.errors import ConfigError
+
+    record: dict[str, Any] = {"setting": setting}
+    if setting == DEFAULT:
+        return record | {"source": "default", "coefficients": CostModel().coefficients()}
+    if setting == AUTO:
+        for name in dict.fromkeys(c for c in checkpoints if c):
+            path = _config_json(name)
+            config = _json(path) if path else None
+            if isinstance(config, dict) and _is_model_config(config):
+                try:
+                    model = CostModel.for_model(_full_config(config))
+                except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+                    note = f"{path}: no FLOP model for this config ({type(e).__name__}: {e})"
+                    import sys
+
+                    print(f"packer: warning: cost_model auto: {note}; CostModel() used (pass cost_model = a cost model "
+                          f"JSON, e.g. from packer calibrate)", file=sys.stderr)
+                    return record | {"source": "default", "note": note, "coefficients": CostModel().coefficients()}
+                return record | {"source": "model_config", "path": str(path), "coefficients": model.coefficients()}
+        names = ", ".join(dict.fromkeys(c for c in checkpoints if c)) or "none"
+        return record | {"source": "default", "coefficients": CostModel().coefficients(),
+                         "note": f"no model config.json with the checkpoint ({names}) in its folder or the local hub cache"}
+    path = Path(setting)
+    if path.is_dir():
+        path = path / "config.json"
+    raw = _json(path)
+    if raw is None:
+        raise ConfigError(f"cost_model = {setting!r}: cannot read {path} as JSON; give a cost model JSON (packer "
+                          f"calibrate writes one), a model's config.json or its folder, or auto / default")
+    if isinstance(raw, dict) and _is_model_config(raw):
+        try:
+            return record | {"source": "model_config", "path": str(path),
+                             "coefficients": CostModel.for_model(_full_config(raw)).coefficients()}
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+            raise ConfigError(f"cost_model = {setting!r}: no FLOP model for this config ({type(e).__name__}: {e}); "
+                              f"give a cost model JSON instead (packer calibrate writes one)") from None
+    try:
+        model = CostModel.load(path)
+    except ValueError as e:
+        raise ConfigError(f"cost_model = {setting!r}: {e}") from None
+    calibrated = {k: raw[k] for k in ("model", "device", "dtype") if k in raw}
+    return record | {"source": "file", "path": str(path), "coefficients": model.coefficients(),
+                     **({"calibrated": calibrated} if calibrated else {})}
+
+
+def _config_json(name: str) -> Path | None:
+    """``config.json`` of a checkpoint folder, or of a hub id in the local hub cache (never downloaded: a build
+    decides its bytes from what is here); None when there is none."""
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        return folder / "config.json" if (folder / "config.json").is_file() else None
+    if "://" in name:
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(name, "config.json")
+    except Exception:  # noqa: BLE001 -- not a valid hub id: nothing cached
+        return None
+    return Path(hit) if isinstance(hit, str) else None
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _is_model_config(d: dict) -> bool:
+    return isinstance(d.get("text_config"), dict) or ("hidden_size" in d and "num_hidden_layers" in d)
+
+
+def _full_config(d: dict) -> Any:
+    """The config with its class's defaults filled in (transformers' class for ``model_type``, built from the JSON:
+    no checkpoint code runs), or the JSON itself where transformers has no such class."""
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.for_model(d["model_type"], **{k: v for k, v in d.items() if k != "model_type"})
+    except Exception:  # noqa: BLE001 -- no model_type, a type this transformers lacks: the JSON's own keys
+        return d

@@ -48,9 +48,9 @@ def test_layout_and_schema(sample_build):
     assert not list(out.rglob("*.tmp-*"))
     for t in packed_tables(out, manifest):
         assert t.column_names == COLUMNS
-        assert t.schema.metadata[b"packer.schema_version"] == b"4"
+        assert t.schema.metadata[b"packer.schema_version"] == b"5"
         assert t.schema.field("segment_modality").type == pa.list_(pa.dictionary(pa.int32(), pa.string()))
-    assert manifest["schema_version"] == 4 and manifest["status"] == "complete"
+    assert manifest["schema_version"] == 5 and manifest["status"] == "complete"
     assert manifest["tokenizer"]["vocab_size"] > 1000 and len(manifest["tokenizer"]["sha256"]) == 64
 
 

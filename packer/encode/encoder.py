@@ -91,12 +91,17 @@ class EncoderSpec:
     media_base: str = ""
     family: dict[str, Any] | None = None
     shipped: Shipped | None = None  # the tokenizer's files (and a template file), read on the driver
+    cost_model: dict[str, Any] | None = None  # packer.cost.resolve_cost_model's record (None: resolved from the config)
 
     @classmethod
     def from_config(cls, config: Any, media_base: str = "", *, ship_files: bool = False) -> EncoderSpec:
         """``ship_files``: carry the tokenizer folder and a ``.jinja`` template file in the spec (workers on
-        other machines, or in another folder, load them from there: :mod:`packer.encode.shipped`)."""
-        spec = cls(config, media_base, make_family(config).describe())
+        other machines, or in another folder, load them from there: :mod:`packer.encode.shipped`). The cost model
+        is resolved here, on the driver: workers get its coefficients, never its files."""
+        from packer.cost import resolve_cost_model
+
+        spec = cls(config, media_base, make_family(config).describe(),
+                   cost_model=resolve_cost_model(config.cost_model, (config.processor, config.tokenizer)))
         return dataclasses.replace(spec, shipped=ship(spec.tokenizer, config.chat_template)) if ship_files else spec
 
     @classmethod

@@ -136,7 +136,8 @@ def step_balance(stats: dict[str, np.ndarray], manifest: Manifest, seed: int) ->
     ranks = [int(r) for r in recorded["report_ranks"]]
     per_rank, window = int(recorded["report_batch"]), int(recorded["report_window"])
     return {"ranks": ranks, "rows_per_rank": per_rank, "window": window, "best_is_bound": per_rank > 1,
-            "by_ranks": {str(r): rank_imbalance(stats, r, seed, per_rank, window) for r in ranks}}
+            "by_ranks": {str(r): rank_imbalance(stats, r, seed, per_rank, window, CostModel.of_build(manifest))
+                         for r in ranks}}
 
 
 def title(out: Path, manifest: Manifest) -> str:

@@ -16,7 +16,7 @@ mapped file (a segfault, not an error). :func:`check_table` refuses such a table
     parents and groups earlier segments of the row; media spans inside the row and their segment list;
   - ``samples``: ``len(input_ids) == len(labels) == length`` (a preference sample: ``length`` less the shared
     prompt stored once, ``prefix x (responses - 1)``), ids and labels as above, ``n_trained``
-    the labels' count, media and response spans inside the sample, ``prefix <= length``;
+    the labels' count, media and response spans inside the sample, ``prefix <= length``, costs non-negative;
   - ``plan``: one sample, start and length per segment, none negative.
 
 What this cannot see is a damaged value that is still a valid one (a token id replaced by another):
@@ -218,6 +218,10 @@ def _samples(batch: pa.RecordBatch, vocab_size: int | None) -> tuple[int, str] |
     row = _first((prefix < 0) | (prefix > n))
     if row is not None:
         return row, "a prefix outside the sample"
+    for name in ("cost_llm", "cost_encoder", "cost_supervised"):
+        row = _first(~(batch.column(name).to_numpy(zero_copy_only=False) >= 0))  # NaN too
+        if row is not None:
+            return row, f"a negative or NaN {name}"
     if len(responses.values):
         fields = dict(zip([f.name for f in responses.values.type], responses.values.flatten(), strict=True))
         start, length = (fields[k].to_numpy(zero_copy_only=False).astype(np.int64) for k in ("start", "length"))

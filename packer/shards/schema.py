@@ -1,4 +1,4 @@
-"""Record kinds and the Arrow schemas derived from them (schema_version 4).
+"""Record kinds and the Arrow schemas derived from them (schema_version 5).
 
 One frozen dataclass per record kind. Each field carries its Arrow type in an
 ``Annotated`` hint, and :func:`arrow_schema` derives the file schema from the hints, so
@@ -42,10 +42,11 @@ import pyarrow as pa
 from packer._ranges import csr_offsets
 from packer.errors import SchemaVersionError
 
-SCHEMA_VERSION = 4  # 2: integer segment identity (segment_source / _line / _start), sample source_index;
+SCHEMA_VERSION = 5  # 2: integer segment identity (segment_source / _line / _start), sample source_index;
 #                    3: media spans cover a whole item (tokens, llm_grid);
 #                    4: preference records: a sample's responses and shared prefix, a packed segment's
-#                       parent / group / role / weight (a tree's branch attends to its parent)
+#                       parent / group / role / weight (a tree's branch attends to its parent);
+#                    5: a sample's cost vector (cost_llm / cost_encoder / cost_supervised, packer.cost)
 MEDIA_KINDS = ("image", "audio", "video")  # what a media span's ``kind`` may be
 IGNORE = -100  # label of a position that is not trained (the HF / PyTorch ignore_index)
 VERSION_KEY = b"packer.schema_version"
@@ -55,6 +56,7 @@ Int32 = Annotated[int, pa.int32()]
 Int64 = Annotated[int, pa.int64()]
 Int64List = Annotated[tuple[int, ...], pa.list_(pa.int64())]
 Str = Annotated[str, pa.string()]
+Float64 = Annotated[float, pa.float64()]
 Int32List = Annotated[tuple[int, ...], pa.list_(pa.int32())]
 StrList = Annotated[tuple[str, ...], pa.list_(pa.string())]
 Category = Annotated[str, pa.dictionary(pa.int32(), pa.string())]
@@ -142,6 +144,14 @@ class Sample:
     ``pairs`` length). The plan lays them out as pairs (each response whole) or as a tree
     (``prefix`` once, then each response's remaining tokens). ``prefix`` is 0 and ``responses``
     empty for every other record.
+
+    ``cost_llm`` / ``cost_encoder`` / ``cost_supervised`` are :meth:`packer.cost.CostModel.vector` of a
+    packed row holding this sample alone (:func:`packer.shards.stats.sample_stats`; the whole sample, before
+    any truncation; a preference sample in its ``pairs`` layout), under the build's cost model (its
+    coefficients in the manifest's ``stats.cost_model``). Stage 1 fills them once its batch of samples is a
+    table (:func:`packer.stages.encode.with_costs`; a ``Sample`` built in memory holds 0.0). Three named
+    float64 columns, not one list of three: any Arrow reader (polars, ``datasets``) reads each cost by name,
+    and the planner takes them as they are (:func:`packer.stages.planning.plan_columns`).
     """
 
     key: Str
@@ -156,6 +166,9 @@ class Sample:
     media: Annotated[tuple[MediaSpan, ...], list_of(MediaSpan)] = ()
     responses: Annotated[tuple[ResponseSpan, ...], list_of(ResponseSpan)] = ()
     prefix: Int32 = 0
+    cost_llm: Float64 = 0.0
+    cost_encoder: Float64 = 0.0
+    cost_supervised: Float64 = 0.0
 
 
 @dataclass(frozen=True)
@@ -242,9 +255,9 @@ def check_schema(schema: pa.Schema, where: str) -> None:
 
 def version_message(where: str, version: object) -> str:
     """What to say about a file of another schema version: which, and how to get a readable one."""
-    if str(version) in ("1", "2", "3"):
+    if str(version) in ("1", "2", "3", "4"):
         what = {"1": "before integer segment identity", "2": "before whole-item media spans",
-                "3": "before preference records"}[str(version)]
+                "3": "before preference records", "4": "before per-sample cost vectors"}[str(version)]
         return (f"{where}: schema_version {version} (written by an earlier packer, {what}) is not read by "
                 f"this packer (reads {SCHEMA_VERSION}); rebuild it: packer build ... --overwrite, same inputs")
     return (f"{where}: schema_version {version} is not supported by this packer (reads {SCHEMA_VERSION}); "

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from packer.cost import COSTS, CostModel, resolve_cost_model
 from packer.encode import Encoder, EncoderSpec
 from packer.errors import BadRecord, PackerError, StrictModeError
 from packer.ingest.reader import MAX_LINE_BYTES, RawLine, read_lines, scan_lines
@@ -33,6 +34,7 @@ from packer.io.files import set_durable, write_text_atomic
 from packer.io.fs import location, parent
 from packer.shards.io import read_shard, write_shard
 from packer.shards.schema import SAMPLE_SCHEMA, QuarantineEntry, Sample, ShardEntry, to_table
+from packer.shards.stats import sample_stats
 from packer.stages.planning import plan_columns
 from packer.stages.state import INTERNAL_ERROR_FILE, Journal, shard_payload
 
@@ -119,12 +121,25 @@ class EncodeState:
     strict: bool
     journal: Journal
     on_internal_error: str = "stop"
+    cost: CostModel = CostModel()  # each sample's cost vector (with_costs)
 
 
 def setup(spec: EncoderSpec, out: str, strict: bool, durable: bool = True, on_internal_error: str = "stop") -> EncodeState:
     set_durable(durable)
     where = location(out)  # a local folder, or a URL the worker writes directly
-    return EncodeState(Encoder(spec), where, strict, Journal(where), on_internal_error)
+    record = spec.cost_model or resolve_cost_model(spec.config.cost_model, (spec.config.processor, spec.config.tokenizer))
+    return EncodeState(Encoder(spec), where, strict, Journal(where), on_internal_error, CostModel(**record["coefficients"]))
+
+
+def with_costs(table: pa.Table, cost: CostModel) -> pa.Table:
+    """``table`` (rows of the samples schema) with each sample's cost vector filled in: :meth:`CostModel.vector` of
+    the sample's :func:`~packer.shards.stats.sample_stats` (a packed row of it alone)."""
+    vector = cost.vector(sample_stats(table))
+    for k, name in enumerate(COSTS):
+        column = f"cost_{name}"
+        table = table.set_column(table.schema.get_field_index(column), table.schema.field(column),
+                                 pa.array(vector[:, k], pa.float64()))
+    return table
 
 
 def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
@@ -167,7 +182,7 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
     target = state.out / "samples" / f"part-{task.index:05d}.arrow"
     try:  # output I/O (disk full, permissions) stops the build with the path, not a traceback
         if samples:
-            table = to_table(samples, SAMPLE_SCHEMA)
+            table = with_costs(to_table(samples, SAMPLE_SCHEMA), state.cost)
             shard = write_shard(target, table, state.out)
             columns, media = plan_columns(table), _media(state, table)
         state.journal.record("encode", task.index, shard_payload(shard, quarantine=[asdict(q) for q in bad],

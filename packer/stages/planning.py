@@ -1,7 +1,7 @@
 """Stage 2: plan. The samples' lengths (and a few attributes) in, ``plan.arrow`` out.
 
 The driver holds a few columns per sample (:func:`plan_columns`: length, input file,
-line, modality, media counts; 32 bytes a sample), which each stage-1 task returns with its
+line, modality, media counts, cost vector; 64 bytes a sample), which each stage-1 task returns with its
 result, so the samples shards themselves are not read to plan (a remote build's would be
 downloaded). Samples over ``max_length`` are the only rows read in full
 (:class:`SampleRows`): their media spans (never cut through; a split piece that follows a
@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from packer._ranges import csr_offsets
 from packer.config import BuildConfig
+from packer.cost import COSTS
 from packer.errors import ConfigError
 from packer.mix import Mix, mix
 from packer.pack import Plan, plan
@@ -30,7 +31,8 @@ from packer.shards.schema import IGNORE, MEDIA_KINDS, PLAN_SCHEMA
 def plan_columns(samples: pa.Table) -> pa.Table:
     """The columns of ``samples`` (rows of the samples schema) that stage 2 and the accounting read; a
     preference sample's shared ``prefix`` and its responses' lengths (``response_lengths``, empty for other
-    samples: its responses are consecutive from token 0)."""
+    samples: its responses are consecutive from token 0); its cost vector (``cost_llm``, ``cost_encoder``,
+    ``cost_supervised``: float64, :data:`packer.cost.COSTS`)."""
     counts = media_counts(samples)
     spans = samples.column("responses").combine_chunks() if samples.num_rows else pa.array([], samples.schema.field(
         "responses").type)
@@ -38,7 +40,8 @@ def plan_columns(samples: pa.Table) -> pa.Table:
     return pa.table({"length": samples.column("length"), "source_index": samples.column("source_index"),
                      "source_line": samples.column("source_line"), "modality": samples.column("modality"),
                      **{f"media_{k}": pa.array(v, pa.int32()) for k, v in counts.items()},
-                     "prefix": samples.column("prefix"), "response_lengths": response_lengths})
+                     "prefix": samples.column("prefix"), "response_lengths": response_lengths,
+                     **{f"cost_{k}": samples.column(f"cost_{k}") for k in COSTS}})
 
 
 class SampleRows:

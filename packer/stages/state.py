@@ -4,7 +4,7 @@
 
 - ``fingerprint.json``: what decides the output -- each input file's path, size and
   modification time, the content settings of the config (not workers or engine), the
-  tokenizer's fingerprint, packer's version and schema version. A rerun with the same
+  tokenizer's fingerprint, the cost model's coefficients, packer's version and schema version. A rerun with the same
   fingerprint resumes; a different one is refused (saying what changed) unless
   ``--overwrite``, which starts over.
 - ``encode-NNNNN.json`` / ``pack-NNNNN.json``: one per finished stage-1 / stage-3 task,
@@ -94,7 +94,10 @@ class BuildLock:
                 pass
 
 
-def fingerprint(files: list, content: dict[str, Any], tokenizer: dict[str, Any], media_root: str = "") -> dict[str, Any]:
+def fingerprint(files: list, content: dict[str, Any], tokenizer: dict[str, Any], media_root: str = "",
+                cost_model: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``cost_model``: the resolved cost model (:func:`packer.cost.resolve_cost_model`), whose coefficients are in
+    every sample's cost vector: a ``config.json`` beside the processor that changed changes the samples' bytes."""
     from packer.io.fs import stat
 
     inputs = []
@@ -102,7 +105,8 @@ def fingerprint(files: list, content: dict[str, Any], tokenizer: dict[str, Any],
         size, mtime = stat(f)
         inputs.append({"path": str(f), "size": size, "mtime_ns": mtime})
     return {"packer_version": __version__, "schema_version": SCHEMA_VERSION, "inputs": inputs,
-            "config": content, "tokenizer": tokenizer, "media_root": media_root, **code_identity()}
+            "config": content, "tokenizer": tokenizer, "media_root": media_root, "cost_model": cost_model,
+            **code_identity()}
 
 
 # The libraries whose versions can change a build's bytes: tokenization and chat templates,
@@ -138,7 +142,7 @@ def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         out.append("input files")
     out += [f"config.{k}" for k in sorted(set(old.get("config", {})) | set(new.get("config", {})))
             if old.get("config", {}).get(k) != new.get("config", {}).get(k)]
-    out += [k for k in ("tokenizer", "media_root", "schema_version", *CODE_KEYS) if old.get(k) != new.get(k)]
+    out += [k for k in ("tokenizer", "media_root", "cost_model", "schema_version", *CODE_KEYS) if old.get(k) != new.get(k)]
     return out
 
 

@@ -72,8 +72,7 @@ def row_costs(dataset, cost: CostModel | None = None) -> np.ndarray:
 
 def build_cost_model(manifest) -> CostModel:
     """The cost model the build recorded (``manifest.stats["cost_model"]["coefficients"]``), else ``CostModel()``."""
-    recorded = (manifest.stats.get("cost_model") or {}).get("coefficients")
-    return CostModel(**recorded) if recorded else CostModel()
+    return CostModel.of_build(manifest)
 
 
 def row_sources(dataset) -> np.ndarray:
@@ -173,14 +172,7 @@ def plan_command(out: str, *, ranks: int, batch_size: int = 1, epochs: int = 1, 
 
 def load_cost_model(path: str | Path) -> CostModel:
     """A cost model JSON: CostModel's fields at the top level or under ``coefficients`` (what calibrate writes)."""
-    import json
-
-    raw = json.loads(Path(path).read_text())
-    raw = raw.get("coefficients", raw)
-    unknown = sorted(set(raw) - set(CostModel.__dataclass_fields__))
-    if unknown:
-        raise ValueError(f"{path}: {unknown} are not cost model coefficients (known: {sorted(CostModel.__dataclass_fields__)})")
-    return CostModel(**{k: float(v) for k, v in raw.items()})
+    return CostModel.load(path)
 
 
 def read_stages(path: str | Path) -> list[Stage]:
