@@ -12,10 +12,13 @@ of ``--capacity`` tokens; a row's statistics are its samples' (:func:`packer.sha
 
 Cost models: ``CostModel.for_model`` of a Qwen3-VL-2B-shaped config (a 2B LLM, a 24-layer ViT of width 1024,
 DeepStack) and of a Qwen2.5-Omni-7B-shaped thinker (a 7B LLM, a 32-layer windowed ViT, a 32-layer Whisper
-encoder) -- FLOPs of forward + backward, every tower trained. Figures per cost (llm, encoder, supervised): Σ over
-steps of the slowest rank / Σ of the mean rank (1.000 = no rank waits); ``time``: the simulated epoch, Σ over
-steps of the slowest rank's llm + encoder FLOPs, as a ratio token-only / plan (> 1: the plan is faster), and in
-brackets token-only / a perfectly balanced epoch (Σ over steps of the mean rank): the most any plan could gain.
+encoder) -- FLOPs of forward + backward, every tower trained -- and the Qwen3-VL-2B shape's coefficients in
+seconds as ``packer calibrate --device cuda --dtype bfloat16 --max-tokens 16384 --max-image-tokens 8192`` fitted
+them on an H200 (``bench/calibrated_qwen3vl2b_h200.json``: random weights, sdpa). Figures per cost (llm,
+encoder, supervised): Σ over steps of the slowest rank / Σ of the mean rank (1.000 = no rank waits); ``time``:
+the simulated epoch, Σ over steps of the slowest rank's llm + encoder cost, as a ratio token-only / plan (> 1:
+the plan is faster), and in brackets token-only / a perfectly balanced epoch (Σ over steps of the mean rank):
+the most any plan could gain.
 """
 
 from __future__ import annotations
@@ -121,7 +124,9 @@ def main() -> None:
     ap.add_argument("--capacity", type=int, default=8192)
     ap.add_argument("--seeds", type=int, default=3)
     args = ap.parse_args()
-    models = {"Qwen3-VL-2B": CostModel.for_model(QWEN3_VL_2B), "Qwen2.5-Omni-7B": CostModel.for_model(QWEN25_OMNI_7B)}
+    models = {"Qwen3-VL-2B": CostModel.for_model(QWEN3_VL_2B),
+              "Qwen3-VL-2B, H200-calibrated": CostModel.load(ROOT / "bench" / "calibrated_qwen3vl2b_h200.json"),
+              "Qwen2.5-Omni-7B": CostModel.for_model(QWEN25_OMNI_7B)}
     print("| mix | cost model | ranks x batch | rows, rows / bound | order | llm | encoder | supervised | "
           "time token-only / plan (most possible) |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -162,7 +162,13 @@ def calibrate(model: str, *, device: str = "cpu", dtype: str = "auto", attention
     points = []
     for shape in shapes:
         inputs = ids.inputs(shape, vision, merge, net, device, torch_dtype)
-        seconds = _time(net, inputs, repeats, warmup, device)
+        try:
+            seconds = _time(net, inputs, repeats, warmup, device)
+        except torch.OutOfMemoryError:
+            raise PackerError(f"calibrate: {shape.segments} segment(s) of {shape.length} tokens"
+                              f"{f' and {shape.images} image(s) of {shape.grid}' if shape.images else ''} do not fit "
+                              f"in {device}'s memory (forward + backward, no activation checkpointing): lower "
+                              f"--max-tokens / --max-image-tokens (now {max_tokens} / {max_image_tokens})") from None
         points.append({"kind": "image" if shape.images else "text", "segments": shape.segments, "length": shape.length,
                        "images": shape.images, "image_grid": list(shape.grid), **shape.stats(merge), "seconds": seconds})
     features = FEATURES if vision else FEATURES[:3]

@@ -95,7 +95,7 @@ WEIGHTS = {"chosen": 1.0, "rejected": -0.7, "0": 0.3, "1": 0.9, "2": -1.1, "desi
 
 def per_token(logits: torch.Tensor, labels: np.ndarray) -> torch.Tensor:
     """Log-probability of each trained target of one sequence run alone (0 elsewhere)."""
-    target = torch.as_tensor(labels[1:], dtype=torch.long)
+    target = torch.as_tensor(labels[1:], dtype=torch.long, device=logits.device)
     lp = torch.log_softmax(logits[:-1], -1).gather(-1, target.clamp(min=0)[:, None])[:, 0]
     return lp * (target != IGNORE)
 

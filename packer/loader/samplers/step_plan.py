@@ -165,14 +165,9 @@ def plan_command(out: str, *, ranks: int, batch_size: int = 1, epochs: int = 1, 
     name = f"ranks{ranks}-batch{batch_size}{accumulated}-seed{seed}{'-stages' if stages else ''}.arrow"
     path = Path(output) if output else Path(out) / FOLDER / name
     meta = write_plan(out, path, ranks=ranks, batch_size=batch_size, epochs=epochs, seed=seed, window=window,
-                      cost=load_cost_model(cost_model) if cost_model else None,
+                      cost=CostModel.load(cost_model) if cost_model else None,
                       stages=read_stages(stages) if stages else None, accumulation=accumulation)
     return {**meta, "path": str(path)}
-
-
-def load_cost_model(path: str | Path) -> CostModel:
-    """A cost model JSON: CostModel's fields at the top level or under ``coefficients`` (what calibrate writes)."""
-    return CostModel.load(path)
 
 
 def read_stages(path: str | Path) -> list[Stage]:
