@@ -504,7 +504,8 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     if keys is not None:  # no build writes a row its own loader refuses (issue 33): each row holds one key at most
         check_row_keys(p, keys)
     dropped = {r: len(v) for r, v in p.dropped.items()}
-    stage.done(f"{samples.num_rows:,} samples -> {p.n_bins:,} rows (lower bound {p.lower_bound:,}), "
+    bound = f", encoder bound {p.resource_bound:,}" if p.budgets else ""
+    stage.done(f"{samples.num_rows:,} samples -> {p.n_bins:,} rows (lower bound {p.lower_bound:,}{bound}), "
                f"{sum(dropped.values()):,} dropped")
     check_bad_fraction(out, config, encoded, tokenizer, dropped, packed=len(p.indices))
     plan_entry = write_shard(out / "plan.arrow", plan_table(p), out)  # deterministic: same bytes on a resume
@@ -613,6 +614,13 @@ def _preference_stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any] |
             **{f"{layout}_tokens": int(responses.item_lengths(layout)[at].sum()) for layout in ("pairs", "tree")}}
 
 
+def _budget_stats(config: BuildConfig, p: Plan) -> dict[str, Any]:
+    """``max_row_encoder``'s effect: the bound the rows are measured against (tokens, encoder), samples over it."""
+    return {"setting": config.max_row_encoder, "budget": p.budgets.get("encoder"), "token_bound": p.lower_bound,
+            "encoder_bound": p.resource_bound, "bound": p.bound, "gap_to_bound": p.n_bins - p.bound,
+            "over_budget": int(sum(len(v) for v in p.over_budget.values()))}
+
+
 def _stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:
     codes, names = modality_codes(samples)
     placed = np.zeros(len(codes), bool)  # a byte a sample, no sort: split pieces count their sample once
@@ -628,6 +636,7 @@ def _stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:
         "fill": p.efficiency,
         "lower_bound": p.lower_bound,
         "gap_to_lower_bound": p.n_bins - p.lower_bound,
+        **({"row_budget": _budget_stats(config, p)} if config.max_row_encoder.strip() != "off" else {}),
         "truncated_samples": int(len(p.truncated)),
         "truncated_tokens": int(p.truncated_tokens),
         "split_samples": int(len(p.split)),

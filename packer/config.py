@@ -27,6 +27,7 @@ from packer.errors import ConfigError
 from packer.media.probe import IMAGE_CHECKS
 
 DEFAULT_PIPELINE = Path("pipelines/sample.toml")
+AUTO_ENCODER_SLACK = 0.5  # max_row_encoder = auto: rows of the measured corpora stay at the token lower bound (BENCHMARKS)
 MAX_LENGTH = 2**31 - 1
 
 
@@ -170,6 +171,12 @@ class BuildConfig:
     max_images: int = _opt(0, "Most images in one packed row (0: no limit).", stage="plan", group="packing")
     max_audio: int = _opt(0, "Most audio clips in one packed row (0: no limit).", stage="plan", group="packing")
     max_videos: int = _opt(0, "Most videos in one packed row (0: no limit).", stage="plan", group="packing")
+    max_row_encoder: str = _opt("off", "A budget on each row's encoder cost (images, frames, clips through the towers, "
+                                       "under the build's cost_model) besides its tokens: off; auto (1.5 x the mean "
+                                       "row's at the token lower bound), auto:S ((1 + S) x it), or a number in the cost "
+                                       "model's units. Rows of alike encoder cost balance better across ranks; a sample "
+                                       "over the budget alone gets a row whose budget it takes whole (never dropped).",
+                                stage="plan", group="packing")
     preference: str = _opt("none", "Preference / multi-response records (prompt + chosen / rejected, completion + label, a "
                                    "list of responses): none (quarantined as preference_record); pairs (each response a "
                                    "segment with its own copy of the prompt, a record's segments adjacent in one row); tree "
@@ -266,6 +273,7 @@ class BuildConfig:
             values = [getattr(self, k) for k in group]
             if not all(values) or len(set(values)) != len(values):
                 raise ConfigError(f"{', '.join(group)} must be different non-empty strings, got {values}")
+        self.encoder_budget(1.0, 1)  # refuses a malformed max_row_encoder now, not after stage 1
         from packer.pack.buckets import parse
 
         try:
@@ -358,6 +366,26 @@ class BuildConfig:
         if not unique:
             raise ConfigError("no input given: set `input` in the pipeline or pass -i FILE.jsonl")
         return unique, duplicates
+
+    def encoder_budget(self, total: float, rows: int) -> float | None:
+        """The row encoder budget ``max_row_encoder`` sets, for samples of ``total`` encoder cost packed in ``rows`` rows
+        at the token lower bound; None when off."""
+        value = self.max_row_encoder.strip()
+        if value == "off":
+            return None
+        try:
+            if value == "auto" or value.startswith("auto:"):
+                slack = float(value.partition(":")[2] or AUTO_ENCODER_SLACK)
+                if not slack >= 0 or slack == float("inf"):
+                    raise ValueError
+                return (1.0 + slack) * total / max(rows, 1) if total > 0 else None
+            budget = float(value)
+            if not budget > 0 or budget == float("inf"):
+                raise ValueError
+            return budget
+        except ValueError:
+            raise ConfigError(f"max_row_encoder = {value!r}: off, auto, auto:S (S >= 0: (1 + S) x the mean row's "
+                              f"encoder cost) or a positive number in the cost model's units") from None
 
     def media_caps(self) -> dict[str, int]:
         """The per-row media caps in force, as :func:`packer.pack.plan` takes them."""

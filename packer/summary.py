@@ -64,6 +64,7 @@ def summarize(out: str | Path) -> dict[str, Any]:
         "split_samples": stats.get("split_samples", 0),
         "split_pieces": stats.get("split_pieces", 0),
         "audio_truncated": stats.get("audio_truncated", 0),
+        "row_budget": stats.get("row_budget"),
         "long_audio": manifest.config.get("long_audio", "truncate"),
         "shards": len(manifest.files.packed),
         "family": family_section(manifest),
@@ -91,6 +92,12 @@ def summary_text(s: dict[str, Any]) -> str:
         counted = [f"{v['items']:,} {NOUNS.get(k, (k, k))[v['items'] != 1]} ({v['tokens']:,} tokens)"
                    for k, v in s["media"].items() if v["items"]]
         lines.append("  media        " + ", ".join(counted))
+    if s.get("row_budget"):
+        b = s["row_budget"]
+        budget = f"{b['budget']:.4g}" if b.get("budget") else "none (no encoder cost)"
+        lines.append(f"  row budget   encoder {budget} a row ({b['setting']}): rows against max(token bound "
+                     f"{b['token_bound']:,}, encoder bound {b['encoder_bound']:,}) +{b['gap_to_bound']:,}; "
+                     f"{b['over_budget']:,} samples over it alone")
     if s.get("repeated"):
         lines.append(f"  repeated     {s['repeated']:,} extra copies (source weights over 1)")
     if s["truncated_samples"]:

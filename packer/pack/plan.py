@@ -14,6 +14,10 @@ The whole dataset is planned at once (no windows). Options, all keyword-only:
 - ``max_segments``: most samples per row.
 - ``media`` + ``max_media``: per-sample item counts by kind (``{"image": counts}``) and
   per-row caps by kind, or ``"total"`` for all kinds together.
+- ``resources`` + ``budgets``: per-sample float costs by name (``{"encoder": costs}``) and per-row budgets
+  (:data:`RESOURCE_UNITS` below): a row's total stays within each budget. A sample over a budget on its own is
+  still placed, never dropped (``Plan.over_budget``): it takes its row's whole budget, so only samples without
+  that resource share its row.
 - ``group_by``: a label per sample (e.g. its modality); every row holds one label only.
   (To mix groups with a limit instead, leave ``group_by`` out and cap the media kinds.)
 - ``row_key``: a family's row constraint (:meth:`packer.families.Family.row_key`): an int per sample, -1 where
@@ -38,6 +42,9 @@ from packer.pack.oversize import resolve
 from packer.pack.registry import ALGORITHMS, Constraints, check_supported
 
 ORDERS = ("shuffle", "sequential", "planner", "longest-first")
+# A float resource is packed as whole units of budget / RESOURCE_UNITS, each sample's need rounded *up*, so no
+# row ever exceeds its budget (a row is refused a sample that would fit by under a unit: at most 1/32 of it).
+RESOURCE_UNITS = 128
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,9 @@ class Plan:
     truncated_tokens: int = 0
     pieces_dropped: int = 0
     pieces_lost_media: int = 0  # split pieces left out: they follow a media span they do not hold
+    over_budget: dict[str, np.ndarray] = field(default_factory=dict)  # samples over a resource budget alone, by name
+    resource_bound: int = 0  # no packing within the budgets uses fewer rows (:func:`resource_bound`); 0: no budget
+    budgets: dict[str, float] = field(default_factory=dict)  # the per-row resource budgets the plan honours
 
     @property
     def n_bins(self) -> int:
@@ -72,6 +82,11 @@ class Plan:
     def lower_bound(self) -> int:
         """L1 = ceil(placed tokens / capacity): no packing of these segments uses fewer bins."""
         return -(-self.tokens // self.capacity)
+
+    @property
+    def bound(self) -> int:
+        """The lower bound the plan is measured against: ``max(lower_bound, resource_bound)``."""
+        return max(self.lower_bound, self.resource_bound)
 
     @property
     def efficiency(self) -> float:
@@ -115,7 +130,8 @@ def plan(lengths, capacity: int, *, algorithm: str = "bfd", seed: int = 0, order
          oversize: str = "error", protected: dict[int, np.ndarray] | None = None,
          trained: dict[int, np.ndarray] | None = None, max_segments: int | None = None,
          media: dict[str, np.ndarray] | None = None, max_media: dict[str, int] | None = None,
-         group_by: np.ndarray | None = None, row_key: np.ndarray | None = None) -> Plan:
+         group_by: np.ndarray | None = None, row_key: np.ndarray | None = None,
+         resources: dict[str, np.ndarray] | None = None, budgets: dict[str, float] | None = None) -> Plan:
     """Pack samples of the given ``lengths`` into bins of ``capacity`` tokens."""
     lengths = _check_lengths(lengths)
     if capacity < 1:
@@ -126,6 +142,9 @@ def plan(lengths, capacity: int, *, algorithm: str = "bfd", seed: int = 0, order
         raise ValueError(f"unknown row order {order!r}; known: {', '.join(ORDERS)}")
     spec = ALGORITHMS[algorithm]
     need, caps, names = _media_needs(len(lengths), media, max_media)
+    r_need, r_caps, r_names, over_budget, r_bound = _resource_needs(len(lengths), resources, budgets)
+    if len(r_caps):
+        need, caps, names = np.hstack([need, r_need]), np.concatenate([caps, r_caps]), (*names, *r_names)
     constraints = Constraints(int(max_segments or 0), need, caps, names)
     check_supported(algorithm, constraints.used())
     if max_segments is not None and max_segments < 1:
@@ -169,7 +188,8 @@ def plan(lengths, capacity: int, *, algorithm: str = "bfd", seed: int = 0, order
         indices, starts = segs.sample[take], segs.start[take]
     result = Plan(offsets, indices, starts, segs.length[take] if placed is None else placed, capacity,
                   dropped, segs.truncated, segs.split, segs.truncated_tokens, segs.pieces_dropped,
-                  pieces_lost_media=segs.pieces_lost_media)
+                  pieces_lost_media=segs.pieces_lost_media, over_budget=over_budget, resource_bound=r_bound,
+                  budgets=dict(budgets or {}))
     _check_plan(result)
     return _ordered(result, order, seed)
 
@@ -254,6 +274,40 @@ def _media_needs(n: int, media: dict[str, np.ndarray] | None, max_media: dict[st
     if not columns:
         return np.zeros((n, 0), np.int64), np.zeros(0, np.int64), ()
     return np.stack(columns, axis=1), np.asarray(caps, np.int64), tuple(names)
+
+
+def _resource_needs(n: int, resources: dict[str, np.ndarray] | None, budgets: dict[str, float] | None):
+    """Integer needs of the budgeted resources (units of budget / RESOURCE_UNITS, rounded up; a sample over the
+    budget alone needs every unit), their caps, names, the samples over each budget, and the rows bound."""
+    empty = (np.zeros((n, 0), np.int64), np.zeros(0, np.int64), (), {}, 0)
+    if not budgets:
+        return empty
+    resources = resources or {}
+    columns, names, over, bound = [], [], {}, 0
+    for name, budget in sorted(budgets.items()):
+        if not budget or budget <= 0 or not np.isfinite(budget):
+            raise ValueError(f"budgets[{name!r}] must be a positive number, got {budget}")
+        if name not in resources:
+            raise ValueError(f"budgets name {name!r} but resources has no {name!r} costs (has: {', '.join(resources) or 'none'})")
+        cost = np.asarray(resources[name], np.float64)
+        if cost.shape != (n,) or (n and (not np.isfinite(cost).all() or cost.min() < 0)):
+            raise ValueError(f"resources[{name!r}] must be one finite cost >= 0 per sample ({n}), got shape {cost.shape}")
+        units = np.ceil(cost / budget * RESOURCE_UNITS - 1e-9).astype(np.int64)  # exact multiples stay
+        above = units > RESOURCE_UNITS
+        over[name] = np.flatnonzero(above)
+        columns.append(np.minimum(units, RESOURCE_UNITS))
+        names.append(name)
+        bound = max(bound, resource_bound(cost, budget))
+    return (np.stack(columns, axis=1), np.full(len(columns), RESOURCE_UNITS, np.int64), tuple(names),
+            {k: v for k, v in over.items() if len(v)}, bound)
+
+
+def resource_bound(cost: np.ndarray, budget: float) -> int:
+    """Rows no packing within ``budget`` goes below: each sample over the budget takes a row's whole budget (its
+    row shares none), the others need ``ceil(Σ cost / budget)`` rows between them at least."""
+    cost = np.asarray(cost, np.float64)
+    above = cost > budget
+    return int(above.sum()) + int(np.ceil(cost[~above].sum() / budget - 1e-9))
 
 
 def _check_plan(p: Plan) -> None:

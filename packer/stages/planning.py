@@ -215,23 +215,39 @@ def plan_samples(samples: pa.Table, config: BuildConfig, source_of_file: list[in
             for v in counts.values():
                 v[responses.sample] //= responses.n
         media = {k: v[sel] for k, v in counts.items()}
+    resources, budgets = encoder_budget(samples, config, lengths[sel] if subset else lengths, sel if subset else None)
     p = plan(
         lengths[sel] if subset else lengths, config.max_length, algorithm=config.algorithm, seed=config.seed, order=config.order,
         oversize=config.oversize, max_segments=config.max_segments or None, media=media, max_media=caps or None,
-        group_by=group_by, row_key=None if row_key is None else row_key[sel],
+        group_by=group_by, row_key=None if row_key is None else row_key[sel], resources=resources, budgets=budgets,
         protected={int(q): protected[i] for i, qs in positions.items() for q in qs},
         trained={int(q): trained[i] for i, qs in positions.items() for q in qs},
     )
     if subset and not (len(sel) == len(lengths) and np.array_equal(sel, np.arange(len(lengths)))):  # copy k != sample k
         p = dataclasses.replace(
             p, indices=sel[p.indices], dropped={r: np.unique(sel[v]) for r, v in p.dropped.items()},
-            truncated=np.unique(sel[p.truncated]), split=np.unique(sel[p.split]))
+            truncated=np.unique(sel[p.truncated]), split=np.unique(sel[p.split]),
+            over_budget={r: np.unique(sel[v]) for r, v in p.over_budget.items()})
     if len(dropped_long):
         p = dataclasses.replace(p, dropped=dict(sorted({**p.dropped, "preference_too_long": dropped_long}.items())))
     if len(responses.sample):
         offsets, indices, starts, seg_lengths = expand(p.indices, p.offsets, p.starts, p.lengths, responses, layout)
         p = dataclasses.replace(p, offsets=offsets, indices=indices, starts=starts, lengths=seg_lengths)
     return p, m
+
+
+def encoder_budget(samples: pa.Table, config: BuildConfig, lengths: np.ndarray, sel: np.ndarray | None
+                   ) -> tuple[dict[str, np.ndarray] | None, dict[str, float] | None]:
+    """The planner's ``resources`` / ``budgets`` for ``max_row_encoder``: each planned sample's ``cost_encoder`` (the
+    samples' stored cost vector) and the budget, ``auto`` against the mean row at the token lower bound of
+    ``lengths`` (what the planner sees: copies of a mix, preference items)."""
+    if config.max_row_encoder.strip() == "off":
+        return None, None
+    cost = samples.column("cost_encoder").to_numpy().astype(np.float64)
+    cost = cost if sel is None else cost[sel]
+    rows = -(-int(np.minimum(lengths, config.max_length).sum()) // config.max_length)
+    budget = config.encoder_budget(float(cost.sum()), rows)
+    return (None, None) if budget is None else ({"encoder": cost}, {"encoder": budget})
 
 
 def plan_table(p: Plan) -> pa.Table:

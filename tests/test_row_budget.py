@@ -1,0 +1,142 @@
+"""A per-row budget on a float resource (the encoder cost) besides the tokens: packer.pack.plan(resources=,
+budgets=), the build's max_row_encoder, and the bound the rows are measured against."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from packer.pack import plan
+from packer.pack.plan import RESOURCE_UNITS, resource_bound
+
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def corpus(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Lengths and encoder costs: text (no encoder), images and videos whose cost grows with their tokens."""
+    rng = np.random.default_rng(seed)
+    kind = rng.choice(3, size=n, p=[0.4, 0.35, 0.25])
+    media = np.where(kind == 0, 0, np.where(kind == 1, rng.integers(64, 2000, n), rng.integers(500, 5000, n)))
+    lengths = (media + rng.integers(20, 1500, n)).astype(np.int64)
+    cost = media * (1.0 + 0.0005 * media) * (kind > 0)
+    return np.minimum(lengths, 8192), cost
+
+
+def rows_of(p, values: np.ndarray) -> np.ndarray:
+    return np.add.reduceat(values[p.indices], p.offsets[:-1])
+
+
+@pytest.mark.parametrize("slack", [0.5, 0.2])
+def test_no_row_goes_over_its_budget_and_every_sample_is_placed_once(slack):
+    lengths, cost = corpus(4000)
+    budget = (1 + slack) * cost.sum() / -(-lengths.sum() // 8192)
+    p = plan(lengths, 8192, resources={"encoder": cost}, budgets={"encoder": budget}, seed=1)
+    assert np.array_equal(np.sort(p.indices), np.arange(len(lengths)))
+    over = set(p.over_budget.get("encoder", np.zeros(0)).tolist())
+    assert over == set(np.flatnonzero(cost > budget).tolist())
+    per_row = rows_of(p, cost)
+    for b in range(p.n_bins):
+        members = p.bin(b)
+        if over & set(members.tolist()):  # a sample over the budget alone: it shares its row with no encoder cost
+            assert (cost[members] > 0).sum() == 1
+        else:
+            assert per_row[b] <= budget * (1 + 1e-12)
+    assert p.budgets == {"encoder": budget}
+    assert p.resource_bound == resource_bound(cost, budget) and p.bound == max(p.lower_bound, p.resource_bound)
+
+
+def test_rows_stay_within_one_percent_of_the_bound_at_the_auto_budget():
+    """The default auto budget (1.5 x the mean row's encoder cost): rows within 1% of max(token bound, encoder
+    bound) on the bench's generated video-heavy corpus, and the rows' encoder costs closer together."""
+    from bench_steps import MIXES, generate
+
+    from packer.cost import CostModel
+
+    samples = generate(6000, MIXES["video-heavy"], 8192, seed=0)
+    cost = CostModel.load(ROOT / "bench" / "calibrated_qwen3vl2b_h200.json").vector(samples)[:, 1]
+    lengths = samples["tokens"].astype(np.int64)
+    budget = 1.5 * cost.sum() / -(-lengths.sum() // 8192)
+    free = plan(lengths, 8192, seed=0)
+    p = plan(lengths, 8192, seed=0, resources={"encoder": cost}, budgets={"encoder": budget})
+    assert p.n_bins <= 1.01 * p.bound, (p.n_bins, p.bound)
+    spread = lambda q: rows_of(q, cost).max() / rows_of(q, cost).mean()  # noqa: E731
+    assert spread(p) < 0.7 * spread(free)
+
+
+def test_need_is_rounded_up_so_whole_multiples_fit_exactly():
+    """Four samples of a quarter budget each fill one row; a fifth of any cost needs another."""
+    lengths = np.full(5, 10, np.int64)
+    cost = np.array([0.25, 0.25, 0.25, 0.25, 1e-9])
+    p = plan(lengths, 1000, resources={"encoder": cost}, budgets={"encoder": 1.0}, order="planner")
+    assert sorted(len(p.bin(b)) for b in range(p.n_bins)) == [1, 4]
+    assert RESOURCE_UNITS >= 32
+
+
+def test_off_gives_the_plan_of_no_budget_and_bad_budgets_are_refused():
+    lengths, cost = corpus(500)
+    a = plan(lengths, 8192, seed=2)
+    b = plan(lengths, 8192, seed=2, resources={"encoder": cost}, budgets=None)
+    assert a.offsets.tolist() == b.offsets.tolist() and a.indices.tolist() == b.indices.tolist()
+    with pytest.raises(ValueError, match="positive number"):
+        plan(lengths, 8192, resources={"encoder": cost}, budgets={"encoder": 0})
+    with pytest.raises(ValueError, match="has no 'encoder' costs"):
+        plan(lengths, 8192, budgets={"encoder": 1.0})
+    with pytest.raises(ValueError, match="finite cost >= 0"):
+        plan(lengths, 8192, resources={"encoder": -cost}, budgets={"encoder": 1.0})
+    with pytest.raises(ValueError, match="does not support max_media"):
+        plan(lengths, 8192, algorithm="ffd", resources={"encoder": cost}, budgets={"encoder": 1.0})
+
+
+def test_plans_with_a_budget_through_either_path_are_equal(monkeypatch):
+    from packer.pack import _small
+
+    lengths, cost = corpus(350, seed=4)  # 350 x 129 bin classes: under SMALL, the Python twin
+    kwargs = dict(seed=3, resources={"encoder": cost}, budgets={"encoder": 2 * cost.mean() * 3})
+    assert len(lengths) * (RESOURCE_UNITS + 1) < _small.SMALL
+    small = plan(lengths, 8192, **kwargs)
+    monkeypatch.setattr(_small, "SMALL", 0)
+    large = plan(lengths, 8192, **kwargs)
+    assert small.offsets.tolist() == large.offsets.tolist() and small.indices.tolist() == large.indices.tolist()
+
+
+# ------------------------------------------------------------------ the build option
+
+
+@pytest.mark.parametrize("value,match", [("often", "max_row_encoder"), ("auto:-1", "S >= 0"), ("0", "positive"),
+                                         ("nan", "positive")])
+def test_malformed_max_row_encoder_is_refused_before_stage_one(value, match):
+    from packer.config import BuildConfig
+    from packer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        BuildConfig(input=("x.jsonl",), max_row_encoder=value)
+
+
+def test_a_build_with_a_row_budget_records_it_and_keeps_every_row_within_it(tmp_path):
+    import json
+    import os
+
+    from packer.build import build
+    from packer.config import resolve
+    from packer.cost import CostModel
+    from packer.loader import PackedDataset
+
+    model = tmp_path / "cost.json"
+    model.write_text(json.dumps({"image_token": 1.0, "image_square": 0.001, "audio_item": 300.0}))
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        config = resolve(ROOT / "pipelines" / "sample.toml", output=str(tmp_path / "out"), cost_model=str(model),
+                         max_row_encoder="auto:0.5")
+        manifest = build(config, progress=False)
+    finally:
+        os.chdir(cwd)
+    b = manifest.stats["row_budget"]
+    assert b["setting"] == "auto:0.5" and b["budget"] > 0 and b["bound"] == max(b["token_bound"], b["encoder_bound"])
+    ds = PackedDataset(tmp_path / "out")
+    encoder = CostModel.of_build(ds.manifest).vector(ds.row_stats())[:, 1]
+    assert len(encoder) == manifest.stats["rows"]
+    assert (encoder <= b["budget"] * (1 + 1e-9)).all() or b["over_budget"] > 0
