@@ -362,11 +362,11 @@ def test_loader_names_a_file_the_processor_tiles_otherwise(built):
 
 
 class TestConformance(FamilyConformance):
-    """The packed == alone check leaves out the rows of records of several images (the 30-image record's 1,200 tokens
-    of vocabulary-wide logits among them; their ids are checked). Under sequence parallelism a tiled image's
-    ``<|patch|>`` runs (separators between them) are cut anywhere, and the per-layer-type masks stay global."""
+    """The packed == alone check leaves out the row of the 30-image record (1,200 tokens of vocabulary-wide logits;
+    its ids are checked). Under sequence parallelism a tiled image's ``<|patch|>`` runs (separators between them) are
+    cut anywhere, and the per-layer-type masks stay global."""
 
     family = "llama4"
     towers = ("vision_model", "multi_modal_projector")
-    max_images = 1
+    max_images = 3
     split_runs = True  # a tiled image's tiles
