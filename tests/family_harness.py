@@ -13,14 +13,19 @@ For a family (``tests/family_assets.py``: its processor saved into a checkpoint 
    transformers' PyAV reader and sampled by the processor itself);
 4. :func:`check_equivalence`: through ``model(**model_inputs(batch))`` the packed rows give every segment
    the logits the record gets alone (positions computed by the model), and the loss gradients equal the
-   sum over the records run alone, towers included.
+   sum over the records run alone, towers included;
+5. :func:`check_sequence_parallel`: sliced for sequence parallelism, each rank's placeholders take the rows of
+   the unsliced batch's features the model scatters there.
+
+:class:`FamilyConformance` runs them for every registered family; a family's test module declares what differs.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -332,33 +337,156 @@ def check_rows_collate(ds: PackedDataset, processor, model, forward: bool = True
 
 # ---------------------------------------------------------------- the conformance suite
 
+TOKEN_TYPES = {"image": 1, "video": 2, "audio": 3}  # the value a placeholder of each kind has in a token-type column
+
+
+def media_kinds(ds: PackedDataset, rows: list[int] | None = None) -> set[str]:
+    return {m["kind"] for i in (rows if rows is not None else range(len(ds))) for m in ds[i]["media"]}
+
+
+def check_sequence_parallel(ds: PackedDataset, mode: str, sizes: tuple[int, ...] = (2, 3), layer_types: set[str] | None = None,
+                            **collator: Any) -> int:
+    """Every row of ``ds`` in one batch, sliced for each of ``sizes`` sequence-parallel ranks: each rank's placeholders take
+    exactly the rows of the unsliced batch's features the model scatters there (``local_media_rows``; text a family
+    writes between a span's runs takes none), kinds sharing one placeholder (InternVL's images and frames) together;
+    the masks of ``layer_types`` (a family whose masks depend on the layer) stay global; a token-type column
+    (``token_type_ids``, ``mm_token_type_ids``) and ``visual_pos_masks`` (DeepStack) follow the slice. Returns the
+    spans of several runs (text between them) the batch holds."""
+    from test_sequence_parallel import global_position
+
+    from packer.loader import local_media_rows, shard_for_sequence_parallel
+
+    batch = PackedCollator(attention="varlen" if mode == "ring" else "sdpa", family=ds.family, **collator)(
+        [ds[i] for i in range(len(ds))])
+    run_ids, kinds = ds.family["run_ids"], sorted({m["kind"] for m in batch["media"]})
+    sharing: dict[int, list[str]] = {}  # placeholder -> the kinds whose features it takes
+    for kind in kinds:
+        sharing.setdefault(run_ids[kind], []).append(kind)
+    feature = {}
+    for token, shared in sharing.items():
+        assert len(shared) == 1 or shared == kinds, sharing
+        where = batch["input_ids"] == token
+        assert int(where.sum()) == sum(m["tokens"] for m in batch["media"] if m["kind"] in shared), shared
+        feature[token] = (where.flatten().cumsum(0) - 1).reshape(where.shape)  # row-major: k-th placeholder, k-th row
+    cut = 0
+    for size, rank in ((n, r) for n in sizes for r in range(n)):
+        part = shard_for_sequence_parallel(batch, rank, size, mode=mode)
+        ids = part["input_ids"]
+        if layer_types:
+            assert set(part["attention_mask"]) == set(batch["attention_mask"]) == layer_types, (size, rank)
+        for token, shared in sharing.items():
+            local = torch.nonzero(ids == token).tolist()
+            at = [(b, int(part["global_index"][t]) if mode == "ulysses" else global_position(part, mode, t)) for b, t in local]
+            rows = local_media_rows(part["media"], batch["media"], kind=shared[0] if len(shared) == 1 else None)
+            assert rows.tolist() == [int(feature[token][b, g]) for b, g in at], (size, rank, shared)
+        for column in ("token_type_ids", "mm_token_type_ids"):
+            for kind in kinds if column in batch else ():
+                assert torch.equal(part[column] == TOKEN_TYPES[kind], ids == run_ids[kind]), (size, rank, column, kind)
+        if "visual_pos_masks" in part:
+            visual = [run_ids[k] for k in ("image", "video") if k in run_ids]
+            assert torch.equal(part["visual_pos_masks"], torch.isin(ids, torch.tensor(visual))), (size, rank)
+        cut += any(p["offset"] > 0 for p in part["media"])
+    assert cut, "no span is cut between ranks"
+    return sum(len(m.get("runs") or []) > 1 for m in batch["media"])
+
 
 @dataclass(frozen=True)
 class Built:
-    """A family's awkward-media build: its folder, the records, the processor (a checkpoint folder loaded back)."""
+    """A family's build of the harness's records: its folder, the records, the processor (a checkpoint folder loaded
+    back) and a maker of the family's tiny model."""
 
     family: str
     out: Path  # the build folder
     root: Path  # the records' folder (their media paths are relative to it)
     records: list[dict]
     processor: Any
-    model: Any = None  # () -> a tiny random-init model of the family's class (sdpa)
+    model: Callable[..., Any]  # (impl, **config) -> a tiny random-init model of the family's class
+    manifest: dict[str, Any] = field(default_factory=dict)
     nest_images: bool = False  # the processor takes a record's images as one list (LLaVA-OneVision)
     forward: bool = True  # every row runs through the model (Qwen3.5 refuses packed rows on CPU)
+    call: dict[str, Any] | None = None  # the processor call's options the build was made for (Gemma 3's pan and scan)
 
 
 class FamilyConformance:
     """What every registered family is tested for, written once (issue 30): a family's test module subclasses it
-    (``class TestConformance(FamilyConformance)``) and gives a ``case`` fixture returning its :class:`Built`;
-    ``tests/test_family_interface.py`` checks that every named family has one."""
+    (``class TestConformance(FamilyConformance)``), gives a module fixture ``built`` returning its :class:`Built` of
+    the harness's awkward records and declares its differences below as data; ``tests/test_family_interface.py``
+    checks that every named family has one.
+
+    The packed == alone check runs on the ``alone`` fixture's build (``built`` unless the family overrides it: a
+    build of fewer records, or Gemma 3's pan and scan), on :meth:`alone_rows`; sequence parallelism is checked on
+    both builds."""
 
     family = ""
+    towers: tuple[str, ...] = ("visual", "vision_tower", "audio_tower")  # whose gradients must be among those compared
+    rows_per_batch: int | None = None  # rows of a batch in the packed == alone check (None: every row at once)
+    max_images: int | None = None  # rows holding a record of more images are left out of it (their logits are wide)
+    reference_mask: bool = False  # the record alone keeps the processor's attention_mask (see check_equivalence)
+    sp_modes: tuple[str, ...] = ("ulysses",)  # the sequence-parallel modes the family's batches are sliced for
+    sp_refused: str | None = None  # the refusal (a match) where the family's layers cannot be sliced
+    split_runs: bool = False  # the builds hold spans of several runs (timestamps, crops, tiles): SP must meet them
+
+    def pytest_generate_tests(self, metafunc):
+        if "sp_mode" in metafunc.fixturenames:
+            metafunc.parametrize("sp_mode", self.sp_modes)
+
+    @pytest.fixture
+    def case(self, built):
+        return built
+
+    @pytest.fixture
+    def alone(self, case):
+        return case
+
+    def alone_rows(self, ds: PackedDataset, records: list[dict], impl: str) -> list[int]:
+        """The rows of the packed == alone check: every row but those holding a record of over ``max_images``."""
+        if self.max_images is None:
+            return list(range(len(ds)))
+        many = {r["id"] for r in records if sum(p["type"] == "image" for p in _parts(r)) > self.max_images}
+        return [i for i in range(len(ds)) if not many & set(ds[i]["segment_ids"])]
 
     def test_ids_equal_the_hf_processor(self, case):
         assert case.family == self.family
-        check_ids(PackedDataset(case.out), case.processor, case.records, case.root, nest_images=case.nest_images)
+        check_ids(PackedDataset(case.out), case.processor, case.records, case.root, nest_images=case.nest_images,
+                  call=case.call)
 
     @pytest.mark.slow  # every row through the tiny model
     def test_every_row_of_the_build_collates_for_its_family(self, case):
         ds = PackedDataset(case.out)
-        assert check_rows_collate(ds, case.processor, case.model(), forward=case.forward) > 0
+        assert check_rows_collate(ds, case.processor, case.model("sdpa"), forward=case.forward) > 0
+
+    @pytest.mark.slow  # a real forward and backward of every row compared
+    @pytest.mark.parametrize("impl", ["sdpa", "eager"])
+    def test_packed_rows_equal_each_record_alone(self, case, alone, impl):
+        from packer.loader.isolation import check_packed_isolation
+
+        ds = PackedDataset(alone.out)
+        rows = self.alone_rows(ds, alone.records, impl)
+        assert media_kinds(ds, rows) == media_kinds(PackedDataset(case.out)), "the rows compared miss a kind of media"
+        model = alone.model(impl)
+        assert check_packed_isolation(model) == []  # every layer keeps packed segments apart: nothing to refuse
+        step = self.rows_per_batch or len(rows)
+        for at in range(0, len(rows), step):
+            check_equivalence(model, ds, alone.processor, alone.records, alone.root, impl, rows=rows[at : at + step],
+                              towers=self.towers, nest_images=alone.nest_images, reference_mask=self.reference_mask,
+                              call=alone.call, model_config=model.config)
+
+    def test_sequence_parallel_pieces_take_their_feature_rows(self, case, alone, sp_mode):
+        from packer.families import FAMILIES
+        from packer.loader import shard_for_sequence_parallel
+
+        if self.sp_refused:
+            ds = PackedDataset(case.out)
+            batch = PackedCollator(attention="sdpa", family=ds.family)([ds[0]])
+            with pytest.raises(ValueError, match=self.sp_refused):
+                shard_for_sequence_parallel(batch, 0, 2, mode=sp_mode)
+            return
+        config = case.model("sdpa").config if FAMILIES[self.family].layer_masks else None  # masks per layer type
+        types = set(config.get_text_config().layer_types) if config is not None else None
+        split = sum(check_sequence_parallel(PackedDataset(out), sp_mode, layer_types=types, model_config=config)
+                    for out in dict.fromkeys((case.out, alone.out)))
+        assert split or not self.split_runs, "the builds hold no span of several runs"
+
+
+def _parts(record: dict) -> list[dict]:
+    return [p for m in record["messages"] if isinstance(m["content"], list) for p in m["content"]]

@@ -10,6 +10,8 @@ shorter than an image, so the masks' window and bidirectional blocks both matter
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
+from functools import partial
 
 import pytest
 
@@ -20,7 +22,6 @@ from family_harness import (  # noqa: E402
     Built,
     FamilyConformance,
     build_family,
-    check_equivalence,
     check_flex_forward,
     check_ids,
     check_pipeline_ids,
@@ -47,12 +48,18 @@ def built(tmp_path_factory):
     processor = ASSETS.processor(root / "checkpoint")
     plain = build_family("gemma3", root / "checkpoint", source, root / "plain", max_segments=4)
     build_family("gemma3", root / "checkpoint", source, root / "scan", max_segments=4, processor_options=SCAN_OPTIONS)
-    return root, records, processor, plain
+    return Built("gemma3", root / "plain", root, records, processor, partial(ASSETS.model, processor), plain)
+
+
+@pytest.fixture(scope="module")
+def scan(built):
+    """The same records built with pan and scan on."""
+    return replace(built, out=built.root / "scan", call=SCAN_CALL)
 
 
 def test_settings_equal_the_processor(built):
-    _, _, processor, manifest = built
-    family = manifest["tokenizer"]["family"]
+    processor = built.processor
+    family = built.manifest["tokenizer"]["family"]
     assert family["name"] == "gemma3" and family["processor_class"] == "Gemma3Processor"
     settings = family["settings"]
     assert settings["image_seq_length"] == processor.image_seq_length == IMAGE_SEQ_LENGTH  # from the checkpoint
@@ -85,31 +92,29 @@ def test_a_checkpoints_pan_and_scan_never_reaches_the_processor(tmp_path):
     assert len(processor(text=["<start_of_image>"], images=[wide], **SCAN_CALL)["pixel_values"]) == 5
 
 
-def test_pan_and_scan_ids_equal_the_hf_processor(built):
-    root, records, processor, _ = built
-    scan = PackedDataset(root / "scan")
-    check_ids(scan, processor, records, root, call=SCAN_CALL)
-    spans = [m for i in range(len(scan)) for m in scan[i]["media"]]
+def test_pan_and_scan_ids_equal_the_hf_processor(scan):
+    ds = PackedDataset(scan.out)
+    check_ids(ds, scan.processor, scan.records, scan.root, call=scan.call)
+    spans = [m for i in range(len(ds)) for m in ds[i]["media"]]
     cropped = [m for m in spans if m["tokens"] > IMAGE_SEQ_LENGTH]
     assert cropped and all(m["length"] > m["tokens"] for m in cropped)  # crops, with the text between them
     assert {m["tokens"] // IMAGE_SEQ_LENGTH for m in spans} >= {1, 3, 5}  # no crop, 2 crops, 4 crops
 
 
-def test_token_type_ids_equal_the_processors(built):
-    root, records, processor, _ = built
-    by_id = {r["id"]: r for r in records}
-    ds = PackedDataset(root / "scan")
+def test_token_type_ids_equal_the_processors(scan):
+    by_id = {r["id"]: r for r in scan.records}
+    ds = PackedDataset(scan.out)
     rows = [ds[i] for i in range(len(ds))]
-    batch = PackedCollator(family=ds.family, model_config=gemma3_config(processor))(rows)
+    batch = PackedCollator(family=ds.family, model_config=gemma3_config(scan.processor))(rows)
     for r, row in enumerate(rows):
         for a, b, rid in segments(row):
-            expected = hf_inputs(processor, by_id[rid], root, call=SCAN_CALL)["token_type_ids"][0].tolist()
+            expected = hf_inputs(scan.processor, by_id[rid], scan.root, call=scan.call)["token_type_ids"][0].tolist()
             assert batch["token_type_ids"][r, a:b].tolist() == expected, rid
 
 
-def test_loader_names_a_file_whose_crops_changed(built):
-    root, _, processor, _ = built
-    ds = PackedDataset(root / "scan")
+def test_loader_names_a_file_whose_crops_changed(scan):
+    root, processor = scan.root, scan.processor
+    ds = PackedDataset(scan.out)
     row = next(ds[i] for i in range(len(ds)) if any(m["tokens"] > IMAGE_SEQ_LENGTH for m in ds[i]["media"]))
     span = next(m for m in row["media"] if m["tokens"] > IMAGE_SEQ_LENGTH)
     span["path"] = str(root / "img" / "one_1x1.png")  # a square image now: no crop
@@ -119,22 +124,12 @@ def test_loader_names_a_file_whose_crops_changed(built):
         collate([row])
 
 
-@pytest.mark.slow  # a real forward and backward of every packed row
-@pytest.mark.parametrize("impl", ["sdpa", "eager"])
-def test_packed_rows_equal_each_record_alone(built, impl):
-    root, records, processor, _ = built
-    ds = PackedDataset(root / "scan")
-    model = ASSETS.model(processor, impl)
-    check_equivalence(model, ds, processor, records, root, impl, call=SCAN_CALL, model_config=model.config)
-
-
 @pytest.mark.slow  # FlexAttention compiles its kernel on the CPU (forward only there)
-def test_flex_rows_equal_each_record_alone(built):
-    root, records, processor, _ = built
-    ds = PackedDataset(root / "scan")
-    flex = ASSETS.model(processor, "flex_attention")
-    check_flex_forward(flex, ASSETS.model(processor, "sdpa"), ds, processor, records, root, rows=list(range(len(ds))),
-                       call=SCAN_CALL, model_config=flex.config)
+def test_flex_rows_equal_each_record_alone(scan):
+    ds = PackedDataset(scan.out)
+    flex = scan.model("flex_attention")
+    check_flex_forward(flex, scan.model("sdpa"), ds, scan.processor, scan.records, scan.root, rows=list(range(len(ds))),
+                       call=scan.call, model_config=flex.config)
 
 
 def test_crop_counts_equal_transformers():
@@ -157,29 +152,6 @@ def test_crop_counts_equal_transformers():
             assert pan_and_scan_crops(h, w, s) == len(crops), (h, w, min_crop, max_crops, ratio)
 
 
-def test_sequence_parallel_pieces_scatter_images_and_crops(built):
-    """Ulysses: each rank's ``<image_soft_token>`` placeholders (an image's runs split by its crops' text, cut anywhere)
-    take the rows of the unsliced batch's features; the masks per layer type stay global, token types are sliced."""
-    import torch
-
-    from packer.loader import local_media_rows
-    from packer.loader.sequence_parallel import shard_for_sequence_parallel
-
-    root, _, processor, _ = built
-    ds = PackedDataset(root / "scan")
-    batch = PackedCollator(family=ds.family, model_config=gemma3_config(processor))([ds[i] for i in range(len(ds))])
-    soft = processor.tokenizer.image_token_id
-    where = batch["input_ids"] == soft
-    feature = (where.flatten().cumsum(0) - 1).reshape(where.shape)
-    for rank in range(3):
-        part = shard_for_sequence_parallel(batch, rank, 3)
-        assert set(part["attention_mask"]) == {"full_attention", "sliding_attention"}
-        assert torch.equal(part["token_type_ids"] == 1, part["input_ids"] == soft)
-        local = torch.nonzero(part["input_ids"] == soft).tolist()
-        expected = [int(feature[b, int(part["global_index"][t])]) for b, t in local]
-        assert local_media_rows(part["media"], batch["media"], kind="image").tolist() == expected
-
-
 @pytest.mark.slow  # builds the sample pipeline
 def test_sample_pipeline_ids_equal_its_processor(tmp_path):
     """``pipelines/gemma3.toml`` over sample_data: its records' ids equal the sample processor folder's processor's."""
@@ -189,9 +161,11 @@ def test_sample_pipeline_ids_equal_its_processor(tmp_path):
 
 
 class TestConformance(FamilyConformance):
+    """The packed == alone check on the pan and scan build: an image's runs split by its crops' text."""
+
     family = "gemma3"
+    split_runs = True  # an image's crops, text between them
 
     @pytest.fixture
-    def case(self, built):
-        root, records, processor, _ = built
-        return Built(self.family, root / "plain", root, records, processor, lambda: ASSETS.model(processor, "sdpa"))
+    def alone(self, scan):
+        return scan

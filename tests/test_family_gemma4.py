@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import inspect
 import json
+from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pytest
@@ -27,7 +29,6 @@ from family_harness import (  # noqa: E402
     Built,
     FamilyConformance,
     build_family,
-    check_equivalence,
     check_flex_forward,
     check_ids,
     check_pipeline_ids,
@@ -56,24 +57,25 @@ def built(tmp_path_factory):
     source, records = write_records(root, ASSETS.kinds, files)
     processor = ASSETS.processor(root / "checkpoint")
     manifest = build_family("gemma4", root / "checkpoint", source, root / "out", quarantined=QUARANTINED, max_segments=4)
-    return root, [r for r in records if r["id"] not in QUARANTINED], processor, manifest
+    return Built("gemma4", root / "out", root, [r for r in records if r["id"] not in QUARANTINED], processor,
+                 partial(ASSETS.model, processor), manifest)
 
 
 @pytest.fixture(scope="module")
 def small(built):
     """The records without the longest ones, in rows of at most 1,024 tokens (see the module docstring)."""
-    root, records, _, _ = built
-    kept = [r for r in records if len(_media(r)) < 30 and not any(str(p.get("audio", "")).endswith(HEAVY_AUDIO)
-                                                                   for p in _media(r))]
-    source = root / "small.jsonl"
+    kept = [r for r in built.records if len(_media(r)) < 30 and not any(str(p.get("audio", "")).endswith(HEAVY_AUDIO)
+                                                                         for p in _media(r))]
+    source = built.root / "small.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    build_family("gemma4", root / "checkpoint", source, root / "small", max_segments=4, max_length=1024)
-    return PackedDataset(root / "small"), kept
+    manifest = build_family("gemma4", built.root / "checkpoint", source, built.root / "small", max_segments=4,
+                            max_length=1024)
+    return replace(built, out=built.root / "small", records=kept, manifest=manifest)
 
 
 def test_settings_equal_the_processor(built):
-    _, _, processor, manifest = built
-    family = manifest["tokenizer"]["family"]
+    processor = built.processor
+    family = built.manifest["tokenizer"]["family"]
     assert family["name"] == "gemma4" and family["processor_class"] == "Gemma4Processor"
     s = family["settings"]
     ip, vp, fe, tok = processor.image_processor, processor.video_processor, processor.feature_extractor, processor.tokenizer
@@ -105,8 +107,7 @@ def test_defaults_equal_the_classes():
 
 
 def test_long_clips_are_capped_and_videos_counted(built):
-    root, records, processor, _ = built
-    ds = PackedDataset(root / "out")
+    ds = PackedDataset(built.out)
     audio = sorted(m["tokens"] for i in range(len(ds)) for m in ds[i]["media"] if m["kind"] == "audio")
     assert audio[-3:] == [750, 750, 750] and audio[0] < 10  # the 31 s and 45 s clips capped at 30 s; 20 ms
     videos = [m for i in range(len(ds)) for m in ds[i]["media"] if m["kind"] == "video"]
@@ -114,9 +115,9 @@ def test_long_clips_are_capped_and_videos_counted(built):
 
 
 def test_mm_token_type_ids_equal_the_processors(built):
-    root, records, processor, _ = built
-    by_id = {r["id"]: r for r in records}
-    ds = PackedDataset(root / "out")
+    root, processor = built.root, built.processor
+    by_id = {r["id"]: r for r in built.records}
+    ds = PackedDataset(built.out)
     rows = [ds[i] for i in range(len(ds))]
     batch = PackedCollator(family=ds.family, model_config=gemma4_config(processor))(rows)
     for r, row in enumerate(rows):
@@ -131,8 +132,8 @@ def test_loader_names_a_file_that_changed(built, kind, other, by):
     """A span whose file now gives another count: the collator raises naming it, before the model's own error."""
     from packer.loader.media import MediaMismatchError
 
-    root, _, processor, _ = built
-    ds = PackedDataset(root / "out")
+    root, processor = built.root, built.processor
+    ds = PackedDataset(built.out)
     row = next(ds[i] for i in range(len(ds)) if any(m["kind"] == kind for m in ds[i]["media"]))
     span = next(m for m in row["media"] if m["kind"] == kind and not m["path"].endswith(other))
     row["media"] = [{**span, "path": str(root / other)}]  # only this span is loaded
@@ -145,8 +146,8 @@ def test_a_clip_shorter_than_the_frames_asked_is_refused_as_the_processor_refuse
     """The class default samples 32 frames; a 17-frame clip: the video processor raises, packer refuses the item."""
     from transformers.video_utils import load_video
 
-    root, _, processor, _ = built
-    path = root / "vid" / "odd_17f.mp4"
+    processor = built.processor
+    path = built.root / "vid" / "odd_17f.mp4"
     frames, metadata = load_video(str(path), backend="pyav")
     with pytest.raises(ValueError, match="exceeds total_num_frames=17"):
         processor.video_processor(videos=[frames], video_metadata=[metadata], num_frames=32)
@@ -157,9 +158,9 @@ def test_a_clip_shorter_than_the_frames_asked_is_refused_as_the_processor_refuse
 @pytest.mark.slow  # a second processor checkpoint and build
 def test_fps_sampling_ids_equal_the_hf_processor(tmp_path, built):
     """A checkpoint that samples 2 frames a second: ids equal; frames without a rate are refused, as there."""
-    root, records, _, _ = built
+    root = built.root
     processor = ASSETS.processor(tmp_path / "checkpoint", num_frames=None, fps=2)
-    videos = [r for r in records if any(p["type"] == "video" for p in _media(r))]
+    videos = [r for r in built.records if any(p["type"] == "video" for p in _media(r))]
     source = root / "videos_fps.jsonl"  # media refs are relative to the records' folder
     source.write_text("".join(json.dumps(r) + "\n" for r in videos))
     no_rate = [r["id"] for r in videos if any(isinstance(p["video"], list) and not p.get("fps") for p in _media(r)
@@ -184,23 +185,11 @@ def _covering(ds: PackedDataset) -> list[int]:
     return chosen
 
 
-@pytest.mark.slow  # a real forward and backward of every packed row (sdpa), of rows holding every kind (eager)
-@pytest.mark.parametrize("impl", ["sdpa", "eager"])
-def test_packed_rows_equal_each_record_alone(built, small, impl):
-    root, _, processor, _ = built
-    ds, records = small
-    model = ASSETS.model(processor, impl)
-    picked = list(range(len(ds))) if impl == "sdpa" else _covering(ds)
-    for at in range(0, len(picked), 2):  # two rows a batch: the logits of a batch are vocabulary-wide
-        check_equivalence(model, ds, processor, records, root, impl, rows=picked[at : at + 2], model_config=model.config)
-
-
 @pytest.mark.slow  # FlexAttention compiles its kernel on the CPU (forward only there)
-def test_flex_rows_equal_each_record_alone(built, small):
-    root, _, processor, _ = built
-    ds, records = small
-    flex = ASSETS.model(processor, "flex_attention")
-    check_flex_forward(flex, ASSETS.model(processor, "sdpa"), ds, processor, records, root, rows=_covering(ds)[:2],
+def test_flex_rows_equal_each_record_alone(small):
+    ds = PackedDataset(small.out)
+    flex = small.model("flex_attention")
+    check_flex_forward(flex, small.model("sdpa"), ds, small.processor, small.records, small.root, rows=_covering(ds)[:2],
                        model_config=flex.config)
 
 
@@ -263,30 +252,6 @@ def test_audio_counts_equal_the_processors():
     assert audio_tokens(720_000, settings) == 750
 
 
-def test_sequence_parallel_pieces_scatter_every_kind(built):
-    """Ulysses: each rank's image, video (runs split by the frames' timestamps) and audio placeholders take the rows
-    of the unsliced batch's features of that kind; the masks per layer type stay global, token types are sliced."""
-    import torch
-
-    from packer.loader import local_media_rows
-    from packer.loader.sequence_parallel import shard_for_sequence_parallel
-
-    root, _, processor, _ = built
-    ds = PackedDataset(root / "out")
-    batch = PackedCollator(family=ds.family, model_config=gemma4_config(processor))([ds[i] for i in range(len(ds))])
-    for kind, value in (("image", 1), ("video", 2), ("audio", 3)):
-        token = ds.family["run_ids"][kind]
-        where = batch["input_ids"] == token
-        feature = (where.flatten().cumsum(0) - 1).reshape(where.shape)
-        for rank in range(3):
-            part = shard_for_sequence_parallel(batch, rank, 3)
-            assert set(part["attention_mask"]) == {"full_attention", "sliding_attention"}
-            assert torch.equal(part["mm_token_type_ids"] == value, part["input_ids"] == token)
-            local = torch.nonzero(part["input_ids"] == token).tolist()
-            expected = [int(feature[b, int(part["global_index"][t])]) for b, t in local]
-            assert local_media_rows(part["media"], batch["media"], kind=kind).tolist() == expected
-
-
 @pytest.mark.slow  # builds the sample pipeline
 def test_sample_pipeline_ids_equal_its_processor(tmp_path):
     """``pipelines/gemma4.toml`` over sample_data: its records' ids equal the sample processor folder's processor's."""
@@ -296,9 +261,16 @@ def test_sample_pipeline_ids_equal_its_processor(tmp_path):
 
 
 class TestConformance(FamilyConformance):
+    """The packed == alone check on the records without the longest (``small``), two rows a batch (the logits of a
+    batch are vocabulary-wide): every row with sdpa, rows holding every kind with eager."""
+
     family = "gemma4"
+    rows_per_batch = 2
+    split_runs = True  # a clip's frames, timestamps between them
 
     @pytest.fixture
-    def case(self, built):
-        root, records, processor, _ = built
-        return Built(self.family, root / "out", root, records, processor, lambda: ASSETS.model(processor, "sdpa"))
+    def alone(self, small):
+        return small
+
+    def alone_rows(self, ds, records, impl):
+        return list(range(len(ds))) if impl == "sdpa" else _covering(ds)

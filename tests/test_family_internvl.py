@@ -10,6 +10,7 @@ grids of sizes, and the per-record tile cap (``total_max_patches``) with the pro
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import numpy as np
 import pytest
@@ -22,7 +23,6 @@ from family_harness import (  # noqa: E402
     Built,
     FamilyConformance,
     build_family,
-    check_equivalence,
     check_ids,
     check_pipeline_ids,
     write_media,
@@ -41,12 +41,12 @@ def built(tmp_path_factory):
     source, records = write_records(root, ASSETS.kinds, files)
     processor = ASSETS.processor(root / "checkpoint")
     manifest = build_family("internvl", root / "checkpoint", source, root / "out", max_segments=4)
-    return root, records, processor, manifest, files
+    return Built("internvl", root / "out", root, records, processor, partial(ASSETS.model, processor), manifest)
 
 
 def test_settings_equal_the_saved_processor(built):
-    root, _, processor, manifest, _ = built
-    family = manifest["tokenizer"]["family"]
+    processor = built.processor
+    family = built.manifest["tokenizer"]["family"]
     assert family["name"] == "internvl" and family["processor_class"] == "InternVLProcessor"
     s = InternVLSettings(**family["settings"])
     ip, vp, tok = processor.image_processor, processor.video_processor, processor.tokenizer
@@ -152,7 +152,7 @@ def test_tiles_capped_by_the_record_images(built, tmp_path):
     """``total_max_patches``: the ids equal the processor's given the capped ``max_patches`` (lmms-eval #1069,
     InternVL's fine-tuning rule); the 30-image record gets one tile an image, a single image all 6; the
     loader tiles each image with its record's cap, and the counts agree."""
-    root, records, processor, _, _ = built
+    root, records, processor = built.root, built.records, built.processor
     out = tmp_path / "out"
     build_family("internvl", root / "checkpoint", root / "records.jsonl", out, max_segments=4,
                  processor_options="total_max_patches=6")
@@ -172,7 +172,7 @@ def test_tiles_capped_by_the_record_images(built, tmp_path):
 def test_every_frame_when_the_processor_does_not_sample(built, tmp_path):
     """The class default (``do_sample_frames=False``): every decoded frame is a ``Frame{i}:`` tile. Records with
     two videos are left out: the processor cannot stack videos of different frame counts (it raises)."""
-    root, records, _, _, _ = built
+    root, records = built.root, built.records
     processor = internvl_processor(tmp_path / "ck", video={"do_sample_frames": False, "num_frames": None})
     kept = [r for r in records if sum(p.get("type") == "video" for m in r["messages"] if isinstance(m["content"], list)
                                       for p in m["content"]) <= 1]
@@ -185,24 +185,11 @@ def test_every_frame_when_the_processor_does_not_sample(built, tmp_path):
     assert max(frames) == 80  # the 20 s clip, whole
 
 
-@pytest.mark.slow  # a real forward and backward of every packed row
-@pytest.mark.parametrize("impl", ["sdpa", "eager"])
-def test_packed_rows_equal_each_record_alone(built, impl):
-    root, records, processor, _, _ = built
-    ds = PackedDataset(root / "out")
-    model = ASSETS.model(processor, impl)
-    # every row but the one holding the 30-image record (1,200 tokens of 151k-wide logits; its ids are checked above):
-    # images tiled and not, sampled videos, frame lists, a video beside an image
-    many = {r["id"] for r in records if json.dumps(r).count('"type": "image"') > 3}
-    rows = [i for i in range(len(ds)) if not many & set(ds[i]["segment_ids"])]
-    check_equivalence(model, ds, processor, records, root, impl, rows=rows, towers=("vision_tower", "multi_modal_projector"))
-
-
 def test_loader_merges_tiles_and_frames_in_placeholder_order(built):
     """The record holding a video then an image: ``pixel_values`` = the video's frames, then the image's tiles, as
     InternVLProcessor merges them (the model scatters both into ``<IMG_CONTEXT>``)."""
-    root, records, processor, _, _ = built
-    ds = PackedDataset(root / "out")
+    root, records, processor = built.root, built.records, built.processor
+    ds = PackedDataset(built.out)
     rid = next(r["id"] for r in records if '"video"' in json.dumps(r) and '"image"' in json.dumps(r))
     row = next(ds[i] for i in range(len(ds)) if rid in ds[i]["segment_ids"])
     batch = PackedCollator(processor=processor, family=ds.family)([row])
@@ -223,33 +210,12 @@ def test_sample_pipeline_ids_equal_its_processor(tmp_path):
     assert check_pipeline_ids(ROOT / "pipelines" / "internvl3.toml", tmp_path / "out") >= 10
 
 
-@pytest.mark.parametrize("mode, attention", [("ulysses", "sdpa"), ("ring", "varlen")])
-def test_sequence_parallel_pieces_scatter_tiles_and_frames(built, mode, attention):
-    """Under SP each rank's ``<IMG_CONTEXT>`` placeholders take the rows of the merged image-and-frame features the
-    unsliced batch gives them: ``local_media_rows`` over every span, images and videos together (one placeholder)."""
-    import torch
-    from test_sequence_parallel import global_position
-
-    from packer.loader import local_media_rows, shard_for_sequence_parallel
-
-    root, _, processor, _, _ = built
-    ds = PackedDataset(root / "out")
-    batch = PackedCollator(attention=attention, family=ds.family)([ds[i] for i in range(len(ds))])
-    ctx = processor.tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>")
-    where = batch["input_ids"] == ctx
-    feature = (where.flatten().cumsum(0) - 1).reshape(where.shape)  # the row-major scatter: k-th placeholder, k-th row
-    assert int(where.sum()) == sum(m["tokens"] for m in batch["media"])
-    for rank in range(3):
-        part = shard_for_sequence_parallel(batch, rank, 3, mode=mode)
-        local = torch.nonzero(part["input_ids"] == ctx).tolist()
-        at = [(b, int(part["global_index"][t]) if mode == "ulysses" else global_position(part, mode, t)) for b, t in local]
-        assert local_media_rows(part["media"], batch["media"]).tolist() == [int(feature[b, g]) for b, g in at]
-
-
 class TestConformance(FamilyConformance):
-    family = "internvl"
+    """The packed == alone check leaves out the row of the 30-image record (1,200 tokens of 151k-wide logits; its ids
+    are checked): images tiled and not, sampled videos, frame lists, a video beside an image. Under sequence
+    parallelism the images' tiles and the videos' frames share one placeholder (``<IMG_CONTEXT>``)."""
 
-    @pytest.fixture
-    def case(self, built):
-        root, records, processor, _, _ = built
-        return Built(self.family, root / "out", root, records, processor, lambda: ASSETS.model(processor, "sdpa"))
+    family = "internvl"
+    towers = ("vision_tower", "multi_modal_projector")
+    max_images = 3
+    sp_modes = ("ulysses", "ring")

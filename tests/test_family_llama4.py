@@ -11,6 +11,9 @@ over grids of sizes, and the expansion with ``Llama4Processor._prompt_split_imag
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,7 +26,6 @@ from family_harness import (  # noqa: E402
     Built,
     FamilyConformance,
     build_family,
-    check_equivalence,
     check_pipeline_ids,
     hf_inputs,
     segments,
@@ -52,12 +54,12 @@ def built(tmp_path_factory):
     source, records = write_records(root, ASSETS.kinds, files)
     processor = ASSETS.processor(root / "checkpoint")
     manifest = build_family("llama4", root / "checkpoint", source, root / "out", max_segments=4)
-    return root, records, processor, manifest
+    return Built("llama4", root / "out", root, records, processor, partial(ASSETS.model, processor), manifest)
 
 
 def test_settings_equal_the_saved_processor(built):
-    _, _, processor, manifest = built
-    family = manifest["tokenizer"]["family"]
+    processor = built.processor
+    family = built.manifest["tokenizer"]["family"]
     assert family["name"] == "llama4" and family["processor_class"] == "Llama4Processor"
     s = Llama4Settings(**family["settings"])
     ip = processor.image_processor
@@ -116,7 +118,7 @@ def test_tiles_equal_the_image_processor():
 
 
 def test_expansion_equals_prompt_split_image(built):
-    _, _, processor, _ = built
+    processor = built.processor
     for rows, columns in [(1, 1), (1, 2), (2, 1), (2, 3), (4, 4), (1, 6)]:
         pieces = image_pieces(rows, columns, 7)
         text = "".join(p.token * p.count if isinstance(p, Run) else p for p in pieces)
@@ -127,27 +129,14 @@ def test_expansion_equals_prompt_split_image(built):
 def test_tile_runs_are_separate_runs_of_one_span(built):
     """A tiled image is one media span whose ``runs`` are its tiles' ``<|patch|>`` runs (the separators and
     ``<|image|>`` between them are text inside the span)."""
-    root, _, processor, _ = built
-    ds = PackedDataset(root / "out")
-    patch = processor.tokenizer.convert_tokens_to_ids("<|patch|>")
+    ds = PackedDataset(built.out)
+    patch = built.processor.tokenizer.convert_tokens_to_ids("<|patch|>")
     tiled = [(ds[i], m) for i in range(len(ds)) for m in ds[i]["media"] if m["tokens"] > PER_TILE]
     assert tiled
     for row, m in tiled:
         ids = np.asarray(row["input_ids"][m["start"] : m["start"] + m["length"]])
         assert [n for _, n in m["runs"]] == [PER_TILE] * (m["tokens"] // PER_TILE)
         assert int((ids == patch).sum()) == m["tokens"] and ids[0] == ids[-1] == patch
-
-
-@pytest.mark.slow  # a real forward and backward of every packed row
-@pytest.mark.parametrize("impl", ["sdpa", "eager"])
-def test_packed_rows_equal_each_record_alone(built, impl):
-    root, records, processor, _ = built
-    ds = PackedDataset(root / "out")
-    model = ASSETS.model(processor, impl)
-    many = {r["id"] for r in records if str(r).count("'image'") > 3}  # the 30-image record: ids checked above
-    rows = [i for i in range(len(ds)) if not many & set(ds[i]["segment_ids"])]
-    check_equivalence(model, ds, processor, records, root, impl, rows=rows, towers=("vision_model", "multi_modal_projector"),
-                      model_config=model.config)
 
 
 def _packed_forward(model, ds, processor, rows, attention, **collator):
@@ -173,26 +162,34 @@ def _worst(logits, reference):
     return max(float((logits[r, a:b] - ref).abs().max() / ref.abs().max()) for (r, a, b), ref in reference.items())
 
 
+@dataclass(frozen=True)
+class Reference:
+    """Packed rows of the build, the sdpa model, and each of their segments' logits run alone through it."""
+
+    ds: PackedDataset
+    rows: list[int]
+    model: Any
+    logits: dict[tuple[int, int, int], torch.Tensor]  # (row in the batch, start, end) -> the record's logits alone
+
+
 @pytest.fixture(scope="module")
 def small_rows(built):
     """The shortest packed row (a tiled image's record then another, crossing several chunks) and its records alone
     through the sdpa model."""
-    root, records, processor, _ = built
-    ds = PackedDataset(root / "out")
+    ds = PackedDataset(built.out)
     rows = sorted(range(len(ds)), key=lambda i: ds[i]["n_tokens"])[:1]
     row = ds[rows[0]]
     assert len(row["cu_seqlens"]) > 2 and row["n_tokens"] > 3 * CHUNK and any(m["tokens"] > PER_TILE for m in row["media"])
-    model = ASSETS.model(processor, "sdpa")
-    return ds, rows, model, _alone(model, ds, processor, records, rows)
+    model = built.model("sdpa")
+    return Reference(ds, rows, model, _alone(model, ds, built.processor, built.records, rows))
 
 
 @pytest.mark.slow
 def test_one_mask_for_every_layer_would_leak_across_chunks(built, small_rows):
     """The control: the generic single mask (causal within segments) given to every layer differs from the record
     alone -- the chunked layers would attend across chunks -- while the per-layer-type masks equal it."""
-    _, _, processor, _ = built
-    ds, rows, model, reference = small_rows
-    logits, batch = _packed_forward(model, ds, processor, rows, "sdpa")
+    ds, rows, model, reference = small_rows.ds, small_rows.rows, small_rows.model, small_rows.logits
+    logits, batch = _packed_forward(model, ds, built.processor, rows, "sdpa")
     assert set(batch["attention_mask"]) == {"chunked_attention", "full_attention"} and _worst(logits, reference) <= 1e-4
     single = dict(batch, attention_mask=batch["attention_mask"]["full_attention"])
     with torch.no_grad():
@@ -203,13 +200,12 @@ def test_one_mask_for_every_layer_would_leak_across_chunks(built, small_rows):
 @pytest.mark.slow
 def test_flex_block_masks_per_layer_type(built, small_rows):
     """FlexAttention (forward on CPU): a BlockMask per layer type gives each segment its logits alone."""
-    _, _, processor, _ = built
-    ds, rows, model, reference = small_rows
-    flex = ASSETS.model(processor, "flex_attention")
+    ds, rows, model, reference = small_rows.ds, small_rows.rows, small_rows.model, small_rows.logits
+    flex = built.model("flex_attention")
     flex.load_state_dict(model.state_dict())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        logits, batch = _packed_forward(flex, ds, processor, rows, "flex")
+        logits, batch = _packed_forward(flex, ds, built.processor, rows, "flex")
     from torch.nn.attention.flex_attention import BlockMask
 
     assert all(isinstance(m, BlockMask) for m in batch["attention_mask"].values())
@@ -292,14 +288,13 @@ def test_temperature_tuning_refusal_is_needed(built, small_rows):
     logits differ from theirs alone -- the refusal guards a real leak, not a formality."""
     import packer.families.llama4 as llama4
 
-    _, _, processor, _ = built
-    ds, rows, _, _ = small_rows
-    model = ASSETS.model(processor, "sdpa", floor_scale=8, attn_scale=2.0)
+    processor, ds, rows = built.processor, small_rows.ds, small_rows.rows
+    model = built.model("sdpa", floor_scale=8, attn_scale=2.0)
     with pytest.raises(ValueError, match="attn_temperature_tuning"):
         _packed_forward(model, ds, processor, rows, "sdpa")
     from unittest import mock
 
-    records = built[1]
+    records = built.records
     with mock.patch.object(llama4, "check_temperature_tuning", lambda cu, config: None):
         logits, _ = _packed_forward(model, ds, processor, rows, "sdpa")
     reference = _alone(model, ds, processor, records, rows)
@@ -353,33 +348,13 @@ def test_sample_pipeline_ids_equal_its_processor(tmp_path):
     assert check_pipeline_ids(ROOT / "pipelines" / "llama4.toml", tmp_path / "out") >= 10
 
 
-def test_sequence_parallel_pieces_scatter_tiles(built):
-    """Ulysses: each rank's ``<|patch|>`` placeholders (tile runs split by separators, cut anywhere) take the rows of
-    the unsliced batch's tile features, and the per-layer-type masks stay global."""
-    from packer.loader import local_media_rows
-
-    root, _, processor, _ = built
-    ds = PackedDataset(root / "out")
-    batch = PackedCollator(family=ds.family, model_config=_config())([ds[i] for i in range(len(ds))])
-    patch = processor.tokenizer.convert_tokens_to_ids("<|patch|>")
-    where = batch["input_ids"] == patch
-    feature = (where.flatten().cumsum(0) - 1).reshape(where.shape)
-    for rank in range(3):
-        part = shard_for_sequence_parallel(batch, rank, 3)
-        assert set(part["attention_mask"]) == {"chunked_attention", "full_attention"}
-        local = torch.nonzero(part["input_ids"] == patch).tolist()
-        expected = [int(feature[b, int(part["global_index"][t])]) for b, t in local]
-        assert local_media_rows(part["media"], batch["media"], kind="image").tolist() == expected
-
-
 def test_loader_names_a_file_the_processor_tiles_otherwise(built):
     """A collator given another processor setting than the build's (max_patches 2 instead of 6) raises naming the file."""
     from transformers import Llama4ImageProcessor
 
     from packer.loader import MediaMismatchError
 
-    root, _, _, _ = built
-    ds = PackedDataset(root / "out")
+    ds = PackedDataset(built.out)
     other = Llama4ImageProcessor(size={"height": 56, "width": 56}, max_patches=2)
     with pytest.raises(MediaMismatchError, match=r"img/\S+: the build gave this image \d+ placeholder positions but "
                                                  r"Llama4ImageProcessor .* produces \d+ features"):
@@ -387,9 +362,11 @@ def test_loader_names_a_file_the_processor_tiles_otherwise(built):
 
 
 class TestConformance(FamilyConformance):
-    family = "llama4"
+    """The packed == alone check leaves out the row of the 30-image record (1,200 tokens of vocabulary-wide logits;
+    its ids are checked). Under sequence parallelism a tiled image's ``<|patch|>`` runs (separators between them) are
+    cut anywhere, and the per-layer-type masks stay global."""
 
-    @pytest.fixture
-    def case(self, built):
-        root, records, processor, _ = built
-        return Built(self.family, root / "out", root, records, processor, lambda: ASSETS.model(processor, "sdpa"))
+    family = "llama4"
+    towers = ("vision_model", "multi_modal_projector")
+    max_images = 3
+    split_runs = True  # a tiled image's tiles

@@ -16,6 +16,7 @@ pytest.importorskip("av")
 pytest.importorskip("torchvision")
 
 import json  # noqa: E402
+from functools import partial  # noqa: E402
 
 from assets_llava_onevision import ASSETS  # noqa: E402
 from family_harness import (  # noqa: E402
@@ -39,20 +40,8 @@ def built(tmp_path_factory):
     source, records = write_records(root, ASSETS.kinds, files)
     processor = ASSETS.processor(root / "checkpoint")
     manifest = build_family("llava_onevision", root / "checkpoint", source, root / "out", max_segments=4)
-    return root, records, processor, manifest
-
-
-@pytest.mark.slow  # a real forward and backward of every packed row
-@pytest.mark.parametrize("impl", ["sdpa", "eager"])
-def test_packed_rows_equal_each_record_alone(built, impl):
-    root, records, processor, _ = built
-    ds = PackedDataset(root / "out")
-    model = ASSETS.model(processor, impl)
-    # the row of r0: a tiled image (anyres), a record of two images (base + newline each), videos
-    rows = [i for i in range(len(ds)) if "r0" in ds[i]["segment_ids"]]
-    spans = ds[rows[0]]["media"]
-    assert {m["tokens"] for m in spans if m["kind"] == "image"} >= {17, 72} and any(m["kind"] == "video" for m in spans)
-    check_equivalence(model, ds, processor, records, root, impl, rows=rows, nest_images=True)
+    return Built("llava_onevision", root / "out", root, records, processor, partial(ASSETS.model, processor), manifest,
+                 nest_images=True)
 
 
 def assert_settings(s: dict, processor) -> None:
@@ -68,8 +57,8 @@ def assert_settings(s: dict, processor) -> None:
 
 
 def test_settings_are_the_checkpoints(built):
-    _, _, processor, manifest = built
-    family = manifest["tokenizer"]["family"]
+    processor = built.processor
+    family = built.manifest["tokenizer"]["family"]
     assert family["name"] == "llava_onevision" and family["processor_class"] == "LlavaOnevisionProcessor"
     assert_settings(family["settings"], processor)
     assert family["settings"]["image_size"] == 32 and family["settings"]["video_num_frames"] == 3
@@ -172,7 +161,7 @@ def test_refusals(built, tmp_path):
     from packer.families import make_family
     from packer.loader import PackedCollator
 
-    root, records, processor, _ = built
+    root, records, processor = built.root, built.records, built.processor
     folder = tmp_path / "ckpt"
     folder.mkdir()
     config = json.loads((root / "checkpoint" / "processor_config.json").read_text())
@@ -204,7 +193,7 @@ def test_refusals(built, tmp_path):
 def test_verify_against_processor_passes_on_the_build_and_names_a_changed_setting(built, tmp_path):
     from packer.against_processor import verify_against_processor
 
-    root, _, _, _ = built
+    root = built.root
     mismatches, checked = verify_against_processor(root / "out", str(root / "checkpoint"), sample=8)
     assert checked == 8 and mismatches == [], [str(m) for m in mismatches]
     # another anyres cap (a 3 x 3 grid no longer interpolated) and another frame count
@@ -223,7 +212,7 @@ def test_a_cut_never_keeps_some_of_a_records_images(built, tmp_path, oversize):
     from packer.build import build
     from packer.config import resolve
 
-    root, _, processor, _ = built
+    root = built.root
     long = " ".join(["word"] * 60)
     image = lambda name: {"type": "image", "image": str(next(root.rglob(name)).relative_to(root))}  # noqa: E731
     rec = {"id": "two", "messages": [
@@ -256,7 +245,8 @@ def every_frame(tmp_path_factory):
     both = next(r["id"] for r in records if "tenth_s.mp4" in json.dumps(r) and "rot90_2s.mp4" in json.dumps(r))
     manifest = build_family("llava_onevision", root / "checkpoint", source, root / "out", max_segments=4,
                             quarantined={both: "incompatible_media"})  # its processor cannot stack the two either
-    return root, [r for r in records if r["id"] != both], processor, manifest
+    return Built("llava_onevision", root / "out", root, [r for r in records if r["id"] != both], processor,
+                 partial(ASSETS.model, processor), manifest, nest_images=True)
 
 
 def frame_counts(row: dict, per_frame: int) -> set[int]:
@@ -264,22 +254,22 @@ def frame_counts(row: dict, per_frame: int) -> set[int]:
 
 
 def test_rows_keep_one_frame_count_and_the_records_ids_equal_the_processor(every_frame):
-    root, records, processor, manifest = every_frame
-    ds = PackedDataset(root / "out")
+    manifest = every_frame.manifest
+    ds = PackedDataset(every_frame.out)
     assert ds.family["settings"]["video_sample"] is False
     counts = [frame_counts(ds[i], 4) for i in range(len(ds))]
     assert all(len(c) <= 1 for c in counts), counts
     assert len(set().union(*counts)) >= 3  # the clips do differ: several rows of several frame counts
     keys, samples = set().union(*counts), manifest["accounting"]["samples_packed"]
     assert manifest["stats"]["rows"] <= max(manifest["stats"]["lower_bound"], len(keys), -(-samples // 4)) + 1
-    check_ids(ds, processor, records, root, nest_images=True)
+    check_ids(ds, every_frame.processor, every_frame.records, every_frame.root, nest_images=every_frame.nest_images)
 
 
 @pytest.mark.slow  # every row through the tiny model, then the rows of videos each against its records alone
 def test_a_build_of_clips_of_different_frame_counts_trains_end_to_end(every_frame):
-    root, records, processor, _ = every_frame
-    ds = PackedDataset(root / "out")
-    model = ASSETS.model(processor, "sdpa")
+    root, records, processor = every_frame.root, every_frame.records, every_frame.processor
+    ds = PackedDataset(every_frame.out)
+    model = every_frame.model("sdpa")
     assert check_rows_collate(ds, processor, model) > 0
     videos = [i for i in range(len(ds)) if frame_counts(ds[i], 4)]
     for i in videos[:2]:
@@ -300,7 +290,7 @@ def test_verify_collate_proves_the_rows_and_catches_a_build_planned_without_the_
     from packer.cli import main
     from packer.families.llava_onevision import LlavaOnevision
 
-    root, _, _, _ = every_frame
+    root = every_frame.root
     ok = CliRunner().invoke(main, ["verify", str(root / "out"), "--collate"])
     assert ok.exit_code == 0 and "every row collatable for its family" in ok.output, ok.output
     with monkeypatch.context() as m:  # a build from before row constraints: videos of any frame counts in a row
@@ -324,9 +314,13 @@ def test_a_plan_whose_row_mixes_keys_is_refused_at_build_time():
 
 
 class TestConformance(FamilyConformance):
+    """The packed == alone check on the row of r0: a tiled image (anyres), a record of two images (base + newline
+    each), videos."""
+
     family = "llava_onevision"
 
-    @pytest.fixture
-    def case(self, built):
-        root, records, processor, _ = built
-        return Built(self.family, root / "out", root, records, processor, lambda: ASSETS.model(processor, "sdpa"), nest_images=True)
+    def alone_rows(self, ds, records, impl):
+        rows = [i for i in range(len(ds)) if "r0" in ds[i]["segment_ids"]]
+        spans = ds[rows[0]]["media"]
+        assert {m["tokens"] for m in spans if m["kind"] == "image"} >= {17, 72} and any(m["kind"] == "video" for m in spans)
+        return rows
