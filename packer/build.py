@@ -49,7 +49,7 @@ from packer.stages.planning import (
     SampleRows,
     modality_codes,
     plan_columns,
-    plan_samples,
+    plan_sources,
     plan_table,
     preference_responses,
     row_keys,
@@ -500,7 +500,7 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     joined = tuple(family.get("joined_kinds") or ())
     keys = row_keys(samples, rows, family_from_state(family, config)) if family.get("name", "generic") != "generic" \
         else None
-    p, m = plan_samples(samples, config, encoded.input_sources, rows, joined, keys)
+    p, m = plan_sources(samples, config, encoded.input_sources, rows, joined, keys)
     if keys is not None:  # no build writes a row its own loader refuses (issue 33): each row holds one key at most
         check_row_keys(p, keys)
     dropped = {r: len(v) for r, v in p.dropped.items()}
@@ -637,6 +637,7 @@ def _stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:
         "lower_bound": p.lower_bound,
         "gap_to_lower_bound": p.n_bins - p.lower_bound,
         **({"row_budget": _budget_stats(config, p)} if config.max_row_encoder.strip() != "off" else {}),
+        **({"policy_groups": list(p.groups)} if p.groups else {}),
         "truncated_samples": int(len(p.truncated)),
         "truncated_tokens": int(p.truncated_tokens),
         "split_samples": int(len(p.split)),

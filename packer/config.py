@@ -274,6 +274,12 @@ class BuildConfig:
             if not all(values) or len(set(values)) != len(values):
                 raise ConfigError(f"{', '.join(group)} must be different non-empty strings, got {values}")
         self.encoder_budget(1.0, 1)  # refuses a malformed max_row_encoder now, not after stage 1
+        for source in self.sources():  # a source's own max_length: the build's is the rows' largest capacity
+            own = dict(source.policy).get("max_length", 0)
+            if own > self.max_length:
+                raise ConfigError(f"input {source.pattern!r} packs rows of max_length {own:,}, over the build's "
+                                  f"max_length {self.max_length:,}: raise max_length to at least {own:,} (the longest "
+                                  f"row any source packs) and give the other sources their own")
         from packer.pack.buckets import parse
 
         try:
@@ -445,10 +451,14 @@ def _as_list(value: Any) -> list:
 
 def _source_spec(path: Path, table: Any) -> str:
     """``{input = "a.jsonl", weight = 3, cap = 1000}`` -> ``"a.jsonl#weight=3.0,cap=1000"``."""
-    if not isinstance(table, dict) or not isinstance(table.get("input"), str) or set(table) - {"input", "weight", "cap"}:
-        raise ConfigError(f"{path}: each [[sources]] table needs input = \"FILE\" and may hold weight and cap, "
-                          f"got {table!r}")
-    params = [f"{k}={table[k]}" for k in ("weight", "cap") if k in table]
+    from packer.mix import POLICY
+
+    known = {"input", "weight", "cap", *POLICY}
+    if not isinstance(table, dict) or not isinstance(table.get("input"), str) or set(table) - known:
+        raise ConfigError(f"{path}: each [[sources]] table needs input = \"FILE\" and may hold weight, cap and its own "
+                          f"packing ({', '.join(POLICY)}), got {table!r}")
+    params = [f"{k}={str(table[k]).lower() if isinstance(table[k], bool) else table[k]}"
+              for k in ("weight", "cap", *POLICY) if k in table]
     return table["input"] + (f"#{','.join(params)}" if params else "")
 
 

@@ -1,6 +1,7 @@
 """Weighted mixing of sources: how many copies of each sample the plan sees.
 
-A source is one ``--input`` entry (a file or a glob) with an optional weight and cap::
+A source is one ``--input`` entry (a file or a glob) with an optional weight and cap, and optionally its own
+packing (``max_length``, ``packing``, ``oversize``, media caps: :data:`POLICY`)::
 
     -i 'data/chat.jsonl#weight=3'            every record three times (a repeat factor)
     -i 'data/web/*.jsonl#weight=0.2'         a fifth of the records, chosen with --seed
@@ -27,35 +28,68 @@ from packer.errors import ConfigError
 SEPARATOR = "#"
 
 
+# A source's own packing policy (issue 32): these build options, set per input, override the build's for its samples
+POLICY = {"max_length": int, "packing": bool, "oversize": str, "max_media": int, "max_images": int, "max_audio": int,
+          "max_videos": int}
+OVERSIZE = ("truncate", "drop", "split")
+
+
 @dataclass(frozen=True)
 class Source:
     pattern: str
     weight: float = 1.0
     cap: int = 0  # 0: no cap
+    policy: tuple[tuple[str, object], ...] = ()  # (option, value) of POLICY, sorted: this source's own packing
 
     @property
     def mixed(self) -> bool:
         return self.weight != 1.0 or self.cap > 0
+
+    def options(self) -> dict[str, object]:
+        """The build options this source's samples are planned with instead of the build's (``packing = false``:
+        ``max_segments = 1``, each sample a row of its own)."""
+        out = dict(self.policy)
+        if out.pop("packing", True) is False:
+            out["max_segments"] = 1
+        return out
 
     @classmethod
     def parse(cls, spec: str) -> Source:
         pattern, sep, params = spec.rpartition(SEPARATOR) if SEPARATOR in spec else (spec, "", "")
         if not sep:
             return cls(spec)
-        values: dict[str, float | int] = {}
+        values: dict[str, object] = {}
         for item in filter(None, params.split(",")):
             key, eq, value = item.partition("=")
             try:
-                if not eq or key not in ("weight", "cap") or key in values:
+                if not eq or key not in ("weight", "cap", *POLICY) or key in values:
                     raise ValueError
-                values[key] = float(value) if key == "weight" else int(value)
+                values[key] = _value(key, value)
             except ValueError:
-                raise ConfigError(f"input {spec!r}: the part after '#' must be weight=W and/or cap=N "
-                                  f"(e.g. 'data.jsonl#weight=0.5,cap=1000'), got {params!r}") from None
-        source = cls(pattern, float(values.get("weight", 1.0)), int(values.get("cap", 0)))
+                raise ConfigError(f"input {spec!r}: the part after '#' must be weight=W, cap=N and this source's own "
+                                  f"packing ({', '.join(f'{k}=...' for k in POLICY)}; e.g. "
+                                  f"'video.jsonl#max_length=16384,packing=false'), got {params!r}") from None
+        policy = tuple(sorted((k, v) for k, v in values.items() if k in POLICY))
+        source = cls(pattern, float(values.get("weight", 1.0)), int(values.get("cap", 0)), policy)
         if source.weight < 0 or source.cap < 0:
             raise ConfigError(f"input {spec!r}: weight and cap must be >= 0")
+        own = dict(policy)
+        if own.get("max_length", 1) < 1 or any(own.get(k, 0) < 0 for k in POLICY if k.startswith("max_") and k != "max_length"):
+            raise ConfigError(f"input {spec!r}: max_length must be >= 1 and media caps >= 0 (0: no limit)")
+        if own.get("oversize", "truncate") not in OVERSIZE:
+            raise ConfigError(f"input {spec!r}: oversize = {own['oversize']!r} is not one of {', '.join(OVERSIZE)}")
         return source
+
+
+def _value(key: str, value: str) -> object:
+    if key == "weight":
+        return float(value)
+    kind = POLICY.get(key, int)
+    if kind is bool:
+        if value.lower() not in ("true", "false"):
+            raise ValueError
+        return value.lower() == "true"
+    return value if kind is str else int(value)
 
 
 @dataclass

@@ -40,15 +40,18 @@ def summarize(out: str | Path) -> dict[str, Any]:
         kinds += pc.struct_field(spans, "kind").cast("string").to_pylist()
         lengths += pc.struct_field(spans, "tokens").to_pylist()
     max_length = manifest.max_length
-    lower_bound = -(-tokens // max_length)
     acc, stats = manifest.accounting, manifest.stats
+    groups = stats.get("policy_groups") or []  # sources planned apart, each group at its own capacity
+    lower_bound = sum(g["lower_bound"] for g in groups) if groups else -(-tokens // max_length)
+    room = sum(g["rows"] * g["capacity"] for g in groups) if groups else rows * max_length
     return {
         "output": str(out),
         "rows": rows,
         "segments": segments,
         "tokens": tokens,
         "max_length": max_length,
-        "fill": tokens / max(1, rows * max_length),
+        "fill": tokens / max(1, room),
+        "policy_groups": groups,
         "lower_bound": lower_bound,
         "gap_to_lower_bound": rows - lower_bound,
         "records_read": acc.records_read,
@@ -81,7 +84,8 @@ def summary_text(s: dict[str, Any]) -> str:
         + (f" + {s['skipped']:,} skipped by the mix" if s.get("skipped") else ""),
         f"  rows         {s['rows']:,} in {s['shards']} shard(s); lower bound {s['lower_bound']:,} "
         f"(+{s['gap_to_lower_bound']:,})",
-        f"  fill         {100 * s['fill']:.2f}% of {s['max_length']:,} tokens per row",
+        f"  fill         {100 * s['fill']:.2f}% of {s['max_length']:,} tokens per row"
+        + (" (each source group's rows at its own max_length)" if s.get("policy_groups") else ""),
         f"  tokens       {s['tokens']:,} in {s['segments']:,} segments",
     ]
     if s.get("family"):
@@ -92,6 +96,10 @@ def summary_text(s: dict[str, Any]) -> str:
         counted = [f"{v['items']:,} {NOUNS.get(k, (k, k))[v['items'] != 1]} ({v['tokens']:,} tokens)"
                    for k, v in s["media"].items() if v["items"]]
         lines.append("  media        " + ", ".join(counted))
+    for g in s.get("policy_groups") or []:
+        own = ", ".join(f"{k}={v}" for k, v in g["policy"].items()) or "the build's packing"
+        lines.append(f"  source       {', '.join(g['sources'])} ({own}): {g['rows']:,} rows of {g['capacity']:,}, "
+                     f"lower bound {g['lower_bound']:,}, fill {100 * g['fill']:.2f}%")
     if s.get("row_budget"):
         b = s["row_budget"]
         budget = f"{b['budget']:.4g}" if b.get("budget") else "none (no encoder cost)"

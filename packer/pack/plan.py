@@ -69,6 +69,9 @@ class Plan:
     over_budget: dict[str, np.ndarray] = field(default_factory=dict)  # samples over a resource budget alone, by name
     resource_bound: int = 0  # no packing within the budgets uses fewer rows (:func:`resource_bound`); 0: no budget
     budgets: dict[str, float] = field(default_factory=dict)  # the per-row resource budgets the plan honours
+    # rows planned apart by source policy (packer.stages.planning.plan_sources): each group's rows, tokens, capacity
+    # and lower bound; the plan's bound and fill are then the groups' (a group's rows never take another's samples)
+    groups: tuple[dict, ...] = ()
 
     @property
     def n_bins(self) -> int:
@@ -80,7 +83,10 @@ class Plan:
 
     @property
     def lower_bound(self) -> int:
-        """L1 = ceil(placed tokens / capacity): no packing of these segments uses fewer bins."""
+        """L1 = ceil(placed tokens / capacity): no packing of these segments uses fewer bins (summed over the
+        ``groups`` of a plan by source policy, each at its own capacity)."""
+        if self.groups:
+            return sum(g["lower_bound"] for g in self.groups)
         return -(-self.tokens // self.capacity)
 
     @property
@@ -90,7 +96,9 @@ class Plan:
 
     @property
     def efficiency(self) -> float:
-        """Placed tokens / (bins x capacity)."""
+        """Placed tokens / (bins x capacity), each group's rows at its own capacity."""
+        if self.groups:
+            return self.tokens / max(1, sum(g["rows"] * g["capacity"] for g in self.groups))
         return self.tokens / max(1, self.n_bins * self.capacity)
 
     def bin(self, b: int) -> np.ndarray:

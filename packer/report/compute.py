@@ -282,9 +282,10 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
     lengths = alone[kept]
     modality = (s.array("seg_modality").astype(object) if s.seg_modality else np.zeros(0, dtype=object))[kept]
     real = int(lengths.sum())
-    lower = -(-s.tokens // cap)
+    groups = manifest.stats.get("policy_groups") or []  # sources planned apart, each group at its own capacity
+    lower = sum(g["lower_bound"] for g in groups) if groups else -(-s.tokens // cap)
     rng = np.random.default_rng(seed)
-    packed_cost = s.rows * cap
+    packed_cost = sum(g["rows"] * g["capacity"] for g in groups) if groups else s.rows * cap
     schemes = {
         "padded_random": padded_tokens(lengths, batch_size, rng),
         "length_grouped": grouped_tokens(lengths, modality, batch_size, rng),
@@ -302,7 +303,8 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
                   "packer_version": manifest.packer_version},
         "records": acc.records_read, "samples": s.samples(), "segments": s.segments, "duplicate_ids": s.duplicate_ids(),
         "rows": s.rows, "tokens": s.tokens, "max_length": cap,
-        "fill": s.tokens / max(1, s.rows * cap), "lower_bound": lower, "gap_to_lower_bound": s.rows - lower,
+        "fill": s.tokens / max(1, sum(g["rows"] * g["capacity"] for g in groups) if groups else s.rows * cap),
+        "lower_bound": lower, "gap_to_lower_bound": s.rows - lower, "policy_groups": groups,
         "trained_tokens": trained, "trained_share": trained / max(1, s.tokens),
         "per_modality": {k: v.__dict__ for k, v in sorted(s.per_modality.items())},
         "histograms": {

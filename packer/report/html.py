@@ -444,6 +444,12 @@ def render(r: dict[str, Any]) -> str:
     by_file = _table(["input file", "records", "packed", "quarantined", "dropped"], [
         [f"<code>{html.escape(k)}</code>", _n(v["records"]), _n(v["packed"]), _n(v["quarantined"]), _n(v["dropped"])]
         for k, v in acc["by_file"].items()], {1, 2, 3, 4})
+    if r.get("policy_groups"):  # sources packed by their own policy: each group's rows, bound and fill
+        by_file += _table(["sources", "own packing", "max_length", "rows", "lower bound", "tokens", "fill"], [
+            ["<br>".join(f"<code>{html.escape(x)}</code>" for x in g["sources"]),
+             html.escape(", ".join(f"{k}={v}" for k, v in g["policy"].items()) or "the build's"), _n(g["capacity"]),
+             _n(g["rows"]), _n(g["lower_bound"]), _n(g["tokens"]), f"{100 * g['fill']:.2f}%"]
+            for g in r["policy_groups"]], {2, 3, 4, 5, 6})
     modal = _table(["modality", "samples", "tokens", "trained tokens", "media items", "media tokens"], [
         [html.escape(m), _n(v["samples"]), _n(v["tokens"]), _n(v["trained_tokens"]), _n(v["media_items"]), _n(v["media_tokens"])]
         for m, v in r["per_modality"].items()], {1, 2, 3, 4, 5})

@@ -250,6 +250,68 @@ def encoder_budget(samples: pa.Table, config: BuildConfig, lengths: np.ndarray, 
     return (None, None) if budget is None else ({"encoder": cost}, {"encoder": budget})
 
 
+def plan_sources(samples: pa.Table, config: BuildConfig, source_of_file: list[int] | None = None, rows=None,
+                 joined: tuple[str, ...] = (), row_key: np.ndarray | None = None) -> tuple[Plan, Mix]:
+    """:func:`plan_samples`, each group of sources that share a packing policy (their own ``max_length``,
+    ``packing``, ``oversize``, media caps: :class:`packer.mix.Source`) planned apart with its options, so rows never
+    mix policies; the groups' rows concatenated (groups in the order of their first source) then put in the build's
+    ``order`` together. Without a source of its own policy, exactly :func:`plan_samples`."""
+    sources = config.sources()
+    if source_of_file is None or not any(s.policy for s in sources):
+        return plan_samples(samples, config, source_of_file, rows, joined, row_key)
+    if rows is None:
+        rows = lambda indices, columns: samples.select(columns).take(pa.array(indices))  # noqa: E731
+    source = np.asarray(source_of_file, np.int64)[samples.column("source_index").to_numpy().astype(np.int64)]
+    policies: dict[tuple, list[int]] = {}
+    for k, s in enumerate(sources):
+        policies.setdefault(s.policy, []).append(k)
+    plans, copies, groups = [], np.zeros(samples.num_rows, np.int64), []
+    for policy, members in policies.items():
+        idx = np.flatnonzero(np.isin(source, members))
+        own = dataclasses.replace(config, **sources[members[0]].options(), order="planner")
+        sub_rows = lambda indices, columns, idx=idx: rows(idx[np.asarray(indices, np.int64)], columns)  # noqa: E731
+        p, m = plan_samples(samples.take(pa.array(idx)), own, source_of_file, sub_rows, joined,
+                            None if row_key is None else row_key[idx])
+        copies[idx] = m.copies
+        plans.append(_renumbered(p, idx))
+        unpacked = own.max_segments == 1  # packing = false: a row a sample is the request, and its bound
+        groups.append({"sources": [sources[k].pattern for k in members], "policy": dict(policy),
+                       "capacity": own.max_length, "rows": p.n_bins, "tokens": p.tokens,
+                       "lower_bound": p.n_bins if unpacked else p.lower_bound, "fill": p.efficiency})
+    merged = _concat(plans, config.max_length, tuple(groups))
+    from packer.pack.plan import _ordered
+
+    return _ordered(merged, config.order, config.seed), Mix(np.repeat(np.arange(len(copies)), copies), copies)
+
+
+def _renumbered(p: Plan, idx: np.ndarray) -> Plan:
+    """``p`` (of a subset of samples, numbered 0..) in the numbers of the whole: sample k of the subset is idx[k]."""
+    return dataclasses.replace(
+        p, indices=idx[p.indices], dropped={r: idx[v] for r, v in p.dropped.items()}, truncated=idx[p.truncated],
+        split=idx[p.split], over_budget={r: idx[v] for r, v in p.over_budget.items()})
+
+
+def _concat(plans: list[Plan], capacity: int, groups: tuple[dict, ...]) -> Plan:
+    """The groups' plans as one: their rows one after another, their accounting merged."""
+    offsets = [np.zeros(1, np.int64)]
+    for p in plans:
+        offsets.append(p.offsets[1:] + offsets[-1][-1])
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(p, name) for p in plans])
+
+    def merged_keys(name: str) -> dict[str, np.ndarray]:
+        keys = sorted({k for p in plans for k in getattr(p, name)})
+        return {k: np.sort(np.concatenate([getattr(p, name)[k] for p in plans if k in getattr(p, name)])) for k in keys}
+
+    return Plan(np.concatenate(offsets), cat("indices"), cat("starts"), cat("lengths"), capacity,
+                dropped=merged_keys("dropped"), truncated=np.sort(cat("truncated")), split=np.sort(cat("split")),
+                truncated_tokens=sum(p.truncated_tokens for p in plans),
+                pieces_dropped=sum(p.pieces_dropped for p in plans),
+                pieces_lost_media=sum(p.pieces_lost_media for p in plans), over_budget=merged_keys("over_budget"),
+                resource_bound=sum(p.resource_bound for p in plans),
+                budgets={k: v for p in plans for k, v in p.budgets.items()}, groups=groups)
+
+
 def plan_table(p: Plan) -> pa.Table:
     offsets = pa.array(p.offsets.astype(np.int32))
     return pa.table(
