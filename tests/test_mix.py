@@ -73,7 +73,7 @@ def test_pipeline_sources_tables(tmp_path):
     assert sum(ids[f"a-{k}"] for k in range(10)) == 20 and sum(1 for k in ids if k.startswith("b-")) == 4
 
 
-@pytest.mark.parametrize("spec, match", [("a.jsonl#w=3", "weight=W and/or cap=N"), ("a.jsonl#weight=x", "weight=W"),
+@pytest.mark.parametrize("spec, match", [("a.jsonl#w=3", "weight=W, cap=N and this source.s own packing"), ("a.jsonl#weight=x", "weight=W"),
                                          ("a.jsonl#weight=-1", "must be >= 0")])
 def test_bad_source_specs(spec, match):
     with pytest.raises(ConfigError, match=match):
