@@ -140,3 +140,6 @@ def test_a_build_with_a_row_budget_records_it_and_keeps_every_row_within_it(tmp_
     encoder = CostModel.of_build(ds.manifest).vector(ds.row_stats())[:, 1]
     assert len(encoder) == manifest.stats["rows"]
     assert (encoder <= b["budget"] * (1 + 1e-9)).all() or b["over_budget"] > 0
+    from packer.report import report
+
+    assert report(tmp_path / "out")["row_budget"] == b

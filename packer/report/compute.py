@@ -305,6 +305,7 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
         "rows": s.rows, "tokens": s.tokens, "max_length": cap,
         "fill": s.tokens / max(1, sum(g["rows"] * g["capacity"] for g in groups) if groups else s.rows * cap),
         "lower_bound": lower, "gap_to_lower_bound": s.rows - lower, "policy_groups": groups,
+        "row_budget": manifest.stats.get("row_budget"),
         "trained_tokens": trained, "trained_share": trained / max(1, s.tokens),
         "per_modality": {k: v.__dict__ for k, v in sorted(s.per_modality.items())},
         "histograms": {

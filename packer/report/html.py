@@ -347,7 +347,9 @@ def headline(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         ("fill", "fill", f"{100 * r['fill']:.2f}%", f"of {r['max_length']:,} tokens per row"),
         ("trained_share", "tokens trained", f"{100 * r.get('trained_share', 0):.1f}%",
          f"{r.get('trained_tokens', 0):,} of {r['tokens']:,} tokens carry a label"),
-        ("rows", "rows", f"{r['rows']:,}", f"lower bound {r['lower_bound']:,} (+{r['gap_to_lower_bound']:,})"),
+        ("rows", "rows", f"{r['rows']:,}", f"lower bound {r['lower_bound']:,} (+{r['gap_to_lower_bound']:,})"
+         + (f"; with the row encoder budget {r['row_budget']['bound']:,} (+{r['row_budget']['gap_to_bound']:,})"
+            if r.get("row_budget") else "")),
         ("speedup", "speed-up vs padding", f"{b['speedup_vs_padded_random']:.2f}x", f"random batches of {b['batch_size']}"),
         ("padding_saved", "padding saved", _gpu_time(saved["gpu_hours"]),
          f"{_n(saved['tokens'])} tokens per pass, at {pad['tokens_per_gpu_second']:,.0f} tokens/s/GPU"),
