@@ -214,7 +214,8 @@ def plan_stages(costs: np.ndarray, source: np.ndarray, names: list[str], stages:
     drawn from the sources (``source[n]`` indexes ``names``) by its weights, by largest remainder over the stage,
     each source's rows in a seeded order that starts again, reshuffled, when they run out; then planned window by
     window (the whole stage by default) as :func:`plan_steps` plans an epoch."""
-    window = window or max(s.end - s.start for s in stages) if stages else 1
+    if window is None:  # the longest stage: each stage is planned whole
+        window = max((s.end - s.start for s in stages), default=1)
     _check(ranks, per_rank, window)
     check_stages(stages, names)
     costs = normalized(costs)
