@@ -51,9 +51,11 @@ from packer.stages.planning import (
     plan_columns,
     plan_sources,
     plan_table,
+    policy_groups,
     preference_responses,
     row_keys,
 )
+from packer.stages.sources import quarantined_by_file, source_accounts
 from packer.stages.state import BuildLock, code_identity, fingerprint, open_state
 
 SMALL_INPUT_BYTES = 16 * 2**20
@@ -430,9 +432,22 @@ def _repack_into(out: Path, source: Path, manifest: Manifest, config: BuildConfi
 
 
 def check_plan_options(config: BuildConfig) -> None:
-    """Fail before any work on plan options the chosen algorithm cannot honour."""
+    """Fail before any work on plan options the chosen algorithm cannot honour: the build's, and those of each
+    group of sources with its own packing (a source's ``packing = false`` or media caps)."""
     if config.algorithm not in ALGORITHMS:
         raise ConfigError(f"unknown algorithm {config.algorithm!r}; known: {', '.join(sorted(ALGORITHMS))}")
+    sources = config.sources()
+    for policy, members, own in policy_groups(config):
+        try:
+            _check_plan_options(own)
+        except ConfigError as e:
+            if not policy:
+                raise
+            raise ConfigError(f"input {sources[members[0]].pattern!r} (its own packing "
+                              f"{', '.join(f'{k}={v}' for k, v in policy)}): {e}") from None
+
+
+def _check_plan_options(config: BuildConfig) -> None:
     used = {"max_segments"} if config.max_segments else set()
     used |= {"max_media"} if config.media_caps() else set()
     try:
@@ -528,6 +543,9 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
 
     by_file = {k: dataclasses.replace(v) for k, v in encoded.by_file.items()}
     _count_outcomes(by_file, encoded.inputs, samples, p, m)
+    quarantine = out / encoded.quarantine.file if encoded.quarantine is not None else None
+    sources = source_accounts(config, encoded.inputs, encoded.input_sources, by_file, _file_of_sample(samples), p,
+                              quarantined_by_file(quarantine))
     manifest = Manifest(
         config=config.content_dict(), tokenizer=tokenizer, inputs=encoded.inputs, media_root=media_root,
         input_sources=list(encoded.input_sources),
@@ -535,7 +553,7 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
                     dropped=write_dropped(out, rows, p), tokenizer=list(tokenizer_files or []), media=media_index),
         accounting=accounting(by_file, encoded.quarantined, dropped, encoded.blank_lines),
         stats={**_stats(config, samples, p), **_row_lengths(config, p), "audio_truncated": encoded.audio_truncated,
-               "content_changed": encoded.content_changed, "cost_model": encoded.cost_model},
+               "content_changed": encoded.content_changed, "cost_model": encoded.cost_model, "sources": sources},
         execution=config.execution_dict(), sections=dict(sections or {}), repacked_from=repacked_from, code=code_identity(),
     )
     from packer.report import REPORT_FILES, write_report
@@ -588,7 +606,7 @@ def write_dropped(out: Path, rows: SampleRows, p: Plan) -> ShardEntry:
 def _count_outcomes(by_file: dict[str, FileAccount], inputs: list[str], samples, p: Plan, m) -> None:
     """Packed, dropped, skipped (by the mix) and repeated per input file, from each sample's
     source_index."""
-    file_of_sample = samples.column("source_index").to_numpy().astype(np.int64) if samples.num_rows else np.zeros(0, np.int64)
+    file_of_sample = _file_of_sample(samples)
     dropped = np.concatenate(list(p.dropped.values())) if p.dropped else np.zeros(0, np.int64)
     extra = np.maximum(m.copies - 1, 0)
     extra[dropped] = 0
@@ -600,6 +618,11 @@ def _count_outcomes(by_file: dict[str, FileAccount], inputs: list[str], samples,
         acc = by_file[name]
         acc.dropped, acc.skipped, acc.repeated = int(n_dropped[k]), int(n_skipped[k]), int(n_repeated[k])
         acc.packed = int(n_samples[k] - n_dropped[k] - n_skipped[k])
+
+
+def _file_of_sample(samples) -> np.ndarray:
+    """Each sample's input file (its number in ``inputs``)."""
+    return samples.column("source_index").to_numpy().astype(np.int64) if samples.num_rows else np.zeros(0, np.int64)
 
 
 def _preference_stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any] | None:

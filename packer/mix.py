@@ -53,6 +53,10 @@ class Source:
             out["max_segments"] = 1
         return out
 
+    def mixing_spec(self) -> str:
+        """This source as an ``input`` entry with its weight and cap only (its own packing left out)."""
+        return f"{self.pattern}{SEPARATOR}weight={self.weight!r},cap={self.cap}"
+
     @classmethod
     def parse(cls, spec: str) -> Source:
         pattern, sep, params = spec.rpartition(SEPARATOR) if SEPARATOR in spec else (spec, "", "")

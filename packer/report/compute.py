@@ -3,7 +3,9 @@
 All numbers come from the packed shards (and the manifest's accounting), so
 ``packer report OUT`` recomputes them for any build of this schema version:
 
-- fill = tokens / (rows x max_length); L1 = ceil(tokens / max_length) and the gap to it;
+- fill = tokens / (rows x max_length); L1 = ceil(tokens / max_length) and the gap to it (a row of a source
+  with its own ``max_length`` at that capacity, the bound summed over ``policy_groups``); ``sources``: each
+  input entry's records, outcomes, rows, tokens, bound and fill (the manifest's ``stats.sources``);
 - per modality: samples, tokens, trained tokens, media items and media tokens;
 - histograms of sample lengths (per modality), segments per row and fill per row;
 - attention work: sum of seg^2 over rows, against rows x L^2 for dense causal masks;
@@ -285,14 +287,15 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
     groups = manifest.stats.get("policy_groups") or []  # sources planned apart, each group at its own capacity
     lower = sum(g["lower_bound"] for g in groups) if groups else -(-s.tokens // cap)
     rng = np.random.default_rng(seed)
-    packed_cost = sum(g["rows"] * g["capacity"] for g in groups) if groups else s.rows * cap
+    row_cap = row_capacities(manifest, s)
+    packed_cost = int(row_cap.sum())
     schemes = {
         "padded_random": padded_tokens(lengths, batch_size, rng),
         "length_grouped": grouped_tokens(lengths, modality, batch_size, rng),
         "packed": packed_cost,
     }
     edges = length_edges(cap)
-    row_fill = s.array("row_tokens") / cap if s.rows else np.zeros(0)
+    row_fill = s.array("row_tokens") / row_cap if s.rows else np.zeros(0)
     row_stats = {name: s.array(f"row_{name}") for name in ROW_FIELDS}
     acc, stats = manifest.accounting, manifest.stats
     trained = sum(m.trained_tokens for m in s.per_modality.values())
@@ -303,8 +306,9 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
                   "packer_version": manifest.packer_version},
         "records": acc.records_read, "samples": s.samples(), "segments": s.segments, "duplicate_ids": s.duplicate_ids(),
         "rows": s.rows, "tokens": s.tokens, "max_length": cap,
-        "fill": s.tokens / max(1, sum(g["rows"] * g["capacity"] for g in groups) if groups else s.rows * cap),
+        "fill": s.tokens / max(1, packed_cost),
         "lower_bound": lower, "gap_to_lower_bound": s.rows - lower, "policy_groups": groups,
+        "sources": manifest.stats.get("sources") or [],
         "row_budget": manifest.stats.get("row_budget"),
         "trained_tokens": trained, "trained_share": trained / max(1, s.tokens),
         "per_modality": {k: v.__dict__ for k, v in sorted(s.per_modality.items())},
@@ -324,8 +328,8 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
         "quarantine_top": quarantine_examples(out, manifest),
         "truncated": truncated_samples(out, manifest, s, LIST_CAP, *(samples or ())),
         "dropped": dropped_samples(out, manifest),
-        "attention": {"block_diagonal": s.attention, "dense": float(s.rows) * cap * cap,
-                      "ratio": s.attention / max(1.0, float(s.rows) * cap * cap)},
+        "attention": {"block_diagonal": s.attention, "dense": float((row_cap.astype(np.float64) ** 2).sum()),
+                      "ratio": s.attention / max(1.0, float((row_cap.astype(np.float64) ** 2).sum()))},
         "batching": {
             "batch_size": batch_size, "real_tokens": real,
             **{k: {"computed": v, "real_share": real / max(1, v)} for k, v in schemes.items()},
@@ -338,6 +342,15 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
         "media_counts": media_counts(s.array("span_kinds") if s.span_kinds else [], s.array("span_tokens")),
         "config": shown_config(manifest),
     }
+
+
+def row_capacities(manifest: Manifest, s: ShardStats) -> np.ndarray:
+    """Each row's capacity: its first segment's source's own ``max_length``, else the build's (a source's own
+    packing, issue 32: rows never mix sources of two policies)."""
+    caps = np.asarray(manifest.file_capacities(), np.int64)
+    if not s.row_file or not len(caps):
+        return np.full(s.rows, manifest.max_length, np.int64)
+    return caps[s.array("row_file").astype(np.int64)]
 
 
 REPORT_SETTINGS = ("report_ranks", "report_batch", "report_window")

@@ -129,6 +129,21 @@ class Manifest:
     def max_length(self) -> int:
         return int(self.config["max_length"])
 
+    def sources(self) -> list:
+        """One :class:`packer.mix.Source` per ``input`` entry of the build (its weight, cap and own packing)."""
+        from packer.mix import Source
+
+        return [Source.parse(spec) for spec in self.config.get("input", [])]
+
+    def file_capacities(self) -> list[int]:
+        """Per input file (``inputs``), the capacity of the rows holding its samples: its source's own
+        ``max_length``, else the build's. Rows never mix sources of two policies, so a row's capacity is that of
+        its first segment's file."""
+        own = [int(dict(s.policy).get("max_length", self.max_length)) for s in self.sources()]
+        if not self.input_sources or not own:
+            return [self.max_length] * len(self.inputs)
+        return [own[k] for k in self.input_sources]
+
     @property
     def placeholders(self) -> dict[str, int]:
         """Token string -> id of every placeholder / begin / end token the build added."""

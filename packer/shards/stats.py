@@ -94,6 +94,8 @@ class ShardStats:
     span_kinds: list[np.ndarray] = field(default_factory=list)
     span_tokens: list[np.ndarray] = field(default_factory=list)
     media_refs: dict[str, list[str]] = field(default_factory=dict)
+    # per row, the input file of its first segment: its source's capacity is the row's (Manifest.file_capacities)
+    row_file: list[np.ndarray] = field(default_factory=list)
 
     def merge(self, other: ShardStats) -> ShardStats:
         per_modality = dict(self.per_modality)
@@ -114,6 +116,7 @@ class ShardStats:
             span_kinds=self.span_kinds + other.span_kinds, span_tokens=self.span_tokens + other.span_tokens,
             media_refs={k: self.media_refs.get(k, []) + other.media_refs.get(k, [])
                         for k in sorted({*self.media_refs, *other.media_refs})},
+            row_file=self.row_file + other.row_file,
         )
 
     def samples(self) -> int:
@@ -212,6 +215,7 @@ def table_stats(table: pa.Table) -> ShardStats:
     stats.seg_alone = [alone]
     stats.seg_modality = [modality.astype(object)]
     source = pc.list_flatten(table.column("segment_source")).to_numpy().astype(np.int64)
+    stats.row_file = [source[seg_index]]
     line = pc.list_flatten(table.column("segment_line")).to_numpy().astype(np.int64)
     start = pc.list_flatten(table.column("segment_start")).to_numpy()
     stats.seg_identity = [(source << 40) | line]

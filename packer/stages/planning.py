@@ -262,13 +262,10 @@ def plan_sources(samples: pa.Table, config: BuildConfig, source_of_file: list[in
     if rows is None:
         rows = lambda indices, columns: samples.select(columns).take(pa.array(indices))  # noqa: E731
     source = np.asarray(source_of_file, np.int64)[samples.column("source_index").to_numpy().astype(np.int64)]
-    policies: dict[tuple, list[int]] = {}
-    for k, s in enumerate(sources):
-        policies.setdefault(s.policy, []).append(k)
     plans, copies, groups = [], np.zeros(samples.num_rows, np.int64), []
-    for policy, members in policies.items():
+    for policy, members, own in policy_groups(config):
         idx = np.flatnonzero(np.isin(source, members))
-        own = dataclasses.replace(config, **sources[members[0]].options(), order="planner")
+        own = dataclasses.replace(own, order="planner")
         sub_rows = lambda indices, columns, idx=idx: rows(idx[np.asarray(indices, np.int64)], columns)  # noqa: E731
         p, m = plan_samples(samples.take(pa.array(idx)), own, source_of_file, sub_rows, joined,
                             None if row_key is None else row_key[idx])
@@ -282,6 +279,22 @@ def plan_sources(samples: pa.Table, config: BuildConfig, source_of_file: list[in
     from packer.pack.plan import _ordered
 
     return _ordered(merged, config.order, config.seed), Mix(np.repeat(np.arange(len(copies)), copies), copies)
+
+
+def policy_groups(config: BuildConfig) -> list[tuple[tuple, list[int], BuildConfig]]:
+    """``(policy, source numbers, the options they are planned with)`` per group of sources sharing a packing
+    policy, in the order of their first source (one group, the build's options, without a source's own)."""
+    sources = config.sources()
+    members: dict[tuple, list[int]] = {}
+    for k, s in enumerate(sources):
+        members.setdefault(s.policy, []).append(k)
+    if not any(s.policy for s in sources):
+        return [((), list(range(len(sources))), config)]
+    # the sources' weights and caps kept (the mix draws each source's copies alike in every group), their own
+    # packing dropped: a group's config is checked as a build's, and another source's max_length may be over its own
+    mixing = tuple(s.mixing_spec() for s in sources)
+    return [(policy, ks, dataclasses.replace(config, input=mixing, **sources[ks[0]].options()))
+            for policy, ks in members.items()]
 
 
 def _renumbered(p: Plan, idx: np.ndarray) -> Plan:
