@@ -19,10 +19,12 @@ Accounting per input file: every record read is packed, quarantined, dropped, or
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from packer.config import FIELDS
 from packer.errors import ConfigError
 
 SEPARATOR = "#"
@@ -31,7 +33,7 @@ SEPARATOR = "#"
 # A source's own packing policy (issue 32): these build options, set per input, override the build's for its samples
 POLICY = {"max_length": int, "packing": bool, "oversize": str, "max_media": int, "max_images": int, "max_audio": int,
           "max_videos": int}
-OVERSIZE = ("truncate", "drop", "split")
+OVERSIZE = FIELDS["oversize"].metadata["choices"]  # the build's own --oversize policies
 
 
 @dataclass(frozen=True)
@@ -65,24 +67,44 @@ class Source:
         values: dict[str, object] = {}
         for item in filter(None, params.split(",")):
             key, eq, value = item.partition("=")
+            if not eq or key not in ALLOWED:
+                raise ConfigError(f"input {spec!r}: {item!r} after '#' is not an option; give weight=W, cap=N and this "
+                                  f"source's own packing ({', '.join(f'{k}=...' for k in POLICY)}; e.g. "
+                                  f"'video.jsonl#max_length=16384,packing=false')")
+            if key in values:
+                raise ConfigError(f"input {spec!r}: {key} is given twice")
             try:
-                if not eq or key not in ("weight", "cap", *POLICY) or key in values:
-                    raise ValueError
                 values[key] = _value(key, value)
             except ValueError:
-                raise ConfigError(f"input {spec!r}: the part after '#' must be weight=W, cap=N and this source's own "
-                                  f"packing ({', '.join(f'{k}=...' for k in POLICY)}; e.g. "
-                                  f"'video.jsonl#max_length=16384,packing=false'), got {params!r}") from None
+                raise ConfigError(f"input {spec!r}: {key} = {value!r} is not {ALLOWED[key]}") from None
+        for key, v in values.items():
+            if not _allowed(key, v):
+                raise ConfigError(f"input {spec!r}: {key} = {v!r} is not {ALLOWED[key]}")
         policy = tuple(sorted((k, v) for k, v in values.items() if k in POLICY))
-        source = cls(pattern, float(values.get("weight", 1.0)), int(values.get("cap", 0)), policy)
-        if source.weight < 0 or source.cap < 0:
-            raise ConfigError(f"input {spec!r}: weight and cap must be >= 0")
-        own = dict(policy)
-        if own.get("max_length", 1) < 1 or any(own.get(k, 0) < 0 for k in POLICY if k.startswith("max_") and k != "max_length"):
-            raise ConfigError(f"input {spec!r}: max_length must be >= 1 and media caps >= 0 (0: no limit)")
-        if own.get("oversize", "truncate") not in OVERSIZE:
-            raise ConfigError(f"input {spec!r}: oversize = {own['oversize']!r} is not one of {', '.join(OVERSIZE)}")
-        return source
+        return cls(pattern, float(values.get("weight", 1.0)), int(values.get("cap", 0)), policy)
+
+
+# What each option after the '#' takes (the build's own checks: its max_length over every source's, the
+# algorithm's constraints, are BuildConfig's and check_plan_options')
+ALLOWED = {"weight": "a number >= 0", "cap": "a whole number >= 0 (0: no cap)",
+           "max_length": "a whole number >= 1 (at most the build's max_length)", "packing": "true or false",
+           "oversize": f"one of {', '.join(OVERSIZE)}",
+           **{k: "a whole number >= 0 (0: no limit)" for k in POLICY if k.startswith("max_") and k != "max_length"}}
+
+
+def _allowed(key: str, value: object) -> bool:
+    if key == "oversize":
+        return value in OVERSIZE
+    if key == "packing":
+        return isinstance(value, bool)
+    if key == "weight":
+        return math.isfinite(value) and value >= 0  # type: ignore[arg-type]
+    return value >= (1 if key == "max_length" else 0)  # type: ignore[operator]
+
+
+def policy_text(policy: dict[str, object]) -> str:
+    """``max_length=4096, packing=false``: a source's own packing as it is written after the ``#``."""
+    return ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in policy.items())
 
 
 def _value(key: str, value: str) -> object:

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 from packer import reasons
 from packer.errors import PackerError
 from packer.io.fs import is_remote, location
+from packer.mix import policy_text
 from packer.report.family import GENERIC, family_line, family_section, media_counts, settings_line
 from packer.shards.io import read_shard
 from packer.shards.manifest import Manifest
@@ -52,6 +53,7 @@ def summarize(out: str | Path) -> dict[str, Any]:
         "max_length": max_length,
         "fill": tokens / max(1, room),
         "policy_groups": groups,
+        "sources": stats.get("sources") or [],
         "lower_bound": lower_bound,
         "gap_to_lower_bound": rows - lower_bound,
         "records_read": acc.records_read,
@@ -76,6 +78,17 @@ def summarize(out: str | Path) -> dict[str, Any]:
     }
 
 
+def source_line(a: dict[str, Any]) -> str:
+    """One source's line: its records and what became of them, its rows against its own bound and capacity."""
+    own = policy_text(a["policy"]) or "the build's packing"
+    skipped = f", {a['skipped']:,} skipped" if a["skipped"] else ""
+    shared = f" ({a['shared_rows']:,} shared with its group)" if a["shared_rows"] else ""
+    return (f"  {'source':<12} {a['input']} ({own}): {a['records']:,} records = {a['packed']:,} packed + "
+            f"{a['quarantined']:,} quarantined + {a['dropped']:,} dropped{skipped}; {a['rows']:,} rows of "
+            f"{a['capacity']:,}{shared}, lower bound {a['lower_bound']:,} (+{a['gap_to_lower_bound']:,}), "
+            f"{a['tokens']:,} tokens, fill {100 * a['fill']:.2f}%")
+
+
 def summary_text(s: dict[str, Any]) -> str:
     lines = [
         f"{s['output']}",
@@ -96,10 +109,14 @@ def summary_text(s: dict[str, Any]) -> str:
         counted = [f"{v['items']:,} {NOUNS.get(k, (k, k))[v['items'] != 1]} ({v['tokens']:,} tokens)"
                    for k, v in s["media"].items() if v["items"]]
         lines.append("  media        " + ", ".join(counted))
-    for g in s.get("policy_groups") or []:
-        own = ", ".join(f"{k}={v}" for k, v in g["policy"].items()) or "the build's packing"
-        lines.append(f"  source       {', '.join(g['sources'])} ({own}): {g['rows']:,} rows of {g['capacity']:,}, "
-                     f"lower bound {g['lower_bound']:,}, fill {100 * g['fill']:.2f}%")
+    sources = s.get("sources") or []
+    if len(sources) > 1 or any(a["policy"] for a in sources):
+        lines += [source_line(a) for a in sources]
+    for g in s.get("policy_groups") or []:  # sources of one policy share rows: the group's rows add up
+        if len(g["sources"]) > 1:
+            own = policy_text(g["policy"]) or "the build's packing"
+            lines.append(f"  {'group':<12} {', '.join(g['sources'])} ({own}): {g['rows']:,} rows of {g['capacity']:,}, "
+                         f"lower bound {g['lower_bound']:,}, fill {100 * g['fill']:.2f}%")
     if s.get("row_budget"):
         b = s["row_budget"]
         budget = f"{b['budget']:.4g}" if b.get("budget") else "none (no encoder cost)"

@@ -16,7 +16,8 @@ Checks, naming the file (and row) of every problem found:
   modification time (``stat``; size only under another ``--media-root``, since a copy
   changes the time), or same sha256 (``hash``, for a build made with ``--media-hash``);
 - every packed row: ``cu_seqlens`` starts at 0, increases, ends at ``n_tokens`` = the
-  number of ids and labels; ``n_tokens <= max_length``; one id, modality, parent, group, role
+  number of ids and labels; ``n_tokens <= max_length`` (a source's own where it has one, the row of one
+  policy's sources only, one sample a row of a source with ``packing = false``); one id, modality, parent, group, role
   and weight per segment; labels -100 at every segment start and on every placeholder / begin /
   end token; media spans inside their segment, starting and ending with their kind's
   placeholder id and holding ``tokens`` of them, and no placeholder id outside a span;
@@ -93,6 +94,7 @@ def verify(out: str | Path, *, media: str | None = None, media_root: str | None 
         found, media_checked = _check_media(out, manifest, media, media_root)
         problems += found
     row_problem = _row_problem(manifest) if collate else None
+    rules = _source_rules(manifest)
     placeholders = set(manifest.placeholders.values())
     kind_ids = {k: manifest.placeholder_id(k) for k in MEDIA_KINDS}
     rows = tokens = segments = 0
@@ -112,6 +114,8 @@ def verify(out: str | Path, *, media: str | None = None, media_root: str | None 
             try:
                 problems += [Problem(entry.file, k, m) for m in
                              _check_row(row, manifest.max_length, placeholders, kind_ids, vocab)]
+                if rules is not None:
+                    problems += [Problem(entry.file, k, m) for m in _check_sources(row, *rules)]
                 if row_problem is not None and (why := row_problem(row["media"])):
                     problems.append(Problem(entry.file, k, f"cannot be collated for its family: {why}"))
                 samples.update(zip(row["segment_source"], row["segment_line"], strict=True))  # pieces count once
@@ -292,6 +296,36 @@ def _check_file(out: Path, entry: ShardEntry, vocab: int | None, rows: bool) -> 
         if n != entry.rows:
             return [Problem(entry.file, None, f"{n} rows, the manifest says {entry.rows}")]
     return []
+
+
+def _source_rules(manifest: Manifest) -> tuple[list[str], list[int], list[int], list[bool]] | None:
+    """Per input file: its source's entry, policy group, rows' capacity and whether it is unpacked; None for a
+    build without a source of its own packing (the build's max_length is every row's)."""
+    sources = manifest.sources()
+    if not any(s.policy for s in sources) or not manifest.input_sources:
+        return None
+    groups = {policy: g for g, policy in enumerate(dict.fromkeys(s.policy for s in sources))}
+    build_segments = int(manifest.config.get("max_segments", 0))
+    of_file = manifest.input_sources
+    return ([sources[k].pattern for k in of_file], [groups[sources[k].policy] for k in of_file],
+            manifest.file_capacities(), [sources[k].options().get("max_segments", build_segments) == 1 for k in of_file])
+
+
+def _check_sources(row: dict, inputs: list[str], group: list[int], capacity: list[int], unpacked: list[bool]) -> list[str]:
+    """A row of sources with their own packing: one policy's sources only, within its capacity, one sample when
+    unpacked (a preference record's segments or a split sample's piece are one)."""
+    out = []
+    files = row["segment_source"]
+    if len({group[f] for f in files}) > 1:
+        named = sorted({inputs[f] for f in files})
+        out.append(f"segments of sources packed by different policies in one row ({', '.join(named)})")
+    first = files[0]
+    if row["n_tokens"] > capacity[first]:
+        out.append(f"n_tokens {row['n_tokens']} > max_length {capacity[first]} of its source {inputs[first]!r}")
+    samples = len(set(zip(files, row["segment_line"], strict=True)))
+    if unpacked[first] and samples > 1:
+        out.append(f"{samples} samples in a row of source {inputs[first]!r}, whose packing = false")
+    return out
 
 
 def _check_row(row: dict, max_length: int, placeholders: set[int], kind_ids: dict[str, int | None],

@@ -73,8 +73,8 @@ def test_pipeline_sources_tables(tmp_path):
     assert sum(ids[f"a-{k}"] for k in range(10)) == 20 and sum(1 for k in ids if k.startswith("b-")) == 4
 
 
-@pytest.mark.parametrize("spec, match", [("a.jsonl#w=3", "weight=W, cap=N and this source.s own packing"), ("a.jsonl#weight=x", "weight=W"),
-                                         ("a.jsonl#weight=-1", "must be >= 0")])
+@pytest.mark.parametrize("spec, match", [("a.jsonl#w=3", "weight=W, cap=N and this source.s own packing"), ("a.jsonl#weight=x", "weight = 'x' is not a number >= 0"),
+                                         ("a.jsonl#weight=-1", "weight = -1.0 is not a number >= 0")])
 def test_bad_source_specs(spec, match):
     with pytest.raises(ConfigError, match=match):
         Source.parse(spec)

@@ -87,7 +87,7 @@ def test_accounting_adds_up_and_the_report_and_summary_show_each_group(grouped):
     r = report(out)
     assert r["lower_bound"] == manifest.stats["lower_bound"] and len(r["policy_groups"]) == 3
     text = summary_text(summarize(out))
-    assert "max_length=1024" in text and "packing=False" in text and "oversize=split" in text
+    assert "max_length=1024" in text and "packing=false" in text and "oversize=split" in text
 
 
 def test_same_bytes_with_one_and_two_workers(tmp_path, grouped):
@@ -116,11 +116,13 @@ def test_a_batch_of_rows_of_several_capacities_collates(tmp_path):
 
 
 @pytest.mark.parametrize("spec,match", [
-    ("a.jsonl#max_length=0", "max_length must be >= 1"),
-    ("a.jsonl#packing=maybe", "own packing"),
-    ("a.jsonl#oversize=chop", "not one of truncate, drop, split"),
-    ("a.jsonl#max_images=-1", "media caps >= 0"),
-    ("a.jsonl#colour=red", "own packing"),
+    ("a.jsonl#max_length=0", r"input 'a.jsonl#max_length=0': max_length = 0 is not a whole number >= 1"),
+    ("a.jsonl#max_length=4k", r"max_length = '4k' is not a whole number >= 1"),
+    ("a.jsonl#packing=maybe", "input 'a.jsonl#packing=maybe': packing = 'maybe' is not true or false"),
+    ("a.jsonl#oversize=chop", "oversize = 'chop' is not one of truncate, drop, split"),
+    ("a.jsonl#max_images=-1", r"max_images = -1 is not a whole number >= 0 \(0: no limit\)"),
+    ("a.jsonl#max_videos=1,max_videos=2", "max_videos is given twice"),
+    ("a.jsonl#colour=red", "'colour=red' after '#' is not an option; give weight=W, cap=N and this source's own packing"),
 ])
 def test_a_malformed_source_policy_is_refused_naming_the_input(spec, match):
     with pytest.raises(ConfigError, match=match):

@@ -7,6 +7,8 @@ import json
 import math
 from typing import Any
 
+from packer.mix import policy_text
+
 COLORS = ["#3b6fb6", "#e07b39", "#5aa469", "#b5475b", "#8a6bbe", "#7f7f7f"]
 CSS = """
 body{font:14px/1.45 -apple-system,'Segoe UI',Helvetica,Arial,sans-serif;color:#1d2733;margin:0;background:#f4f6f9}
@@ -430,6 +432,16 @@ def family_html(r: dict[str, Any]) -> str:
             f"<div>{settings}</div></div>")
 
 
+def _policy(policy: dict[str, Any]) -> str:
+    return html.escape(policy_text(policy) or "the build's")
+
+
+def _reasons(n: int, by_reason: dict[str, int]) -> str:
+    """``3 (missing_image 2, malformed_json 1)``."""
+    named = ", ".join(f"{html.escape(k)} {v:,}" for k, v in sorted(by_reason.items(), key=lambda kv: -kv[1]))
+    return _n(n) + (f" ({named})" if named else "")
+
+
 def render(r: dict[str, Any]) -> str:
     b, h = r["batching"], r["histograms"]
     edges = h["length_edges"]
@@ -446,12 +458,21 @@ def render(r: dict[str, Any]) -> str:
     by_file = _table(["input file", "records", "packed", "quarantined", "dropped"], [
         [f"<code>{html.escape(k)}</code>", _n(v["records"]), _n(v["packed"]), _n(v["quarantined"]), _n(v["dropped"])]
         for k, v in acc["by_file"].items()], {1, 2, 3, 4})
-    if r.get("policy_groups"):  # sources packed by their own policy: each group's rows, bound and fill
-        by_file += _table(["sources", "own packing", "max_length", "rows", "lower bound", "tokens", "fill"], [
-            ["<br>".join(f"<code>{html.escape(x)}</code>" for x in g["sources"]),
-             html.escape(", ".join(f"{k}={v}" for k, v in g["policy"].items()) or "the build's"), _n(g["capacity"]),
-             _n(g["rows"]), _n(g["lower_bound"]), _n(g["tokens"]), f"{100 * g['fill']:.2f}%"]
-            for g in r["policy_groups"]], {2, 3, 4, 5, 6})
+    sources = r.get("sources") or []
+    if len(sources) > 1 or any(a["policy"] for a in sources):  # per input entry, each at its own capacity
+        by_file += _table(["source", "own packing", "records", "packed", "quarantined", "dropped", "rows",
+                           "max_length", "lower bound", "tokens", "fill"], [
+            [f"<code>{html.escape(a['input'])}</code>", _policy(a["policy"]), _n(a["records"]), _n(a["packed"]),
+             _reasons(a["quarantined"], a["quarantined_by_reason"]), _reasons(a["dropped"], a["dropped_by_reason"]),
+             _n(a["rows"]) + (f" ({_n(a['shared_rows'])} shared)" if a["shared_rows"] else ""), _n(a["capacity"]),
+             _n(a["lower_bound"]), _n(a["tokens"]), f"{100 * a['fill']:.2f}%"]
+            for a in sources], set(range(2, 11)))
+    shared = [g for g in r.get("policy_groups") or [] if len(g["sources"]) > 1]
+    if shared:  # sources of one policy share rows: the group's rows, bound and fill
+        by_file += _table(["sources sharing rows", "own packing", "max_length", "rows", "lower bound", "tokens", "fill"], [
+            ["<br>".join(f"<code>{html.escape(x)}</code>" for x in g["sources"]), _policy(g["policy"]),
+             _n(g["capacity"]), _n(g["rows"]), _n(g["lower_bound"]), _n(g["tokens"]), f"{100 * g['fill']:.2f}%"]
+            for g in shared], {2, 3, 4, 5, 6})
     modal = _table(["modality", "samples", "tokens", "trained tokens", "media items", "media tokens"], [
         [html.escape(m), _n(v["samples"]), _n(v["tokens"]), _n(v["trained_tokens"]), _n(v["media_items"]), _n(v["media_tokens"])]
         for m, v in r["per_modality"].items()], {1, 2, 3, 4, 5})
@@ -462,7 +483,7 @@ def render(r: dict[str, Any]) -> str:
         _panel("Sample length distribution (tokens; bin k holds lengths from its label to the next)",
                bar_chart(length_bins, {m: h["sample_lengths"][m] for m in mods}, y_label="samples", width=1000, height=260),
                mods, wide=True),
-        _panel("Fill per row (% of max_length)", bar_chart(fill_bins, {"rows": h["fill_per_row"]}, y_label="rows")),
+        _panel("Fill per row (% of its max_length)", bar_chart(fill_bins, {"rows": h["fill_per_row"]}, y_label="rows")),
         _panel("Segments per row", bar_chart(list(h["segments_per_row"]), {"rows": list(h["segments_per_row"].values())},
                                              y_label="rows")),
         _panel(f"Tokens computed for the same samples (B = {b['batch_size']})",
