@@ -33,14 +33,26 @@ input = "{SAMPLE / 'llava.jsonl'}"
 packing = false
 [[sources]]
 input = "{SAMPLE / 'docs.jsonl'}"
+max_length = 2048
 oversize = "split"
+[[sources]]
+input = "{{extra}}"
+max_length = 1024
 """
+
+
+def extra_source(tmp) -> str:
+    """A small source of chat's policy (so the two share rows): one record packed, two quarantined."""
+    path = tmp / "extra.jsonl"
+    path.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n'
+                    'not json\n{"nothing": 1}\n')
+    return SOURCES.replace("{extra}", str(path))
 
 
 @pytest.fixture(scope="module")
 def grouped(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sources")
-    manifest = build(pipeline(tmp, SOURCES), progress=False)
+    manifest = build(pipeline(tmp, extra_source(tmp)), progress=False)
     return tmp / "out", manifest
 
 
@@ -61,15 +73,17 @@ def rows_by_source(out):
 def test_rows_never_mix_policies_and_each_keeps_its_own_capacity_and_packing(grouped):
     out, manifest = grouped
     rows = rows_by_source(out)
-    assert all(len(files) == 1 for files, _, _ in rows)
-    chat = [(n, k) for files, n, k in rows if files == ["chat.jsonl"]]
+    assert all(len(files) == 1 or set(files) == {"chat.jsonl", "extra.jsonl"} for files, _, _ in rows)
+    chat = [(n, k) for files, n, k in rows if "chat.jsonl" in files or "extra.jsonl" in files]
     llava = [(n, k) for files, n, k in rows if files == ["llava.jsonl"]]
     docs = [(n, k) for files, n, k in rows if files == ["docs.jsonl"]]
     assert chat and max(n for n, _ in chat) <= 1024 and max(k for _, k in chat) > 1  # packed at 1,024
     assert llava and all(k == 1 for _, k in llava)  # packing = false: one sample a row
-    assert docs and max(n for n, _ in docs) <= 4096
+    assert docs and max(n for n, _ in docs) <= 2048  # two sources of their own max_length in one build
     groups = manifest.stats["policy_groups"]
-    assert [g["policy"] for g in groups] == [{"max_length": 1024}, {"packing": False}, {"oversize": "split"}]
+    assert [g["policy"] for g in groups] == [{"max_length": 1024}, {"packing": False},
+                                             {"max_length": 2048, "oversize": "split"}]
+    assert [len(g["sources"]) for g in groups] == [2, 1, 1]
     assert sum(g["rows"] for g in groups) == manifest.stats["rows"] == len(rows)
     assert sum(g["tokens"] for g in groups) == manifest.stats["tokens"]
     assert manifest.stats["lower_bound"] == sum(g["lower_bound"] for g in groups)
@@ -88,17 +102,86 @@ def test_accounting_adds_up_and_the_report_and_summary_show_each_group(grouped):
     assert r["lower_bound"] == manifest.stats["lower_bound"] and len(r["policy_groups"]) == 3
     text = summary_text(summarize(out))
     assert "max_length=1024" in text and "packing=false" in text and "oversize=split" in text
+    assert sum(line.lstrip().startswith("source ") for line in text.splitlines()) == 4
+    assert sum(line.lstrip().startswith("group ") for line in text.splitlines()) == 1  # chat and extra share rows
+
+
+def test_accounting_per_source_adds_up_to_the_totals(grouped):
+    from packer.report import report
+
+    out, manifest = grouped
+    acc, stats, sources = manifest.accounting, manifest.stats, manifest.stats["sources"]
+    assert [a["input"].rsplit("/", 1)[-1] for a in sources] == ["chat.jsonl", "llava.jsonl", "docs.jsonl", "extra.jsonl"]
+    for key, total in (("records", acc.records_read), ("packed", acc.samples_packed), ("quarantined", acc.quarantined),
+                       ("dropped", acc.dropped), ("skipped", acc.skipped), ("tokens", stats["tokens"]),
+                       ("segments", stats["segments"])):
+        assert sum(a[key] for a in sources) == total, key
+    for a in sources:
+        assert a["records"] == a["packed"] + a["quarantined"] + a["dropped"] + a["skipped"]
+        assert sum(a["quarantined_by_reason"].values()) == a["quarantined"]
+        assert sum(a["dropped_by_reason"].values()) == a["dropped"]
+        assert a["fill"] == a["tokens"] / (a["rows"] * a["capacity"]) and a["gap_to_lower_bound"] >= 0
+    chat, llava, docs, extra = sources
+    assert (chat["capacity"], llava["capacity"], docs["capacity"], extra["capacity"]) == (1024, 4096, 2048, 1024)
+    assert llava["rows"] == llava["segments"] == llava["lower_bound"]  # a row a sample
+    assert extra == {**extra, "records": 3, "packed": 1, "quarantined": 2, "rows": 1, "shared_rows": 1}
+    assert chat["shared_rows"] == 1 and llava["shared_rows"] == docs["shared_rows"] == 0
+    # rows add up: sources of their own group alone, sources sharing rows through their group
+    groups = stats["policy_groups"]
+    assert llava["rows"] + docs["rows"] + groups[0]["rows"] == stats["rows"]
+    assert groups[0]["rows"] == chat["rows"] + extra["rows"] - extra["shared_rows"]
+    r = report(out)
+    assert r["sources"] == sources
+    assert r["fill"] == stats["tokens"] / sum(g["rows"] * g["capacity"] for g in groups)
+    html = (out / "report.html").read_text()
+    assert "sources sharing rows" in html and "extra.jsonl" in html and "malformed_json 1" in html
+
+
+def test_verify_holds_each_row_to_its_sources_policy(grouped, tmp_path):
+    import shutil
+
+    from packer.verify import verify
+
+    out, _ = grouped
+    problems, _ = verify(out)
+    assert problems == []
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    m = json.loads((copy / "manifest.json").read_text())
+    own = {"chat.jsonl": "max_length=64", "extra.jsonl": "max_length=1000", "docs.jsonl": "packing=false"}
+    m["config"]["input"] = [s.split("#")[0] + "#" + own.get(s.split("#")[0].rsplit("/", 1)[-1], s.split("#")[1])
+                            for s in m["config"]["input"]]
+    (copy / "manifest.json").write_text(json.dumps(m))
+    messages = [p.message for p in verify(copy)[0]]
+    assert any("> max_length 64 of its source" in x and "chat.jsonl" in x for x in messages)
+    assert any("segments of sources packed by different policies in one row" in x and "extra.jsonl" in x
+               for x in messages)
+    assert any("samples in a row of source" in x and "docs.jsonl" in x and "packing = false" in x for x in messages)
+
+
+def test_the_unpacked_samples_keep_their_sources_max_length(grouped):
+    from packer.loader import SampleDataset
+
+    out, manifest = grouped
+    ds = SampleDataset(out)
+    docs = manifest.inputs.index(next(f for f in manifest.inputs if f.endswith("docs.jsonl")))
+    of_file = ds.column("source_index").to_numpy()
+    long = [i for i in np.flatnonzero(of_file == docs) if ds.column("length")[int(i)].as_py() > 2048]
+    assert long and all(ds[int(i)]["n_tokens"] == 2048 for i in long)
+    assert ds.lengths.max() <= 4096 and ds.lengths[of_file == docs].max() == 2048
 
 
 def test_same_bytes_with_one_and_two_workers(tmp_path, grouped):
     out, _ = grouped
-    config = pipeline(tmp_path, SOURCES, workers=2)
+    (tmp_path / "extra.jsonl").write_bytes((out.parent / "extra.jsonl").read_bytes())  # same bytes, another place
+    config = pipeline(tmp_path, extra_source(out.parent), workers=2)
     build(config, progress=False)
     for name in ("plan.arrow",):
         assert (tmp_path / "out" / name).read_bytes() == (out / name).read_bytes()
-    a = json.loads((out / "manifest.json").read_text())["files"]["packed"]
-    b = json.loads((tmp_path / "out" / "manifest.json").read_text())["files"]["packed"]
-    assert [e["sha256"] for e in a] == [e["sha256"] for e in b]
+    a = json.loads((out / "manifest.json").read_text())
+    b = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert [e["sha256"] for e in a["files"]["packed"]] == [e["sha256"] for e in b["files"]["packed"]]
+    assert a["stats"]["sources"] == b["stats"]["sources"] and a["stats"]["policy_groups"] == b["stats"]["policy_groups"]
 
 
 def test_a_batch_of_rows_of_several_capacities_collates(tmp_path):
@@ -127,6 +210,15 @@ def test_a_batch_of_rows_of_several_capacities_collates(tmp_path):
 def test_a_malformed_source_policy_is_refused_naming_the_input(spec, match):
     with pytest.raises(ConfigError, match=match):
         Source.parse(spec)
+
+
+def test_a_sources_own_caps_the_algorithm_cannot_honour_are_refused_naming_it():
+    from packer.build import check_plan_options
+
+    with pytest.raises(ConfigError, match=r"input 'img.jsonl' \(its own packing max_images=2\): algorithm 'ffd' "
+                                          r"does not support max_media; use bfd or next-fit"):
+        check_plan_options(BuildConfig(input=("chat.jsonl", "img.jsonl#max_images=2"), algorithm="ffd"))
+    check_plan_options(BuildConfig(input=("chat.jsonl", "v.jsonl#packing=false"), algorithm="ffd"))  # max_segments: ffd's
 
 
 def test_a_source_longer_than_the_build_is_refused_with_the_fix(tmp_path):

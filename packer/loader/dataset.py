@@ -260,17 +260,29 @@ class SampleDataset(_ShardedTable):
         row["cu_seqlens"] = np.asarray([0, n], dtype=np.int32)
         row["n_tokens"] = n
         row["segment_ids"], row["segment_modality"] = [row["key"]], [row["modality"]]
-        if n > self.max_length:  # stored whole; train on the first max_length tokens, as packing would
-            row["input_ids"], row["labels"] = row["input_ids"][: self.max_length], row["labels"][: self.max_length]
-            row["cu_seqlens"][-1] = row["n_tokens"] = self.max_length
-            row["media"] = [m for m in row["media"] if m["start"] + m["length"] <= self.max_length]
+        cap = int(self.capacities[index if index >= 0 else index + len(self)])
+        if n > cap:  # stored whole; train on the first max_length tokens (its source's own), as packing would
+            row["input_ids"], row["labels"] = row["input_ids"][:cap], row["labels"][:cap]
+            row["cu_seqlens"][-1] = row["n_tokens"] = cap
+            row["media"] = [m for m in row["media"] if m["start"] + m["length"] <= cap]
         counts = supervised_counts(row["labels"], row["cu_seqlens"])
         row["segment_trained"], row["n_trained"] = counts.tolist(), int(counts.sum())
         return row
 
     @property
     def lengths(self) -> np.ndarray:
-        return np.minimum(self.column("length").to_numpy(), self.max_length)
+        return np.minimum(self.column("length").to_numpy(), self.capacities)
+
+    @property
+    def capacities(self) -> np.ndarray:
+        """Each sample's longest row: its source's own ``max_length`` (``Manifest.file_capacities``), else the
+        build's."""
+        if "_capacities" not in self.__dict__:
+            caps = np.asarray(self.manifest.file_capacities() or [self.max_length], np.int64)
+            own = len(set(caps.tolist())) > 1 or caps[0] != self.max_length
+            self._capacities = caps[self.column("source_index").to_numpy().astype(np.int64)] if own and len(self) \
+                else np.full(len(self), self.max_length, np.int64)
+        return self._capacities
 
     @property
     def modalities(self) -> np.ndarray:
