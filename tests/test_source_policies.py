@@ -189,13 +189,17 @@ def test_a_batch_of_rows_of_several_capacities_collates(tmp_path):
 
     sources = (f'[[sources]]\ninput = "{SAMPLE / "chat.jsonl"}"\nmax_length = 512\n'
                f'[[sources]]\ninput = "{SAMPLE / "docs.jsonl"}"\n')
-    build(pipeline(tmp_path, sources, modalities=[]), progress=False)
+    build(pipeline(tmp_path, sources, modalities=[], row_lengths="auto:2"), progress=False)
     ds = PackedDataset(tmp_path / "out")
     lengths = np.array([ds[i]["n_tokens"] for i in range(len(ds))])
     short, long = int(np.argmin(lengths)), int(np.argmax(lengths))
     assert lengths[short] <= 512 < lengths[long]
     batch = PackedCollator(attention="sdpa")([ds[short], ds[long]])
     assert tuple(batch["input_ids"].shape) == (2, int(lengths[long]))
+    # the build's row lengths (chosen over rows of both capacities) hold either row
+    assert ds.row_lengths and ds.row_lengths[-1] >= lengths.max()
+    for i in (short, long):
+        assert PackedCollator(attention="sdpa", row_lengths=ds.row_lengths)([ds[i]])["input_ids"].shape[1] in ds.row_lengths
 
 
 @pytest.mark.parametrize("spec,match", [
@@ -231,3 +235,17 @@ def test_the_policy_reads_from_the_spec_and_a_sources_table_alike(tmp_path):
     assert s.weight == 2 and s.options() == {"max_length": 16384, "max_segments": 1}
     config = pipeline(tmp_path, '[[sources]]\ninput = "v.jsonl"\npacking = false\nmax_images = 3\n')
     assert Source.parse(config.input[-1]).options() == {"max_images": 3, "max_segments": 1}
+
+
+def test_repack_keeps_each_sources_own_packing(grouped, tmp_path):
+    from packer.build import repack
+
+    out, manifest = grouped
+    m = repack(out, output=str(tmp_path / "r"), max_length=3000, progress=False)
+    assert [a["capacity"] for a in m.stats["sources"]] == [1024, 3000, 2048, 1024]  # the unpacked one: the build's
+    assert [a["records"] for a in m.stats["sources"]] == [a["records"] for a in manifest.stats["sources"]]
+    rows = rows_by_source(tmp_path / "r")
+    assert max(n for files, n, _ in rows if files == ["docs.jsonl"]) <= 2048
+    assert all(k == 1 for files, _, k in rows if files == ["llava.jsonl"])
+    with pytest.raises(ConfigError, match="raise max_length to at least 2,048"):
+        repack(out, output=str(tmp_path / "x"), max_length=1500, progress=False)
