@@ -119,7 +119,8 @@ def summary_text(s: dict[str, Any]) -> str:
                          f"lower bound {g['lower_bound']:,}, fill {100 * g['fill']:.2f}%")
     if s.get("row_budget"):
         b = s["row_budget"]
-        budget = f"{b['budget']:.4g}" if b.get("budget") else "none (no encoder cost)"
+        budget = f"{b['budget']:.4g}" if b.get("budget") else \
+            ("each source group its own" if b.get("group_budgets") else "none (no encoder cost)")
         lines.append(f"  row budget   encoder {budget} a row ({b['setting']}): rows against max(token bound "
                      f"{b['token_bound']:,}, encoder bound {b['encoder_bound']:,}) +{b['gap_to_bound']:,}; "
                      f"{b['over_budget']:,} samples over it alone")

@@ -249,3 +249,17 @@ def test_repack_keeps_each_sources_own_packing(grouped, tmp_path):
     assert all(k == 1 for files, _, k in rows if files == ["llava.jsonl"])
     with pytest.raises(ConfigError, match="raise max_length to at least 2,048"):
         repack(out, output=str(tmp_path / "x"), max_length=1500, progress=False)
+
+
+def test_each_source_group_keeps_its_own_row_encoder_budget(tmp_path):
+    """max_row_encoder = auto over groups of their own policy: each group's budget from its own rows, each named."""
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"image_token": 1.0, "audio_item": 300.0}))
+    sources = (f'[[sources]]\ninput = "{SAMPLE / "llava.jsonl"}"\nmax_length = 2048\n'
+               f'[[sources]]\ninput = "{SAMPLE / "chat.jsonl"}"\n')
+    manifest = build(pipeline(tmp_path, sources, cost_model=str(cost), max_row_encoder="auto"), progress=False)
+    b = manifest.stats["row_budget"]
+    budgets = [g.get("budgets", {}).get("encoder") for g in manifest.stats["policy_groups"]]
+    assert budgets[0] > 0 and budgets[1] > 0 and budgets[0] != budgets[1]  # images at 2,048; chat's audio clips
+    assert b["budget"] is None and list(b["group_budgets"].values()) == budgets
+    assert b["bound"] == max(b["token_bound"], b["encoder_bound"])

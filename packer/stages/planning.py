@@ -274,7 +274,8 @@ def plan_sources(samples: pa.Table, config: BuildConfig, source_of_file: list[in
         unpacked = own.max_segments == 1  # packing = false: a row a sample is the request, and its bound
         groups.append({"sources": [sources[k].pattern for k in members], "policy": dict(policy),
                        "capacity": own.max_length, "rows": p.n_bins, "tokens": p.tokens,
-                       "lower_bound": p.n_bins if unpacked else p.lower_bound, "fill": p.efficiency})
+                       "lower_bound": p.n_bins if unpacked else p.lower_bound, "fill": p.efficiency,
+                       **({"budgets": dict(p.budgets)} if p.budgets else {})})
     merged = _concat(plans, config.max_length, tuple(groups))
     from packer.pack.plan import _ordered
 
@@ -322,7 +323,13 @@ def _concat(plans: list[Plan], capacity: int, groups: tuple[dict, ...]) -> Plan:
                 pieces_dropped=sum(p.pieces_dropped for p in plans),
                 pieces_lost_media=sum(p.pieces_lost_media for p in plans), over_budget=merged_keys("over_budget"),
                 resource_bound=sum(p.resource_bound for p in plans),
-                budgets={k: v for p in plans for k, v in p.budgets.items()}, groups=groups)
+                budgets=_common([p.budgets for p in plans]), groups=groups)
+
+
+def _common(budgets: list[dict[str, float]]) -> dict[str, float]:
+    """The budgets every group has alike (each group's own are in its ``groups`` entry)."""
+    keys = {k for b in budgets for k in b}
+    return {k: budgets[0][k] for k in sorted(keys) if all(b.get(k) == budgets[0].get(k) for b in budgets)}
 
 
 def plan_table(p: Plan) -> pa.Table:
