@@ -412,7 +412,9 @@ def _compile(source: str, budget: Budget | None = None):
     except ImportError:
         return None
     budget = budget or Budget(MAX_STEPS, MAX_CHARS)
-    shared = _compile_jinja_template(source).environment
+    # transformers' environment, as it builds one for every template: taken from the empty template's, so the
+    # user's template is never compiled by its optimizer, which folds constants ('%999999999d' % 1) unchecked
+    shared = _compile_jinja_template("").environment
     known = (SandboxedEnvironment.is_safe_attribute, ImmutableSandboxedEnvironment.is_safe_attribute)
     if type(shared).is_safe_attribute not in known:
         return bound(shared.overlay(), source, budget)  # a sandbox whose check may depend on the value: not memoised

@@ -108,6 +108,9 @@ def bound(env: Any, source: str, budget: Budget):
     env.call = call
     env.call_binop = call_binop
     env.intercepted_binops = frozenset({"+", "*", "%", "**"})
+    # jinja2's optimizer folds constant expressions while compiling -- '{{ "%999999999d" % 1 }}' would build its
+    # gigabyte before any check runs: compiled unoptimized, every operation runs through the checks above
+    env.optimized = False
     tree = env.parse(source)
     for node in tree.find_all(nodes.For):
         node.iter = nodes.Filter(node.iter, "packer_loop", [], [], None, None, lineno=node.lineno)
