@@ -88,9 +88,7 @@ def test_the_manifest_records_the_cost_model_a_path_gave(one_per_row):
     assert recorded["source"] == "file" and recorded["path"] == str(path) and recorded["setting"] == str(path)
     assert recorded["coefficients"] == CostModel(**COEFFICIENTS).coefficients()
     assert json.loads((out / "manifest.json").read_text())["stats"]["cost_model"] == recorded
-    from packer.loader.samplers.step_plan import build_cost_model
-
-    assert build_cost_model(manifest) == CostModel(**COEFFICIENTS)  # the samplers and packer steps take it
+    assert CostModel.of_build(manifest) == CostModel(**COEFFICIENTS)  # the samplers and packer steps take it
 
 
 def test_repack_keeps_the_samples_cost_model(one_per_row, tmp_path):

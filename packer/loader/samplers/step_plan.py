@@ -67,12 +67,7 @@ class StepPlanSampler(ResumableMixin, torch.utils.data.Sampler):
 def row_costs(dataset, cost: CostModel | None = None) -> np.ndarray:
     """``float64 [rows, 3]``: each row's llm, encoder and supervised cost under ``cost`` (by default the build's
     cost model, as its manifest records it, else ``CostModel()``)."""
-    return (cost or build_cost_model(dataset.manifest)).vector(dataset.row_stats())
-
-
-def build_cost_model(manifest) -> CostModel:
-    """The cost model the build recorded (``manifest.stats["cost_model"]["coefficients"]``), else ``CostModel()``."""
-    return CostModel.of_build(manifest)
+    return (cost or CostModel.of_build(dataset.manifest)).vector(dataset.row_stats())
 
 
 def row_sources(dataset) -> np.ndarray:
@@ -101,7 +96,7 @@ def write_plan(out: str | Path, path: str | Path, *, ranks: int, batch_size: int
     from packer.loader.dataset import PackedDataset
 
     ds = PackedDataset(out, check_media=False)
-    model = cost or build_cost_model(ds.manifest)
+    model = cost or CostModel.of_build(ds.manifest)
     stats = ds.row_stats()
     costs = model.vector(stats)
     accounting = []
