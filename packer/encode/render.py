@@ -245,30 +245,31 @@ class Renderer:
                                   f"is not available to fix it for the build; pin transformers to a version packer "
                                   f"supports")
             return False
-        with self._public_clock():
-            for messages in probes:
-                for prompt in (False, True):
-                    fast = slow = None
-                    try:
-                        with self._chance(messages, prompt):
-                            fast = self._bounded(messages, prompt, self.variables)
-                    except BadRecord:  # over a bound on a probe: the public call would run unbounded; every record
-                        return True    # will meet the bound too, and be quarantined
+        for messages in probes:
+            for prompt in (False, True):
+                fast = slow = None
+                try:
+                    with self._chance(messages, prompt):
+                        fast = self._bounded(messages, prompt, self.variables)
+                except BadRecord:  # over a bound on a probe: the public call would run unbounded; every record
+                    return True    # will meet the bound too, and be quarantined
 
-                    except Exception as e:  # noqa: BLE001 -- compared with the public call's refusal
-                        fast = ("error", type(e).__name__)
-                    try:
-                        with self._chance(messages, prompt):
-                            slow = self.public(messages, add_generation_prompt=prompt)
-                    except Exception as e:  # noqa: BLE001
-                        slow = ("error", type(e).__name__)
-                    if fast != slow:
-                        self.compiled = None
-                        if clocked or self.randomized:
-                            raise PackerError(f"the chat template reads {self._fixed_reads()} and its compiled "
-                                              f"rendering differs from transformers' own; packer cannot render it "
-                                              f"with a fixed time and seed")
-                        return False
+                except Exception as e:  # noqa: BLE001 -- compared with the public call's refusal
+                    fast = ("error", type(e).__name__)
+                try:
+                    # transformers' compile of the template (with its clock set) only once the bounded path rendered
+                    # the probe: its optimizer folds constants unchecked ('%999999999d' % 1: a GB, seconds)
+                    with self._public_clock(), self._chance(messages, prompt):
+                        slow = self.public(messages, add_generation_prompt=prompt)
+                except Exception as e:  # noqa: BLE001
+                    slow = ("error", type(e).__name__)
+                if fast != slow:
+                    self.compiled = None
+                    if clocked or self.randomized:
+                        raise PackerError(f"the chat template reads {self._fixed_reads()} and its compiled "
+                                          f"rendering differs from transformers' own; packer cannot render it "
+                                          f"with a fixed time and seed")
+                    return False
         return True
 
     def _fixed_reads(self) -> str:
