@@ -431,7 +431,8 @@ class FamilyConformance:
 
     family = ""
     towers: tuple[str, ...] = ("visual", "vision_tower", "audio_tower")  # whose gradients must be among those compared
-    rows_per_batch: int | None = None  # rows of a batch in the packed == alone check (None: every row at once)
+    rows_per_batch: int = 2  # rows of a batch in the packed == alone check, longest first: rows of a length together (a
+    #                          batch pads its rows to its longest, and its logits are vocabulary-wide)
     max_images: int | None = None  # rows holding a record of more images are left out of it (their logits are wide)
     reference_mask: bool = False  # the record alone keeps the processor's attention_mask (see check_equivalence)
     sp_modes: tuple[str, ...] = ("ulysses",)  # the sequence-parallel modes the family's batches are sliced for
@@ -480,9 +481,10 @@ class FamilyConformance:
         assert media_kinds(ds, rows) == media_kinds(PackedDataset(case.out)), "the rows compared miss a kind of media"
         model = alone.model(impl)
         assert check_packed_isolation(model) == []  # every layer keeps packed segments apart: nothing to refuse
-        step = self.rows_per_batch or len(rows)
-        for at in range(0, len(rows), step):
-            check_equivalence(model, ds, alone.processor, alone.records, alone.root, impl, rows=rows[at : at + step],
+        rows = sorted(rows, key=lambda i: -ds[i]["n_tokens"])
+        for at in range(0, len(rows), self.rows_per_batch):
+            check_equivalence(model, ds, alone.processor, alone.records, alone.root, impl,
+                              rows=rows[at : at + self.rows_per_batch],
                               towers=self.towers, nest_images=alone.nest_images, reference_mask=self.reference_mask,
                               call=alone.call, model_config=model.config)
 

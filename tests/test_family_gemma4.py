@@ -261,11 +261,10 @@ def test_sample_pipeline_ids_equal_its_processor(tmp_path):
 
 
 class TestConformance(FamilyConformance):
-    """The packed == alone check on the records without the longest (``small``), two rows a batch (the logits of a
-    batch are vocabulary-wide): every row with sdpa, rows holding every kind with eager."""
+    """The packed == alone check on the records without the longest (``small``): every row with sdpa, rows holding
+    every kind with eager."""
 
     family = "gemma4"
-    rows_per_batch = 2
     split_runs = True  # a clip's frames, timestamps between them
 
     @pytest.fixture

@@ -16,17 +16,29 @@ pytestmark = pytest.mark.slow  # HF Trainer and FSDP over two processes
 sys.path.insert(0, str(ROOT / "docs" / "examples"))
 
 
-def test_hf_trainer_steps_on_the_sample_build(sample_build, tmp_path):
+@pytest.fixture(scope="module")
+def short_rows(tmp_path_factory):
+    """sample_data built with the sample pipeline at 1,024-token rows: a CPU step over rows of 4,096 (sdpa with a
+    block-diagonal mask, quadratic in the row) costs a test ten seconds; the trainers' steps do not depend on it."""
+    from packer.build import build
+    from packer.config import resolve
+
+    out = tmp_path_factory.mktemp("short") / "out"
+    build(resolve(ROOT / "pipelines" / "sample.toml", output=str(out), max_length=1024), progress=False)
+    return out
+
+
+def test_hf_trainer_steps_on_the_sample_build(short_rows, tmp_path):
     from hf_trainer import train
 
-    out, _ = sample_build
+    out = short_rows
     losses = train(str(out), steps=8, output_dir=str(tmp_path / "trainer"), accumulation=1)
     assert len(losses) == 8 and all(x == x for x in losses)  # finite, no NaN
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3, losses
 
 
-def test_fsdp_two_ranks_same_steps_no_hang_loss_falls(sample_build, tmp_path):
-    out, _ = sample_build
+def test_fsdp_two_ranks_same_steps_no_hang_loss_falls(short_rows, tmp_path):
+    out = short_rows
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run([*torchrun, str(ROOT / "docs" / "examples" / "fsdp_train.py"), str(out), "--steps", "6",
