@@ -24,6 +24,7 @@ $(DEMO_STAMP): requirements-demo.lock pyproject.toml | $(BIN)/python
 	@start=$$(date +%s); \
 	$(BIN)/python -m pip install --progress-bar on -r requirements-demo.lock && \
 	$(BIN)/python -m pip install --quiet --no-deps -e . && \
+	$(BIN)/python -m packer.pack.warm && \
 	echo "== build layer installed in $$(( $$(date +%s) - start )) s; $(VENV) is now $$(du -sh $(VENV) | cut -f1)"
 	@touch $@
 

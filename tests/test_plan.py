@@ -502,3 +502,27 @@ def test_csr_with_values_and_sorted_lengths_equal_the_gathers_they_replace(sizes
     a, b = _bits.reorder_pair(offsets, new_offsets, perm, indices, values)
     assert a.tolist() == _small.reorder_values(offsets, new_offsets, perm, indices).tolist()
     assert b.tolist() == _small.reorder_values(offsets, new_offsets, perm, values).tolist()
+
+
+
+@pytest.mark.slow  # compiles every kernel (~9 s)
+def test_warm_reaches_every_numba_kernel(tmp_path):
+    """``python -m packer.pack.warm`` (``make setup``) compiles and caches each kernel, so no build pays it: run with an
+    empty cache of its own, it leaves an entry for every ``@njit`` function of the planner (an inlined helper is
+    compiled into its callers)."""
+    import os
+    import subprocess
+    import sys
+
+    from numba.core.registry import CPUDispatcher
+
+    from packer.pack import _bfd_numba, _bits, _first_fit, next_fit
+
+    kernels = {name for m in (_bfd_numba, _bits, _first_fit, next_fit) for name, f in vars(m).items()
+               if isinstance(f, CPUDispatcher) and f.py_func.__module__ == m.__name__
+               and f.targetoptions.get("inline") != "always"}
+    r = subprocess.run([sys.executable, "-m", "packer.pack.warm"], capture_output=True, text=True,
+                       env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    cached = {p.name.split(".")[1].rsplit("-", 1)[0] for p in tmp_path.rglob("*.nbi")}
+    assert len(kernels) >= 11 and kernels - cached == set(), kernels - cached
