@@ -4,9 +4,12 @@ training on the rows given to it -- one rank's rows without any image -- with pa
 media in the collator and the loss over the step's global sum of weights. Each step's full
 gradients (and the final parameters) are written for the test to compare with one process.
 
-    torchrun --nproc_per_node 2 tests/distributed_vlm.py BUILD ddp|fsdp ROWS.json OUT [--no-dummy]
+    torchrun --nproc_per_node 2 tests/distributed_vlm.py BUILD RUNS.json
 
-ROWS.json: ``[[rank 0's row, rank 1's row], ...]`` one pair per step.
+RUNS.json: the runs, one after another in one process group (a torchrun start costs each test ~20 s of CPU):
+``[{"mode": "ddp" | "fsdp", "rows": [[rank 0's row, rank 1's row], ...] (a pair per step), "out": FOLDER,
+"dummy": true | false}, ...]``. Each run writes ``started`` in its folder first, its reports when it ends; a run
+without dummy media stops the process group (DDP's check), so it comes last.
 """
 
 from __future__ import annotations
@@ -35,20 +38,13 @@ def setup(build: str):
     return ds, model, family.processor(tok)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("build")
-    ap.add_argument("mode", choices=["ddp", "fsdp"])
-    ap.add_argument("rows")
-    ap.add_argument("out")
-    ap.add_argument("--no-dummy", action="store_true")
-    args = ap.parse_args()
-    dist.init_process_group("gloo")
+def train(build: str, mode: str, steps: list[list[int]], out: Path, dummy: bool) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
-    ds, model, processor = setup(args.build)
-    dummies = None if args.no_dummy else media_dummies(model, ds)
+    (out / f"started-{rank}").touch()
+    ds, model, processor = setup(build)
+    dummies = media_dummies(model, ds) if dummy else None
     collate = PackedCollator(attention="sdpa", rope="mrope", pad_to_multiple_of=16, processor=processor, dummy_media=dummies)
-    if args.mode == "ddp":
+    if mode == "ddp":
         wrapped = torch.nn.parallel.DistributedDataParallel(model)
     else:
         from torch.distributed.fsdp import fully_shard
@@ -59,7 +55,6 @@ def main() -> None:
             fully_shard(layer)
         wrapped = fully_shard(model)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    steps = json.loads(Path(args.rows).read_text())
     report = {"rank": rank, "losses": [], "images": []}
     for k, pair in enumerate(steps):
         batch = collate([ds[pair[rank]]])
@@ -70,16 +65,26 @@ def main() -> None:
         grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
                  for n, p in model.named_parameters() if p.grad is not None}
         if rank == 0:
-            torch.save(grads, Path(args.out) / f"grads-{k}.pt")
+            torch.save(grads, out / f"grads-{k}.pt")
         loss = (total / norm).detach()
         dist.all_reduce(loss)
         report["losses"].append(loss.item())
         report["images"].append(sum(m["kind"] == "image" and not m.get("dummy") for m in batch["media"]))
         opt.step()
         opt.zero_grad()
-    Path(args.out, f"rank-{rank}.json").write_text(json.dumps(report))
+    (out / f"rank-{rank}.json").write_text(json.dumps(report))
     del wrapped, model, opt  # before the process group goes: a DDP model destroyed after it can hang the exit
     dist.barrier()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build")
+    ap.add_argument("runs")
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    for run in json.loads(Path(args.runs).read_text()):
+        train(args.build, run["mode"], run["rows"], Path(run["out"]), run["dummy"])
     dist.destroy_process_group()
 
 

@@ -95,41 +95,55 @@ def reference(build, steps):
     return out
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_ddp_and_fsdp2_with_a_text_only_rank_equal_one_process(vlm_build, tmp_path, mode):
+@pytest.fixture(scope="module")
+def vlm_runs(vlm_build, tmp_path_factory):
+    """One torchrun of tests/distributed_vlm.py for three runs (a start costs ~20 s of CPU): DDP, then FSDP2, with a
+    text-only rank (rank 1, then 0, then 1), then DDP without dummy media, which stops the process group.
+    Returns the run's result and, per run, (its folder, its steps)."""
     ds = PackedDataset(vlm_build)
     image = [i for i in range(len(ds)) if any(m["kind"] == "image" for m in ds[i]["media"])]
     text = [i for i in range(len(ds)) if not ds[i]["media"]]
     assert len(image) >= 2 and len(text) >= 2
-    steps = [[image[0], text[0]], [text[1], image[1]], [image[0], text[1]]]  # rank 1 text-only, then rank 0, then 1
-    (tmp_path / "rows.json").write_text(json.dumps(steps))
-    result = run([*TORCHRUN, str(ROOT / "tests" / "distributed_vlm.py"), str(vlm_build), mode, str(tmp_path / "rows.json"),
-                  str(tmp_path)])
-    assert result.returncode == 0, result.stderr[-4000:]
-    reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    root = tmp_path_factory.mktemp("vlm_runs")
+    steps = {"ddp": [[image[0], text[0]], [text[1], image[1]], [image[0], text[1]]],
+             "no-dummy": [[image[0], text[0]], [image[0], text[1]]]}
+    steps["fsdp"] = steps["ddp"]
+    runs = {name: (root / name, steps[name]) for name in ("ddp", "fsdp", "no-dummy")}
+    for folder, _ in runs.values():
+        folder.mkdir()
+    plan = [{"mode": name.replace("no-dummy", "ddp"), "rows": rows, "out": str(folder), "dummy": name != "no-dummy"}
+            for name, (folder, rows) in runs.items()]
+    (root / "runs.json").write_text(json.dumps(plan))
+    return run([*TORCHRUN, str(ROOT / "tests" / "distributed_vlm.py"), str(vlm_build), str(root / "runs.json")]), runs
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_ddp_and_fsdp2_with_a_text_only_rank_equal_one_process(vlm_build, vlm_runs, mode):
+    result, runs = vlm_runs
+    out, steps = runs[mode]
+    assert all((out / f"rank-{r}.json").exists() for r in (0, 1)), result.stderr[-4000:]
+    reports = [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
     real = [[n > 0 for n in r["images"]] for r in reports]
     assert real == [[True, False, True], [False, True, False]]  # real images on one rank only, each step
     assert reports[0]["losses"] == reports[1]["losses"]
     for k, (loss, grads) in enumerate(reference(vlm_build, steps)):
         assert reports[0]["losses"][k] == pytest.approx(loss, rel=1e-5)
-        got = torch.load(tmp_path / f"grads-{k}.pt")
+        got = torch.load(out / f"grads-{k}.pt")
         assert set(got) == set(grads)  # every tower's parameters have a gradient on every step
         scale = max(g.abs().max() for g in grads.values())
         for name, g in grads.items():
             assert (got[name] - g).abs().max() <= 1e-5 * scale, f"step {k}: gradient of {name}"
 
 
-def test_ddp_without_dummy_media_fails_as_users_saw(vlm_build, tmp_path):
+def test_ddp_without_dummy_media_fails_as_users_saw(vlm_runs):
     """What the dummy fixes: plain DDP stops when a rank's batch leaves the vision tower unused."""
-    ds = PackedDataset(vlm_build)
-    image = next(i for i in range(len(ds)) if ds[i]["media"])
-    text = [i for i in range(len(ds)) if not ds[i]["media"]][:2]
-    (tmp_path / "rows.json").write_text(json.dumps([[image, text[0]], [image, text[1]]]))
-    result = run([*TORCHRUN, str(ROOT / "tests" / "distributed_vlm.py"), str(vlm_build), "ddp", str(tmp_path / "rows.json"),
-                  str(tmp_path), "--no-dummy"])
+    result, runs = vlm_runs
+    out, _ = runs["no-dummy"]
+    assert all((out / f"started-{r}").exists() for r in (0, 1)), result.stderr[-3000:]  # the runs before it ended
     # "parameters that were not used" (DDP's check) or, first, gloo's mismatched all-reduce sizes
     assert result.returncode != 0 and any(t in result.stderr for t in ("did not receive grad", "gloo::EnforceNotMet")), \
         result.stderr[-3000:]
+    assert not (out / "rank-0.json").exists()
 
 
 EXAMPLES = ROOT / "docs" / "examples"
