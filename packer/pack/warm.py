@@ -2,7 +2,7 @@
 
 The kernels are ``@njit(cache=True)``: the first process that calls one compiles it (~9 s of CPU for all of them)
 and writes it beside its module (``packer/pack/__pycache__``); every later process loads it.
-``python -m packer.pack.warm`` (run by ``make setup``) plans synthetic lengths with every built-in algorithm and
+This module, run as a script (``make setup`` runs it), plans synthetic lengths with every built-in algorithm and
 row order, once splitting an oversize sample, and with media caps where the algorithm takes them, all above
 ``_small.SMALL`` segments so the numba paths run: each kernel compiled for the argument types
 :func:`packer.pack.plan` gives it. Nothing else is written.
