@@ -39,16 +39,15 @@ $(TEST_STAMP): requirements.lock $(DEMO_STAMP)
 demo: $(DEMO_STAMP)
 	$(BIN)/packer build --overwrite
 
-# The suite on WORKERS processes (pytest-xdist, a test file per worker at a time), then the tests
-# marked serial alone (a real Ray cluster, whose start-up times out on loaded cores).
+# The suite on WORKERS processes (pytest-xdist, a test file per worker at a time), in the order
+# tests/conftest.py gives the files (the Ray cluster's first: its tests mostly wait).
 WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile -m "not serial"
-	$(BIN)/python -m pytest -q -m serial
+	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The fast tier: everything but the tests marked slow.
 test-fast: setup
-	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile -m "not slow"
+	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow"
 
 # ruff, pinned in requirements.lock; its settings are in pyproject.toml.
 lint: setup

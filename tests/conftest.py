@@ -20,6 +20,17 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # one of `make test`'s workers: a cor
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The order of the test files (``make test`` keeps it: ``--no-loadscope-reorder``): files marked ``early`` first
+    (a Ray cluster: its tests mostly wait, and the other worker's tests fill the cores meanwhile), then files of more
+    tests before files of fewer, pytest-xdist's own order; the collection's order among equals."""
+    files: dict[Path, list] = {}
+    for item in items:
+        files.setdefault(item.path, []).append(item)
+    order = sorted(files, key=lambda path: (files[path][0].get_closest_marker("early") is None, -len(files[path])))
+    items[:] = [item for path in order for item in files[path]]
+
+
 @pytest.fixture(autouse=True)
 def _fresh_flex_compile(request):
     """Each FlexAttention test compiles its own kernels: transformers compiles ``flex_attention`` once per

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,7 +22,7 @@ import pytest
 
 from conftest import ROOT, SAMPLE
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]  # a cluster, four builds: minutes on 2 cores; alone (make test)
+pytestmark = [pytest.mark.slow, pytest.mark.early]  # a cluster, four builds: minutes on 2 cores, mostly waiting on Ray
 
 pytest.importorskip("ray")
 pytest.importorskip("s3fs")
@@ -33,20 +35,24 @@ OBJECT_STORE = 80 * 2**20  # Ray's minimum is 75 MiB; the tasks pass a few KB ea
 
 
 class Cluster:
-    """Ray nodes started with ``ray start --block``, each in its own process group and temp dir."""
+    """Ray nodes started with ``ray start --block``, each in its own process group and temp dir. The temp dirs are
+    under a short folder of /tmp, not the test's: Ray's socket paths (``<temp dir>/session_<date>_<pid>/sockets/
+    plasma_store``) must fit AF_UNIX's 107 bytes, and a pytest-xdist worker's tmp_path does not leave room."""
 
     def __init__(self, root: Path, env: dict[str, str]):
         self.root, self.env = root, env
+        self.temp = Path(tempfile.mkdtemp(prefix="ray-"))
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.nodes: dict[str, subprocess.Popen] = {}
+        self.killed: set[str] = set()
 
     def start(self, name: str, cwd: Path | None = None) -> None:
         """``cwd``: the folder ``ray start`` runs in (its workers start there); the repository root if None."""
         ray = str(Path(sys.executable).parent / "ray")
         ports = [free_port() for _ in range(5)]
         args = [ray, "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=1",
-                f"--object-store-memory={OBJECT_STORE}", f"--temp-dir={self.root / name}", "--disable-usage-stats",
+                f"--object-store-memory={OBJECT_STORE}", f"--temp-dir={self.temp / name}", "--disable-usage-stats",
                 f"--node-manager-port={ports[0]}", f"--object-manager-port={ports[1]}",
                 f"--metrics-export-port={ports[2]}", f"--dashboard-agent-listen-port={ports[3]}",
                 f"--dashboard-agent-grpc-port={ports[4]}", f"--runtime-env-agent-port={free_port()}",
@@ -70,13 +76,25 @@ class Cluster:
                 "        time.sleep(1)\n"
                 "while sum(n['Alive'] for n in ray.nodes()) != int(sys.argv[2]) and time.time() < deadline: time.sleep(0.5)\n"
                 "sys.exit(sum(n['Alive'] for n in ray.nodes()) != int(sys.argv[2]))")
-        r = subprocess.run([sys.executable, "-c", code, self.address, str(count), str(timeout)], env=self.env,
-                           capture_output=True, text=True, timeout=timeout + 60)
-        assert r.returncode == 0, f"{count} Ray node(s) did not come up: {r.stderr[-2000:]}"
+        with tempfile.TemporaryFile("w+") as err:
+            probe = subprocess.Popen([sys.executable, "-c", code, self.address, str(count), str(timeout)], env=self.env,
+                                     stdout=subprocess.DEVNULL, stderr=err, text=True)
+            deadline = time.time() + timeout + 60
+            while probe.poll() is None:  # a node that exits (its log says why) fails the start at once
+                dead = [n for n, p in self.nodes.items() if p.poll() is not None and n not in self.killed]
+                if dead or time.time() > deadline:
+                    probe.kill()
+                    probe.wait()
+                    logs = "".join((self.root / f"{n}.log").read_text(errors="replace")[-2000:] for n in dead)
+                    raise AssertionError(f"{count} Ray node(s) did not come up ({', '.join(dead) or 'timed out'}): {logs}")
+                time.sleep(0.2)
+            err.seek(0)
+            assert probe.returncode == 0, f"{count} Ray node(s) did not come up: {err.read()[-2000:]}"
 
     def kill(self, name: str) -> None:
         """SIGKILL a node's whole process group: its raylet, object store and workers, at once."""
         p = self.nodes[name]
+        self.killed.add(name)
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
 
@@ -90,6 +108,7 @@ class Cluster:
                 os.killpg(self.nodes[name].pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        shutil.rmtree(self.temp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +223,7 @@ def test_ray_from_s3_to_s3_has_the_local_engines_bytes(cluster, reference):
     # node1 ran `ray start` in another folder: its workers loaded the tokenizer the driver shipped
     assert list((c.root / "cache" / "shipped").glob("*/tokenizer/tokenizer.json"))
     for node in ("head", "node1"):  # each node ran stage workers (Ray names a worker's log after its actor)
-        logs = (c.root / node / "session_latest" / "logs").glob("worker-*.out")
+        logs = (c.temp / node / "session_latest" / "logs").glob("worker-*.out")
         assert any("MapWorker(MapBatches(_Stage))" in p.read_text(errors="replace") for p in logs), node
     # The driver planned from the columns stage 1 returned and reported from the stats stage 3 returned:
     # it downloaded no packed shard but the first (the report's example row), and no samples shard but the
