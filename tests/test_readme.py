@@ -81,6 +81,7 @@ def test_text_sft(tmp_path, monkeypatch):
     assert names["ds"].family["name"] == "generic" and len(names["ds"]) >= 1
 
 
+@pytest.mark.slow  # over 10 s (subprocesses / real tokenizers): make test-fast leaves it out
 def test_a_vision_language_model(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assets = FAMILY_ASSETS["qwen3vl"]

@@ -130,6 +130,7 @@ def test_a_chat_template_file_is_part_of_the_build(tmp_path):
         build(config, progress=False)  # the same folder, another template: refused, never the stale shards
 
 
+@pytest.mark.slow  # over 10 s (subprocesses / real tokenizers): make test-fast leaves it out
 def test_a_dated_template_builds_byte_identical_across_runs_and_time_zones(tmp_path):
     """A Llama 3.x-style date line (and ``%s``, and sub-second fields): the same bytes under three TZs and twice."""
     template = tmp_path / "t.jinja"

@@ -120,6 +120,7 @@ def test_llama3_date_line_is_the_builds_time_not_the_clock(folders, monkeypatch)
     assert given.fingerprint()["template_time"].startswith("2026-03-15")
 
 
+@pytest.mark.slow  # over 10 s (subprocesses / real tokenizers): make test-fast leaves it out
 def test_named_templates(tmp_path):
     from transformers import AutoTokenizer
 
