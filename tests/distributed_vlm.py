@@ -39,6 +39,8 @@ def setup(build: str):
 
 
 def train(build: str, mode: str, steps: list[list[int]], out: Path, dummy: bool) -> None:
+    if mode not in ("ddp", "fsdp"):
+        raise ValueError(f"mode {mode!r}: expected 'ddp' or 'fsdp'")
     rank, world = dist.get_rank(), dist.get_world_size()
     (out / f"started-{rank}").touch()
     ds, model, processor = setup(build)

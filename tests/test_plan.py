@@ -504,7 +504,6 @@ def test_csr_with_values_and_sorted_lengths_equal_the_gathers_they_replace(sizes
     assert b.tolist() == _small.reorder_values(offsets, new_offsets, perm, values).tolist()
 
 
-
 @pytest.mark.slow  # compiles every kernel (~9 s)
 def test_warm_reaches_every_numba_kernel(tmp_path):
     """``python -m packer.pack.warm`` (``make setup``) compiles and caches each kernel, so no build pays it: run with an
