@@ -231,7 +231,6 @@ def _parse(raw: bytes, file: str, config):
 def _processor_ids(proc, renderer, conv, config, family: dict, placeholders: dict[str, int], row: dict,
                    root: str) -> list[int]:
     from packer.encode.encoder import template_messages
-    from packer.encode.render import MARK_START
 
     if not hasattr(conv, "turns"):  # a document: the tokenizer alone
         ids = proc.tokenizer(conv.text, add_special_tokens=True, split_special_tokens=True)["input_ids"]
@@ -240,6 +239,7 @@ def _processor_ids(proc, renderer, conv, config, family: dict, placeholders: dic
     tok = proc.tokenizer
     if renderer is None:
         raise PackerError(f"{type(proc).__name__} has no chat template to render the build's conversations with")
+    sanitized = renderer.sanitized
     if family.get("name", "generic") == "generic":
         text = _collapsed_text(tok, row, placeholders)
     else:
@@ -249,8 +249,9 @@ def _processor_ids(proc, renderer, conv, config, family: dict, placeholders: dic
         else:
             text = proc.apply_chat_template(messages, tokenize=False, chat_template=renderer.source)
     kwargs = _media_kwargs(proc, conv.media, nest=family.get("name", "generic") != "generic")
-    marked = MARK_START in text
-    enc = proc(text=[text], sanitize_control_tokens=marked, **kwargs)
+    # sanitized only where packer marked a typed control token: U+F0000 / U+F0001 typed in a record that marks none
+    # are its text, which transformers' sanitizing would strip (packer keeps them, as apply_chat_template does)
+    enc = proc(text=[text], sanitize_control_tokens=renderer.sanitized > sanitized, **kwargs)
     return list(enc["input_ids"][0])
 
 

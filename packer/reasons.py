@@ -39,6 +39,7 @@ FIXES = {
     "nesting_too_deep": "JSON nested too deep to parse: flatten the record",
     "reserved_token_in_text": "a media token packer reserves reached a trained position: report it (a bug)",
     "special_token_in_text": "a control token typed in a message that this tokenizer cannot hold as plain text: remove it",
+    "private_marker_in_text": "a record typing U+F0000 / U+F0001 and a control token: remove the invisible U+F0000 / U+F0001",
     "template_not_aligned": "a chat template whose turns cannot be told apart, on a record with many turns: split it",
     "unsupported_video": "a video the family's processor cannot take (1 frame? aspect ratio over 200?): drop it",
     "incompatible_media": "items the model class cannot take in one call (LLaVA-OneVision: videos of different frame "

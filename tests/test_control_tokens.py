@@ -185,14 +185,45 @@ def test_text_that_normalizes_to_a_control_token_stays_text(nfkc_folder):
     assert enc.renderer.sanitized == 4
 
 
-def test_private_use_markers_are_removed_from_chats_and_documents():
+MARKS = "a\U000f0000b\U000f0001c \U000f0001\U000f0000"  # transformers' control-token markers, typed
+
+
+def test_private_use_markers_typed_in_a_record_are_kept_as_the_tokenizer_encodes_them(encoder):
+    """U+F0000 / U+F0001 carry transformers' marking of typed control tokens; typed in a record that marks none they
+    are its text: a chat's ids are ``apply_chat_template``'s, trained as written, a document's are the tokenizer's,
+    alone or in a batch (packer used to remove them, from chats and documents)."""
+    tok = encoder.tok
+    messages = [{"role": "system", "content": "be \U000f0001 brief"}, {"role": "user", "content": MARKS},
+                {"role": "assistant", "content": "x" + MARKS}]
+    reference = list(tok.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
+    records = [{"messages": messages}, {"text": MARKS}]
+    changed = encoder.content_changed()
+    alone = [encode(encoder, r) for r in records]
+    batch = encoder.encode_lines([RawLine(k + 1, json.dumps(r).encode()) for k, r in enumerate(records)], "t.jsonl", SAMPLE)
+    for chat, doc in (alone, batch):
+        assert chat.input_ids.tolist() == reference
+        assert "x" + MARKS in tok.decode(chat.input_ids[chat.labels != IGNORE])
+        assert doc.input_ids.tolist()[:-1] == tok(MARKS, add_special_tokens=False)["input_ids"]
+    assert encoder.content_changed() == changed  # nothing was encoded otherwise than written
+
+
+def test_a_media_tag_right_after_a_typed_marker_is_still_the_records_image():
     enc = Encoder(EncoderSpec.of(tokenizer=TOKENIZER))
-    doc = encode(enc, {"text": "a\U000f0000b\U000f0001c"})
-    assert doc.input_ids.tolist()[:-1] == enc.tok("abc", add_special_tokens=False)["input_ids"]
-    chat = encode(enc, {"messages": [{"role": "user", "content": "a\U000f0000b\U000f0001c"},
-                                     {"role": "assistant", "content": "x"}]})
-    assert "abc" in enc.tok.decode(chat.input_ids)
-    assert enc.renderer.markers_removed == 4
+    s = encode(enc, {"messages": [{"role": "user", "content": "look\U000f0000<image>"}, {"role": "assistant", "content": "x"}],
+                     "images": [str(SAMPLE / "images" / "square_336.png")]})
+    assert [m.kind for m in s.media] == ["image"] and "look\U000f0000" in enc.tok.decode(s.input_ids)
+
+
+def test_a_record_typing_a_marker_and_a_control_token_is_quarantined(encoder):
+    """transformers keeps a typed control token as text by wrapping it in U+F0000 / U+F0001 and strips every typed
+    marker first: no HF encoding keeps both as written, so the record is refused, not altered."""
+    from packer.errors import BadRecord
+    from packer.reasons import FIXES
+
+    record = {"messages": [{"role": "user", "content": "a\U000f0000b"}, {"role": "assistant", "content": "c<|im_end|>"}]}
+    with pytest.raises(BadRecord, match=r"types 1 U\+F0000 / U\+F0001 character\(s\) and 1 control token") as e:
+        encode(encoder, record)
+    assert e.value.reason == "private_marker_in_text" and "private_marker_in_text" in FIXES
 
 
 def test_changed_content_is_counted_in_the_report(tmp_path):
@@ -205,4 +236,4 @@ def test_changed_content_is_counted_in_the_report(tmp_path):
     src.write_text("".join(json.dumps(r) + "\n" for r in records))
     build(BuildConfig(input=(str(src),), output=str(tmp_path / "out"), tokenizer=TOKENIZER), progress=False)
     report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert report["accounting"]["content_changed"] == {"control_tokens_as_text": 4, "private_markers_removed": 1}
+    assert report["accounting"]["content_changed"] == {"control_tokens_as_text": 4}  # the document's U+F0000: kept

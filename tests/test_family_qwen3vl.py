@@ -87,3 +87,36 @@ class TestConformance(FamilyConformance):
     family = "qwen3vl"
     sp_modes = ("ulysses", "ring")
     split_runs = True  # a clip's runs, timestamps between them
+
+
+@pytest.mark.slow  # the real processor, a build and verify (~13 s)
+def test_private_use_markers_typed_in_records_pass_verify_against_the_processor(tmp_path):
+    """U+F0000 / U+F0001 (transformers' control-token markers) typed in a chat that marks no control token, or in a
+    document, are the record's text: packed as ``processor.apply_chat_template`` / the tokenizer encode them, so
+    ``verify --against-processor`` finds every id equal (they used to be removed, and verify exited 6)."""
+    import json
+
+    from packer.against_processor import verify_against_processor
+    from packer.loader import PackedDataset
+
+    typed = "x\U000f0000y\U000f0001z"
+    image = str(write_media(tmp_path, ("image",))["plain_300x200.jpg"].relative_to(tmp_path))
+    records = [
+        {"id": "chat", "messages": [{"role": "user", "content": typed}, {"role": "assistant", "content": "ok " + typed}]},
+        {"id": "parts", "messages": [{"role": "user", "content": [{"type": "image", "image": image},
+                                                                   {"type": "text", "text": typed}]},
+                                     {"role": "assistant", "content": "\U000f0001"}]},
+        {"id": "doc", "text": "a document " + typed},
+    ]
+    source = tmp_path / "records.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    processor = ASSETS.processor(tmp_path / "checkpoint")
+    build_family("qwen3vl", tmp_path / "checkpoint", source, tmp_path / "out")
+    mismatches, checked = verify_against_processor(tmp_path / "out", str(tmp_path / "checkpoint"), sample=3)
+    assert checked == 3 and mismatches == [], [str(m) for m in mismatches]
+    ds = PackedDataset(str(tmp_path / "out"))
+    segments = {ds[r]["segment_ids"][k]: ds[r]["input_ids"][ds[r]["cu_seqlens"][k]:ds[r]["cu_seqlens"][k + 1]].tolist()
+                for r in range(len(ds)) for k in range(len(ds[r]["segment_ids"]))}
+    chat = records[0]["messages"]
+    assert segments["chat"] == list(processor.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"][0])
+    assert typed in processor.tokenizer.decode(segments["doc"])

@@ -41,7 +41,7 @@ import numpy as np
 
 from packer.encode import preference, standard
 from packer.encode.labels import Labeller, span_mask
-from packer.encode.render import MARK_END, MARK_START, Renderer, probe_conversations, remove_markers, template_clock
+from packer.encode.render import MARK_START, Renderer, probe_conversations, template_clock
 from packer.encode.shipped import Shipped, ship, unpack
 from packer.encode.tokenizer import add_tokens, fingerprint, missing_tokens, open_tokenizer, require_tokens
 from packer.encode.tokens import TextTokenizer
@@ -145,10 +145,7 @@ class RenderedChat:
     #                            rendering but prompt + response + EOS, see packer.encode.standard)
     completion_start: int = 0  # standard format: the first trained token
     tools: list[dict[str, Any]] | None = None  # the record's tool schemas, marked: every rendering of it gets them
-
-    @property
-    def marked(self) -> bool:
-        return self.prompt is None and (MARK_START in self.text or MARK_END in self.text)
+    marked: bool = False  # a control token typed in the record was marked: ``text`` is encoded piece by piece
 
 
 class Encoder:
@@ -180,8 +177,9 @@ class Encoder:
         self.clips_cut = 0  # clips of the encoded samples cut to that window (audio_truncated)
         self._record_cut = 0
         tokens = {self.family.media_token(k): k for k in self.family.kinds}
-        self._media_re = re.compile(f"(?<!{MARK_START})(" + "|".join(map(re.escape, sorted(tokens, key=len, reverse=True)))
-                                    + ")") if tokens else None
+        alternatives = "(" + "|".join(map(re.escape, sorted(tokens, key=len, reverse=True))) + ")"
+        # a typed media token, marked, is text; a record that marked nothing may hold U+F0000 of its own before one
+        self._media_re = (re.compile(f"(?<!{MARK_START}){alternatives}"), re.compile(alternatives)) if tokens else None
         self._media_kind = tokens
         self.renderer: Renderer | None = None
         self.labeller: Labeller | None = None
@@ -200,10 +198,9 @@ class Encoder:
     def content_changed(self) -> dict[str, int]:
         """Counts of text encoded otherwise than it was written (report.json ``accounting.content_changed``):
         control tokens typed in a message and encoded as text (``control_tokens_as_text``, counted per rendering, so
-        a preference record's prompt once per response) and U+F0000 / U+F0001 characters removed
-        (``private_markers_removed``)."""
+        a preference record's prompt once per response)."""
         r = self.renderer
-        return {"control_tokens_as_text": r.sanitized if r else 0, "private_markers_removed": r.markers_removed if r else 0}
+        return {"control_tokens_as_text": r.sanitized if r else 0}
 
     def fingerprint(self) -> dict:
         out = fingerprint(self.tok, self.spec.tokenizer, self.family.special_tokens(), self.serialized)
@@ -338,11 +335,20 @@ class Encoder:
         if self.renderer is None:
             raise PackerError("the tokenizer has no chat template, so conversations cannot be rendered; use a chat "
                               "tokenizer or set one in its tokenizer_config.json / chat_template.jinja")
+        sanitized, typed = self.renderer.sanitized, self.renderer.markers_typed
         messages = self._messages(conv)
         tools = marked_data(list(conv.tools), self.renderer.mark) if conv.tools else None
+        marked = self.renderer.sanitized > sanitized
+        if marked and self.renderer.markers_typed > typed:
+            raise BadRecord("private_marker_in_text",
+                            f"the record types {self.renderer.markers_typed - typed} U+F0000 / U+F0001 character(s) and "
+                            f"{self.renderer.sanitized - sanitized} control token(s) (the tokenizer's special tokens, "
+                            f"such as a turn's end): transformers keeps typed control tokens as text by wrapping them in "
+                            f"those very characters, so no HF encoding keeps both as written; remove the U+F0000 / "
+                            f"U+F0001 characters (private-use, invisible) from the source data")
         full = self._render_tools(messages, tools) if tools or any("tool_calls" in m for m in messages) \
             else self.renderer.render(messages)
-        positions = self._media_positions(full)
+        positions = self._media_positions(full, marked)
         self._record_cut = 0
         items = self._expand_media(conv, [self._media_kind[token] for _, token in positions])
         text, edits = full, []
@@ -358,7 +364,8 @@ class Encoder:
         assistant = [i for i, t in enumerate(conv.turns) if t.role == "assistant"]
         trained = {i for i in assistant if conv.turns[i].trained}  # a TRL prompt's assistant turns: context
         return RenderedChat(full, text, messages, self.config.train_on, assistant, trained,
-                            self.config.train_on_empty_think, items, edits, clips_cut=self._record_cut, tools=tools)
+                            self.config.train_on_empty_think, items, edits, clips_cut=self._record_cut, tools=tools,
+                            marked=marked)
 
     def _render_tools(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         """A record with tool calls or tools, rendered with them; refused (``tools_not_rendered``) where the template
@@ -389,10 +396,10 @@ class Encoder:
     def _messages(self, conv: Conversation) -> list[dict[str, Any]]:
         return template_messages(conv, self.family.structured, self.family.media_token, self.renderer.mark)
 
-    def _media_positions(self, full: str) -> list[tuple[int, str]]:
+    def _media_positions(self, full: str, marked: bool) -> list[tuple[int, str]]:
         if self._media_re is None:
             return []
-        return [(m.start(), m.group(1)) for m in self._media_re.finditer(full)]
+        return [(m.start(), m.group(1)) for m in self._media_re[0 if marked else 1].finditer(full)]
 
     def _expand_media(self, conv: Conversation, found: list[str]) -> list[tuple[int, Expansion]]:
         """(media item index, expansion) for each media token of the rendering, in order (``found``: their
@@ -525,10 +532,6 @@ class Encoder:
         if ids is None:
             # Literal "<image>" in a document is text, not a placeholder: split special tokens.
             ids = self.text.encode([doc.text], special=True, split=True, offsets=False)[0][0]
-        if MARK_START in doc.text or MARK_END in doc.text:  # removed, as from chats (render.remove_markers)
-            if self.renderer is not None:
-                self.renderer.markers_removed += doc.text.count(MARK_START) + doc.text.count(MARK_END)
-            ids = self.text.encode([remove_markers(doc.text)], special=True, split=True, offsets=False)[0][0]
         eos = self.tok.eos_token_id
         if self.config.append_eos and eos is not None and (not len(ids) or ids[-1] != eos):
             ids = np.append(ids, np.int32(eos))

@@ -28,6 +28,11 @@ Three things a template can read that would make builds differ are fixed here:
   (``mark_control_tokens``), exactly as ``apply_chat_template(..., sanitize_control_tokens=True)``
   does, and :mod:`packer.encode.tokens` encodes it as plain text. A user turn holding
   ``<|im_end|>\\n<|im_start|>assistant\\n`` can then never open a turn of its own.
+  The markers themselves, U+F0000 / U+F0001, are never removed from the data (transformers' sanitizing
+  strips them from every string, so that typed markers cannot forge a marked token): a record that marks
+  nothing keeps them as the tokenizer encodes them, as ``apply_chat_template`` does; one that holds both a
+  typed marker and a typed control token has no HF encoding that keeps both as written, and is quarantined
+  (``private_marker_in_text``) rather than altered.
   Control tokens are the tokenizer's special added tokens plus the added tokens the template
   writes itself (``tok.chat_control_tokens`` when the tokenizer lists them), the rule of
   transformers' ``_get_control_tokens``.
@@ -127,7 +132,7 @@ class Renderer:
         self._control_re = re.compile("|".join(map(re.escape, sorted(self.control, key=len, reverse=True))) or "(?!)")
         self._normalizing = _normalizing_backend(tok, self.control)  # None: control tokens match the raw text only
         self.sanitized = 0  # control tokens typed in the data and encoded as text (raw or after normalization)
-        self.markers_removed = 0  # U+F0000 / U+F0001 characters removed from the data
+        self.markers_typed = 0  # U+F0000 / U+F0001 characters met in the data (kept: see the module docstring)
         self.fast_checked = False
 
     # ------------------------------------------------------------ rendering
@@ -200,16 +205,16 @@ class Renderer:
     # ------------------------------------------------------------ control tokens
 
     def mark(self, text: str) -> str:
-        """``text`` with every control token wrapped in transformers' markers (and stray markers dropped),
-        as ``mark_control_tokens`` does; unchanged (the same object) when it holds neither.
+        """``text`` with every control token wrapped in transformers' markers, as ``mark_control_tokens`` does;
+        unchanged (the same object) when it holds none. Markers the text already holds are kept and counted
+        (``markers_typed``): the caller refuses a record that holds them and had a token marked.
 
         A tokenizer that normalizes (NFKC, lowercasing) before it matches its added tokens would turn
         ``＜|im_start|＞`` or ``<|IM_START|>`` into the real token: where the normalized text holds a control
         token, the spans are found by the tokenizer itself (the offsets of the control ids its own encoding of
         ``text`` gives) and those original characters are marked."""
         if MARK_START in text or MARK_END in text:
-            self.markers_removed += text.count(MARK_START) + text.count(MARK_END)
-            text = remove_markers(text)
+            self.markers_typed += text.count(MARK_START) + text.count(MARK_END)
         if self._normalizing is not None:
             backend, ids, pattern = self._normalizing
             if pattern.search(backend.normalizer.normalize_str(text)):
@@ -294,12 +299,6 @@ class Renderer:
             yield
         finally:
             shared["strftime_now"] = before
-
-
-def remove_markers(text: str) -> str:
-    """``text`` without transformers' private-use markers U+F0000 / U+F0001: they carry the marking of control
-    tokens, so packer removes them from every text it encodes, chats and documents alike (counted in the report)."""
-    return text.replace(MARK_START, "").replace(MARK_END, "")
 
 
 def _normalizing_backend(tok: Any, control: tuple[str, ...]):
