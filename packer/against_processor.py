@@ -5,14 +5,16 @@ budget: transformers #48071), and a build made for one processor is useless for 
 re-runs the real HF processor -- named by a folder or hub id, loaded with ``AutoProcessor`` -- on a sample
 of the build's records, from their own lines and files, the plain HF way:
 
-- the record's messages rendered by the processor's chat template (media as content parts), or, for the
+- the record's messages and its ``tools`` rendered by the processor's chat template (media as content parts, tool
+  calls on their turns, as ``apply_chat_template(messages, tools=tools)`` passes them), or, for the
   configurable ``generic`` family (whose pipelines render string content), the sample's own text with each
   media span collapsed to one placeholder;
 - images through ``transformers.image_utils.load_image``, videos through transformers' PyAV reader (every
   frame, turned upright, sampled by the processor itself), frame lists as images, audio through
   ``load_audio`` at the feature extractor's rate;
 - ``processor(text=..., images=..., videos=..., audio=...)``, with control tokens the record typed marked as
-  text (``sanitize_control_tokens``) exactly as the build did;
+  text (``sanitize_control_tokens``) exactly as the build did (only then: U+F0000 / U+F0001 typed in a record
+  that marks nothing are its text, which sanitizing would strip);
 - the build's chat template (its ``--chat-template``, else the processor's) and the build's time for a template
   that reads the clock (rendered then by packer's checked compiled path: transformers' public path reads the
   wall clock).
@@ -230,7 +232,7 @@ def _parse(raw: bytes, file: str, config):
 
 def _processor_ids(proc, renderer, conv, config, family: dict, placeholders: dict[str, int], row: dict,
                    root: str) -> list[int]:
-    from packer.encode.encoder import template_messages
+    from packer.encode.encoder import marked_data, template_messages
 
     if not hasattr(conv, "turns"):  # a document: the tokenizer alone
         ids = proc.tokenizer(conv.text, add_special_tokens=True, split_special_tokens=True)["input_ids"]
@@ -244,10 +246,11 @@ def _processor_ids(proc, renderer, conv, config, family: dict, placeholders: dic
         text = _collapsed_text(tok, row, placeholders)
     else:
         messages = template_messages(conv, True, lambda kind: "", renderer.mark)
+        tools = marked_data(list(conv.tools), renderer.mark) if conv.tools else None  # the record's, as the build's
         if "strftime_now" in renderer.source:  # the public path reads the wall clock: the build's time, compiled
-            text = renderer.render(messages)
+            text = renderer.render(messages, tools=tools)
         else:
-            text = proc.apply_chat_template(messages, tokenize=False, chat_template=renderer.source)
+            text = proc.apply_chat_template(messages, tokenize=False, chat_template=renderer.source, tools=tools)
     kwargs = _media_kwargs(proc, conv.media, nest=family.get("name", "generic") != "generic")
     # sanitized only where packer marked a typed control token: U+F0000 / U+F0001 typed in a record that marks none
     # are its text, which transformers' sanitizing would strip (packer keeps them, as apply_chat_template does)

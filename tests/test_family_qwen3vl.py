@@ -120,3 +120,25 @@ def test_private_use_markers_typed_in_records_pass_verify_against_the_processor(
     chat = records[0]["messages"]
     assert segments["chat"] == list(processor.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"][0])
     assert typed in processor.tokenizer.decode(segments["doc"])
+
+
+@pytest.mark.slow  # the real processor, a build and verify (~13 s)
+def test_a_tool_calling_record_passes_verify_against_the_processor(tmp_path):
+    """A record's ``tools`` and an assistant turn's ``tool_calls`` reach the processor's template in verify as they
+    reached the build's (``apply_chat_template(messages, tools=tools)``); verify used to render without the tools."""
+    import json
+
+    from family_assets import QWEN_TOKENIZER
+    from test_tool_calls import OPENAI, TOOLS
+    from transformers import AutoTokenizer
+
+    from packer.against_processor import verify_against_processor
+
+    processor = ASSETS.processor(tmp_path / "checkpoint")
+    processor.chat_template = AutoTokenizer.from_pretrained(QWEN_TOKENIZER).chat_template  # Qwen3's: renders tools
+    processor.save_pretrained(str(tmp_path / "checkpoint"))
+    source = tmp_path / "records.jsonl"
+    source.write_text(json.dumps({"id": "tools", "messages": OPENAI, "tools": TOOLS}) + "\n")
+    build_family("qwen3vl", tmp_path / "checkpoint", source, tmp_path / "out")
+    mismatches, checked = verify_against_processor(tmp_path / "out", str(tmp_path / "checkpoint"), sample=1)
+    assert checked == 1 and mismatches == [], [str(m) for m in mismatches]

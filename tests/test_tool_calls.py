@@ -139,3 +139,14 @@ def test_a_preference_records_tools_reach_each_response_and_a_tool_call_response
         assert ids == list(reference["input_ids"])
         trained = enc.tok.decode([t for t, y in zip(ids, labels.tolist(), strict=True) if y != -100])
         assert trained.endswith("<|im_end|>\n") and ("get_weather" in trained) == (r.role == "chosen")
+
+
+def test_a_prompt_completion_records_tool_calls_in_its_prompt_reach_the_template():
+    """TRL's prompt / completion with the tool call and its result in the prompt: the call and the tool turn's id are
+    rendered (``apply_chat_template(prompt + completion, tools=tools)``), as context; the completion is trained. The
+    prompt's turns used to lose their ``tool_calls`` / ``tool_call_id``, so the call was silently left out."""
+    enc = Encoder(EncoderSpec.of(tokenizer=QWEN_TOKENIZER))
+    sample = enc.encode_line(line({"prompt": OPENAI[:3], "completion": OPENAI[3:], "tools": TOOLS}), "t.jsonl", SAMPLE)
+    reference = enc.tok.apply_chat_template(HF, tools=TOOLS, tokenize=True, return_dict=True)["input_ids"]
+    assert sample.input_ids.tolist() == list(reference)
+    assert [enc.tok.decode(r) for r in trained_runs(sample)] == EXPECTED["qwen3"][1:]  # the call is the prompt's

@@ -275,7 +275,7 @@ def _prompt_completion_turns(obj: dict[str, Any], media: _MediaQueue) -> list[Tu
             raise BadRecord("empty_text", "'completion' is empty: nothing to train on")
         part = _turns_of(value, key, role, media)
         if key == "prompt":
-            part = [Turn(t.role, t.parts, trained=False, structured=t.structured, reasoning=t.reasoning) for t in part]
+            part = [dataclasses.replace(t, trained=False) for t in part]  # its tool calls and ids kept
         turns += part
     return turns
 
