@@ -516,7 +516,7 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     keys = row_keys(samples, rows, family_from_state(family, config)) if family.get("name", "generic") != "generic" \
         else None
     p, m = plan_sources(samples, config, encoded.input_sources, rows, joined, keys)
-    if keys is not None:  # no build writes a row its own loader refuses (issue 33): each row holds one key at most
+    if keys is not None:  # no build writes a row its own loader refuses: each row holds one key at most
         check_row_keys(p, keys)
     dropped = {r: len(v) for r, v in p.dropped.items()}
     bound = f", encoder bound {p.resource_bound:,}" if p.budgets else ""

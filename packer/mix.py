@@ -30,7 +30,7 @@ from packer.errors import ConfigError
 SEPARATOR = "#"
 
 
-# A source's own packing policy (issue 32): these build options, set per input, override the build's for its samples
+# A source's own packing policy: these build options, set per input, override the build's for its samples
 POLICY = {"max_length": int, "packing": bool, "oversize": str, "max_media": int, "max_images": int, "max_audio": int,
           "max_videos": int}
 OVERSIZE = FIELDS["oversize"].metadata["choices"]  # the build's own --oversize policies

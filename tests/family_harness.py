@@ -1,4 +1,4 @@
-"""The equivalence harness every model family is tested with (issue 23's "done when").
+"""The equivalence harness every model family is tested with: a family is done when all of these pass.
 
 For a family (``tests/family_assets.py``: its processor saved into a checkpoint folder, its tiny model):
 
@@ -319,7 +319,7 @@ def check_pipeline_ids(pipeline: Path, out: Path) -> int:
 
 
 def check_rows_collate(ds: PackedDataset, processor, model, forward: bool = True, **collator: Any) -> int:
-    """No build writes a row its own loader refuses (issue 33): every row of the build, alone, collates through
+    """No build writes a row its own loader refuses: every row of the build, alone, collates through
     ``PackedCollator.for_build`` (the build's family, the model's attention and config) with its media loaded and
     every count checked, reaches ``model_inputs`` and, with ``forward``, runs through the tiny model. Returns the
     media items loaded."""
@@ -420,7 +420,7 @@ class Built:
 
 
 class FamilyConformance:
-    """What every registered family is tested for, written once (issue 30): a family's test module subclasses it
+    """What every registered family is tested for, written once: a family's test module subclasses it
     (``class TestConformance(FamilyConformance)``), gives a module fixture ``built`` returning its :class:`Built` of
     the harness's awkward records and declares its differences below as data; ``tests/test_family_interface.py``
     checks that every named family has one.

@@ -1,4 +1,4 @@
-"""A stated bound on every per-record cost outside the chat labeller (issue 24): media headers held to
+"""A stated bound on every per-record cost outside the chat labeller: media headers held to
 packer.media.limits before anything is decoded, the loader bounded the same way, line memory
 measured against line size, and limits that cannot fit refused before stage 1."""
 

@@ -1,4 +1,4 @@
-"""The build folder as a whole (issue 24): verify covers every file in it and, with --media, every
+"""The build folder as a whole: verify covers every file in it and, with --media, every
 media file against the media index the build wrote; the loader refuses a changed media file; the
 fingerprint knows the code that made the build; an output folder inside an input pattern, a file
 given twice and a refused build are handled before anything is written or deleted."""

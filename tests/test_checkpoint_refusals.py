@@ -1,4 +1,4 @@
-"""The build refuses a processor it cannot reproduce, and never runs a checkpoint's code (issues 30 and 31).
+"""The build refuses a processor it cannot reproduce, and never runs a checkpoint's code.
 
 - ``--family F`` without ``--processor``: a configuration error (exit 2), not the classes' defaults;
 - a checkpoint without the config of a sub-processor the build uses (Qwen3-VL without its video processor's):

@@ -1,4 +1,4 @@
-"""Content can never create or move a turn boundary (issue 24, item 2).
+"""Content can never create or move a turn boundary.
 
 Control tokens typed in a message (``<|im_end|>``, ``<|im_start|>``, packer's own media tokens) are
 encoded as plain text, exactly as transformers' ``apply_chat_template(..., sanitize_control_tokens=True)``

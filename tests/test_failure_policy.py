@@ -1,4 +1,4 @@
-"""How a build fails (issue 24): a worker killed by the kernel is one ``packer: error`` line that says
+"""How a build fails: a worker killed by the kernel is one ``packer: error`` line that says
 what probably happened and that the same command resumes; never more worker processes than tasks,
 and tasks cut so every worker has work, with the output bytes independent of the worker count."""
 

@@ -1,4 +1,4 @@
-"""The family plug-in as a declared interface (issue 30): every registered family implements it, every other
+"""The family plug-in as a declared interface: every registered family implements it, every other
 list of families is derived from the registry, and imports run one way (modeling <- families <- loader)."""
 
 from __future__ import annotations

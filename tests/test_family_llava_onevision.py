@@ -231,7 +231,7 @@ def test_a_cut_never_keeps_some_of_a_records_images(built, tmp_path, oversize):
     assert whole["tokenizer"]["family"]["joined_kinds"] == ["image"] and whole["accounting"]["samples_packed"] == 2
 
 
-# ---------------------------------------------------------------- issue 33: every frame, as the public checkpoints
+# ---------------------------------------------------------------- every frame, as the public checkpoints
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Nothing to forget (issue 30): the build decides the batch. Each step off the documented path that used to
+"""Nothing to forget: the build decides the batch. Each step off the documented path that used to
 train the wrong thing silently is refused here with the value, the expected value and the fix, or does the
 right thing (``PackedCollator.for_build``, ``PackedTrainer``'s defaults, ``model_inputs``)."""
 

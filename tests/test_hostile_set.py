@@ -1,4 +1,4 @@
-"""The hostile set (issue 24, done-when): every case of ``hostile_media.CASES`` (decompression-bomb
+"""The hostile set: every case of ``hostile_media.CASES`` (decompression-bomb
 videos, absurd rates, lying headers, a FIFO, lines over and under the limit, ...) beside normal
 records, built through the command line with ``--max-bad-fraction 1``: exit 0, every line
 accounted for with the reason it must have, ``packer verify --media`` passing, and the build's

@@ -1,4 +1,4 @@
-"""What a user installs (issue 24): a distribution name of our own, a LICENSE with its SPDX expression,
+"""What a user installs: a distribution name of our own, a LICENSE with its SPDX expression,
 one version (pyproject.toml's, read from the metadata), py.typed; no module that shadows the standard
 library; config validation that loads no media or model code; CI that lints and installs the build
 layer alone."""

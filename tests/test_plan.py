@@ -148,7 +148,7 @@ def test_group_by_keeps_rows_pure(case, algorithm):
 @settings(max_examples=80, deadline=None)
 @given(lengths_and_capacity, st.sampled_from(ALL), st.integers(0, 3), st.integers(0, 2**16), st.sampled_from([None, 2, 3]))
 def test_row_keys_keep_rows_of_one_key(case, algorithm, n_keys, seed, max_segments):
-    """A family's row constraint (issue 33): no row holds two keys; every sample placed once; caps still hold."""
+    """A family's row constraint: no row holds two keys; every sample placed once; caps still hold."""
     lengths, capacity = case
     rng = np.random.default_rng(seed)
     keys = np.where(rng.random(len(lengths)) < 0.5, rng.integers(0, max(n_keys, 1), len(lengths)), -1)

@@ -1,4 +1,4 @@
-"""Preference and multi-response records (issue 26), build side: shapes, tokens, layouts, accounting.
+"""Preference and multi-response records, build side: shapes, tokens, layouts, accounting.
 
 Every response is trained on the tokens it has when its conversation (prompt + response) runs alone:
 each response's stored tokens equal ``tokenizer.apply_chat_template(prompt + response)`` and its labels

@@ -1,4 +1,4 @@
-"""Issue 26's claim: per-response log-probabilities from packed ``pairs`` rows and from ``tree`` rows equal
+"""The preference layouts' claim: per-response log-probabilities from packed ``pairs`` rows and from ``tree`` rows equal
 each prompt + response run alone, and so do their gradients; a DPO step on packed rows gives TRL's.
 
 - tiny random Llama (float64), rows of a real build (the sample tokenizer's ChatML template): every trained

@@ -1,4 +1,4 @@
-"""The loader on preference rows (issue 26): tree masks in every form that can express them, positions per
+"""The loader on preference rows: tree masks in every form that can express them, positions per
 branch (1-D and mRoPE), the refusals (varlen, position_ids, ring SP), Ulysses slices, and the per-response
 log-probabilities and DPO loss, against their definitions."""
 

@@ -1,4 +1,4 @@
-"""Every resolved processor setting is bounded (issue 31, item 2): a value out of its bound, infinite or not a number,
+"""Every resolved processor setting is bounded: a value out of its bound, infinite or not a number,
 from --processor-options, a checkpoint's processor config or a policy spec, is a configuration error (exit 2) naming
 the value, the limit and the fix, before stage 1 -- never "a packer bug met this record" nor a traceback."""
 

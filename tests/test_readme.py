@@ -1,4 +1,4 @@
-"""The README's five-minute paths run as written (issue 30): each bash and python block of a "Five minutes"
+"""The README's five-minute paths run as written: each bash and python block of a "Five minutes"
 section, with hub names swapped for local assets (the real Qwen3 tokenizer files, a Qwen3-VL processor saved in
 code, tiny random-init models), data paths for generated records and ``max_steps`` for one step. A swap whose
 text is missing from the README fails the test, so the README cannot drift from what is run."""

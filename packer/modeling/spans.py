@@ -74,7 +74,7 @@ def open_media(load, span: dict[str, Any], *args):
         missing(span, path)
     except MemoryError:
         raise
-    except Exception as e:  # noqa: BLE001 -- issue 24: every load error names its file (PIL's truncated-image error names none)
+    except Exception as e:  # noqa: BLE001 -- every load error names its file (PIL's truncated-image error names none)
         raise MediaLoadError(span["kind"], path, span["ref"], e) from e
 
 

@@ -346,7 +346,7 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
 
 def row_capacities(manifest: Manifest, s: ShardStats) -> np.ndarray:
     """Each row's capacity: its first segment's source's own ``max_length``, else the build's (a source's own
-    packing, issue 32: rows never mix sources of two policies)."""
+    packing: rows never mix sources of two policies)."""
     caps = np.asarray(manifest.file_capacities(), np.int64)
     if not s.row_file or not len(caps):
         return np.full(s.rows, manifest.max_length, np.int64)

@@ -31,7 +31,7 @@ class StepPlanSampler(ResumableMixin, torch.utils.data.Sampler):
         self.num_replicas, self.rank = world(num_replicas, rank)
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
-        if hasattr(dataset, "family"):  # a family whose model takes a batch's items in one call (issue 33)
+        if hasattr(dataset, "family"):  # a family whose model takes a batch's items in one call
             from packer.loader.derive import check_batches
 
             check_batches(dataset, batch_size)

@@ -48,7 +48,7 @@ class TokenBalancedSampler(ResumableMixin, torch.utils.data.Sampler):
         if window < 1:
             raise ValueError(f"window must be at least one step, got {window} (1: random steps, balanced within each)")
         self.batch_size, self.seed, self.shuffle, self.drop_last, self.window = batch_size, seed, shuffle, drop_last, window
-        if hasattr(dataset, "family"):  # a family whose model takes a batch's items in one call (issue 33)
+        if hasattr(dataset, "family"):  # a family whose model takes a batch's items in one call
             from packer.loader.derive import check_batches
 
             check_batches(dataset, batch_size)
