@@ -483,13 +483,23 @@ def verify_or_raise(out: str | Path, limit: int = 50, *, media: str | None = Non
     from packer.errors import VerifyError
 
     problems, checked = verify(out, media=media, media_root=media_root, collate=collate, deep=deep)
+    unchecked = ""
+    if deep:  # what --deep cannot re-derive is said, never claimed verified
+        from packer.shards.manifest import Manifest
+        from packer.verify_deep import not_checkable
+
+        try:
+            unchecked = "".join(f"\nnot checkable: {line}" for line in not_checkable(Manifest.read(out)))
+        except PackerError:  # no manifest to read: the one problem named
+            pass
     if problems:
         shown = "\n".join(f"  {p}" for p in problems[:limit])
         more = f"\n  ... and {len(problems) - limit} more" if len(problems) > limit else ""
-        raise VerifyError(f"{out}: {len(problems)} problem(s)\n{shown}{more}")
+        raise VerifyError(f"{out}: {len(problems)} problem(s)\n{shown}{more}{unchecked}")
     media_text = f", {checked['media']:,} media files ({media})" if media else ""
     done = (", every row collatable for its family" if collate else "") + \
-        ("; every packed row re-derived from samples/ + plan.arrow" if deep else "")
+        ("; the plan re-derived from the samples' lengths and the manifest's plan settings, every packed row from "
+         "samples/ + plan.arrow, the tokenizer record from tokenizer/" if deep else "")
     return (f"{out}: ok ({checked['files']} files, {checked['rows']:,} rows, {checked['tokens']:,} tokens{media_text} "
-            f"checked{done})")
+            f"checked{done}){unchecked}")
 
