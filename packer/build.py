@@ -531,7 +531,7 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
         files=Files(samples=encoded.sample_shards, packed=packed, plan=plan_entry, quarantine=encoded.quarantine,
                     dropped=write_dropped(out, rows, p), tokenizer=list(tokenizer_files or []), media=media_index),
         accounting=accounting(by_file, encoded.quarantined, dropped, encoded.blank_lines),
-        stats={**_stats(config, samples, p), **_row_lengths(config, p), "audio_truncated": encoded.audio_truncated,
+        stats={**plan_stats(config, samples, p), "audio_truncated": encoded.audio_truncated,
                "content_changed": encoded.content_changed, "cost_model": encoded.cost_model, "sources": sources},
         execution=config.execution_dict(), sections=dict(sections or {}), repacked_from=repacked_from, code=code_identity(),
     )
@@ -623,6 +623,12 @@ def _budget_stats(config: BuildConfig, p: Plan) -> dict[str, Any]:
             "encoder_bound": p.resource_bound, "bound": p.bound, "gap_to_bound": p.n_bins - p.bound,
             "over_budget": int(sum(len(v) for v in p.over_budget.values())),
             **({"group_budgets": groups} if groups and p.budgets.get("encoder") is None else {})}
+
+
+def plan_stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:
+    """The manifest's ``stats`` that the plan ``p`` of ``samples`` (:func:`plan_columns`) under ``config`` decides: rows,
+    tokens, fill, the lower bound ..., the row lengths. ``packer verify --deep`` re-derives them."""
+    return {**_stats(config, samples, p), **_row_lengths(config, p)}
 
 
 def _stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:

@@ -30,6 +30,7 @@ packed rows), one tokenizer load; no media.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +95,16 @@ def plan_problems(out: Path, manifest: Manifest) -> list[Problem]:
                                               f"manifest's plan settings ({settings}, ...): {derived.num_rows} rows, "
                                               f"plan.arrow holds {stored.num_rows} (the settings or the plan were edited "
                                               f"after the build)")]
+    from packer.build import plan_stats
+
+    recorded = manifest.stats
+    derived_stats = json.loads(json.dumps(plan_stats(config, samples, p)))  # as the manifest holds them
+    differ = [k for k, v in derived_stats.items() if k in recorded and recorded[k] != v]
+    if differ:
+        return [Problem(MANIFEST, None, f"its stats {', '.join(f'{k} {recorded[k]!r}' for k in differ[:4])} differ from "
+                                        f"{', '.join(repr(derived_stats[k]) for k in differ[:4])}, what the plan gives "
+                                        f"under its plan settings ({settings}, ...): the settings or the stats were "
+                                        f"edited after the build")]
     cut = [t.row_stop - t.row_start for t in shard_tasks(p.bin_tokens(), np.diff(p.offsets), config.shard_rows,
                                                           config.shard_bytes)]
     if cut != [e.rows for e in files.packed]:
@@ -180,10 +191,10 @@ def not_checkable(manifest: Manifest) -> list[str]:
     from packer.config import CONTENT_KEYS
 
     code = manifest.code or {}
-    libraries = ", ".join(f"{k} {v}" for k, v in sorted((code.get("libraries") or {}).items()) if v)
+    libraries = len([v for v in (code.get("libraries") or {}).values() if v])
     lines = [f"the code version that made the build (packer {manifest.packer_version}, packer_code "
-             f"{str(code.get('packer_code', 'not recorded'))[:12]}, {libraries or 'no library versions'}): no file of "
-             f"the build re-derives it"]
+             f"{str(code.get('packer_code', 'not recorded'))[:12]}, {libraries} library versions): no file of the build "
+             f"re-derives it"]
     unchecked = [k for k in manifest.tokenizer if k not in TOKENIZER_FIELDS]
     if not manifest.files.tokenizer:
         lines.append("the tokenizer record: the build ships no tokenizer/ (made by an older packer); rebuild to check it")
