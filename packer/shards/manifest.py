@@ -131,8 +131,9 @@ class Manifest:
 
     def build_config(self, **overrides: Any):
         """The :class:`packer.config.BuildConfig` the build was made with (its content and plan settings; execution
-        settings at their defaults), ``overrides`` applied: what ``packer repack`` re-plans with and ``packer verify
-        --deep`` re-derives the plan from. Keys of a build made before they existed take their old behaviour."""
+        settings at their defaults), ``overrides`` applied: what ``packer repack`` re-plans with and
+        :mod:`packer.verify_deep` re-derives the plan from. Keys of a build made before they existed take their old
+        behaviour."""
         from packer.config import BuildConfig
 
         legacy = {"preference_strings": "chat"}  # how builds made before the key existed rendered string preference records

@@ -285,8 +285,9 @@ def plan_sources(samples: pa.Table, config: BuildConfig, source_of_file: list[in
 def plan_build(samples: pa.Table, config: BuildConfig, tokenizer: dict[str, Any], source_of_file: list[int] | None,
                rows=None) -> tuple[Plan, Mix, np.ndarray | None]:
     """Stage 2 of a build: :func:`plan_sources` under the family the build's ``tokenizer`` record names (its joined
-    kinds, its row keys: :func:`row_keys`); ``(plan, mix, row keys or None)``. The build plans with it, and
-    ``packer verify --deep`` re-plans with it from the samples' lengths and the manifest's settings."""
+    kinds, its row keys: :func:`row_keys`); ``(plan, mix, row keys or None)``. The build plans with it, and the deep
+    check of ``packer verify`` (:mod:`packer.verify_deep`) re-plans with it from the samples' lengths and the manifest's
+    settings."""
     family = tokenizer.get("family") or {}
     joined = tuple(family.get("joined_kinds") or ())
     keys = None
