@@ -33,7 +33,6 @@ from packer.encode import EncoderSpec
 from packer.encode.encoder import media_base
 from packer.engine import freeze_collector, get_engine, stop_on_signals
 from packer.errors import BuildFailedError, ConfigError
-from packer.families import family_from_state
 from packer.io import fs
 from packer.io.files import atomic_open, set_durable, sha256_file
 from packer.pack import ALGORITHMS, Plan
@@ -48,12 +47,11 @@ from packer.stages.media_files import write_media_index
 from packer.stages.planning import (
     SampleRows,
     modality_codes,
+    plan_build,
     plan_columns,
-    plan_sources,
     plan_table,
     policy_groups,
     preference_responses,
-    row_keys,
 )
 from packer.stages.sources import quarantined_by_file, source_accounts
 from packer.stages.state import BuildLock, code_identity, fingerprint, open_state
@@ -140,7 +138,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
             warn_no_encoder(out, driver.encoder.family.kinds, encoded)
             warn_internal_errors(out, encoded)
             check_bad_fraction(out, config, encoded, tokenizer)
-            tokenizer_files = save_tokenizer(used_tokenizer(driver.encoder), out)
+            tokenizer_files = save_tokenizer(driver.encoder.shipped_tokenizer(), out)
             media_index = write_media_index(out, encoded.media)  # the workers looked the files up
             sections = media_passes(out, config, encoded, embedder, extractor, progress, engine, media_root)
             return plan_and_pack(out, config, encoded, tokenizer, engine, progress, media_root=media_root,
@@ -302,19 +300,6 @@ def media_models(config: BuildConfig):
     return embedder, extractor
 
 
-def used_tokenizer(encoder):
-    """The tokenizer with exactly the chat template the build rendered with (a --chat-template file's or a named
-    one's text as its only template), so ``OUT/tokenizer`` renders what the shards hold."""
-    tok, renderer = encoder.tok, encoder.renderer
-    if renderer is None or tok.chat_template == renderer.source:
-        return tok
-    import copy
-
-    tok = copy.copy(tok)  # shallow: the encoder's tokenizer keeps its own templates
-    tok.chat_template = renderer.source
-    return tok
-
-
 def save_tokenizer(tok, out: Path) -> list[ShardEntry]:
     """``OUT/tokenizer/``: the tokenizer as the build used it, placeholder / begin / end
     tokens included, so ``AutoTokenizer.from_pretrained(OUT / "tokenizer")`` gives the
@@ -382,9 +367,7 @@ def repack(source: str | Path, *, progress: bool = True, **overrides: Any) -> Ma
         raise ConfigError(f"repack cannot change {', '.join(bad)} (that needs re-encoding: run packer build)")
     if not overrides.get("output"):
         raise ConfigError("repack needs an output folder: -o OUT2")
-    legacy = {"preference_strings": "chat"}  # how builds made before the key existed rendered string preference records
-    values = {**legacy, **manifest.config, **{k: v for k, v in overrides.items() if v is not None}}
-    config = BuildConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    config = manifest.build_config(**{k: v for k, v in overrides.items() if v is not None})
     was = manifest.config.get("preference", "none")
     if (was == "none") != (config.preference == "none"):
         raise ConfigError(f"repack cannot change preference from {was!r} to {config.preference!r}: whether preference "
@@ -511,11 +494,7 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     rows = SampleRows(paths, [e.rows for e in encoded.sample_shards], shas)
     samples = encoded.columns if encoded.columns is not None else plan_columns(read_shards(paths, SAMPLE_SCHEMA, shas))
     stage = Stage("plan", "samples", enabled=progress)
-    family = tokenizer.get("family") or {}
-    joined = tuple(family.get("joined_kinds") or ())
-    keys = row_keys(samples, rows, family_from_state(family, config)) if family.get("name", "generic") != "generic" \
-        else None
-    p, m = plan_sources(samples, config, encoded.input_sources, rows, joined, keys)
+    p, m, keys = plan_build(samples, config, tokenizer, encoded.input_sources, rows)
     if keys is not None:  # no build writes a row its own loader refuses: each row holds one key at most
         check_row_keys(p, keys)
     dropped = {r: len(v) for r, v in p.dropped.items()}
@@ -552,7 +531,7 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
         files=Files(samples=encoded.sample_shards, packed=packed, plan=plan_entry, quarantine=encoded.quarantine,
                     dropped=write_dropped(out, rows, p), tokenizer=list(tokenizer_files or []), media=media_index),
         accounting=accounting(by_file, encoded.quarantined, dropped, encoded.blank_lines),
-        stats={**_stats(config, samples, p), **_row_lengths(config, p), "audio_truncated": encoded.audio_truncated,
+        stats={**plan_stats(config, samples, p), "audio_truncated": encoded.audio_truncated,
                "content_changed": encoded.content_changed, "cost_model": encoded.cost_model, "sources": sources},
         execution=config.execution_dict(), sections=dict(sections or {}), repacked_from=repacked_from, code=code_identity(),
     )
@@ -644,6 +623,12 @@ def _budget_stats(config: BuildConfig, p: Plan) -> dict[str, Any]:
             "encoder_bound": p.resource_bound, "bound": p.bound, "gap_to_bound": p.n_bins - p.bound,
             "over_budget": int(sum(len(v) for v in p.over_budget.values())),
             **({"group_budgets": groups} if groups and p.budgets.get("encoder") is None else {})}
+
+
+def plan_stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:
+    """The manifest's ``stats`` that the plan ``p`` of ``samples`` (:func:`plan_columns`) under ``config`` decides: rows,
+    tokens, fill, the lower bound ..., the row lengths. ``packer verify --deep`` re-derives them."""
+    return {**_stats(config, samples, p), **_row_lengths(config, p)}
 
 
 def _stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:

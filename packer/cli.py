@@ -254,9 +254,12 @@ def calibrate(model, device, dtype, attention, max_tokens, max_image_tokens, rep
                                                  "--against-processor; default: the build's).")
 @click.option("--collate", is_flag=True, help="Also prove every row can be collated for the build's family from its "
                                               "stored spans, no pixel loaded (rows of one video frame count, ...).")
-@click.option("--deep", is_flag=True, help="Also re-derive every packed row from samples/ and plan.arrow (stage 3 "
-                                           "again, no tokenizer or media) and compare: catches a consistent edit of a "
-                                           "shard whose hash was updated in the manifest.")
+@click.option("--deep", is_flag=True, help="Also re-derive the plan from the samples' lengths and the manifest's plan "
+                                           "settings (stage 2 again), every packed row from samples/ and plan.arrow "
+                                           "(stage 3 again) and the tokenizer record from tokenizer/, no media, and "
+                                           "compare: catches a consistent edit of a shard whose hash was updated in the "
+                                           "manifest, or of the manifest's max_length, seed or tokenizer hash; prints "
+                                           "what it cannot check (the code version, ...).")
 def verify(out, media, processor, sample, media_root, collate, deep):
     """Check every file of the build folder against the manifest (nothing missing, changed or extra),
     every row's invariants and the accounting; with --media, every media file too. A damaged shard is

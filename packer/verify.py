@@ -36,7 +36,9 @@ A manifest that is missing, damaged or of another schema version is a problem li
 other (exit code 6), never a traceback; so is a damaged shard: every Arrow file is validated
 before a row is read (:mod:`packer.shards.integrity`) and named on one line, and the rows of a
 file whose sha256 differs are not checked one by one. ``--deep`` (:mod:`packer.verify_deep`)
-re-derives the packed rows from the samples and the plan and compares them.
+re-derives the plan from the samples' lengths and the manifest's plan settings, the packed rows from the
+samples and the plan, and the manifest's tokenizer record from ``tokenizer/``, and compares them; what no
+file of the build re-derives (the code version, stage 1's settings) it names as not checkable.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def verify(out: str | Path, *, media: str | None = None, media_root: str | None 
     every media file (``"stat"`` or ``"hash"``), found under ``media_root`` (default: the build's).
     ``collate``: also prove every row can be collated for the build's family from its stored spans, no pixel
     loaded (:meth:`packer.families.Family.row_problem`: LLaVA-OneVision's videos of one frame count a row).
-    ``deep``: also re-derive every packed row from the samples and the plan (:mod:`packer.verify_deep`).
+    ``deep``: also re-derive the plan (from the samples' lengths and the manifest's plan settings), every packed row
+    (from the samples and the plan) and the tokenizer record (from ``tokenizer/``): :mod:`packer.verify_deep`.
     ``out`` may be a URL (a build in object storage): its shards are checked through local copies."""
     if media not in (None, "stat", "hash"):
         raise ValueError(f"media must be None, 'stat' or 'hash', got {media!r}")
@@ -483,13 +486,23 @@ def verify_or_raise(out: str | Path, limit: int = 50, *, media: str | None = Non
     from packer.errors import VerifyError
 
     problems, checked = verify(out, media=media, media_root=media_root, collate=collate, deep=deep)
+    unchecked = ""
+    if deep:  # what --deep cannot re-derive is said, never claimed verified
+        from packer.shards.manifest import Manifest
+        from packer.verify_deep import not_checkable
+
+        try:
+            unchecked = "".join(f"\nnot checkable: {line}" for line in not_checkable(Manifest.read(out)))
+        except PackerError:  # no manifest to read: the one problem named
+            pass
     if problems:
         shown = "\n".join(f"  {p}" for p in problems[:limit])
         more = f"\n  ... and {len(problems) - limit} more" if len(problems) > limit else ""
-        raise VerifyError(f"{out}: {len(problems)} problem(s)\n{shown}{more}")
+        raise VerifyError(f"{out}: {len(problems)} problem(s)\n{shown}{more}{unchecked}")
     media_text = f", {checked['media']:,} media files ({media})" if media else ""
     done = (", every row collatable for its family" if collate else "") + \
-        ("; every packed row re-derived from samples/ + plan.arrow" if deep else "")
+        ("; the plan re-derived from the samples' lengths and the manifest's plan settings, every packed row re-derived from "
+         "samples/ + plan.arrow, the tokenizer record from tokenizer/" if deep else "")
     return (f"{out}: ok ({checked['files']} files, {checked['rows']:,} rows, {checked['tokens']:,} tokens{media_text} "
-            f"checked{done})")
+            f"checked{done}){unchecked}")
 

@@ -236,6 +236,81 @@ def test_deep_catches_an_edit_whose_hash_was_updated(copy, name):
     assert r.exit_code == 6 and "differs from the row stage 3 derives from samples/ + plan.arrow" in r.output
 
 
+def edit_manifest(out, change) -> dict:
+    """``change(manifest)`` applied to manifest.json, and ``.state/`` removed (its fingerprint would disagree): nothing
+    else covers the manifest, so every file check passes and only a check that re-derives the field can see it."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    change(manifest)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    shutil.rmtree(out / ".state", ignore_errors=True)
+    return manifest
+
+
+def longest_row(out) -> int:
+    return max(max(pa.ipc.open_stream(pa.memory_map(str(f))).read_all().column("n_tokens").to_pylist())
+               for f in (out / "packed").glob("part-*.arrow"))
+
+
+MANIFEST_TAMPERINGS = {  # the manifest field edited, what --deep names
+    "max_length raised": (lambda m, out: m["config"].update(max_length=m["config"]["max_length"] * 2),
+                          ("plan.arrow", "differs from the plan stage 2 derives")),
+    # here the plan is the same under the lower max_length (stats.max_length edited with it): what it changes is the
+    # stats the plan gives under it (fill, lower bound)
+    "max_length lowered to the longest row": (
+        lambda m, out: (m["config"].update(max_length=longest_row(out)), m["stats"].update(max_length=longest_row(out))),
+        ("manifest.json", "its stats fill")),
+    "seed changed": (lambda m, out: m["config"].update(seed=m["config"]["seed"] + 1),
+                     ("plan.arrow", "differs from the plan stage 2 derives")),
+    "tokenizer hash changed": (lambda m, out: m["tokenizer"].update(sha256="0" * 64),
+                               ("manifest.json", "tokenizer.sha256 '" + "0" * 64 + "' differs from")),
+}
+
+
+@pytest.mark.parametrize("name", list(MANIFEST_TAMPERINGS))
+def test_deep_catches_an_edited_manifest_field(copy, name):
+    """A plan setting or the tokenizer hash edited in the manifest (nothing else changed) passes the file check and
+    every row invariant (max_length lowered only to the longest row): --deep re-plans the samples' lengths under the
+    recorded settings, and fingerprints tokenizer/ as the build did."""
+    change, (file, message) = MANIFEST_TAMPERINGS[name]
+    out = copy("text")
+    assert longest_row(out) < 96  # the build's max_length: lowered to the longest row, every row still fits
+    edit_manifest(out, lambda m: change(m, out))
+    assert verify(out)[0] == []  # what the file check and the row invariants see
+    problems = verify(out, deep=True)[0]
+    assert [(p.file, message in p.message) for p in problems] == [(file, True)], problems
+    r = run("verify", out, "--deep")
+    assert r.exit_code == 6 and message in r.output, r.output
+
+
+def test_deep_names_the_code_version_not_checkable(copy):
+    """No file of a build re-derives the code that made it: --deep prints the recorded version as not checkable (an
+    edited one too) rather than claim it verified."""
+    out = copy("text")
+    edit_manifest(out, lambda m: m["code"].update(packer_code="0123456789ab" + "0" * 52))
+    r = run("verify", out, "--deep")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert "every packed row re-derived" in lines[0] and "code" not in lines[0].split(": ok")[1], r.output
+    assert any(line.startswith("not checkable: the code version") and "packer_code 0123456789ab" in line for line in lines)
+    assert any(line.startswith("not checkable: stage 1's settings") for line in lines), r.output
+    assert "not checkable" not in run("verify", out).output  # said by --deep, which re-derives the rest
+
+
+def test_deep_rederives_the_tokenizer_hash_of_a_build_with_its_own_template(tmp_path):
+    """A build rendered with a --chat-template file ships that template in tokenizer/, and its recorded tokenizer
+    hash covers it: --deep re-derives the hash there and passes the clean build."""
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps(chat(k)) + "\n" for k in range(6)))
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% if m['role'] == 'assistant' %}"
+                        "{{ eos_token }}{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    out = tmp_path / "out"
+    r = run("build", "-i", data, "-o", out, "--tokenizer", TOKENIZER, "--max-length", 96, "--chat-template", template)
+    assert r.exit_code == 0, r.output
+    assert (out / "tokenizer" / "chat_template.jinja").read_text() == template.read_text()
+    assert verify(out, deep=True)[0] == []
+
+
 @pytest.mark.parametrize("name", ["text", "pairs", "tree"])
 def test_deep_passes_clean_builds_byte_for_byte(builds, name, monkeypatch):
     import packer.verify_deep

@@ -202,8 +202,22 @@ class Encoder:
         r = self.renderer
         return {"control_tokens_as_text": r.sanitized if r else 0}
 
+    def shipped_tokenizer(self):
+        """The tokenizer with exactly the chat template the build renders with (a --chat-template file's or a named
+        one's text as its only template), as ``OUT/tokenizer`` ships it, so it renders what the shards hold."""
+        tok = self.tok
+        if self.renderer is None or tok.chat_template == self.renderer.source:
+            return tok
+        import copy
+
+        tok = copy.copy(tok)  # shallow: the encoder's tokenizer keeps its own templates
+        tok.chat_template = self.renderer.source
+        return tok
+
     def fingerprint(self) -> dict:
-        out = fingerprint(self.tok, self.spec.tokenizer, self.family.special_tokens(), self.serialized)
+        """The manifest's ``tokenizer`` record. Its ``sha256`` covers the tokenizer as shipped (the template rendered
+        with, not templates it left unused), so ``packer verify --deep`` re-derives it from ``OUT/tokenizer``."""
+        out = fingerprint(self.shipped_tokenizer(), self.spec.tokenizer, self.family.special_tokens(), self.serialized)
         out["family"] = self.family.describe()
         out["chat_template"] = self.config.chat_template
         out["template_time"] = template_clock(self.config.template_time).isoformat()

@@ -129,6 +129,17 @@ class Manifest:
     def max_length(self) -> int:
         return int(self.config["max_length"])
 
+    def build_config(self, **overrides: Any):
+        """The :class:`packer.config.BuildConfig` the build was made with (its content and plan settings; execution
+        settings at their defaults), ``overrides`` applied: what ``packer repack`` re-plans with and
+        :mod:`packer.verify_deep` re-derives the plan from. Keys of a build made before they existed take their old
+        behaviour."""
+        from packer.config import BuildConfig
+
+        legacy = {"preference_strings": "chat"}  # how builds made before the key existed rendered string preference records
+        values = {**legacy, **self.config, **overrides}
+        return BuildConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
     def sources(self) -> list:
         """One :class:`packer.mix.Source` per ``input`` entry of the build (its weight, cap and own packing)."""
         from packer.mix import Source

@@ -282,6 +282,25 @@ def plan_sources(samples: pa.Table, config: BuildConfig, source_of_file: list[in
     return _ordered(merged, config.order, config.seed), Mix(np.repeat(np.arange(len(copies)), copies), copies)
 
 
+def plan_build(samples: pa.Table, config: BuildConfig, tokenizer: dict[str, Any], source_of_file: list[int] | None,
+               rows=None) -> tuple[Plan, Mix, np.ndarray | None]:
+    """Stage 2 of a build: :func:`plan_sources` under the family the build's ``tokenizer`` record names (its joined
+    kinds, its row keys: :func:`row_keys`); ``(plan, mix, row keys or None)``. The build plans with it, and the deep
+    check of ``packer verify`` (:mod:`packer.verify_deep`) re-plans with it from the samples' lengths and the manifest's
+    settings."""
+    family = tokenizer.get("family") or {}
+    joined = tuple(family.get("joined_kinds") or ())
+    keys = None
+    if family.get("name", "generic") != "generic":
+        from packer.families import family_from_state
+
+        if rows is None:
+            rows = lambda indices, columns: samples.select(columns).take(pa.array(indices))  # noqa: E731
+        keys = row_keys(samples, rows, family_from_state(family, config))
+    p, m = plan_sources(samples, config, source_of_file, rows, joined, keys)
+    return p, m, keys
+
+
 def policy_groups(config: BuildConfig) -> list[tuple[tuple, list[int], BuildConfig]]:
     """``(policy, source numbers, the options they are planned with)`` per group of sources sharing a packing
     policy, in the order of their first source (one group, the build's options, without a source's own)."""
