@@ -302,16 +302,22 @@ def media_models(config: BuildConfig):
     return embedder, extractor
 
 
+LOAD_ONLY_KWARGS = ("local_files_only", "is_local")  # how this copy was loaded (HF_HUB_OFFLINE=1 sets the first):
+#   from_pretrained sets both anew on every load, so they say nothing of the tokenizer
+
+
 def used_tokenizer(encoder):
     """The tokenizer with exactly the chat template the build rendered with (a --chat-template file's or a named
-    one's text as its only template), so ``OUT/tokenizer`` renders what the shards hold."""
-    tok, renderer = encoder.tok, encoder.renderer
-    if renderer is None or tok.chat_template == renderer.source:
-        return tok
+    one's text as its only template), so ``OUT/tokenizer`` renders what the shards hold; without the init kwargs
+    that only say how it was loaded (:data:`LOAD_ONLY_KWARGS`), so ``OUT/tokenizer`` is the same bytes whether the
+    build ran with HF_HUB_OFFLINE or not, from a folder or a hub id."""
     import copy
 
-    tok = copy.copy(tok)  # shallow: the encoder's tokenizer keeps its own templates
-    tok.chat_template = renderer.source
+    tok, renderer = encoder.tok, encoder.renderer
+    tok = copy.copy(tok)  # shallow: the encoder's tokenizer keeps its own templates and init kwargs
+    tok.init_kwargs = {k: v for k, v in tok.init_kwargs.items() if k not in LOAD_ONLY_KWARGS}
+    if renderer is not None and tok.chat_template != renderer.source:
+        tok.chat_template = renderer.source
     return tok
 
 
