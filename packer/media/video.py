@@ -46,8 +46,8 @@ last frame: the count stays the counted one.
 A video may also be a list of frame images (:func:`probe_frames`, :func:`load_frames`): each frame
 probed as an image (EXIF applied), all of one size; a video of those frames at the rate the record
 states, sampled as a file at that rate would be (what the HF video processor does with the frames
-and that ``fps`` in their metadata). A list that states no rate is taken whole where the policy does
-not sample by fps, refused where it does (the processor refuses it too).
+and that ``fps`` in their metadata). A list that states no rate is taken whole, every frame, timed at
+the policy's fps (what qwen-vl-utils and ms-swift hand the processor for such a list).
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def count_video(path: str, policy, check: str = "header"):
 def count_frames(paths: Sequence[str], policy, fps: float = 0.0, image_check: str = "verify"):
     """:func:`count_video` for a list of frame images at the stated ``fps`` (0: none stated): counted as the policy
     counts a file of those frames at that rate -- the HF video processors sample a list of frames handed with its
-    ``fps`` as they sample a decoded file. Frames that state no rate cannot be sampled by fps (``unsupported_video``)."""
+    ``fps`` as they sample a decoded file. Frames that state no rate are taken whole, timed at the policy's fps."""
     info = probe_frames(paths, fps, image_check)
     return info, _count(policy, info, f"the {len(paths)}-frame list starting {paths[0]!r}")
 
@@ -295,7 +295,8 @@ def video_metadata(info: VideoInfo, policy) -> dict:
     """The ``video_metadata`` to pass the HF processor beside the frames loaded with
     ``policy.frame_indices`` (``VideoMetadata(**d)``), so that Qwen2.5-VL's ``second_per_grid_ts``
     is the counted one: the processor's own sampled indices, at the video's rate (a frame list that
-    states none: the policy's fps)."""
+    states none: every frame, timed at the policy's fps)."""
     rate = info.fps or policy.fps
     return {"total_num_frames": info.frames, "fps": rate, "width": info.width, "height": info.height,
-            "duration": info.frames / rate, "video_backend": "pyav", "frames_indices": policy.sample_indices(info.frames, rate)}
+            "duration": info.frames / rate, "video_backend": "pyav",
+            "frames_indices": policy.sample_indices(info.frames, info.fps)}
