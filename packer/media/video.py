@@ -57,8 +57,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packer.errors import BadRecord
+from packer.errors import BadRecord, PackerError
 from packer.io import fs
+from packer.media.deps import require
 from packer.media.limits import MAX_VIDEO_FRAMES, check_frame_rate, check_frame_size, check_video
 
 VIDEO_CHECKS = ("header", "decode")  # "verify": an older name of "header", still accepted
@@ -77,7 +78,7 @@ class VideoInfo:
 
 
 def _open(path: str):
-    import av
+    av = require("av")  # missing: a ConfigError that stops the build, never a record's corrupt_video
 
     if fs.is_url(path):
         return av.open(fs.open_binary(path), metadata_errors="ignore")
@@ -108,7 +109,7 @@ def probe_video(path: str, check: str = "header") -> VideoInfo:
         container = _open(path)
     except FileNotFoundError:
         raise BadRecord("missing_video", f"video file {path!r} not found") from None
-    except MemoryError:
+    except (MemoryError, PackerError):  # PackerError: PyAV is not installed (the build's, not the file's)
         raise
     except Exception as e:  # noqa: BLE001 -- av.error.InvalidDataError, EOFError (header only), OSError, ...
         raise BadRecord("corrupt_video", f"{path!r} is not a video FFmpeg can read ({type(e).__name__}: {e}); "
@@ -250,7 +251,7 @@ def _count(policy, info: VideoInfo, what: str):
 def load_video(path: str, indices: Sequence[int] | None = None, *, threads: int = 0) -> np.ndarray:
     """Upright RGB frames ``[T, H, W, 3]`` uint8 of the video at ``path``: the frames at decode
     ``indices`` (all when None), rotation applied. See the module doc for the convention."""
-    import av
+    av = require("av")
 
     with _open(path) as container:
         stream = _video_stream(container, path)
