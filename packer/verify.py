@@ -50,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packer.errors import DamagedShardError, PackerError
+from packer.errors import ConfigError, DamagedShardError, PackerError
 from packer.io.files import sha256_file
 from packer.io.fs import is_remote, location
 from packer.shards.io import read_shard
@@ -83,6 +83,8 @@ def verify(out: str | Path, *, media: str | None = None, media_root: str | None 
     out = location(out)
     try:
         manifest = Manifest.read(out)
+    except ConfigError:  # a store that cannot be asked (no credentials, unreachable): the one line naming the cause,
+        raise  # exit 2, as inspect / report say it -- nothing was checked, so no "1 problem(s)" about the build
     except PackerError as e:  # missing, truncated, malformed, another schema version, a failed build
         return [Problem("manifest.json", None, str(e))], {"files": 0, "rows": 0, "tokens": 0, "media": 0}
     problems: list[Problem] = []

@@ -218,6 +218,26 @@ def test_same_bytes_for_any_worker_count_and_chunking_is_data_defined(tmp_path):
     assert ma["accounting"] == mb["accounting"] and ma["stats"] == mb["stats"]
 
 
+def test_out_tokenizer_is_the_same_bytes_with_and_without_hf_hub_offline(tmp_path, write_jsonl, monkeypatch):
+    """HF_HUB_OFFLINE=1 makes transformers load with local_files_only=True and keep that in the tokenizer's init
+    kwargs: OUT/tokenizer (and the manifest's hashes of it) must not depend on how the tokenizer was loaded."""
+    import huggingface_hub.constants
+
+    f = write_jsonl("in.jsonl", [{"text": "hello world"}] * 3)
+
+    def run(name: str, offline: bool):
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", offline)
+        out = tmp_path / name
+        return out, build(resolve(None, input=[str(f)], output=str(out), tokenizer=str(TOKENIZER), workers=1),
+                          progress=False).to_dict()
+
+    (a, ma), (b, mb) = run("online", False), run("offline", True)
+    assert ma["files"]["tokenizer"] == mb["files"]["tokenizer"]
+    for entry in ma["files"]["tokenizer"]:
+        assert (a / entry["file"]).read_bytes() == (b / entry["file"]).read_bytes(), entry["file"]
+    assert "local_files_only" not in json.loads((b / "tokenizer" / "tokenizer_config.json").read_text())
+
+
 def test_refuses_a_folder_it_does_not_own(tmp_path, write_jsonl):
     f = write_jsonl("in.jsonl", [{"text": "hello world"}])
     (tmp_path / "out").mkdir()

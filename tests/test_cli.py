@@ -65,7 +65,16 @@ def test_boolean_flags(run, tmp_path, write_jsonl):
         (["build", "-i", SAMPLE / "docs.jsonl", "--tokenizer", TOKENIZER, "--algorithm", "ffd", "--max-images", "2"], 2,
          "algorithm 'ffd' does not support max_media; use bfd or next-fit"),
         (["build", "-i", SAMPLE / "docs.jsonl", "--tokenizer", TOKENIZER, "--algorithm", "nope"], 2, "unknown algorithm 'nope'"),
-        (["build", "-i", SAMPLE / "docs.jsonl", "--tokenizer", "/no/such/tokenizer"], 1, "cannot load tokenizer '/no/such/tokenizer'"),
+        (["build", "-i", SAMPLE / "docs.jsonl", "--tokenizer", "/no/such/tokenizer"], 2,
+         "cannot load tokenizer '/no/such/tokenizer': no such folder, and not a hub id"),
+        (["build", "-i", SAMPLE / "docs.jsonl", "--tokenizer", SAMPLE / "docs.jsonl"], 2,
+         f"cannot load tokenizer '{SAMPLE / 'docs.jsonl'}': it is a file, not a folder"),
+        (["build", "-i", SAMPLE / "docs.jsonl", "--family", "qwen3vl", "--processor", "/no/such/processor"], 2,
+         "cannot load processor '/no/such/processor': no such folder, and not a hub id"),
+        (["build", "-i", SAMPLE / "docs.jsonl", "--family", "qwen3vl", "--processor", "no/such/processor"], 2,
+         "cannot load processor 'no/such/processor': no such folder under "),
+        (["build", "-i", SAMPLE / "docs.jsonl", "--family", "qwen3vl", "--processor", SAMPLE / "docs.jsonl"], 2,
+         f"cannot load processor '{SAMPLE / 'docs.jsonl'}': it is a file, not a folder"),
         (["build", "-i", SAMPLE / "llava.jsonl", "--tokenizer", TOKENIZER, "--strict"], 3, "llava.jsonl:98: missing_image"),
         (["repack", ".", "--max-length", "8192", "-o", "x"], 1, ". is not a finished packer build"),
         (["repack", ".", "--tokenizer", "t", "-o", "x"], 2, "No such option '--tokenizer'"),
@@ -79,6 +88,8 @@ def test_errors_and_exit_codes(args, code, message, tmp_path, monkeypatch):
     r = CliRunner().invoke(main, [str(a) for a in args])
     assert r.exit_code == code, r.output
     assert message in r.output
+    if message.startswith("cannot load"):  # a checkpoint that can be none is one line, never a traceback
+        assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1, r.output
 
 
 def test_help_is_fast_and_imports_nothing_heavy():

@@ -66,6 +66,29 @@ def test_a_media_batch_never_reaches_the_model_without_its_pixels(qwen3vl):
         PackedCollator(family=ds.family).check_build(ds, model)
 
 
+def test_a_relative_processor_is_recorded_absolute_and_for_build_finds_it_from_another_folder(qwen3vl, tmp_path,
+                                                                                              monkeypatch):
+    """``--processor checkpoint`` typed relative to the shell's folder is recorded as the folder it named (absolute,
+    as the media root is): the same manifest from any folder, and ``for_build`` loads it from the trainer's."""
+    ds, processor, model = qwen3vl
+    root = ds.out.parent
+
+    def build_from(cwd, name: str, out: str):
+        monkeypatch.chdir(cwd)
+        return build_family("qwen3vl", name, root / "records.jsonl", root / out)
+
+    here = build_from(root, "checkpoint", "out_here")
+    above = build_from(root.parent, f"{root.name}/checkpoint", "out_above")
+    assert here["config"]["processor"] == above["config"]["processor"] == str(root / "checkpoint")
+    assert here["files"]["packed"] == above["files"]["packed"]
+    monkeypatch.chdir(tmp_path)  # the trainer's folder: neither relative spelling names the checkpoint here
+    built = PackedDataset(root / "out_here")
+    collate = PackedCollator.for_build(built, model)
+    assert type(collate.media_step.image_processor).__name__ == type(processor.image_processor).__name__
+    batch = collate([built[i] for i in range(len(built))])
+    assert "pixel_values" in batch
+
+
 def test_a_family_processor_without_the_family_or_with_another_rope_is_refused(qwen3vl):
     ds, processor, _ = qwen3vl
     with pytest.raises(ValueError, match="processor Qwen3VLProcessor is family qwen3vl / qwen35's, but the collator has "

@@ -68,6 +68,13 @@ def run(tmp_path, monkeypatch, *args):
                                             r"\(image_patch_size=16\)"),
     ("qwen3vl", "video_max_frames=10000000", r"video_max_frames = 10,000,000 is out of bounds \(1 to 8,192"),
     ("qwen3vl", "image_min_pixels=9000,image_max_pixels=4000", r"image_min_pixels = 9,000 is over image_max_pixels = 4,000"),
+    ("qwen3vl", "video_min_frames=0,video_max_frames=0", r"qwen3vl.video_max_frames = 0 is under "
+                                                         r"video_temporal_patch_size = 2 \(.*every video would sample "
+                                                         r"none\); set max_frames >= 2: --processor-options "
+                                                         r"video_max_frames=VALUE"),
+    ("qwen3vl", "video_min_frames=10,video_max_frames=8", r"qwen3vl.video_min_frames = 10 is over video_max_frames = 8"),
+    ("qwen3vl", "video_num_frames=1", r"qwen3vl.video_num_frames = 1 is under video_temporal_patch_size = 2"),
+    ("qwen3omni", "video_max_frames=1", r"qwen3omni.video_max_frames = 1 is under video_temporal_patch_size = 2"),
     ("qwen3omni", "hop_length=0", r"qwen3omni.hop_length = 0 is out of bounds \(1 to 65,536"),
     ("qwen3omni", "max_video_tokens=1000000000", r"max_video_tokens = 1,000,000,000 is out of bounds"),
     ("gemma4", "audio_max_length=100000000000000", r"gemma4.audio_max_length = 100,000,000,000,000 is out of bounds"),
@@ -97,6 +104,21 @@ def test_a_bad_checkpoint_setting_is_a_configuration_error(tmp_path, monkeypatch
     assert re.search(words, " ".join(output.split())), output
 
 
+def test_a_checkpoint_whose_video_sampling_keeps_no_frame_is_a_configuration_error(tmp_path, monkeypatch):
+    """``max_frames = 0, min_frames = 0`` in a Qwen3-VL checkpoint's video processor: refused before any record is read
+    (it was each video's "0 sampled frames", or a division by zero with cap_pixels_per_frame: a packer bug)."""
+    import shutil
+
+    ck = tmp_path / "ck"
+    shutil.copytree(ROOT / "sample_data" / "processors" / "qwen3vl", ck)
+    config = json.loads((ck / "processor_config.json").read_text())
+    config["video_processor"].update(max_frames=0, min_frames=0, cap_pixels_per_frame=True)
+    (ck / "processor_config.json").write_text(json.dumps(config))
+    output = run(tmp_path, monkeypatch, "--family", "qwen3vl", "--processor", str(ck))
+    assert re.search(r"qwen3vl.video_max_frames = 0 is under video_temporal_patch_size = 2 .* --processor-options "
+                     r"video_max_frames=VALUE \(or the checkpoint's processor config\)", " ".join(output.split())), output
+
+
 @pytest.mark.parametrize("flag, spec, words", [
     ("--image-tokens", "dynamic:min_pixels=1000000000000", r"dynamic.min_pixels = 1,000,000,000,000 is out of bounds .* "
                                                           r"--image-tokens / --audio-tokens / --video-tokens"),
@@ -104,6 +126,8 @@ def test_a_bad_checkpoint_setting_is_a_configuration_error(tmp_path, monkeypatch
     ("--image-tokens", "fixed:patch_size=0", r"fixed.patch_size = 0 is out of bounds"),
     ("--audio-tokens", "rate:per_second=inf", r"rate.per_second = inf is not a finite number"),
     ("--audio-tokens", "whisper:window_seconds=0", r"whisper.window_seconds = 0 is out of bounds"),
+    ("--video-tokens", "qwen2vl:min_frames=0,max_frames=0", r"qwen2vl.max_frames = 0 is under temporal_patch_size = 2"),
+    ("--video-tokens", "qwen2vl:min_frames=9,max_frames=8", r"qwen2vl.min_frames = 9 is over max_frames = 8"),
 ])
 def test_a_bad_policy_setting_is_a_configuration_error(tmp_path, monkeypatch, flag, spec, words):
     output = run(tmp_path, monkeypatch, "--image-token", "<|image_pad|>", flag, spec)

@@ -220,6 +220,10 @@ def test_a_store_without_credentials_is_one_line_naming_the_url_and_the_fix(no_c
     assert "gcsfs" in r.output or "GOOGLE_APPLICATION_CREDENTIALS" in r.output
     r = cli("inspect", "s3://builds/nocred")  # reading a build: the same line, not "is not a finished packer build"
     assert r.exit_code == 2 and "build s3://builds/nocred/manifest.json: cannot reach it (NoCredentialsError" in r.output
+    r = cli("verify", "s3://builds/nocred")  # the same one line naming the cause, not "1 problem(s)" about the build
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith("packer: error: build s3://builds/nocred/manifest.json: cannot reach it "
+                               "(NoCredentialsError") and len(r.output.strip().splitlines()) == 1, r.output
 
 
 def test_a_memory_output_is_refused_it_would_be_gone_when_packer_exits(tmp_path):

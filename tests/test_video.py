@@ -343,8 +343,9 @@ def frame_list(tmp_path_factory):
 def test_frame_list_counts_equal_the_processor(frame_list, stated_fps, spec, n):
     """A list of frame images with its ``fps`` is counted as the processor counts those frames handed with that fps in
     their metadata: it samples them as it samples a decoded file (6 frames at 3 fps keep 4, t = 2, where
-    packer once took all 6, t = 3). A list without a rate: taken whole with sample=false (as sampled at the policy's
-    rate), by count with num_frames, refused where the processor samples by fps -- it refuses too."""
+    packer once took all 6, t = 3). A list without a rate: by count with num_frames; else taken whole, timed at the
+    policy's rate -- what qwen-vl-utils / ms-swift hand the processor for such a list (every frame,
+    do_sample_frames=False, the pipeline's fps), since the processor cannot sample frames without a rate."""
     from packer.media.load import load_image
 
     paths, _ = frame_list
@@ -353,21 +354,77 @@ def test_frame_list_counts_equal_the_processor(frame_list, stated_fps, spec, n):
     pil = [load_image(p) for p in paths]
     sampling = {"do_sample_frames": policy.sample, **(hf_sampling(policy) if policy.sample else {})}
     if policy.sample and not policy.num_frames and not stated_fps:
-        with pytest.raises(BadRecord, match=f"state no frame rate, and the processor samples {policy.fps:g} frames a second") as e:
-            count_frames(paths, policy, fps=stated_fps)
-        assert e.value.reason == "unsupported_video"
-        with pytest.raises(ValueError, match="no video metadata"):
+        with pytest.raises(ValueError, match="no video metadata"):  # nothing to sample such a list by
             hf_qwen25([pil], [{"total_num_frames": n}], policy, **sampling)
-        return
+        sampling = {"do_sample_frames": False}  # qwen-vl-utils: every frame, at the pipeline's fps
     info, count = count_frames(paths, policy, fps=stated_fps)
     assert (info.frames, info.height, info.width) == (n, 50, 90)
     rate = stated_fps or policy.fps  # none stated (sample=false / num_frames): as sampled at the policy's rate
     hf = hf_qwen25([pil], [{"total_num_frames": n, "fps": rate}], policy, **sampling)
     assert_same(count, hf, policy)
-    if not policy.sample:
-        assert count.grid[0] == -(-n // 2)  # every frame, the odd one padded
+    if not policy.sample or not (stated_fps or policy.num_frames):
+        assert count.grid[0] == -(-n // 2) and count.frames == n  # every frame, the odd one padded
+    if not policy.num_frames and not stated_fps:  # timed at the pipeline's rate
+        assert count.second_per_grid_t == policy.temporal_patch_size / policy.fps
     if (spec, n, stated_fps) == ("qwen2vl", 6, 3.0):  # the held-out case
         assert count.grid[0] == 2 and count.frames == 4
+
+
+@pytest.fixture(scope="module")
+def no_fps_build(frame_list, tmp_path_factory):
+    """pipelines/qwen2vl_video.toml (files sampled at 2 fps) over one record whose video is 5 frame images with no
+    ``fps``: (the build, its policy, the HF processor's (grid, rows, second_per_grid_t) for those frames handed with
+    do_sample_frames=False at the pipeline's fps -- what qwen-vl-utils / ms-swift give it for such a list)."""
+    import json
+
+    from conftest import ROOT
+    from packer.build import build
+    from packer.config import resolve
+    from packer.media.load import load_image
+
+    tmp = tmp_path_factory.mktemp("no_fps")
+    paths = frame_list[0][:5]
+    record = {"id": "no-fps", "messages": [{"role": "user", "content": [{"type": "video", "video": paths},
+                                                                        {"type": "text", "text": "What moves?"}]},
+                                           {"role": "assistant", "content": "A gradient."}]}
+    (tmp / "in.jsonl").write_text(json.dumps(record) + "\n")
+    config = resolve(ROOT / "pipelines" / "qwen2vl_video.toml", input=[str(tmp / "in.jsonl")], output=str(tmp / "out"),
+                     allow_outside_media_root=True)  # the frames: the fixture's folder
+    manifest = build(config, progress=False)
+    policy = parse_policy(config.video_tokens, "video")
+    hf = hf_qwen25([[load_image(p) for p in paths]], [{"total_num_frames": 5, "fps": policy.fps}], policy,
+                   do_sample_frames=False)
+    return tmp / "out", manifest, policy, hf
+
+
+def test_a_frame_list_without_fps_is_built_whole_at_the_pipelines_fps(no_fps_build):
+    """It was quarantined as unsupported_video: now every frame (5: t = 3, the odd one padded), timed at the
+    pipeline's 2 fps (the span's second_per_grid_t 2 / 2 = 1.0, Qwen2.5-VL's second_per_grid_ts), ids as the HF
+    processor gives those frames."""
+    import json
+
+    from packer.loader import PackedDataset
+
+    out, manifest, policy, ((t, h, w), _, seconds) = no_fps_build
+    assert manifest.accounting.quarantined == 0 and manifest.accounting.samples_packed == 1
+    (span,) = [m for m in PackedDataset(out)[0]["media"] if m["kind"] == "video"]
+    merge = policy.merge_size
+    assert (t, span["llm_grid"]) == (3, [t, h // merge, w // merge]) and span["length"] == t * h * w // merge**2
+    assert span["second_per_grid_t"] == seconds == 1.0
+    assert json.loads(span["ref"])["fps"] == 0  # the record states none: the rule decides, no guessed rate is stored
+
+
+def test_a_frame_list_without_fps_is_loaded_as_counted(no_fps_build):
+    """The loader's media step hands the processor the same frames (every one): its count check against the span
+    passes and the grid is the processor's."""
+    from mm_models import qwen2vl_processor
+
+    from packer.loader import PackedCollator, PackedDataset
+
+    out, _, _, ((t, h, w), _, _) = no_fps_build
+    ds = PackedDataset(out)
+    batch = PackedCollator(attention="sdpa", rope="mrope", processor=qwen2vl_processor(ds.tokenizer()))([ds[0]])
+    assert batch["video_grid_thw"].tolist() == [[t, h, w]]
 
 
 def test_bad_frame_lists(frame_list, tmp_path):

@@ -82,6 +82,10 @@ def _reraise(e: Exception) -> BadRecord:
     raise e
 
 
+LOAD_ONLY_KWARGS = ("local_files_only", "is_local")  # how this copy was loaded (HF_HUB_OFFLINE=1 sets the first):
+#   from_pretrained sets both anew on every load, so they say nothing of the tokenizer
+
+
 @dataclass(frozen=True)
 class EncoderSpec:
     """What a worker needs to build its :class:`Encoder`: the build config, the folder stored media refs
@@ -204,14 +208,15 @@ class Encoder:
 
     def shipped_tokenizer(self):
         """The tokenizer with exactly the chat template the build renders with (a --chat-template file's or a named
-        one's text as its only template), as ``OUT/tokenizer`` ships it, so it renders what the shards hold."""
-        tok = self.tok
-        if self.renderer is None or tok.chat_template == self.renderer.source:
-            return tok
+        one's text as its only template), as ``OUT/tokenizer`` ships it, so it renders what the shards hold; without
+        the init kwargs that only say how it was loaded (:data:`LOAD_ONLY_KWARGS`), so ``OUT/tokenizer`` (and the
+        hash of it) is the same whether the build ran with HF_HUB_OFFLINE or not, from a folder or a hub id."""
         import copy
 
-        tok = copy.copy(tok)  # shallow: the encoder's tokenizer keeps its own templates
-        tok.chat_template = self.renderer.source
+        tok = copy.copy(self.tok)  # shallow: the encoder's tokenizer keeps its own templates and init kwargs
+        tok.init_kwargs = {k: v for k, v in tok.init_kwargs.items() if k not in LOAD_ONLY_KWARGS}
+        if self.renderer is not None and tok.chat_template != self.renderer.source:
+            tok.chat_template = self.renderer.source
         return tok
 
     def fingerprint(self) -> dict:

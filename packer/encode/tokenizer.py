@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.errors import PackerError
-from packer.io.pretrained import load_pretrained
+from packer.io.pretrained import check_name, load_pretrained
 
 HUB_TIMEOUT_S = 5.0  # the one reachability check before a hub download
 _GENERIC = {"TokenizersBackend", "PreTrainedTokenizer", "PythonBackend"}  # after removesuffix("Fast")
@@ -90,13 +90,7 @@ def _cannot(name: str, why: object) -> PackerError:
 
 def _load_hub(name: str) -> Any:
     """A hub name: the local hub cache first, then (reachable hub only) a download."""
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
-        raise _cannot(name, "no such folder (and not a hub name)") from None
+    check_name(name, "tokenizer")  # a file, or a path that is no folder and no hub id: a configuration error
     cached = _files_in_cache(name)
     if cached("tokenizer_config.json") or cached("tokenizer.json"):
         try:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.errors import ConfigError
+from packer.io.pretrained import check_name
 
 FILES = ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json")
 SUBPROCESSORS = ("image_processor", "video_processor", "feature_extractor")
@@ -58,6 +59,7 @@ def read_checkpoint(name_or_path: str) -> Checkpoint:
     """The processor settings stored at ``name_or_path`` (see the module docstring)."""
     if not name_or_path:
         return Checkpoint()
+    check_name(name_or_path, "processor")
     found = _find_files(name_or_path)
     if not found:
         raise ConfigError(f"processor {name_or_path!r}: no {', '.join(FILES)} there (a folder written by "
@@ -113,6 +115,7 @@ def family_checkpoint(family: str, processor: str, kinds: tuple[str, ...]) -> Ch
                           f"--processor PATH_OR_ID (e.g. the model's hub id), or `processor = ...` in the pipeline")
     from packer.io.pretrained import declared_remote_code, remote_code_error
 
+    check_name(processor, "processor")
     why = declared_remote_code(processor, "processor")
     if why:
         raise remote_code_error("processor", processor, why)

@@ -67,7 +67,7 @@ def policy_count(policy: Any, kind: str, info: Any, part: Any) -> Count:
     """``policy``'s count of a probed item; what the policy refuses is ``unsupported_<kind>``, a clip that
     gives no position ``audio_too_short``. A video given as frame images is counted as a file of those frames
     at the record's ``fps`` (the HF video processors sample a list of frames handed with its rate as they sample
-    a file); one that states no rate is refused where the policy samples by fps."""
+    a file); one that states no rate is taken whole, timed at the policy's fps (qwen-vl-utils' convention)."""
     try:
         if kind == "image":
             return policy.count(info.height, info.width)

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from packer.errors import ConfigError
@@ -67,7 +69,6 @@ def declared_remote_code(name: str, what: str) -> str:
 def _read(name: str) -> dict[str, dict]:
     """The checkpoint's JSON files that are on this machine (a folder's, or a hub id's in the local cache)."""
     import json
-    from pathlib import Path
 
     folder = Path(name).expanduser()
     paths: dict[str, str] = {}
@@ -92,6 +93,31 @@ def _read(name: str) -> dict[str, dict]:
         if isinstance(content, dict):
             found[filename] = content
     return found
+
+
+def check_name(name: str, what: str) -> None:
+    """Refuse (:class:`ConfigError`, exit 2) a ``--processor`` / ``--tokenizer`` value that can name nothing to load:
+    a file (a checkpoint is a folder), or a path that is no folder here and cannot be a hub id either (``/abs/path``,
+    ``a/b/c``, ``./x``). Left to transformers, huggingface_hub's repo-id check raised ``HFValidationError`` from deep
+    inside the load (a traceback, exit 1). A valid hub id that is no folder here passes: the hub (or its cache) says."""
+    if not name or "://" in name:
+        return
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return
+    fix = (f"pass the folder the {what}'s files are in (written by save_pretrained), or a hub id such as "
+           f"Qwen/Qwen3-VL-8B-Instruct")
+    if path.exists():
+        raise ConfigError(f"cannot load {what} {name!r}: it is a file, not a folder; {fix}")
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        where = "" if path.is_absolute() else f" under {os.getcwd()}"
+        raise ConfigError(f"cannot load {what} {name!r}: no such folder{where}, and not a hub id (namespace/name); "
+                          f"{fix}") from None
 
 
 def needs_remote_code(error: BaseException) -> bool:
@@ -121,7 +147,9 @@ def no_stdin() -> Iterator[None]:
 
 def load_pretrained(cls: Any, name: str, what: str = "checkpoint", **kwargs: Any) -> Any:
     """``cls.from_pretrained(name, trust_remote_code=False, **kwargs)`` with standard input detached; a checkpoint that
-    needs its own code raises :class:`ConfigError`. Other errors pass through unchanged (the caller words them)."""
+    needs its own code, or a name that can be no checkpoint (:func:`check_name`), raises :class:`ConfigError`. Other
+    errors pass through unchanged (the caller words them)."""
+    check_name(name, what)
     why = declared_remote_code(name, what)
     if why:
         raise remote_code_error(what, name, why)
@@ -139,4 +167,4 @@ def load_pretrained(cls: Any, name: str, what: str = "checkpoint", **kwargs: Any
     return loaded
 
 
-__all__ = ["declared_remote_code", "load_pretrained", "needs_remote_code", "no_stdin", "remote_code_error"]
+__all__ = ["check_name", "declared_remote_code", "load_pretrained", "needs_remote_code", "no_stdin", "remote_code_error"]

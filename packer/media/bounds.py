@@ -96,6 +96,30 @@ def check(settings: Any, what: str, *, fix: str = "--processor-options NAME=VALU
         if low is not None and high is not None and low > high:
             raise ConfigError(f"{what}.{prefix}min_pixels = {low:,} is over {prefix}max_pixels = {high:,}; set "
                               f"min_pixels <= max_pixels: {fix.replace('NAME', prefix + 'min_pixels')}")
+    _check_frames(settings, what, fix)
+
+
+def _check_frames(settings: Any, what: str, fix: str) -> None:
+    """Frame counts that sample no video: the Qwen video processors keep a multiple of temporal_patch_size frames
+    (at least one group), at most max_frames, at least min_frames; ``max_frames = 0`` (0 is "unset" for num_frames
+    and min_frames alone) or ``min_frames > max_frames`` would leave every video of the build with no frame."""
+    for prefix in ("", "video_"):
+        group = getattr(settings, f"{prefix}temporal_patch_size", None)
+        low, high = getattr(settings, f"{prefix}min_frames", None), getattr(settings, f"{prefix}max_frames", None)
+        fixed = getattr(settings, f"{prefix}num_frames", None)
+        if group is None or high is None:
+            continue
+        if high < group:
+            raise ConfigError(f"{what}.{prefix}max_frames = {high:,} is under {prefix}temporal_patch_size = {group} (the "
+                              f"processor keeps whole groups of {group} frames: every video would sample none); set "
+                              f"max_frames >= {group}: {fix.replace('NAME', prefix + 'max_frames')}")
+        if low is not None and low > high:
+            raise ConfigError(f"{what}.{prefix}min_frames = {low:,} is over {prefix}max_frames = {high:,}; set "
+                              f"min_frames <= max_frames: {fix.replace('NAME', prefix + 'min_frames')}")
+        if fixed and fixed < group:
+            raise ConfigError(f"{what}.{prefix}num_frames = {fixed:,} is under {prefix}temporal_patch_size = {group} (the "
+                              f"processor keeps whole groups of {group} frames); set num_frames >= {group}, or 0 to "
+                              f"sample by fps: {fix.replace('NAME', prefix + 'num_frames')}")
 
 
 def table() -> str:

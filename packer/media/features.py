@@ -61,6 +61,9 @@ class WhisperFeatures:
             from transformers import WhisperFeatureExtractor
         except ImportError:
             raise PackerError("--audio-features whisper needs transformers: pip install transformers") from None
+        from packer.media.deps import require
+
+        require("soxr")  # the clips are resampled to 16 kHz: refused before any record is read, not at the first clip
         self.spec = spec
         self.extractor = WhisperFeatureExtractor(feature_size=spec.feature_size, sampling_rate=SAMPLING_RATE,
                                                  hop_length=HOP_LENGTH, n_fft=N_FFT, chunk_length=CHUNK_SECONDS)

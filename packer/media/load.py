@@ -67,10 +67,9 @@ def load_audio(path: str, sampling_rate: int, max_seconds: float | None = None) 
         wave = f.read(frames, dtype="float32", always_2d=True).T
     wave = wave.mean(axis=0) if wave.shape[0] > 1 else wave[0]
     if source_rate != sampling_rate:
-        try:
-            import soxr
-        except ImportError:
-            raise ImportError("resampling audio needs soxr: pip install soxr") from None
+        from packer.media.deps import require
+
+        soxr = require("soxr")  # missing: a ConfigError naming the install line
         n = math.ceil(wave.shape[-1] * sampling_rate / source_rate)
         wave = soxr.resample(wave, source_rate, sampling_rate, quality="soxr_hq")
         wave = np.pad(wave, (0, max(0, n - len(wave))))[:n]

@@ -310,12 +310,13 @@ class Qwen2VLVideo:
     ``fps`` is the video's frame rate. A list of frame images is a video of those frames at the
     rate the record states: sampled exactly as a file (the processor samples a list of frames handed
     with ``video_metadata={"total_num_frames": n, "fps": fps}`` as it samples a decoded file: 6
-    frames at 3 fps keep 4, t = 2). A list that states no rate (``fps`` 0) is refused under sampling
-    by fps (the processor raises: it needs the rate), and taken whole, as sampled at the policy's
-    ``fps``, with ``sample=false`` or ``num_frames``. Pure arithmetic: no transformers import.
+    frames at 3 fps keep 4, t = 2). A list that states no rate (``fps`` 0) is taken whole, every frame
+    (an odd count padded by the processor), timed as sampled at the policy's ``fps``: what
+    qwen-vl-utils and ms-swift hand the processor for such a list (``do_sample_frames=False``, the
+    list's frames, ``fps`` the pipeline's), since there is no rate to sample it by; ``num_frames``
+    still samples it by count. Pure arithmetic: no transformers import.
     ``ValueError`` where the processor cannot take the video (a 1-frame clip samples 0 frames;
-    an aspect ratio over 200; frames without a rate to sample by): the counter quarantines it as
-    ``unsupported_video``."""
+    an aspect ratio over 200): the counter quarantines it as ``unsupported_video``."""
 
     name: ClassVar[str] = "qwen2vl"
     fps: float = 2.0
@@ -350,9 +351,7 @@ class Qwen2VLVideo:
             n = round(self.num_frames / tps) * tps
         else:
             if not fps:
-                raise ValueError(f"the {frames} frames state no frame rate, and the processor samples {self.fps:g} frames "
-                                 f"a second (it refuses frames without one): give the record's frame list its fps, or "
-                                 f"sample=false / num_frames=N if the training call takes every frame / N frames")
+                raise ValueError(f"the {frames} frames state no frame rate to sample {self.fps:g} frames a second by")
             top = math.floor(min(self.max_frames, frames) / tps) * tps
             n = min(max(frames / fps * self.fps, self.min_frames), top, frames)
             n = math.floor(n / tps) * tps
@@ -367,8 +366,9 @@ class Qwen2VLVideo:
         """The processor's ``sample_frames``: ``torch.arange(0, frames, frames / n).int()`` (a float32
         arange: values in double, rounded to float32, truncated), every frame with ``sample=false``.
         Where that arange holds n + 1 values its last one can round up to ``frames``, one past the
-        last frame (17 frames, n = 14: ..., 15, 17)."""
-        if not self.sample:
+        last frame (17 frames, n = 14: ..., 15, 17). A frame list that states no rate (``fps`` 0): every frame,
+        unless ``num_frames`` samples it by count (see the class docstring)."""
+        if not self.sample or not (fps or self.num_frames):
             return list(range(frames))
         import numpy as np
 
@@ -396,7 +396,7 @@ class Qwen2VLVideo:
         if frames < 1:
             raise ValueError("the video holds no frames")
         sampled = self.sample_indices(frames, fps)
-        fps = fps or self.fps  # frames that state no rate, taken whole: as sampled at the policy's rate
+        fps = fps or self.fps  # frames that state no rate: timed as sampled at the policy's rate
         n = sum(1 for i in sampled if i < frames)
         h, w = self.resize(n, height, width)
         factor = self.patch_size * self.merge_size

@@ -46,8 +46,8 @@ last frame: the count stays the counted one.
 A video may also be a list of frame images (:func:`probe_frames`, :func:`load_frames`): each frame
 probed as an image (EXIF applied), all of one size; a video of those frames at the rate the record
 states, sampled as a file at that rate would be (what the HF video processor does with the frames
-and that ``fps`` in their metadata). A list that states no rate is taken whole where the policy does
-not sample by fps, refused where it does (the processor refuses it too).
+and that ``fps`` in their metadata). A list that states no rate is taken whole, every frame, timed at
+the policy's fps (what qwen-vl-utils and ms-swift hand the processor for such a list).
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packer.errors import BadRecord
+from packer.errors import BadRecord, PackerError
 from packer.io import fs
+from packer.media.deps import require
 from packer.media.limits import MAX_VIDEO_FRAMES, check_frame_rate, check_frame_size, check_video
 
 VIDEO_CHECKS = ("header", "decode")  # "verify": an older name of "header", still accepted
@@ -77,7 +78,7 @@ class VideoInfo:
 
 
 def _open(path: str):
-    import av
+    av = require("av")  # missing: a ConfigError that stops the build, never a record's corrupt_video
 
     if fs.is_url(path):
         return av.open(fs.open_binary(path), metadata_errors="ignore")
@@ -108,7 +109,7 @@ def probe_video(path: str, check: str = "header") -> VideoInfo:
         container = _open(path)
     except FileNotFoundError:
         raise BadRecord("missing_video", f"video file {path!r} not found") from None
-    except MemoryError:
+    except (MemoryError, PackerError):  # PackerError: PyAV is not installed (the build's, not the file's)
         raise
     except Exception as e:  # noqa: BLE001 -- av.error.InvalidDataError, EOFError (header only), OSError, ...
         raise BadRecord("corrupt_video", f"{path!r} is not a video FFmpeg can read ({type(e).__name__}: {e}); "
@@ -231,7 +232,7 @@ def count_video(path: str, policy, check: str = "header"):
 def count_frames(paths: Sequence[str], policy, fps: float = 0.0, image_check: str = "verify"):
     """:func:`count_video` for a list of frame images at the stated ``fps`` (0: none stated): counted as the policy
     counts a file of those frames at that rate -- the HF video processors sample a list of frames handed with its
-    ``fps`` as they sample a decoded file. Frames that state no rate cannot be sampled by fps (``unsupported_video``)."""
+    ``fps`` as they sample a decoded file. Frames that state no rate are taken whole, timed at the policy's fps."""
     info = probe_frames(paths, fps, image_check)
     return info, _count(policy, info, f"the {len(paths)}-frame list starting {paths[0]!r}")
 
@@ -250,7 +251,7 @@ def _count(policy, info: VideoInfo, what: str):
 def load_video(path: str, indices: Sequence[int] | None = None, *, threads: int = 0) -> np.ndarray:
     """Upright RGB frames ``[T, H, W, 3]`` uint8 of the video at ``path``: the frames at decode
     ``indices`` (all when None), rotation applied. See the module doc for the convention."""
-    import av
+    av = require("av")
 
     with _open(path) as container:
         stream = _video_stream(container, path)
@@ -295,7 +296,8 @@ def video_metadata(info: VideoInfo, policy) -> dict:
     """The ``video_metadata`` to pass the HF processor beside the frames loaded with
     ``policy.frame_indices`` (``VideoMetadata(**d)``), so that Qwen2.5-VL's ``second_per_grid_ts``
     is the counted one: the processor's own sampled indices, at the video's rate (a frame list that
-    states none: the policy's fps)."""
+    states none: every frame, timed at the policy's fps)."""
     rate = info.fps or policy.fps
     return {"total_num_frames": info.frames, "fps": rate, "width": info.width, "height": info.height,
-            "duration": info.frames / rate, "video_backend": "pyav", "frames_indices": policy.sample_indices(info.frames, rate)}
+            "duration": info.frames / rate, "video_backend": "pyav",
+            "frames_indices": policy.sample_indices(info.frames, info.fps)}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from packer.errors import BadRecord
+from packer.errors import BadRecord, PackerError
 from packer.media.load import MediaLoadError
 
 
@@ -72,7 +72,7 @@ def open_media(load, span: dict[str, Any], *args):
         return load(path, *args)
     except FileNotFoundError:
         missing(span, path)
-    except MemoryError:
+    except (MemoryError, PackerError):  # PackerError: a missing optional package (PyAV, soxr), not the file
         raise
     except Exception as e:  # noqa: BLE001 -- every load error names its file (PIL's truncated-image error names none)
         raise MediaLoadError(span["kind"], path, span["ref"], e) from e
