@@ -56,7 +56,7 @@ from packer.stages.planning import (
     row_keys,
 )
 from packer.stages.sources import quarantined_by_file, source_accounts
-from packer.stages.state import BuildLock, code_identity, fingerprint, open_state
+from packer.stages.state import INTERRUPTED, BuildLock, code_identity, fingerprint, open_state
 
 SMALL_INPUT_BYTES = 16 * 2**20
 
@@ -127,14 +127,14 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
         try:
             tokenizer = driver.encoder.fingerprint()  # hashes the serialized tokenizer: once
             try:
-                open_state(out, fingerprint(files, config.content_dict(), tokenizer, media_root, spec.cost_model),
-                           overwrite=config.overwrite)
+                earlier = open_state(out, fingerprint(files, config.content_dict(), tokenizer, media_root, spec.cost_model),
+                                     overwrite=config.overwrite)
             except ConfigError:
                 lock.release(discard=True)  # refused: no lock file left in a folder that holds no build of ours
                 raise
             set_durable(config.durable)  # this process; the stages' worker setups get it too
             warn_sample_tokenizer(config, files)  # once the build is under way (a refused one says only why)
-            encoded = encode_inputs(out, files, tasks, counts, setup_args, driver, engine, progress)
+            encoded = encode_inputs(out, files, tasks, counts, setup_args, driver, engine, progress, earlier=earlier)
             encoded.input_sources = [k for _, k in inputs]
             encoded.cost_model = spec.cost_model
             warn_no_encoder(out, driver.encoder.family.kinds, encoded)
@@ -143,7 +143,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
             tokenizer_files = save_tokenizer(used_tokenizer(driver.encoder), out)
             media_index = write_media_index(out, encoded.media)  # the workers looked the files up
             sections = media_passes(out, config, encoded, embedder, extractor, progress, engine, media_root)
-            return plan_and_pack(out, config, encoded, tokenizer, engine, progress, media_root=media_root,
+            return plan_and_pack(out, config, encoded, tokenizer, engine, progress, media_root=media_root, earlier=earlier,
                                  sections=sections, tokenizer_files=tokenizer_files, media_index=media_index)
         finally:
             if frozen:
@@ -402,16 +402,17 @@ def repack(source: str | Path, *, progress: bool = True, **overrides: Any) -> Ma
         except (OSError, ValueError, KeyError, TypeError):
             own = False
         try:
-            open_state(out, fp, overwrite=config.overwrite or own)  # our own earlier repack of this source: replaced
+            earlier = open_state(out, fp, overwrite=config.overwrite or own)  # our own earlier repack of this source: replaced
         except ConfigError:
             lock.release(discard=True)
             raise
-        return _repack_into(out, source, manifest, config, progress)
+        return _repack_into(out, source, manifest, config, progress, earlier)
     finally:
         lock.release()
 
 
-def _repack_into(out: Path, source: Path, manifest: Manifest, config: BuildConfig, progress: bool) -> Manifest:
+def _repack_into(out: Path, source: Path, manifest: Manifest, config: BuildConfig, progress: bool,
+                 earlier: str = INTERRUPTED) -> Manifest:
     for entry in [*manifest.files.samples, manifest.files.quarantine]:
         _link_or_copy(source / entry.file, out / entry.file, entry.sha256)
     for section in SECTIONS:  # embeddings and features do not depend on the plan: carried over
@@ -427,7 +428,8 @@ def _repack_into(out: Path, source: Path, manifest: Manifest, config: BuildConfi
                       cost_model=dict(manifest.stats.get("cost_model", {})))
     engine = get_engine(config.engine, config.workers or 1, address=config.ray_address, cpus_per_task=config.cpus_per_task)
     return plan_and_pack(out, config, encoded, manifest.tokenizer, engine, progress, media_root=manifest.media_root,
-                         sections=manifest.sections, tokenizer_files=manifest.files.tokenizer, media_index=manifest.files.media,
+                         earlier=earlier, sections=manifest.sections, tokenizer_files=manifest.files.tokenizer,
+                         media_index=manifest.files.media,
                          repacked_from={"path": str(source), "manifest_created_at": manifest.created_at})
 
 
@@ -468,9 +470,10 @@ def _check_plan_options(config: BuildConfig) -> None:
 
 
 def encode_inputs(out: Path, files: list[Path], tasks, counts: dict[str, int], setup_args: tuple, driver, engine,
-                  progress) -> Encoded:
+                  progress, *, earlier: str = INTERRUPTED) -> Encoded:
     """Stage 1: every input line becomes a sample or a quarantine entry (``tasks`` from
-    :func:`packer.stages.encode.make_tasks`, which fills ``counts``)."""
+    :func:`packer.stages.encode.make_tasks`, which fills ``counts``); ``earlier``: the run a resume reuses
+    finished tasks from (:func:`packer.stages.state.open_state`), named on the stage's line."""
     by_file = {str(f): FileAccount() for f in files}
     quarantined: Counter[str] = Counter()
     shards, columns, media = [], [], {}
@@ -493,7 +496,7 @@ def encode_inputs(out: Path, files: list[Path], tasks, counts: dict[str, int], s
             reused, n_tasks, cut = reused + res.reused, n_tasks + 1, cut + res.audio_truncated
             changed.update(res.content_changed or {})
             stage.advance(res.records, res.nbytes)
-    resumed = f"; {reused} of {n_tasks} tasks reused from the interrupted run" if reused else ""
+    resumed = f"; {reused} of {n_tasks} tasks reused from {earlier}" if reused else ""
     stage.done(f"{stage.count:,} records ({sum(quarantined.values()):,} quarantined){resumed}")
     quarantine = ShardEntry(qpath.name, sum(quarantined.values()), qpath.stat().st_size, sha256_file(qpath))
     return Encoded(list(by_file), shards, by_file, dict(quarantined), quarantine, counts.get("blank_lines", 0),
@@ -504,9 +507,10 @@ def encode_inputs(out: Path, files: list[Path], tasks, counts: dict[str, int], s
 def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any], engine, progress, *,
                   media_root: str = "", sections: dict[str, Any] | None = None,
                   repacked_from: dict[str, Any] | None = None, tokenizer_files: list[ShardEntry] | None = None,
-                  media_index: ShardEntry | None = None) -> Manifest:
+                  media_index: ShardEntry | None = None, earlier: str = INTERRUPTED) -> Manifest:
     """Stages 2-4 over the samples in ``out/samples``: planned from their columns (stage 1's results),
-    whole rows read only for the few samples that need them (over capacity, dropped)."""
+    whole rows read only for the few samples that need them (over capacity, dropped); ``earlier``: the run a
+    resume reuses finished shards from, named on the pack stage's line."""
     paths, shas = [out / e.file for e in encoded.sample_shards], [e.sha256 for e in encoded.sample_shards]
     rows = SampleRows(paths, [e.rows for e in encoded.sample_shards], shas)
     samples = encoded.columns if encoded.columns is not None else plan_columns(read_shards(paths, SAMPLE_SCHEMA, shas))
@@ -539,7 +543,7 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
         reused += res.reused
         stage.advance(res.shard.rows)
     stage.done(f"{p.n_bins:,} rows in {len(packed)} shard(s)"
-               + (f"; {reused} of {len(packed)} shards reused from the interrupted run" if reused else ""))
+               + (f"; {reused} of {len(packed)} shards reused from {earlier}" if reused else ""))
 
     by_file = {k: dataclasses.replace(v) for k, v in encoded.by_file.items()}
     _count_outcomes(by_file, encoded.inputs, samples, p, m)
