@@ -137,6 +137,39 @@ def test_accounting_per_source_adds_up_to_the_totals(grouped):
     assert "sources sharing rows" in html and "extra.jsonl" in html and "malformed_json 1" in html
 
 
+def test_the_report_counts_an_unpacked_row_as_the_collator_pads_it_not_as_a_full_row(grouped):
+    """A row of one sample by policy (packing = false) is computed at its batch's longest, as the collator pads it,
+    never at its capacity (which showed packing slower than padding); a packed row at its capacity."""
+    from packer.report import report
+
+    out, _ = grouped
+    rows = rows_by_source(out)
+    capacity = {"chat.jsonl": 1024, "extra.jsonl": 1024, "docs.jsonl": 2048}
+    unpacked = [n for files, n, _ in rows if files == ["llava.jsonl"]]
+    packed = sum(capacity[files[0]] for files, _, _ in rows if files != ["llava.jsonl"])
+    r = report(out)
+    computed = r["batching"]["packed"]["computed"] - packed  # the unpacked rows' share
+    assert sum(unpacked) <= computed <= len(unpacked) * max(unpacked) < len(unpacked) * 4096
+    assert r["fill"] == r["tokens"] / (packed + len(unpacked) * 4096)  # fill stays against each row's capacity
+
+
+def test_a_build_that_packs_nothing_shows_no_speed_up_and_no_padding_saved(tmp_path):
+    """Every source packing = false: each row is a sample, batches padded to their longest exactly as the
+    padded baseline's (same seed, same order), so packing's speed-up is 1.00x and it saves nothing."""
+    from packer.report import report
+    from packer.report.html import headline
+
+    chat = SAMPLE / "chat.jsonl"
+    config = pipeline(tmp_path, f'[[sources]]\ninput = "{chat}"\npacking = false\n', max_bad_fraction=1.0)
+    build(config, progress=False)
+    r = report(tmp_path / "out")
+    b, saved = r["batching"], r["padding"]["saved_by_packing"]["padded_random"]
+    assert b["packed"]["computed"] == b["padded_random"]["computed"] < r["rows"] * 4096
+    assert b["speedup_vs_padded_random"] == 1.0 and saved["tokens"] == 0
+    cards = {key: value for key, _, value, _ in headline(r)}
+    assert cards["speedup"] == "1.00x"
+
+
 def test_verify_holds_each_row_to_its_sources_policy(grouped, tmp_path):
     import shutil
 
