@@ -46,8 +46,11 @@ from packer.stages import encode, materialize
 from packer.stages.manifest import FileAccount, accounting
 from packer.stages.media_files import write_media_index
 from packer.stages.planning import (
+    CAP_FIELDS,
     SampleRows,
+    media_counts,
     modality_codes,
+    own_caps,
     plan_columns,
     plan_sources,
     plan_table,
@@ -549,12 +552,13 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     _count_outcomes(by_file, encoded.inputs, samples, p, m)
     quarantine = out / encoded.quarantine.file if encoded.quarantine is not None else None
     sources = source_accounts(config, encoded.inputs, encoded.input_sources, by_file, _file_of_sample(samples), p,
-                              quarantined_by_file(quarantine))
+                              quarantined_by_file(quarantine), media_counts(samples), preference_responses(samples).sample)
     manifest = Manifest(
         config=config.content_dict(), tokenizer=tokenizer, inputs=encoded.inputs, media_root=media_root,
         input_sources=list(encoded.input_sources),
         files=Files(samples=encoded.sample_shards, packed=packed, plan=plan_entry, quarantine=encoded.quarantine,
-                    dropped=write_dropped(out, rows, p), tokenizer=list(tokenizer_files or []), media=media_index),
+                    dropped=write_dropped(out, rows, p, file_caps(config, encoded)), tokenizer=list(tokenizer_files or []),
+                    media=media_index),
         accounting=accounting(by_file, encoded.quarantined, dropped, encoded.blank_lines),
         stats={**_stats(config, samples, p), **_row_lengths(config, p), "audio_truncated": encoded.audio_truncated,
                "content_changed": encoded.content_changed, "cost_model": encoded.cost_model, "sources": sources},
@@ -592,19 +596,42 @@ def file_entry(out: Path, name: str) -> ShardEntry:
     return ShardEntry(name, 0, path.stat().st_size, sha256_file(path))
 
 
-def write_dropped(out: Path, rows: SampleRows, p: Plan) -> ShardEntry:
-    """``dropped.jsonl``: every sample the plan dropped, with its file, line, id and reason."""
+def write_dropped(out: Path, rows: SampleRows, p: Plan, caps: list[dict[str, int]] | None = None) -> ShardEntry:
+    """``dropped.jsonl``: every sample the plan dropped, with its file, line, id and reason; the detail of an
+    ``over_media_cap`` drop gives its media against the caps of its input file (``caps``: :func:`file_caps`)."""
     path = out / "dropped.jsonl"
     n = 0
     with atomic_open(path, "w") as f:
         for reason, indices in sorted(p.dropped.items()):
             if not len(indices):
                 continue
-            for r in rows(np.sort(indices), ["source_file", "source_line", "key", "length"]).to_pylist():
+            columns = ["source_file", "source_line", "key", "length", "source_index", "media"]
+            for r in rows(np.sort(indices), columns).to_pylist():
+                detail = f"{r['length']:,} tokens"
+                if reason == "over_media_cap" and caps is not None:
+                    detail = f"{over_caps(r['media'], caps[r['source_index']])}; {detail}"
                 f.write(json.dumps({"file": r["source_file"], "line": r["source_line"], "id": r["key"], "reason": reason,
-                                    "detail": f"{r['length']:,} tokens"}, ensure_ascii=False, sort_keys=True) + "\n")
+                                    "detail": detail}, ensure_ascii=False, sort_keys=True) + "\n")
                 n += 1
     return ShardEntry(path.name, n, path.stat().st_size, sha256_file(path))
+
+
+def file_caps(config: BuildConfig, encoded: Encoded) -> list[dict[str, int]]:
+    """Per input file, the media caps its samples were planned with (its source's own, else the build's)."""
+    sources = config.sources()
+    return [own_caps(config, sources[k].options())[1] for k in (encoded.input_sources or [0] * len(encoded.inputs))]
+
+
+def over_caps(media: list[dict[str, Any]], caps: dict[str, int]) -> str:
+    """``3 images > max_images 2``: each cap a sample's media exceed (``total``: its items of every kind)."""
+    held = Counter(m["kind"] for m in media)
+    parts = []
+    for kind, cap in caps.items():
+        n = sum(held.values()) if kind == "total" else held.get(kind, 0)
+        if n > cap:
+            noun = "media items" if kind == "total" else ("audio clips" if kind == "audio" else f"{kind}s")
+            parts.append(f"{n:,} {noun} > {CAP_FIELDS[kind]} {cap:,}")
+    return ", ".join(parts) or f"media {dict(held)} within the caps {caps}"
 
 
 def _count_outcomes(by_file: dict[str, FileAccount], inputs: list[str], samples, p: Plan, m) -> None:
