@@ -45,8 +45,11 @@ from packer.stages import encode, materialize
 from packer.stages.manifest import FileAccount, accounting
 from packer.stages.media_files import write_media_index
 from packer.stages.planning import (
+    CAP_FIELDS,
     SampleRows,
+    media_counts,
     modality_codes,
+    own_caps,
     plan_build,
     plan_columns,
     plan_table,
@@ -54,7 +57,7 @@ from packer.stages.planning import (
     preference_responses,
 )
 from packer.stages.sources import quarantined_by_file, source_accounts
-from packer.stages.state import BuildLock, code_identity, fingerprint, open_state
+from packer.stages.state import INTERRUPTED, BuildLock, code_identity, fingerprint, open_state
 
 SMALL_INPUT_BYTES = 16 * 2**20
 
@@ -125,14 +128,14 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
         try:
             tokenizer = driver.encoder.fingerprint()  # hashes the serialized tokenizer: once
             try:
-                open_state(out, fingerprint(files, config.content_dict(), tokenizer, media_root, spec.cost_model),
-                           overwrite=config.overwrite)
+                earlier = open_state(out, fingerprint(files, config.content_dict(), tokenizer, media_root, spec.cost_model),
+                                     overwrite=config.overwrite)
             except ConfigError:
                 lock.release(discard=True)  # refused: no lock file left in a folder that holds no build of ours
                 raise
             set_durable(config.durable)  # this process; the stages' worker setups get it too
             warn_sample_tokenizer(config, files)  # once the build is under way (a refused one says only why)
-            encoded = encode_inputs(out, files, tasks, counts, setup_args, driver, engine, progress)
+            encoded = encode_inputs(out, files, tasks, counts, setup_args, driver, engine, progress, earlier=earlier)
             encoded.input_sources = [k for _, k in inputs]
             encoded.cost_model = spec.cost_model
             warn_no_encoder(out, driver.encoder.family.kinds, encoded)
@@ -141,7 +144,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
             tokenizer_files = save_tokenizer(driver.encoder.shipped_tokenizer(), out)
             media_index = write_media_index(out, encoded.media)  # the workers looked the files up
             sections = media_passes(out, config, encoded, embedder, extractor, progress, engine, media_root)
-            return plan_and_pack(out, config, encoded, tokenizer, engine, progress, media_root=media_root,
+            return plan_and_pack(out, config, encoded, tokenizer, engine, progress, media_root=media_root, earlier=earlier,
                                  sections=sections, tokenizer_files=tokenizer_files, media_index=media_index)
         finally:
             if frozen:
@@ -385,16 +388,17 @@ def repack(source: str | Path, *, progress: bool = True, **overrides: Any) -> Ma
         except (OSError, ValueError, KeyError, TypeError):
             own = False
         try:
-            open_state(out, fp, overwrite=config.overwrite or own)  # our own earlier repack of this source: replaced
+            earlier = open_state(out, fp, overwrite=config.overwrite or own)  # our own earlier repack of this source: replaced
         except ConfigError:
             lock.release(discard=True)
             raise
-        return _repack_into(out, source, manifest, config, progress)
+        return _repack_into(out, source, manifest, config, progress, earlier)
     finally:
         lock.release()
 
 
-def _repack_into(out: Path, source: Path, manifest: Manifest, config: BuildConfig, progress: bool) -> Manifest:
+def _repack_into(out: Path, source: Path, manifest: Manifest, config: BuildConfig, progress: bool,
+                 earlier: str = INTERRUPTED) -> Manifest:
     for entry in [*manifest.files.samples, manifest.files.quarantine]:
         _link_or_copy(source / entry.file, out / entry.file, entry.sha256)
     for section in SECTIONS:  # embeddings and features do not depend on the plan: carried over
@@ -410,7 +414,8 @@ def _repack_into(out: Path, source: Path, manifest: Manifest, config: BuildConfi
                       cost_model=dict(manifest.stats.get("cost_model", {})))
     engine = get_engine(config.engine, config.workers or 1, address=config.ray_address, cpus_per_task=config.cpus_per_task)
     return plan_and_pack(out, config, encoded, manifest.tokenizer, engine, progress, media_root=manifest.media_root,
-                         sections=manifest.sections, tokenizer_files=manifest.files.tokenizer, media_index=manifest.files.media,
+                         earlier=earlier, sections=manifest.sections, tokenizer_files=manifest.files.tokenizer,
+                         media_index=manifest.files.media,
                          repacked_from={"path": str(source), "manifest_created_at": manifest.created_at})
 
 
@@ -451,9 +456,10 @@ def _check_plan_options(config: BuildConfig) -> None:
 
 
 def encode_inputs(out: Path, files: list[Path], tasks, counts: dict[str, int], setup_args: tuple, driver, engine,
-                  progress) -> Encoded:
+                  progress, *, earlier: str = INTERRUPTED) -> Encoded:
     """Stage 1: every input line becomes a sample or a quarantine entry (``tasks`` from
-    :func:`packer.stages.encode.make_tasks`, which fills ``counts``)."""
+    :func:`packer.stages.encode.make_tasks`, which fills ``counts``); ``earlier``: the run a resume reuses
+    finished tasks from (:func:`packer.stages.state.open_state`), named on the stage's line."""
     by_file = {str(f): FileAccount() for f in files}
     quarantined: Counter[str] = Counter()
     shards, columns, media = [], [], {}
@@ -476,7 +482,7 @@ def encode_inputs(out: Path, files: list[Path], tasks, counts: dict[str, int], s
             reused, n_tasks, cut = reused + res.reused, n_tasks + 1, cut + res.audio_truncated
             changed.update(res.content_changed or {})
             stage.advance(res.records, res.nbytes)
-    resumed = f"; {reused} of {n_tasks} tasks reused from the interrupted run" if reused else ""
+    resumed = f"; {reused} of {n_tasks} tasks reused from {earlier}" if reused else ""
     stage.done(f"{stage.count:,} records ({sum(quarantined.values()):,} quarantined){resumed}")
     quarantine = ShardEntry(qpath.name, sum(quarantined.values()), qpath.stat().st_size, sha256_file(qpath))
     return Encoded(list(by_file), shards, by_file, dict(quarantined), quarantine, counts.get("blank_lines", 0),
@@ -487,9 +493,10 @@ def encode_inputs(out: Path, files: list[Path], tasks, counts: dict[str, int], s
 def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any], engine, progress, *,
                   media_root: str = "", sections: dict[str, Any] | None = None,
                   repacked_from: dict[str, Any] | None = None, tokenizer_files: list[ShardEntry] | None = None,
-                  media_index: ShardEntry | None = None) -> Manifest:
+                  media_index: ShardEntry | None = None, earlier: str = INTERRUPTED) -> Manifest:
     """Stages 2-4 over the samples in ``out/samples``: planned from their columns (stage 1's results),
-    whole rows read only for the few samples that need them (over capacity, dropped)."""
+    whole rows read only for the few samples that need them (over capacity, dropped); ``earlier``: the run a
+    resume reuses finished shards from, named on the pack stage's line."""
     paths, shas = [out / e.file for e in encoded.sample_shards], [e.sha256 for e in encoded.sample_shards]
     rows = SampleRows(paths, [e.rows for e in encoded.sample_shards], shas)
     samples = encoded.columns if encoded.columns is not None else plan_columns(read_shards(paths, SAMPLE_SCHEMA, shas))
@@ -518,18 +525,19 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
         reused += res.reused
         stage.advance(res.shard.rows)
     stage.done(f"{p.n_bins:,} rows in {len(packed)} shard(s)"
-               + (f"; {reused} of {len(packed)} shards reused from the interrupted run" if reused else ""))
+               + (f"; {reused} of {len(packed)} shards reused from {earlier}" if reused else ""))
 
     by_file = {k: dataclasses.replace(v) for k, v in encoded.by_file.items()}
     _count_outcomes(by_file, encoded.inputs, samples, p, m)
     quarantine = out / encoded.quarantine.file if encoded.quarantine is not None else None
     sources = source_accounts(config, encoded.inputs, encoded.input_sources, by_file, _file_of_sample(samples), p,
-                              quarantined_by_file(quarantine))
+                              quarantined_by_file(quarantine), media_counts(samples), preference_responses(samples).sample)
     manifest = Manifest(
         config=config.content_dict(), tokenizer=tokenizer, inputs=encoded.inputs, media_root=media_root,
         input_sources=list(encoded.input_sources),
         files=Files(samples=encoded.sample_shards, packed=packed, plan=plan_entry, quarantine=encoded.quarantine,
-                    dropped=write_dropped(out, rows, p), tokenizer=list(tokenizer_files or []), media=media_index),
+                    dropped=write_dropped(out, rows, p, file_caps(config, encoded)), tokenizer=list(tokenizer_files or []),
+                    media=media_index),
         accounting=accounting(by_file, encoded.quarantined, dropped, encoded.blank_lines),
         stats={**plan_stats(config, samples, p), "audio_truncated": encoded.audio_truncated,
                "content_changed": encoded.content_changed, "cost_model": encoded.cost_model, "sources": sources},
@@ -567,19 +575,42 @@ def file_entry(out: Path, name: str) -> ShardEntry:
     return ShardEntry(name, 0, path.stat().st_size, sha256_file(path))
 
 
-def write_dropped(out: Path, rows: SampleRows, p: Plan) -> ShardEntry:
-    """``dropped.jsonl``: every sample the plan dropped, with its file, line, id and reason."""
+def write_dropped(out: Path, rows: SampleRows, p: Plan, caps: list[dict[str, int]] | None = None) -> ShardEntry:
+    """``dropped.jsonl``: every sample the plan dropped, with its file, line, id and reason; the detail of an
+    ``over_media_cap`` drop gives its media against the caps of its input file (``caps``: :func:`file_caps`)."""
     path = out / "dropped.jsonl"
     n = 0
     with atomic_open(path, "w") as f:
         for reason, indices in sorted(p.dropped.items()):
             if not len(indices):
                 continue
-            for r in rows(np.sort(indices), ["source_file", "source_line", "key", "length"]).to_pylist():
+            columns = ["source_file", "source_line", "key", "length", "source_index", "media"]
+            for r in rows(np.sort(indices), columns).to_pylist():
+                detail = f"{r['length']:,} tokens"
+                if reason == "over_media_cap" and caps is not None:
+                    detail = f"{over_caps(r['media'], caps[r['source_index']])}; {detail}"
                 f.write(json.dumps({"file": r["source_file"], "line": r["source_line"], "id": r["key"], "reason": reason,
-                                    "detail": f"{r['length']:,} tokens"}, ensure_ascii=False, sort_keys=True) + "\n")
+                                    "detail": detail}, ensure_ascii=False, sort_keys=True) + "\n")
                 n += 1
     return ShardEntry(path.name, n, path.stat().st_size, sha256_file(path))
+
+
+def file_caps(config: BuildConfig, encoded: Encoded) -> list[dict[str, int]]:
+    """Per input file, the media caps its samples were planned with (its source's own, else the build's)."""
+    sources = config.sources()
+    return [own_caps(config, sources[k].options())[1] for k in (encoded.input_sources or [0] * len(encoded.inputs))]
+
+
+def over_caps(media: list[dict[str, Any]], caps: dict[str, int]) -> str:
+    """``3 images > max_images 2``: each cap a sample's media exceed (``total``: its items of every kind)."""
+    held = Counter(m["kind"] for m in media)
+    parts = []
+    for kind, cap in caps.items():
+        n = sum(held.values()) if kind == "total" else held.get(kind, 0)
+        if n > cap:
+            noun = "media items" if kind == "total" else ("audio clips" if kind == "audio" else f"{kind}s")
+            parts.append(f"{n:,} {noun} > {CAP_FIELDS[kind]} {cap:,}")
+    return ", ".join(parts) or f"media {dict(held)} within the caps {caps}"
 
 
 def _count_outcomes(by_file: dict[str, FileAccount], inputs: list[str], samples, p: Plan, m) -> None:

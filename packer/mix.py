@@ -107,6 +107,18 @@ def policy_text(policy: dict[str, object]) -> str:
     return ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in policy.items())
 
 
+def capacity_text(max_length: int, groups: list[dict]) -> str:
+    """What a fill is of: ``8,192 tokens per row``, or where source groups have their own ``max_length``, each
+    row's own capacity with the rows of each (``4 rows of 2,048, 9 of 4,096``)."""
+    rows: dict[int, int] = {}
+    for g in groups:
+        rows[int(g["capacity"])] = rows.get(int(g["capacity"]), 0) + int(g["rows"])
+    if len(rows) < 2:
+        return f"{next(iter(rows), max_length):,} tokens per row"
+    listed = ", ".join(f"{n:,}{' rows' if k == 0 else ''} of {c:,}" for k, (c, n) in enumerate(sorted(rows.items())))
+    return f"each row's own max_length ({listed})"
+
+
 def _value(key: str, value: str) -> object:
     if key == "weight":
         return float(value)

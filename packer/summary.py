@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from packer import reasons
 from packer.errors import PackerError
 from packer.io.fs import is_remote, location
-from packer.mix import policy_text
+from packer.mix import capacity_text, policy_text
 from packer.report.family import GENERIC, family_line, family_section, media_counts, settings_line
 from packer.shards.io import read_shard
 from packer.shards.manifest import Manifest
@@ -79,14 +79,18 @@ def summarize(out: str | Path) -> dict[str, Any]:
 
 
 def source_line(a: dict[str, Any]) -> str:
-    """One source's line: its records and what became of them, its rows against its own bound and capacity."""
+    """One source's line: its records and what became of them, its rows against its own bound and capacity. A
+    source whose rows also hold another source's (one policy, planned together) has no bound or fill of its own:
+    its rows are counted with the others' on its group's line."""
     own = policy_text(a["policy"]) or "the build's packing"
     skipped = f", {a['skipped']:,} skipped" if a["skipped"] else ""
-    shared = f" ({a['shared_rows']:,} shared with its group)" if a["shared_rows"] else ""
-    return (f"  {'source':<12} {a['input']} ({own}): {a['records']:,} records = {a['packed']:,} packed + "
-            f"{a['quarantined']:,} quarantined + {a['dropped']:,} dropped{skipped}; {a['rows']:,} rows of "
-            f"{a['capacity']:,}{shared}, lower bound {a['lower_bound']:,} (+{a['gap_to_lower_bound']:,}), "
-            f"{a['tokens']:,} tokens, fill {100 * a['fill']:.2f}%")
+    head = (f"  {'source':<12} {a['input']} ({own}): {a['records']:,} records = {a['packed']:,} packed + "
+            f"{a['quarantined']:,} quarantined + {a['dropped']:,} dropped{skipped}; ")
+    if a["shared_rows"]:
+        return (head + f"{a['tokens']:,} tokens in {a['rows']:,} rows of {a['capacity']:,}, {a['shared_rows']:,} of them "
+                f"shared with other sources of its policy (their rows, bound and fill: the group line)")
+    return (head + f"{a['rows']:,} rows of {a['capacity']:,}, lower bound {a['lower_bound']:,} "
+            f"(+{a['gap_to_lower_bound']:,}), {a['tokens']:,} tokens, fill {100 * a['fill']:.2f}%")
 
 
 def summary_text(s: dict[str, Any]) -> str:
@@ -97,8 +101,7 @@ def summary_text(s: dict[str, Any]) -> str:
         + (f" + {s['skipped']:,} skipped by the mix" if s.get("skipped") else ""),
         f"  rows         {s['rows']:,} in {s['shards']} shard(s); lower bound {s['lower_bound']:,} "
         f"(+{s['gap_to_lower_bound']:,})",
-        f"  fill         {100 * s['fill']:.2f}% of {s['max_length']:,} tokens per row"
-        + (" (each source group's rows at its own max_length)" if s.get("policy_groups") else ""),
+        f"  fill         {100 * s['fill']:.2f}% of {capacity_text(s['max_length'], s.get('policy_groups') or [])}",
         f"  tokens       {s['tokens']:,} in {s['segments']:,} segments",
     ]
     if s.get("family"):
@@ -110,7 +113,7 @@ def summary_text(s: dict[str, Any]) -> str:
                    for k, v in s["media"].items() if v["items"]]
         lines.append("  media        " + ", ".join(counted))
     sources = s.get("sources") or []
-    if len(sources) > 1 or any(a["policy"] for a in sources):
+    if any(a["policy"] for a in sources):  # without a source's own packing, the build's lines say it all
         lines += [source_line(a) for a in sources]
     for g in s.get("policy_groups") or []:  # sources of one policy share rows: the group's rows add up
         if len(g["sources"]) > 1:

@@ -157,3 +157,60 @@ def test_model_inputs_reads_the_form_of_a_mask_per_layer_type(tmp_path):
     assert model_inputs(batch, GEMMA3.model(processor, "sdpa"))["attention_mask"] is masks
     with pytest.raises(ValueError, match="attention='sdpa' gives a bool mask, and the eager implementation adds"):
         model_inputs(batch, GEMMA3.model(processor, "eager"))
+
+
+def _text_model(vocab: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=4096)
+    cfg._attn_implementation = "sdpa"
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_a_batch_the_model_does_not_fit_is_refused_naming_the_cause(qwen3vl):
+    """A text model on a Qwen3-VL build trained on the placeholder ids with no pixel; a Qwen3-VL batch reaching a
+    text model, a Qwen2-VL model, a model of another image_token_id or a smaller vocabulary failed deep inside it
+    ("too many values to unpack", a view's shape, "tokens: 0, features: N", IndexError). Each is refused first."""
+    import copy
+
+    from mm_models import qwen2vl_model
+
+    ds, processor, model = qwen3vl
+    rows = [ds[i] for i in range(len(ds))]
+    vocab = model.get_input_embeddings().num_embeddings
+    text = _text_model(vocab)
+    plain = PackedCollator(attention="sdpa")(rows)  # no family, no processor: spans and 1-D positions
+    with pytest.raises(ValueError, match=r"the batch holds 2 image span\(s\) \([\d,]+ placeholder tokens\) but "
+                                         r"LlamaForCausalLM \(llama\) has no media tower: it would train on the placeholder"):
+        model_inputs(plain, text)
+    with pytest.raises(ValueError, match=r"the build holds image but LlamaForCausalLM \(llama\) has no media tower.*"
+                                         r"modalities = \[\]"):
+        PackedCollator(attention="sdpa").check_build(ds, text)
+    batch = PackedCollator.for_build(ds, model)(rows)
+    with pytest.raises(ValueError, match=r"collated for family qwen3vl but LlamaForCausalLM \(llama\) is a model of no "
+                                         r"media family.*load a qwen3vl model \(qwen3_vl, qwen3_vl_moe\)"):
+        model_inputs(batch, text)
+    ids = ds.placeholder_ids
+    qwen2 = qwen2vl_model(ids, vocab, "sdpa")
+    with pytest.raises(ValueError, match=r"collated for family qwen3vl but Qwen2VLForConditionalGeneration \(qwen2_vl\) "
+                                         r"is family generic's model"):
+        model_inputs(batch, qwen2)
+    other = copy.deepcopy(model)
+    other.config.image_token_id = ids["<|image_pad|>"] + 1
+    with pytest.raises(ValueError, match=rf"the batch's image placeholders are token id {ids['<|image_pad|>']} but "
+                                         rf"Qwen3VLForConditionalGeneration \(qwen3_vl\) looks for its image features at "
+                                         rf"config.image_token_id {ids['<|image_pad|>'] + 1}"):
+        model_inputs(batch, other)
+    small = _text_model(1000)
+    top = int(plain["input_ids"].max())
+    with pytest.raises(ValueError, match=rf"token id {top:,} but LlamaForCausalLM \(llama\)'s input embeddings have 1,000 "
+                                         rf"rows.*resize_token_embeddings"):
+        model_inputs(plain, small)
+    row = {"input_ids": np.arange(10, 15), "labels": np.arange(10, 15), "cu_seqlens": np.array([0, 5]), "n_tokens": 5,
+           "media": [], "segment_trained": [4]}  # a text row, 3-D positions asked by hand
+    mrope = PackedCollator(attention="sdpa", rope="mrope")([row])
+    with pytest.raises(ValueError, match=r"3-D mRoPE positions \(3, 1, 5\) but LlamaForCausalLM \(llama\) takes one "
+                                         r"position per token"):
+        model_inputs(mrope, text)
+    model_inputs(batch, model)  # the build's own model: nothing refused

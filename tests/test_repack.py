@@ -84,3 +84,19 @@ def test_repack_cli(sample_build, tmp_path):
     assert "of 2,048 tokens per row" in r.output
     config = json.loads((tmp_path / "c" / "manifest.json").read_text())["config"]
     assert config["algorithm"] == "ffd" and config["seed"] == 3 and config["max_length"] == 2048
+
+
+def test_a_repack_run_again_on_its_finished_output_says_it_reused_that_build(sample_build, tmp_path, capsys):
+    """The same repack twice: the second reuses the finished output's shards and says so (it was not interrupted);
+    a run stopped before its manifest is the interrupted one."""
+    src, _ = sample_build
+    out = tmp_path / "again"
+    repack(src, output=str(out), max_length=2048, progress=True)
+    capsys.readouterr()
+    repack(src, output=str(out), max_length=2048, progress=True)
+    err = capsys.readouterr().err
+    assert "1 of 1 shards reused from the finished build already in the output (same inputs and settings)" in err
+    assert "interrupted" not in err
+    (out / "manifest.json").unlink()  # as if the run stopped before its last step
+    repack(src, output=str(out), max_length=2048, progress=True)
+    assert "1 of 1 shards reused from the interrupted run" in capsys.readouterr().err

@@ -5,6 +5,7 @@ several capacities."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -137,6 +138,39 @@ def test_accounting_per_source_adds_up_to_the_totals(grouped):
     assert "sources sharing rows" in html and "extra.jsonl" in html and "malformed_json 1" in html
 
 
+def test_the_report_counts_an_unpacked_row_as_the_collator_pads_it_not_as_a_full_row(grouped):
+    """A row of one sample by policy (packing = false) is computed at its batch's longest, as the collator pads it,
+    never at its capacity (which showed packing slower than padding); a packed row at its capacity."""
+    from packer.report import report
+
+    out, _ = grouped
+    rows = rows_by_source(out)
+    capacity = {"chat.jsonl": 1024, "extra.jsonl": 1024, "docs.jsonl": 2048}
+    unpacked = [n for files, n, _ in rows if files == ["llava.jsonl"]]
+    packed = sum(capacity[files[0]] for files, _, _ in rows if files != ["llava.jsonl"])
+    r = report(out)
+    computed = r["batching"]["packed"]["computed"] - packed  # the unpacked rows' share
+    assert sum(unpacked) <= computed <= len(unpacked) * max(unpacked) < len(unpacked) * 4096
+    assert r["fill"] == r["tokens"] / (packed + len(unpacked) * 4096)  # fill stays against each row's capacity
+
+
+def test_a_build_that_packs_nothing_shows_no_speed_up_and_no_padding_saved(tmp_path):
+    """Every source packing = false: each row is a sample, batches padded to their longest exactly as the
+    padded baseline's (same seed, same order), so packing's speed-up is 1.00x and it saves nothing."""
+    from packer.report import report
+    from packer.report.html import headline
+
+    chat = SAMPLE / "chat.jsonl"
+    config = pipeline(tmp_path, f'[[sources]]\ninput = "{chat}"\npacking = false\n', max_bad_fraction=1.0)
+    build(config, progress=False)
+    r = report(tmp_path / "out")
+    b, saved = r["batching"], r["padding"]["saved_by_packing"]["padded_random"]
+    assert b["packed"]["computed"] == b["padded_random"]["computed"] < r["rows"] * 4096
+    assert b["speedup_vs_padded_random"] == 1.0 and saved["tokens"] == 0
+    cards = {key: value for key, _, value, _ in headline(r)}
+    assert cards["speedup"] == "1.00x"
+
+
 def test_verify_holds_each_row_to_its_sources_policy(grouped, tmp_path):
     import shutil
 
@@ -263,3 +297,49 @@ def test_each_source_group_keeps_its_own_row_encoder_budget(tmp_path):
     assert budgets[0] > 0 and budgets[1] > 0 and budgets[0] != budgets[1]  # images at 2,048; chat's audio clips
     assert b["budget"] is None and list(b["group_budgets"].values()) == budgets
     assert b["bound"] == max(b["token_bound"], b["encoder_bound"])
+
+
+def test_the_summary_shows_source_lines_only_with_a_sources_own_packing(sample_build, grouped):
+    """Without a source's own packing the build's lines say it all (per-source rows shared with the others gave a
+    bound and fill that meant nothing); with one, a source sharing rows gives its tokens and rows, no bound or fill
+    of its own, and the fill is stated against each row's own capacity."""
+    from packer.summary import summarize, summary_text
+
+    text = summary_text(summarize(sample_build[0]))
+    assert not [line for line in text.splitlines() if line.lstrip().startswith("source ")]
+    assert "fill         96.76% of 4,096 tokens per row\n" in text
+    out, manifest = grouped
+    lines = {line.split()[1].rsplit("/", 1)[-1]: line for line in summary_text(summarize(out)).splitlines()
+             if line.lstrip().startswith("source ")}
+    figures = re.compile(r"lower bound \d.*fill \d")
+    for name in ("chat.jsonl", "extra.jsonl"):  # they share a row
+        assert not figures.search(lines[name]) and "(their rows, bound and fill: the group line)" in lines[name]
+    for name in ("llava.jsonl", "docs.jsonl"):
+        assert figures.search(lines[name])
+    rows = {g["capacity"]: g["rows"] for g in manifest.stats["policy_groups"]}
+    fill = 100 * manifest.stats["tokens"] / sum(c * n for c, n in rows.items())
+    assert (f"fill         {fill:.2f}% of each row's own max_length ({rows[1024]:,} rows of 1,024, {rows[2048]:,} of 2,048, "
+            f"{rows[4096]:,} of 4,096)") in summary_text(summarize(out))
+    from packer.report import report
+    from packer.report.html import headline
+
+    card = next(sub for key, _, _, sub in headline(report(out)) if key == "fill")
+    assert card == f"of each row's own max_length ({rows[1024]:,} rows of 1,024, {rows[2048]:,} of 2,048, {rows[4096]:,} of 4,096)"
+
+
+def test_a_sources_bound_honours_its_media_cap_and_a_drop_names_the_cap(tmp_path):
+    """llava.jsonl at max_images = 1: each row holds one image at most, so its bound is its images (not its tokens
+    over 4,096); the record of two images is dropped, its detail giving its images against the cap."""
+    from packer.shards.io import read_shard
+
+    llava = SAMPLE / "llava.jsonl"
+    config = pipeline(tmp_path, f'[[sources]]\ninput = "{llava}"\nmax_images = 1\n', max_bad_fraction=1.0)
+    manifest = build(config, progress=False)
+    images = sum(m["kind"] == "image" for e in manifest.files.packed
+                 for row in read_shard(tmp_path / "out" / e.file).column("media").to_pylist() for m in row)
+    (source,) = manifest.stats["sources"]
+    assert images > -(-source["tokens"] // 4096) and source["lower_bound"] == images == source["rows"]
+    assert manifest.stats["policy_groups"][0]["lower_bound"] == manifest.stats["lower_bound"] == images
+    dropped = [json.loads(line) for line in (tmp_path / "out" / "dropped.jsonl").read_text().splitlines()]
+    assert [d["reason"] for d in dropped] == ["over_media_cap"]
+    assert dropped[0]["detail"].startswith("2 images > max_images 1; ") and dropped[0]["detail"].endswith(" tokens")

@@ -207,6 +207,8 @@ class PackedCollator:
         if tree is not None:
             position = trees.positions(position, segment, cu, tree)
         out: dict[str, Any] = {"input_ids": input_ids, "labels": labels, "seq_idx": segment.to(torch.int32)}
+        if self._family is not None:  # the family it was collated for: model_inputs refuses another family's model
+            out["family"] = self._family.name
         if indices is not None:
             out["rows"] = indices  # the dataset rows of this batch (PackedDataset's index)
         out["loss_weights"] = loss_weights(labels, segment, self.loss, _stored_counts(rows, int(segment.max()) + 1))
@@ -397,20 +399,20 @@ def model_inputs(batch: dict[str, Any], model=None) -> dict[str, Any]:
     ``seq_idx``, ``loss_weights``) and ``cu_seqlens`` / ``max_seqlen``, names the
     Qwen2-VL vision tower takes as its own: the language model's varlen boundaries travel
     as ``cu_seq_lens_q/k`` and ``max_length_q/k``. ``use_cache=False``: training builds
-    no KV cache. A batch whose media spans have no inputs (a collator without a processor) is refused unless the
-    ``model`` given has no media tower at all (a text model: the placeholders are its text).
+    no KV cache. A batch whose media spans have no inputs (a collator without a processor) is refused; given the
+    ``model``, so is a batch it does not fit (:func:`packer.loader.model_fit.check_batch_model`: a text model and
+    media spans, a family's batch and another family's model, another placeholder id, a smaller vocabulary).
     """
     if model is not None:
         from packer.loader.checks import attention_form, check_attention
+        from packer.loader.model_fit import check_batch_model
 
         check_attention(model, attention_form(batch))
+        check_batch_model(batch, model)
     real = [m for m in batch.get("media", ()) if not m.get("dummy")]
     unfed = sorted({m["kind"] for m in real if not any(k in batch for k in MEDIA_KEYS.get(m["kind"], ()))})
     if unfed:
-        from packer.loader.derive import text_only
-
-        if not text_only(model):  # a model with towers (or one not named): it would never see these media
-            raise ValueError(_no_media_step([m for m in real if m["kind"] in unfed]))
+        raise ValueError(_no_media_step([m for m in real if m["kind"] in unfed]))
     out = {k: batch[k] for k in MODEL_KEYS if k in batch}
     out["use_cache"] = False
     return out

@@ -22,7 +22,6 @@ row_lengths       the build's ``--row-lengths``
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -170,16 +169,17 @@ def check_collator(collator, ds, model=None) -> None:
     from packer.loader.checks import check_attention
 
     named = build_family(ds)
+    kinds = media_kinds(ds)
+    if kinds and text_only(model):  # the cause whatever the collator: no tower could take these media
+        raise ValueError(f"the build holds {', '.join(kinds)} but {type(model).__name__} "
+                         f"({getattr(model.config, 'model_type', '?')}) has no media tower: it would train on their "
+                         f"placeholder ids as text, with no pixel or feature. Load the model class the build was made "
+                         f"for, or rebuild text only (modalities = [], media records quarantined)")
     have = (collator.family or {}).get("name", "generic") if collator.family else None
     if named is not None and have != named["name"]:
         raise ValueError(f"the collator's family is {have!r} but the build's is {named['name']!r}: use "
                          f"PackedCollator.for_build(ds, model=model), or pass family=ds.family")
-    kinds = media_kinds(ds)
-    if kinds and collator.media_step is None and text_only(model):
-        warnings.warn(f"the build holds {', '.join(kinds)} but {type(model).__name__} has no media tower: their "
-                      f"placeholder tokens train as text. Build without them (modalities) for a text model",
-                      stacklevel=3)
-    elif kinds and collator.media_step is None:
+    if kinds and collator.media_step is None:
         raise ValueError(f"the build holds {', '.join(kinds)} but the collator loads no media (no processor): the model "
                          f"would train on placeholders without pixels. Use PackedCollator.for_build(ds, model=model), or "
                          f"pass processor=... (the checkpoint the build was made from)")

@@ -288,7 +288,7 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
     lower = sum(g["lower_bound"] for g in groups) if groups else -(-s.tokens // cap)
     rng = np.random.default_rng(seed)
     row_cap = row_capacities(manifest, s)
-    packed_cost = int(row_cap.sum())
+    packed_cost = int(computed_rows(manifest, s, row_cap, batch_size, seed).sum())
     schemes = {
         "padded_random": padded_tokens(lengths, batch_size, rng),
         "length_grouped": grouped_tokens(lengths, modality, batch_size, rng),
@@ -306,7 +306,7 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
                   "packer_version": manifest.packer_version},
         "records": acc.records_read, "samples": s.samples(), "segments": s.segments, "duplicate_ids": s.duplicate_ids(),
         "rows": s.rows, "tokens": s.tokens, "max_length": cap,
-        "fill": s.tokens / max(1, packed_cost),
+        "fill": s.tokens / max(1, int(row_cap.sum())),
         "lower_bound": lower, "gap_to_lower_bound": s.rows - lower, "policy_groups": groups,
         "sources": manifest.stats.get("sources") or [],
         "row_budget": manifest.stats.get("row_budget"),
@@ -342,6 +342,24 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
         "media_counts": media_counts(s.array("span_kinds") if s.span_kinds else [], s.array("span_tokens")),
         "config": shown_config(manifest),
     }
+
+
+def computed_rows(manifest: Manifest, s: ShardStats, row_cap: np.ndarray, batch: int, seed: int) -> np.ndarray:
+    """The positions a trainer computes for each packed row: a packed row its capacity (filled to it, batches padded
+    to it); a row of one sample by policy (``packing = false``) what the collator pads it to, its batch's longest,
+    the rows of such sources in random batches of ``batch`` like the padded baseline -- not its capacity, which
+    would count a short sample as a full row and show packing slower than padding."""
+    computed = row_cap.astype(np.int64).copy()
+    unpacked = np.asarray(manifest.file_unpacked(), bool)
+    if not s.rows or not s.row_file or not unpacked.any():
+        return computed
+    rows = np.flatnonzero(unpacked[s.array("row_file").astype(np.int64)])
+    tokens = s.array("row_tokens").astype(np.int64)[rows]
+    order = np.random.default_rng(seed).permutation(len(rows))
+    for k in range(0, len(rows), batch):
+        part = order[k : k + batch]
+        computed[rows[part]] = tokens[part].max()
+    return computed
 
 
 def row_capacities(manifest: Manifest, s: ShardStats) -> np.ndarray:

@@ -7,7 +7,7 @@ import json
 import math
 from typing import Any
 
-from packer.mix import policy_text
+from packer.mix import capacity_text, policy_text
 
 COLORS = ["#3b6fb6", "#e07b39", "#5aa469", "#b5475b", "#8a6bbe", "#7f7f7f"]
 CSS = """
@@ -346,7 +346,7 @@ def headline(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     b, pad, over = r["batching"], r["padding"], r["oversize"]
     saved = pad["saved_by_packing"]["padded_random"]
     return [
-        ("fill", "fill", f"{100 * r['fill']:.2f}%", f"of {r['max_length']:,} tokens per row"),
+        ("fill", "fill", f"{100 * r['fill']:.2f}%", f"of {capacity_text(r['max_length'], r.get('policy_groups') or [])}"),
         ("trained_share", "tokens trained", f"{100 * r.get('trained_share', 0):.1f}%",
          f"{r.get('trained_tokens', 0):,} of {r['tokens']:,} tokens carry a label"),
         ("rows", "rows", f"{r['rows']:,}", f"lower bound {r['lower_bound']:,} (+{r['gap_to_lower_bound']:,})"
@@ -459,13 +459,15 @@ def render(r: dict[str, Any]) -> str:
         [f"<code>{html.escape(k)}</code>", _n(v["records"]), _n(v["packed"]), _n(v["quarantined"]), _n(v["dropped"])]
         for k, v in acc["by_file"].items()], {1, 2, 3, 4})
     sources = r.get("sources") or []
-    if len(sources) > 1 or any(a["policy"] for a in sources):  # per input entry, each at its own capacity
+    if any(a["policy"] for a in sources):  # per input entry, each at its own capacity (none own: the build's say it)
         by_file += _table(["source", "own packing", "records", "packed", "quarantined", "dropped", "rows",
                            "max_length", "lower bound", "tokens", "fill"], [
             [f"<code>{html.escape(a['input'])}</code>", _policy(a["policy"]), _n(a["records"]), _n(a["packed"]),
              _reasons(a["quarantined"], a["quarantined_by_reason"]), _reasons(a["dropped"], a["dropped_by_reason"]),
              _n(a["rows"]) + (f" ({_n(a['shared_rows'])} shared)" if a["shared_rows"] else ""), _n(a["capacity"]),
-             _n(a["lower_bound"]), _n(a["tokens"]), f"{100 * a['fill']:.2f}%"]
+             # rows shared with another source: the bound and fill are the group's (the table below)
+             "see its group" if a["shared_rows"] else _n(a["lower_bound"]), _n(a["tokens"]),
+             "see its group" if a["shared_rows"] else f"{100 * a['fill']:.2f}%"]
             for a in sources], set(range(2, 11)))
     shared = [g for g in r.get("policy_groups") or [] if len(g["sources"]) > 1]
     if shared:  # sources of one policy share rows: the group's rows, bound and fill

@@ -155,6 +155,15 @@ class Manifest:
             return [self.max_length] * len(self.inputs)
         return [own[k] for k in self.input_sources]
 
+    def file_unpacked(self) -> list[bool]:
+        """Per input file (``inputs``), whether its rows hold one sample each (its source's ``packing = false``, or
+        the build's ``max_segments = 1``): such a row is as long as its sample, not filled to its capacity."""
+        build = int(self.config.get("max_segments", 0) or 0) == 1
+        own = [int(s.options().get("max_segments", 1 if build else 0)) == 1 for s in self.sources()]
+        if not self.input_sources or not own:
+            return [build] * len(self.inputs)
+        return [own[k] for k in self.input_sources]
+
     @property
     def placeholders(self) -> dict[str, int]:
         """Token string -> id of every placeholder / begin / end token the build added."""

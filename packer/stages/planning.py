@@ -263,6 +263,7 @@ def plan_sources(samples: pa.Table, config: BuildConfig, source_of_file: list[in
         rows = lambda indices, columns: samples.select(columns).take(pa.array(indices))  # noqa: E731
     source = np.asarray(source_of_file, np.int64)[samples.column("source_index").to_numpy().astype(np.int64)]
     plans, copies, groups = [], np.zeros(samples.num_rows, np.int64), []
+    counts = media_counts(samples)
     for policy, members, own in policy_groups(config):
         idx = np.flatnonzero(np.isin(source, members))
         own = dataclasses.replace(own, order="planner")
@@ -271,10 +272,14 @@ def plan_sources(samples: pa.Table, config: BuildConfig, source_of_file: list[in
                             None if row_key is None else row_key[idx])
         copies[idx] = m.copies
         plans.append(_renumbered(p, idx))
-        unpacked = own.max_segments == 1  # packing = false: a row a sample is the request, and its bound
+        items = placed_items(p, len(idx), {k: v[idx] for k, v in counts.items()}, preference_responses(
+            samples.take(pa.array(idx))).sample)
+        max_segments, caps = own_caps(config, sources[members[0]].options())
+        bound = row_bound(p.tokens, len(items["sample"]), {k: int(v.sum()) for k, v in items.items() if k != "sample"},
+                          own.max_length, max_segments, caps)  # its media caps too (packing = false: a row an item)
         groups.append({"sources": [sources[k].pattern for k in members], "policy": dict(policy),
                        "capacity": own.max_length, "rows": p.n_bins, "tokens": p.tokens,
-                       "lower_bound": p.n_bins if unpacked else p.lower_bound, "fill": p.efficiency,
+                       "lower_bound": bound, "fill": p.efficiency,
                        **({"budgets": dict(p.budgets)} if p.budgets else {})})
     merged = _concat(plans, config.max_length, tuple(groups))
     from packer.pack.plan import _ordered
@@ -299,6 +304,41 @@ def plan_build(samples: pa.Table, config: BuildConfig, tokenizer: dict[str, Any]
         keys = row_keys(samples, rows, family_from_state(family, config))
     p, m = plan_sources(samples, config, source_of_file, rows, joined, keys)
     return p, m, keys
+
+
+CAP_FIELDS = {"total": "max_media", "image": "max_images", "audio": "max_audio", "video": "max_videos"}
+
+
+def own_caps(config: BuildConfig, options: dict[str, Any]) -> tuple[int, dict[str, int]]:
+    """``(max_segments, media caps)`` a source with these own ``options`` (:meth:`packer.mix.Source.options`) is
+    planned with: its own over the build's (0 / left out: no limit)."""
+    caps = {k: int(options.get(f, getattr(config, f))) for k, f in CAP_FIELDS.items()}
+    return int(options.get("max_segments", config.max_segments) or 0), {k: v for k, v in caps.items() if v > 0}
+
+
+def placed_items(p: Plan, n_samples: int, media: dict[str, np.ndarray], preference: np.ndarray) -> dict[str, np.ndarray]:
+    """Each item the plan placed -- a sample (a copy, a piece) in a row, once per row -- as ``sample`` and its media
+    counts per kind (``media``: per sample), which the planner's caps charge a row for. A preference sample's media
+    count 0 here (its layout shares its prompt's media among segments): a bound built on these never overshoots."""
+    rows = np.repeat(np.arange(p.n_bins, dtype=np.int64), np.diff(p.offsets))
+    pairs = np.unique(rows * max(1, n_samples) + p.indices)
+    sample = pairs % max(1, n_samples)
+    counted = ~np.isin(sample, preference)
+    return {"sample": sample, **{k: np.where(counted, v[sample], 0) for k, v in media.items()}}
+
+
+def row_bound(tokens: int, items: int, media: dict[str, int], capacity: int, max_segments: int,
+              caps: dict[str, int]) -> int:
+    """Rows no packing of these segments goes below: ``ceil(tokens / capacity)``, ``ceil(items / max_segments)``
+    (packing = false: a row an item) and, per media cap, ``ceil(items of the kind / cap)`` (``total``: all kinds):
+    a source of ``max_images = 2`` with 10 images needs 5 rows however short its text."""
+    bound = -(-tokens // capacity)
+    if max_segments > 0:
+        bound = max(bound, -(-items // max_segments))
+    for kind, cap in caps.items():
+        n = sum(media.values()) if kind == "total" else media.get(kind, 0)
+        bound = max(bound, -(-int(n) // cap))
+    return int(bound)
 
 
 def policy_groups(config: BuildConfig) -> list[tuple[tuple, list[int], BuildConfig]]:

@@ -26,6 +26,7 @@ import numpy as np
 from packer.config import BuildConfig
 from packer.pack.plan import Plan
 from packer.shards.manifest import FileAccount
+from packer.stages.planning import own_caps, placed_items, row_bound
 
 
 def quarantined_by_file(path: Path | None) -> dict[str, Counter]:
@@ -42,8 +43,11 @@ def quarantined_by_file(path: Path | None) -> dict[str, Counter]:
 
 
 def source_accounts(config: BuildConfig, inputs: list[str], input_sources: list[int], by_file: dict[str, FileAccount],
-                    file_of_sample: np.ndarray, p: Plan, quarantined: dict[str, Counter]) -> list[dict[str, Any]]:
-    """One account per ``input`` entry, in their order (see the module docstring)."""
+                    file_of_sample: np.ndarray, p: Plan, quarantined: dict[str, Counter],
+                    media: dict[str, np.ndarray] | None = None, preference: np.ndarray | None = None) -> list[dict[str, Any]]:
+    """One account per ``input`` entry, in their order (see the module docstring); ``media``: each sample's media
+    counts per kind, so a source's bound honours its media caps (``preference``: the preference samples, whose
+    media are not counted: :func:`packer.stages.planning.placed_items`)."""
     sources = config.sources()
     n = len(sources)
     of_file = np.asarray(input_sources or [0] * len(inputs), np.int64)
@@ -56,16 +60,21 @@ def source_accounts(config: BuildConfig, inputs: list[str], input_sources: list[
     rows = np.bincount(pairs % n, minlength=n)
     shared = np.bincount(pairs[per_row[pairs // n] > 1] % n, minlength=n)
     dropped = {r: np.bincount(of_sample[v], minlength=n) for r, v in sorted(p.dropped.items()) if len(v)}
+    placed = placed_items(p, len(of_sample), media or {}, np.zeros(0, np.int64) if preference is None else preference)
+    of_item = of_sample[placed["sample"]]
+    items = np.bincount(of_item, minlength=n)
+    kinds = {k: np.bincount(of_item, weights=v, minlength=n).astype(np.int64) for k, v in placed.items() if k != "sample"}
     out = []
     for k, source in enumerate(sources):
         own = source.options()
         capacity = int(own.get("max_length", config.max_length))
-        unpacked = int(own.get("max_segments", config.max_segments)) == 1
+        max_segments, caps = own_caps(config, own)
         files = [name for name, s in zip(inputs, of_file.tolist(), strict=True) if s == k]
         acc = {key: sum(getattr(by_file[f], key) for f in files)
                for key in ("records", "packed", "quarantined", "dropped", "skipped", "repeated")}
         reasons = sum((quarantined.get(f, Counter()) for f in files), Counter())
-        bound = int(segments[k]) if unpacked else -(-int(tokens[k]) // capacity)
+        bound = row_bound(int(tokens[k]), int(items[k]), {kind: int(c[k]) for kind, c in kinds.items()}, capacity,
+                          max_segments, caps)  # its media caps and packing = false (a row an item) too
         out.append({
             "input": source.pattern, "policy": dict(source.policy), "files": len(files), **acc,
             "quarantined_by_reason": dict(sorted(reasons.items())),

@@ -182,8 +182,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 SHARD_NAME = re.compile(r"part-\d{5}\.arrow")
 
 
-def open_state(out: Path, fp: dict[str, Any], *, overwrite: bool) -> None:
-    """Decide between resume and start-over for ``out`` (the lock is already held).
+INTERRUPTED = "the interrupted run"
+FINISHED = "the finished build already in the output (same inputs and settings)"
+
+
+def open_state(out: Path, fp: dict[str, Any], *, overwrite: bool) -> str:
+    """Decide between resume and start-over for ``out`` (the lock is already held); returns what a resume reuses
+    finished tasks from, for the stages' lines: :data:`FINISHED` when ``out`` holds a complete build of the same job
+    (the command run again), else :data:`INTERRUPTED` (a start-over reuses nothing, so its lines name none).
 
     Starting over (``--overwrite``) removes only what a packer build wrote there -- the
     files its manifest and resume journal list, its fixed file names, its temporaries --
@@ -200,7 +206,7 @@ def open_state(out: Path, fp: dict[str, Any], *, overwrite: bool) -> None:
         if old == fp:  # resume: finished tasks are reused; a crashed writer's temporaries go
             for e in [*_temporaries(out), out / INTERNAL_ERROR_FILE]:
                 e.unlink(missing_ok=True)
-            return
+            return FINISHED if _complete(out) else INTERRUPTED
         changed = changes(old, fp)
         if changed and set(changed) <= set(CODE_KEYS):  # the same job made by other code: its shards may be stale
             print(f"packer: note: {out} was built by other code ({', '.join(changed)} changed): nothing of it is reused, "
@@ -219,6 +225,16 @@ def open_state(out: Path, fp: dict[str, Any], *, overwrite: bool) -> None:
     clear_build(out)
     state.mkdir(parents=True, exist_ok=True)
     write_text_atomic(old_path, json.dumps(fp, indent=1, sort_keys=True))
+    return INTERRUPTED
+
+
+def _complete(out: Path) -> bool:
+    """Whether ``out`` holds the manifest of a finished build (written last: a run stopped before it has none, a
+    failed one says so in ``status``)."""
+    try:
+        return json.loads((out / "manifest.json").read_text()).get("status") == "complete"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def written_by_build(out: Path) -> set[Path]:
