@@ -119,6 +119,27 @@ def test_the_shapes_parse_into_one_prompt_and_its_responses():
      "wrong_format", "share no first turn"),
     ({"prompt": "Hi", "completion": "a", "label": 1}, "unpaired_preference", "label_not_boolean", "got 1 \\(int\\)"),
     ({"prompt": "Hi", "chosen": "a", "rejected": "b", "score_chosen": "high"}, "auto", "wrong_type", "finite number"),
+    # segment_weight is float32: 1e39 would be stored as inf, -1e39 as -inf
+    ({"prompt": "Hi", "chosen": "a", "rejected": "b", "score_chosen": 1e39}, "auto", "wrong_type",
+     r"'score_chosen' is 1e\+39: .* within float32's range"),
+    ({"prompt": "Hi", "chosen": "a", "rejected": "b", "score_rejected": -3.5e38}, "auto", "wrong_type", "float32's range"),
+    ({"prompt": "Hi", "responses": ["a", "b"], "rewards": [10**400, 1]}, "auto", "wrong_type",  # float() overflows
+     r"'rewards\[0\]' is an integer of 401 digits"),
+    # the responses of several shapes: reading one dropped the others' without a word
+    ({"prompt": "Hi", "chosen": "a", "rejected": "b", "responses": ["c", "d"], "completion": "e", "label": True}, "auto",
+     "ambiguous_record", "holds 'chosen' \\+ 'rejected' and 'responses' and 'completion': the responses of 3 shapes"),
+    ({"prompt": "Hi", "chosen": "a", "rejected": "b", "completion": "e", "label": 0}, "auto", "ambiguous_record",
+     "force the shape with --format"),
+    ({"prompt": "Hi", "responses": ["c"], "completions": ["d"]}, "auto", "ambiguous_record", "'responses' and 'completions'"),
+    # a boolean label on a shape with no labelled completion: trained as a plain (positive) example before
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "label": False}, "auto",
+     "label_without_completion", "'label': false .* read as messages"),
+    ({"instruction": "q", "output": "a", "label": False}, "auto", "label_without_completion", "read as alpaca"),
+    ({"text": "a document", "label": False}, "auto", "label_without_completion", "read as text"),
+    ({"prompt": "Hi", "chosen": "a", "rejected": "b", "label": True}, "auto", "label_without_completion",
+     "read as preference"),
+    ({"prompt": "Hi", "completion": "a", "label": False}, "prompt_completion", "label_without_completion",
+     "read as prompt_completion"),
 ])
 def test_bad_preference_records(obj, fmt, reason, match):
     with pytest.raises(BadRecord, match=match) as e:
@@ -147,6 +168,47 @@ def test_kto_labels_false_as_a_string_or_0_are_quarantined_never_coerced_nor_tra
         assert acc["quarantined_by_reason"] == {"label_not_boolean": 2} and acc["samples_packed"] == 1
         quarantined = [json.loads(line) for line in (out / "quarantine.jsonl").read_text().splitlines()]
         assert sorted(q["reason"] for q in quarantined) == ["label_not_boolean"] * 2
+
+
+def test_a_forced_format_reads_its_shape_and_null_fields_count_as_absent():
+    obj = {"prompt": "Hi", "chosen": "a", "rejected": "b", "responses": ["c", "d", "e"]}
+    assert [r.role for r in parse_record(obj, "preference", SAMPLE, TAGS).responses] == ["chosen", "rejected"]
+    assert len(parse_record(obj, "responses", SAMPLE, TAGS).responses) == 3
+    table = {"prompt": "Hi", "chosen": "a", "rejected": "b", "responses": None, "completion": None, "label": None}
+    assert [r.role for r in parse_record(table, "auto", SAMPLE, TAGS).responses] == ["chosen", "rejected"]
+    labelled = parse_record({"text": "a document", "label": "positive"}, "auto", SAMPLE, TAGS)  # no KTO label: kept
+    assert labelled.text == "a document"
+
+
+def test_bad_weights_ambiguous_records_and_stray_labels_are_quarantined_never_packed_or_crashing(tmp_path):
+    """Before: 1e39 / -1e39 were packed as segment_weight inf / -inf, a 400-digit integer reward stopped the
+    build (internal_error), an ambiguous record was read as its pair with the rest dropped, and ``"label": false``
+    on a messages, Alpaca or text record was trained as a positive example; none of them was counted."""
+    sft = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    lines = ['{"prompt": "What is 2+2? ", "chosen": "It is 4.", "rejected": "It is 5.", "score_chosen": 1e39, '
+             '"score_rejected": -1e39}',
+             '{"prompt": "Count: ", "responses": ["1 2", "2 1"], "rewards": [1' + "0" * 400 + ', 1]}',
+             json.dumps({"prompt": "What is 2+2? ", "chosen": "It is 4.", "rejected": "It is 5.", "responses": ["4", "5"],
+                         "completion": "4", "label": True}),
+             json.dumps({"prompt": "What is 2+2? ", "completion": "It is 4.", "chosen": "It is 4.", "rejected": "5",
+                         "label": "false"}),
+             json.dumps({**sft, "label": False}), json.dumps({"instruction": "q", "output": "a", "label": False}),
+             json.dumps({"text": "a document", "label": False}),
+             json.dumps({"prompt": "What is 2+2? ", "chosen": "It is 4.", "rejected": "It is 5.", "score_chosen": 3.4e38,
+                         "score_rejected": -2.5}), json.dumps(sft)]
+    source = tmp_path / "mixed.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "pairs"
+    manifest = build(resolve(None, input=[str(source)], output=str(out), tokenizer=TOKENIZER, preference="pairs",
+                             max_bad_fraction=1.0), progress=False).to_dict()
+    acc = manifest["accounting"]
+    assert acc["quarantined_by_reason"] == {"wrong_type": 2, "ambiguous_record": 2, "label_without_completion": 3}
+    assert acc["samples_packed"] == 2 and acc["dropped"] == 0
+    weights = [w for r in packed_rows(out) for w in r["segment_weight"]]
+    assert sorted(w for w in weights if not math.isnan(w)) == [-2.5, np.float32(3.4e38)]
+    quarantined = {json.loads(q)["line"]: json.loads(q)["reason"] for q in (out / "quarantine.jsonl").read_text().splitlines()}
+    assert quarantined == {1: "wrong_type", 2: "wrong_type", 3: "ambiguous_record", 4: "ambiguous_record",
+                           5: "label_without_completion", 6: "label_without_completion", 7: "label_without_completion"}
 
 
 # ---------------------------------------------------------------- tokens: each response as it runs alone
