@@ -257,6 +257,30 @@ def test_string_records_are_trls_standard_format_by_default(plain, chatml, promp
     assert kto.input_ids.tolist() == want and [r.role for r in kto.responses] == ["desirable"]
 
 
+def test_a_long_string_prompt_with_many_responses_is_tokenized_in_bounded_calls_as_trl_tokenizes_it(monkeypatch):
+    """Before: the 40 copies of the prompt went to the tokenizer in one call with offsets (a 100 KB prompt with 500
+    responses: 2 GB of encodings held at once), and each response's rendering was compared with the first's one
+    character at a time in Python (``os.path.commonprefix``: 2 ms per 100 KB). Now ids only, in calls of at most
+    ``PREFERENCE_BATCH_BYTES`` of text (plus one text), and the comparison in C; the tokens are TRL's."""
+    import os
+
+    from packer.encode import encoder as encoder_module
+
+    pytest.importorskip("trl", reason="trl is in the test layer (requirements.lock)")
+    plain = Encoder(EncoderSpec.of(tokenizer=TOKENIZER, preference="tree", max_length=1 << 20))
+    prompt = "The frog likes to jump over the stones by the river. " * 400  # 21 KB
+    responses = [f" Answer {i}: " + "yes " * (i % 4) for i in range(40)]
+    calls = []
+    real = plain.text._rust
+    monkeypatch.setattr(plain.text, "_rust", lambda texts, **kw: calls.append((sum(map(len, texts)), kw)) or real(texts, **kw))
+    monkeypatch.setattr(os.path, "commonprefix", lambda *a: pytest.fail("a Python walk over the renderings"))
+    sample = encode(plain, {"prompt": prompt, "responses": responses})
+    assert max(size for size, _ in calls) <= encoder_module.PREFERENCE_BATCH_BYTES + len(prompt) + 100
+    assert not any(kw["offsets"] for _, kw in calls)  # the labels come from TRL's token count, not from characters
+    for (ids, labels), (want, start) in zip(segments(sample), trl_standard(plain.tok, prompt, responses), strict=True):
+        assert ids.tolist() == want and labels.tolist() == [IGNORE] * start + want[start:]
+
+
 def test_records_with_message_lists_and_string_media_are_not_standard(plain, chatml):
     mixed = {"prompt": "What is 2 + 2?", "chosen": ANSWERS[0], "rejected": ANSWERS[1]}  # a message list: chat
     assert encode(plain, mixed).input_ids.tolist() == encode(chatml, mixed).input_ids.tolist()
