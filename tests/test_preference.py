@@ -119,6 +119,27 @@ def test_the_shapes_parse_into_one_prompt_and_its_responses():
      "wrong_format", "share no first turn"),
     ({"prompt": "Hi", "completion": "a", "label": 1}, "unpaired_preference", "label_not_boolean", "got 1 \\(int\\)"),
     ({"prompt": "Hi", "chosen": "a", "rejected": "b", "score_chosen": "high"}, "auto", "wrong_type", "finite number"),
+    # segment_weight is float32: 1e39 would be stored as inf, -1e39 as -inf
+    ({"prompt": "Hi", "chosen": "a", "rejected": "b", "score_chosen": 1e39}, "auto", "wrong_type",
+     r"'score_chosen' is 1e\+39: .* within float32's range"),
+    ({"prompt": "Hi", "chosen": "a", "rejected": "b", "score_rejected": -3.5e38}, "auto", "wrong_type", "float32's range"),
+    ({"prompt": "Hi", "responses": ["a", "b"], "rewards": [10**400, 1]}, "auto", "wrong_type",  # float() overflows
+     r"'rewards\[0\]' is an integer of 401 digits"),
+    # the responses of several shapes: reading one dropped the others' without a word
+    ({"prompt": "Hi", "chosen": "a", "rejected": "b", "responses": ["c", "d"], "completion": "e", "label": True}, "auto",
+     "ambiguous_record", "holds 'chosen' \\+ 'rejected' and 'responses' and 'completion': the responses of 3 shapes"),
+    ({"prompt": "Hi", "chosen": "a", "rejected": "b", "completion": "e", "label": 0}, "auto", "ambiguous_record",
+     "force the shape with --format"),
+    ({"prompt": "Hi", "responses": ["c"], "completions": ["d"]}, "auto", "ambiguous_record", "'responses' and 'completions'"),
+    # a boolean label on a shape with no labelled completion: trained as a plain (positive) example before
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "label": False}, "auto",
+     "label_without_completion", "'label': false .* read as messages"),
+    ({"instruction": "q", "output": "a", "label": False}, "auto", "label_without_completion", "read as alpaca"),
+    ({"text": "a document", "label": False}, "auto", "label_without_completion", "read as text"),
+    ({"prompt": "Hi", "chosen": "a", "rejected": "b", "label": True}, "auto", "label_without_completion",
+     "read as preference"),
+    ({"prompt": "Hi", "completion": "a", "label": False}, "prompt_completion", "label_without_completion",
+     "read as prompt_completion"),
 ])
 def test_bad_preference_records(obj, fmt, reason, match):
     with pytest.raises(BadRecord, match=match) as e:
@@ -147,6 +168,47 @@ def test_kto_labels_false_as_a_string_or_0_are_quarantined_never_coerced_nor_tra
         assert acc["quarantined_by_reason"] == {"label_not_boolean": 2} and acc["samples_packed"] == 1
         quarantined = [json.loads(line) for line in (out / "quarantine.jsonl").read_text().splitlines()]
         assert sorted(q["reason"] for q in quarantined) == ["label_not_boolean"] * 2
+
+
+def test_a_forced_format_reads_its_shape_and_null_fields_count_as_absent():
+    obj = {"prompt": "Hi", "chosen": "a", "rejected": "b", "responses": ["c", "d", "e"]}
+    assert [r.role for r in parse_record(obj, "preference", SAMPLE, TAGS).responses] == ["chosen", "rejected"]
+    assert len(parse_record(obj, "responses", SAMPLE, TAGS).responses) == 3
+    table = {"prompt": "Hi", "chosen": "a", "rejected": "b", "responses": None, "completion": None, "label": None}
+    assert [r.role for r in parse_record(table, "auto", SAMPLE, TAGS).responses] == ["chosen", "rejected"]
+    labelled = parse_record({"text": "a document", "label": "positive"}, "auto", SAMPLE, TAGS)  # no KTO label: kept
+    assert labelled.text == "a document"
+
+
+def test_bad_weights_ambiguous_records_and_stray_labels_are_quarantined_never_packed_or_crashing(tmp_path):
+    """Before: 1e39 / -1e39 were packed as segment_weight inf / -inf, a 400-digit integer reward stopped the
+    build (internal_error), an ambiguous record was read as its pair with the rest dropped, and ``"label": false``
+    on a messages, Alpaca or text record was trained as a positive example; none of them was counted."""
+    sft = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    lines = ['{"prompt": "What is 2+2? ", "chosen": "It is 4.", "rejected": "It is 5.", "score_chosen": 1e39, '
+             '"score_rejected": -1e39}',
+             '{"prompt": "Count: ", "responses": ["1 2", "2 1"], "rewards": [1' + "0" * 400 + ', 1]}',
+             json.dumps({"prompt": "What is 2+2? ", "chosen": "It is 4.", "rejected": "It is 5.", "responses": ["4", "5"],
+                         "completion": "4", "label": True}),
+             json.dumps({"prompt": "What is 2+2? ", "completion": "It is 4.", "chosen": "It is 4.", "rejected": "5",
+                         "label": "false"}),
+             json.dumps({**sft, "label": False}), json.dumps({"instruction": "q", "output": "a", "label": False}),
+             json.dumps({"text": "a document", "label": False}),
+             json.dumps({"prompt": "What is 2+2? ", "chosen": "It is 4.", "rejected": "It is 5.", "score_chosen": 3.4e38,
+                         "score_rejected": -2.5}), json.dumps(sft)]
+    source = tmp_path / "mixed.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "pairs"
+    manifest = build(resolve(None, input=[str(source)], output=str(out), tokenizer=TOKENIZER, preference="pairs",
+                             max_bad_fraction=1.0), progress=False).to_dict()
+    acc = manifest["accounting"]
+    assert acc["quarantined_by_reason"] == {"wrong_type": 2, "ambiguous_record": 2, "label_without_completion": 3}
+    assert acc["samples_packed"] == 2 and acc["dropped"] == 0
+    weights = [w for r in packed_rows(out) for w in r["segment_weight"]]
+    assert sorted(w for w in weights if not math.isnan(w)) == [-2.5, np.float32(3.4e38)]
+    quarantined = {json.loads(q)["line"]: json.loads(q)["reason"] for q in (out / "quarantine.jsonl").read_text().splitlines()}
+    assert quarantined == {1: "wrong_type", 2: "wrong_type", 3: "ambiguous_record", 4: "ambiguous_record",
+                           5: "label_without_completion", 6: "label_without_completion", 7: "label_without_completion"}
 
 
 # ---------------------------------------------------------------- tokens: each response as it runs alone
@@ -193,6 +255,30 @@ def test_string_records_are_trls_standard_format_by_default(plain, chatml, promp
     kto = encode(plain, {"prompt": prompt, "completion": responses[0], "label": True})
     (want, _), = trl_standard(plain.tok, prompt, responses[:1])
     assert kto.input_ids.tolist() == want and [r.role for r in kto.responses] == ["desirable"]
+
+
+def test_a_long_string_prompt_with_many_responses_is_tokenized_in_bounded_calls_as_trl_tokenizes_it(monkeypatch):
+    """Before: the 40 copies of the prompt went to the tokenizer in one call with offsets (a 100 KB prompt with 500
+    responses: 2 GB of encodings held at once), and each response's rendering was compared with the first's one
+    character at a time in Python (``os.path.commonprefix``: 2 ms per 100 KB). Now ids only, in calls of at most
+    ``PREFERENCE_BATCH_BYTES`` of text (plus one text), and the comparison in C; the tokens are TRL's."""
+    import os
+
+    from packer.encode import encoder as encoder_module
+
+    pytest.importorskip("trl", reason="trl is in the test layer (requirements.lock)")
+    plain = Encoder(EncoderSpec.of(tokenizer=TOKENIZER, preference="tree", max_length=1 << 20))
+    prompt = "The frog likes to jump over the stones by the river. " * 400  # 21 KB
+    responses = [f" Answer {i}: " + "yes " * (i % 4) for i in range(40)]
+    calls = []
+    real = plain.text._rust
+    monkeypatch.setattr(plain.text, "_rust", lambda texts, **kw: calls.append((sum(map(len, texts)), kw)) or real(texts, **kw))
+    monkeypatch.setattr(os.path, "commonprefix", lambda *a: pytest.fail("a Python walk over the renderings"))
+    sample = encode(plain, {"prompt": prompt, "responses": responses})
+    assert max(size for size, _ in calls) <= encoder_module.PREFERENCE_BATCH_BYTES + len(prompt) + 100
+    assert not any(kw["offsets"] for _, kw in calls)  # the labels come from TRL's token count, not from characters
+    for (ids, labels), (want, start) in zip(segments(sample), trl_standard(plain.tok, prompt, responses), strict=True):
+        assert ids.tolist() == want and labels.tolist() == [IGNORE] * start + want[start:]
 
 
 def test_records_with_message_lists_and_string_media_are_not_standard(plain, chatml):

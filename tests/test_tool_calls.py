@@ -122,6 +122,37 @@ def test_malformed_tool_calls_are_wrong_type(messages, match):
         parse_record({"messages": HF, "tools": {"name": "f"}}, "auto", SAMPLE, {"image": "<image>"})
 
 
+# JSON inside a JSON string: its escapes are the line's "\\ud800", which decode only when packer parses the string
+# (the line's own check sees none); before, the surrogate reached the tokenizer (a TypeError: internal_error)
+# and a deep nesting Python's recursion limit.
+SURROGATE_ARGUMENTS = '{"city": "Par\\ud800is"}'
+
+
+@pytest.mark.parametrize("record, reason, match", [
+    ({"messages": [HF[0], {"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": SURROGATE_ARGUMENTS}}]}]},
+     "invalid_text", r"messages\[1\]\.tool_calls\[0\]\.function\.arguments\.city holds a lone UTF-16 surrogate \(U\+D800\)"),
+    ({"messages": HF[:1] + HF[3:], "tools": json.dumps(TOOLS).replace("The weather", "\\udc00The weather")},
+     "invalid_text", r"tools\[0\]\.function\.description holds a lone UTF-16 surrogate \(U\+DC00\)"),
+    ({"messages": HF[:1] + HF[3:], "tools": "[" * 100_000}, "nesting_too_deep", "tools is JSON nested deeper"),
+    ({"messages": [HF[0], {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "f", "arguments": '{"n": ' + "9" * 5000 + "}"}}]}]},
+     "number_too_large", r"arguments holds an integer too long"),
+])
+def test_json_inside_a_tool_string_is_checked_as_the_line_is(tmp_path, record, reason, match):
+    with pytest.raises(BadRecord, match=match) as e:
+        parse_record(record, "auto", SAMPLE, {"image": "<image>"})
+    assert e.value.reason == reason
+    source = tmp_path / "tools.jsonl"  # the build quarantines it (never "a packer bug met this record")
+    source.write_text(json.dumps(record) + "\n" + json.dumps({"messages": HF[:1] + HF[3:]}) + "\n")
+    from packer.build import build
+    from packer.config import resolve
+
+    manifest = build(resolve(None, input=[str(source)], output=str(tmp_path / "out"), tokenizer=TOKENIZER,
+                             max_bad_fraction=1.0), progress=False).to_dict()
+    assert manifest["accounting"]["quarantined_by_reason"] == {reason: 1}
+
+
 @pytest.mark.slow  # the real Qwen3 tokenizer
 def test_a_preference_records_tools_reach_each_response_and_a_tool_call_response_is_trained():
     """TRL's DPOTrainer passes a record's ``tools`` to every rendering: each response's tokens are

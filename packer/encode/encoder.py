@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from packer.encode import preference, standard
-from packer.encode.labels import Labeller, span_mask
+from packer.encode.labels import Labeller, common_chars, span_mask
 from packer.encode.render import MARK_START, Renderer, probe_conversations, template_clock
 from packer.encode.shipped import Shipped, ship, unpack
 from packer.encode.tokenizer import add_tokens, fingerprint, missing_tokens, open_tokenizer, require_tokens
@@ -302,11 +302,23 @@ class Encoder:
             pass
         self._memo = memo
 
-    def _standard_encode(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """``tok(text)`` as TRL calls it on standard-format text: special tokens added, typed ones parsed."""
-        return self.text.encode(texts, special=True, split=self.text.split_default, offsets=True)
+    def _standard_encode(self, texts: list[str]) -> list[tuple[np.ndarray, None]]:
+        """``tok(text)`` as TRL calls it on standard-format text: special tokens added, typed ones parsed. Ids only:
+        the labels follow from TRL's token count (:func:`standard.completion_start`), not from characters. At most
+        ``PREFERENCE_BATCH_BYTES`` of text a call: a record of many responses repeats its prompt in each, and one
+        call over all of them held every token's encoding at once (2 GB for a 100 KB prompt and 500 responses)."""
+        out, batch, size = [], [], 0
+        for text in texts:
+            batch.append(text)
+            size += len(text)
+            if size >= PREFERENCE_BATCH_BYTES:
+                out += self.text.encode(batch, special=True, split=self.text.split_default, offsets=False)
+                batch, size = [], 0
+        if batch:
+            out += self.text.encode(batch, special=True, split=self.text.split_default, offsets=False)
+        return out
 
-    def _standard_tokens(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+    def _standard_tokens(self, text: str) -> tuple[np.ndarray, None]:
         hit = self._memo.get(("standard", text))
         return hit if hit is not None else self._standard_encode([text])[0]
 
@@ -695,7 +707,7 @@ class Encoder:
         h = full.rfind(header, 0, at) if header else -1
         end = h if h >= 0 else at
         if prompt is not None:
-            end = min(end, len(os.path.commonprefix([prompt, full])))
+            end = min(end, common_chars(prompt, full))
         return _shift(end, chat.edits)
 
     def _labels(self, chat: RenderedChat, ids: np.ndarray, starts: np.ndarray) -> np.ndarray:

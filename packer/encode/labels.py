@@ -264,9 +264,9 @@ class Labeller:
                 before = self.renderer.render(messages[:i], add_generation_prompt=True, tools=self.tools) if i else ""
             except BadRecord:  # some templates cannot render a prefix; the header is then trained too
                 before = ""
-            start = len(os.path.commonprefix([full, before]))
+            start = common_chars(full, before)
             prefix = self.renderer.render(messages[: i + 1], tools=self.tools)
-            end = len(os.path.commonprefix([full, prefix]))
+            end = common_chars(full, prefix)
             content = text_of(messages[i])
             content_end = end
             if end <= start or content not in full[start:end]:
@@ -324,6 +324,24 @@ def _header_at(piece: str, header: str, message: dict[str, Any]) -> int:
             if r >= 0:
                 return piece.rfind(header, 0, r)
     return piece.rfind(header)
+
+
+def common_chars(a: str, b: str) -> int:
+    """How many leading characters ``a`` and ``b`` share. ``os.path.commonprefix`` walks them a character at a
+    time in Python (~20 ns each: 2 ms for a 100 KB prompt, once per response of a record); this compares
+    halving slices in C, ``n / 2 + n / 4 + ...`` characters, so a record of many responses costs no more than
+    copying their text."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo]; a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def text_of(message: dict[str, Any]) -> str:

@@ -26,11 +26,11 @@ not refused: the tokens diverge there, and each branch starts at the last token 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from packer.encode.labels import common_chars
 from packer.errors import BadRecord
 
 
@@ -95,7 +95,7 @@ class SharedPrefix:
             return
         own = min(common_prefix([self.ids0, ids]), first_trained(trained))
         self.b = min(self.b, own)
-        agree = len(os.path.commonprefix([self.text0, text]))
+        agree = common_chars(self.text0, text)
         if agree < self.agree:
             self.agree, self.differs = agree, (k, text[max(0, agree - 12) : agree + 12])
         keep = max(own - 1, 0)

@@ -50,6 +50,7 @@ from typing import Any
 from packer.errors import BadRecord
 from packer.ingest import preference, tools
 from packer.ingest.records import ROLES, Conversation, Document, Part, Preference, Turn
+from packer.ingest.unicode import SURROGATE_ESCAPE, check_strings
 from packer.io import fs
 from packer.media.limits import check_frame_rate
 from packer.shards.schema import MEDIA_KINDS
@@ -84,40 +85,8 @@ def decode_json(data: bytes) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise BadRecord("not_an_object", f"the line is a JSON {type(obj).__name__}, not an object")
     if SURROGATE_ESCAPE.search(data):
-        _check_strings(obj)
+        check_strings(obj)
     return obj
-
-
-# JSON may spell a lone UTF-16 surrogate (``"\ud83d"``): Python decodes it into a str that no
-# tokenizer or UTF-8 writer accepts. Valid pairs decode to one code point, so any surrogate
-# left after decoding is lone; only lines with such an escape are walked.
-SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _check_strings(obj: Any) -> None:
-    """Raise ``invalid_id`` / ``invalid_text`` for the first key or string holding a lone surrogate."""
-    stack: list[tuple[str, Any]] = [("", obj)]
-    while stack:  # iterative: a record nested to the JSON decoder's limit would overflow a recursive walk
-        where, value = stack.pop()
-        if isinstance(value, str):
-            bad = SURROGATE.search(value)
-            if bad:
-                code = f"U+{ord(bad.group()):04X}"
-                if where == "id":
-                    raise BadRecord("invalid_id", f"'id' holds a lone UTF-16 surrogate ({code}), not valid Unicode; "
-                                                  f"fix the id (write the character's full surrogate pair, or drop it)")
-                raise BadRecord("invalid_text", f"{where or 'the record'} holds a lone UTF-16 surrogate ({code}) at "
-                                                f"character {bad.start()}, not valid Unicode; fix the text (write the "
-                                                f"character's full surrogate pair, or drop it)")
-        elif isinstance(value, dict):
-            for k, v in reversed(value.items()):
-                name = f"{where}.{k}" if where else str(k)
-                if SURROGATE.search(k):
-                    stack.append((f"{where}.<key>" if where else "<key>", k))
-                stack.append((SURROGATE.sub("?", name), v))
-        elif isinstance(value, list):
-            stack.extend((f"{where}[{i}]", v) for i, v in reversed(list(enumerate(value))))
 
 
 def record_id(obj: dict[str, Any]) -> str | None:
@@ -134,6 +103,7 @@ def detect_format(obj: dict[str, Any]) -> str:
         return "llava"
     if "messages" in obj:
         return "sharegpt" if _sharegpt_style(obj["messages"]) else "messages"
+    preference.check_unambiguous(obj)
     shape = preference.detect(obj)
     if shape is not None:
         return shape
@@ -178,6 +148,7 @@ def parse_record(obj: dict[str, Any], fmt: str, base_dir: Path, tags: dict[str, 
                 fields = f"a {fields[0]} field" if len(fields) == 1 else " and ".join(fields) + " fields"
                 raise BadRecord("wrong_format", f"--format {fmt} needs {fields} (keys: "
                                                 f"{', '.join(sorted(obj)[:8]) or 'none'}); use --format auto for mixed data")
+    preference.check_label(obj, fmt)
     rid = record_id(obj)
     if fmt == "text":
         text = obj["text"]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import struct
 from typing import Any
 
 from packer.errors import BadRecord
@@ -40,6 +41,37 @@ NEEDS = {"preference": (("chosen",), ("rejected",)), "unpaired_preference": (("p
          "responses": (("prompt",), ("responses", "completions"))}
 RESPONSE_LISTS = ("responses", "completions")
 WEIGHT_LISTS = ("rewards", "weights")
+
+
+# The fields that hold a record's responses, one group per shape: a pair, a list (either name), a completion
+# (prompt / completion, or KTO's with a label). A record holding two groups has no one shape to read.
+RESPONSE_FIELDS = (("chosen", "rejected"), ("responses",), ("completions",), ("completion",))
+FORCE_HINT = "--format preference, responses, unpaired_preference or prompt_completion"
+
+
+def check_unambiguous(obj: dict[str, Any]) -> None:
+    """Refuse (``ambiguous_record``) a record holding the responses of more than one shape (a pair and a list of
+    responses and a completion): reading one shape would drop the others' responses without a word. A field
+    that is null counts as absent (a table written out with every column)."""
+    held = [group for group in RESPONSE_FIELDS if all(obj.get(k) is not None for k in group)]
+    if len(held) > 1:
+        names = " and ".join(" + ".join(f"'{k}'" for k in group) for group in held)
+        raise BadRecord("ambiguous_record", f"the record holds {names}: the responses of {len(held)} shapes, and "
+                                            f"reading one would drop the others'; keep one shape's fields in each "
+                                            f"record, or force the shape with {FORCE_HINT}")
+
+
+def check_label(obj: dict[str, Any], fmt: str) -> None:
+    """Refuse (``label_without_completion``) a JSON boolean ``label`` on a record not read as TRL's unpaired
+    ``{"prompt", "completion", "label"}``: it says whether the response is desirable, and any other shape would
+    train the record as a plain example, ``false`` included."""
+    label = obj.get("label")
+    if isinstance(label, bool) and fmt != "unpaired_preference":
+        raise BadRecord("label_without_completion",
+                        f"'label': {json.dumps(label)} marks a KTO response desirable or not, but the record is read as "
+                        f"{fmt}, which has no labelled completion: it would be trained as a plain example whatever the "
+                        f"label says; give it as {{\"prompt\", \"completion\", \"label\"}} (built with --preference pairs "
+                        f"or tree), or drop 'label'")
 
 
 def detect(obj: dict[str, Any]) -> str | None:
@@ -112,11 +144,23 @@ def _paired(obj: dict[str, Any]) -> tuple[Any, list[tuple[str, Any]]]:
 
 
 def _number(value: Any, key: str) -> float:
+    """A response's weight: NaN when not given, else a number float32 holds as a finite value (``segment_weight``
+    and ``ResponseLogps.weight`` are float32: 1e39 would be stored as inf, a JSON integer of 400 digits has no
+    float at all), so the weight a trainer reads is the one the record gave."""
     if value is None:
         return math.nan
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise BadRecord("wrong_type", f"'{key}' must be a finite number, got {value!r}")
-    return float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadRecord("wrong_type", f"'{key}' must be a finite number, got {value!r}"[:200])
+    try:
+        weight = float(value)  # OverflowError: an integer past float64
+        struct.pack("<f", weight)  # OverflowError: float32 rounds it to infinity
+    except OverflowError:
+        weight = math.inf
+    if not math.isfinite(weight):
+        shown = f"an integer of {len(str(abs(value))):,} digits" if isinstance(value, int) else repr(value)
+        raise BadRecord("wrong_type", f"'{key}' is {shown}: a weight must be a finite number within float32's range "
+                                      f"(|x| <= 3.4028235e38), the type segment_weight stores; rescale the scores")
+    return weight
 
 
 def _weights(obj: dict[str, Any], n: int) -> list[float]:
