@@ -346,7 +346,7 @@ def test_packer_steps_writes_over_no_file_of_the_build_and_nothing_but_a_plan(bu
     assert steps_cli(build, "--ranks", 2, "-o", tmp_path / "plan.arrow").exit_code == 0  # over its own plan: fine
 
 
-def test_a_rerun_removes_what_an_interrupted_plan_write_left(build):
+def test_a_rerun_removes_what_an_interrupted_plan_write_left(build, tmp_path):
     """kill -9 leaves ``NAME.arrow.tmp-*`` (the atomic write's temporary): verify names it and the fix, and the next
     packer steps removes it (it holds the build's lock, so no other writer's file is taken), as a build does its own."""
     from packer.verify import verify
@@ -361,6 +361,12 @@ def test_a_rerun_removes_what_an_interrupted_plan_write_left(build):
     result = steps_cli(build, "--ranks", 2)
     assert result.exit_code == 0, result.output
     assert not any(p.exists() for p in stale) and verify(build)[0] == []
+    elsewhere = tmp_path / "plan.arrow"
+    left = tmp_path / "plan.arrow.tmp-q1w2", tmp_path / "other.arrow.tmp-q1w2"
+    for p in left:
+        p.write_bytes(b"half")
+    assert steps_cli(build, "--ranks", 2, "-o", elsewhere).exit_code == 0
+    assert not left[0].exists() and left[1].exists()  # outside the build: its own target's leftovers only
 
 
 def test_the_encoder_figure_is_absent_with_its_reason_where_the_cost_model_charges_no_media(build, tmp_path):

@@ -229,9 +229,10 @@ def plan_command(out: str, *, ranks: int, batch_size: int = 1, epochs: int = 1, 
                  accumulation: int = 1) -> dict:
     """``packer steps``: :func:`write_plan` with a cost model file and a stages file read; the metadata and path.
 
-    Holds the build's lock (no build or other ``packer steps`` writes in OUT meanwhile), so it can remove what an
-    interrupted plan write left (``*.tmp-*`` in OUT/steps, or beside ``output``) before it writes; SIGTERM or Ctrl-C
-    removes its own temporary file."""
+    Writing in OUT, it holds the build's lock (no build or other ``packer steps`` writes there meanwhile), so it can
+    remove what an interrupted plan write left in OUT/steps (``*.tmp-*``) before it writes; elsewhere it removes the
+    leftovers of its own target only (``NAME.tmp-*``) and needs no write access to OUT. SIGTERM or Ctrl-C removes its
+    own temporary file."""
     from packer.engine.local import stop_on_signals
     from packer.shards.step_plan import FOLDER
     from packer.stages.state import BuildLock
@@ -242,15 +243,18 @@ def plan_command(out: str, *, ranks: int, batch_size: int = 1, epochs: int = 1, 
     check_output(Path(out), path)
     read = read_stages(stages) if stages else None
     model = load_cost_model(cost_model) if cost_model else None
-    lock = BuildLock(Path(out))
+    inside = path.resolve().is_relative_to(Path(out).resolve())
+    lock = BuildLock(Path(out)) if inside else None  # a plan written elsewhere needs no write access to OUT
     try:
         with stop_on_signals():
-            for stale in {*(Path(out) / FOLDER).glob("*.tmp-*"), *path.parent.glob(path.name + ".tmp-*")}:
-                stale.unlink(missing_ok=True)  # an interrupted write's (kill -9): nobody else writes here now
+            stale = {*path.parent.glob(path.name + ".tmp-*"), *((Path(out) / FOLDER).glob("*.tmp-*") if inside else ())}
+            for leftover in stale:
+                leftover.unlink(missing_ok=True)  # an interrupted write's (kill -9): nobody else writes here now
             meta = write_plan(out, path, ranks=ranks, batch_size=batch_size, epochs=epochs, seed=seed, window=window,
                               cost=model, stages=read, accumulation=accumulation)
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
     return {**meta, "path": str(path)}
 
 
