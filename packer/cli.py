@@ -192,7 +192,8 @@ def report(out, html, **settings):
               help="Micro-steps a rank accumulates before the ranks sync (DDP under no_sync): its rows of an optimizer "
                    "step are balanced together. Leave 1 under FSDP / ZeRO-3 (they sync every micro-step).")
 @click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True, help="Epochs to plan.")
-@click.option("--seed", type=int, default=0, show_default=True, help="The plan's seed (the sampler's).")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="The plan's seed (the sampler's; >= 0).")
 @click.option("--window", type=click.IntRange(min=1), default=None,
               help="Steps per grouping window (default: the whole epoch; smaller: rows meet more varied rows).")
 @click.option("--cost-model", "cost_model", type=click.Path(dir_okay=False, exists=True), default=None,

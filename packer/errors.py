@@ -22,6 +22,11 @@ class ConfigError(PackerError):
     exit_code = 2
 
 
+class SettingError(ConfigError, ValueError):
+    """A library argument out of range or contradicting the build (a step plan's ranks, seed, stages): a
+    ``ValueError`` to Python callers, a one-line configuration error (exit 2) on the command line."""
+
+
 class StrictModeError(PackerError):
     """``--strict`` met a record that would have been quarantined."""
 

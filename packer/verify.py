@@ -180,6 +180,10 @@ def _check_folder(out: Path, manifest: Manifest) -> list[Problem]:
         if rel.startswith(STEPS_DIR + "/") and rel.endswith(".arrow"):
             problems += _check_step_plan(path, rel, manifest)
             continue
+        if rel.startswith(STEPS_DIR + "/") and ".arrow.tmp-" in rel:
+            problems.append(Problem(rel, None, "a step plan's unfinished write (packer steps was killed): run packer steps "
+                                               "again, which removes it, or delete it"))
+            continue
         problems.append(Problem(rel, None, "not part of the build: the manifest does not list it (an extra or stray file; "
                                            "remove it, or rebuild)"))
     return problems
@@ -190,12 +194,15 @@ def _check_step_plan(path: Path, rel: str, manifest: Manifest) -> list[Problem]:
     from packer.shards.step_plan import read_plan, rows_identity
 
     try:
-        meta = read_plan(path).meta
+        plan = read_plan(path)
     except Exception as e:  # noqa: BLE001 - any unreadable file is one problem, named
         return [Problem(rel, None, f"not a step plan packer steps writes ({e})")]
-    if meta.get("build") != rows_identity(manifest.files.packed):
+    if plan.meta.get("build") != rows_identity(manifest.files.packed):
         return [Problem(rel, None, "a step plan of other rows (the build changed since it was written): write it again "
                                    "with `packer steps`")]
+    wrong = plan.problem(sum(e.rows for e in manifest.files.packed))
+    if wrong:
+        return [Problem(rel, None, f"a damaged step plan: {wrong}; write it again with `packer steps`")]
     return []
 
 

@@ -16,6 +16,7 @@ pytest.importorskip("av")
 pytest.importorskip("torchvision")
 
 import json  # noqa: E402
+import re  # noqa: E402
 from functools import partial  # noqa: E402
 
 from assets_llava_onevision import ASSETS  # noqa: E402
@@ -281,6 +282,22 @@ def test_a_build_of_clips_of_different_frame_counts_trains_end_to_end(every_fram
     with pytest.raises(ValueError, match="batch_size=2: the build's rows hold videos of .* use batch_size=1"):
         TokenBalancedSampler(ds, num_replicas=1, rank=0, batch_size=2)
     assert len(list(TokenBalancedSampler(ds, num_replicas=1, rank=0, batch_size=1))) == len(ds)
+
+
+def test_packer_steps_refuses_a_batch_the_familys_rows_cannot_share(every_frame, tmp_path):
+    """A step plan of 2 rows a rank would name rows of two frame counts in one batch, which StepPlanSampler (and the
+    model) refuse: packer steps refuses it up front, one line, exit 2, with the fix; batch size 1 plans."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    result = CliRunner().invoke(main, ["steps", str(every_frame.out), "--ranks", "1", "--batch-size", "2",
+                                       "-o", str(tmp_path / "plan.arrow")])
+    assert result.exit_code == 2 and not (tmp_path / "plan.arrow").exists(), result.output
+    assert re.fullmatch(r"packer: error: batch_size=2: the build's rows hold videos of .* use --batch-size 1 .*\n",
+                        result.output), result.output
+    ok = CliRunner().invoke(main, ["steps", str(every_frame.out), "--ranks", "1", "-o", str(tmp_path / "plan.arrow")])
+    assert ok.exit_code == 0, ok.output
 
 
 def test_verify_collate_proves_the_rows_and_catches_a_build_planned_without_the_constraint(every_frame, tmp_path,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -161,9 +162,8 @@ def test_a_written_plan_is_what_the_sampler_computes_and_verify_accepts_it(build
     other.unlink()
     with pytest.raises(ValueError, match="made for ranks = 2, this run has 4"):
         sampler(build, num_replicas=4, rank=0, batch_size=2, plan=meta["path"])
-    planned.set_epoch(2)
-    with pytest.raises(ValueError, match="holds 2 epoch"):
-        list(planned)
+    with pytest.raises(ValueError, match="holds 2 epoch"):  # refused when the epoch is set, before any row
+        planned.set_epoch(2)
 
 
 def test_the_report_shows_each_cost_for_random_steps_token_only_and_the_plan(build):
@@ -219,3 +219,167 @@ def test_the_sampler_with_accumulation_follows_the_written_plan(build):
         assert list(planned) == list(sampler(build, num_replicas=2, rank=rank, accumulation=3))
     with pytest.raises(ValueError, match="made for accumulation = 3, this run has 1"):
         sampler(build, num_replicas=2, rank=0, plan=meta["path"])
+
+
+# ------------------------------------------------------------------ refusals: one line, exit 2, value and fix
+
+C, L = '"sample_data/chat.jsonl"', '"sample_data/llava.jsonl"'
+
+
+def stage(start, end, weights=f"{{ {C} = 1.0 }}"):
+    return f"[[stages]]\nstart = {start}\nend = {end}\nweights = {weights}\n"
+
+
+def steps_cli(build, *args):
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    return CliRunner().invoke(main, ["steps", str(build), *map(str, args)])
+
+
+def files_of(build):
+    return {p.relative_to(build).as_posix(): p.read_bytes() for p in sorted(build.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("args,stages,match", [
+    (["--ranks", 500], None, r"26 rows make no whole step of 500 ranks x 1 rows \(500 rows a step\): use at most 26 ranks"),
+    (["--ranks", 1_000_000_000], None, "no whole step of 1,000,000,000 ranks"),
+    (["--ranks", 1, "--batch-size", 1_000_000_000], None, "no whole step .* use batch size 1"),
+    (["--ranks", 2, "--seed", -5], None, "-5 is not in the range x>=0"),
+    (["--ranks", 2, "--epochs", 100_000], None, "more than 26,000 .*plan fewer epochs"),
+    (["--ranks", 2], "", "holds no \\[\\[stages\\]\\] table"),
+    (["--ranks", 2], "stages = [", "is not TOML"),
+    (["--ranks", 2], stage(0, 4) + stage(3, 6), "stage 3-6 starts at step 3, it overlaps the stage before, which ends at "
+                                                "step 4; start it at step 4"),
+    (["--ranks", 2], stage(0, 4) + stage(5, 6), "steps 4-5 belong to no stage \\(a gap\\); start it at step 4"),
+    (["--ranks", 2], stage(-2, 4), "stage -2-4 is negative"),
+    (["--ranks", 2], stage(0, 0), "stage 0-0 is empty"),
+    (["--ranks", 2], stage(0, 4, f"{{ {C} = 0 }}"), "every weight is 0"),
+    (["--ranks", 2], stage(0, 4, f"{{ {C} = -1 }}"), ">= 0 and finite, got .*-1"),
+    (["--ranks", 2], stage(0, 4, f"{{ {C} = nan }}"), ">= 0 and finite, got .*nan"),
+    (["--ranks", 2], stage(0, 4, '{ "sample_data/chatt.jsonl" = 1 }'), "did you mean 'sample_data/chat.jsonl'"),
+    (["--ranks", 2], stage(0, 4, '{ "sample_data/*.jsonl" = 1 }'), "is a glob over the sources .*weigh each by its name"),
+    (["--ranks", 2], "[[stages]]\nstart = 0\nend = 4\n", "table 1 lacks \\['weights'\\]"),
+    (["--ranks", 2, "--accumulation", 2], stage(0, 4), "stages with accumulation 2: .*--accumulation 1"),
+    (["--ranks", 2], stage(0, 10**10), "the stages end at step 10,000,000,000: .*end the last stage by step 13,000"),
+    (["--ranks", 2], stage(0, "1e30"), "end = 1e\\+30 is not a whole number of steps"),
+])
+def test_packer_steps_refuses_each_bad_setting_in_one_line_with_exit_2(build, tmp_path, args, stages, match):
+    """Every setting no plan of the build can have: one line naming the value and the fix, exit 2, no traceback,
+    nothing written (a stage to step 1e10 was killed for memory, one to 1e30 accepted)."""
+    import re
+
+    before = files_of(build)
+    if stages is not None:
+        (tmp_path / "stages.toml").write_text(stages)
+        args = [*args, "--stages", tmp_path / "stages.toml"]
+    result = steps_cli(build, *args)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert re.search(match, lines[-1]) and "Traceback" not in result.output, result.output
+    assert len(lines) == 1 or lines[-1].startswith("Error: Invalid value"), result.output  # click's own: usage first
+    assert files_of(build) == before
+
+
+def test_the_planner_and_the_sampler_refuse_settings_they_would_misread(build, costs):
+    """window=0 was read as the whole epoch, accumulation=0 divided by zero, a negative seed failed inside numpy."""
+    from packer.errors import SettingError
+
+    with pytest.raises(SettingError, match="window must be at least one step, got 0"):
+        plan_steps(costs[:64], 8, window=0)
+    with pytest.raises(SettingError, match="seed = -5 is below 0"):
+        plan_steps(costs[:64], 8, seed=-5)
+    for kw, match in (({"accumulation": 0}, "accumulation = 0 is below 1"), ({"window": 0}, "window = 0 is below 1"),
+                      ({"seed": -5}, "seed = -5 is below 0"), ({"num_replicas": 64, "rank": 0}, "26 rows make no whole step"),
+                      ({"batch_size": 9, "num_replicas": 3, "rank": 0}, "use at most 2 ranks at batch size 9")):
+        with pytest.raises(ValueError, match=match):
+            sampler(build, **kw)
+
+
+def test_the_sampler_refuses_a_seed_window_or_epochs_its_plan_file_does_not_have(build):
+    from packer.loader.samplers.step_plan import plan_command
+
+    meta = plan_command(str(build), ranks=2, seed=7)
+    assert sampler(build, num_replicas=2, rank=0, plan=meta["path"]).seed == 7  # no seed given: the plan's
+    with pytest.raises(ValueError, match="seed = 3, but the step plan was made with seed = 7: .*leave seed out"):
+        sampler(build, num_replicas=2, rank=0, seed=3, plan=meta["path"])
+    with pytest.raises(ValueError, match="window = 2, but the step plan was made with window = 13"):
+        sampler(build, num_replicas=2, rank=0, window=2, plan=meta["path"])
+    with pytest.raises(ValueError, match=r"holds 1 epoch\(s\), this run trains 3: .*--epochs 3"):
+        sampler(build, num_replicas=2, rank=0, plan=meta["path"], epochs=3)
+    sampler(build, num_replicas=2, rank=0, plan=meta["path"], epochs=1)
+
+
+def test_a_plan_naming_rows_outside_the_build_is_refused_by_verify_and_the_sampler(build):
+    from packer.loader.samplers.step_plan import plan_command
+    from packer.shards.step_plan import read_plan, write
+    from packer.verify import verify
+
+    meta = plan_command(str(build), ranks=2, seed=11)
+    good = read_plan(meta["path"])
+    try:
+        for bad_row in (10**9, -1):
+            rows = good.epoch(0).copy()
+            rows[3, 1, 0] = bad_row
+            write(meta["path"], [rows], good.meta)
+            problems = verify(build)[0]
+            assert len(problems) == 1 and f"names row {bad_row}, outside the build's rows 0-25" in str(problems[0])
+            with pytest.raises(ValueError, match=f"names row {bad_row}, outside the build's rows 0-25"):
+                sampler(build, num_replicas=2, rank=0, plan=meta["path"])
+    finally:
+        Path(meta["path"]).unlink()
+
+
+def test_packer_steps_writes_over_no_file_of_the_build_and_nothing_but_a_plan(build, tmp_path):
+    before = files_of(build)
+    shard = next(p for p in before if p.startswith("packed/"))
+    for target in ("manifest.json", "plan.arrow", shard, "steps/notes.txt"):
+        result = steps_cli(build, "--ranks", 2, "-o", build / target)
+        assert result.exit_code == 2 and "is inside the build" in result.output and "steps/NAME.arrow" in result.output
+    mine = tmp_path / "notes.txt"
+    mine.write_text("mine")
+    result = steps_cli(build, "--ranks", 2, "-o", mine)
+    assert result.exit_code == 2 and "exists and is not a step plan" in result.output and mine.read_text() == "mine"
+    assert files_of(build) == before
+    assert steps_cli(build, "--ranks", 2, "-o", tmp_path / "plan.arrow").exit_code == 0
+    assert steps_cli(build, "--ranks", 2, "-o", tmp_path / "plan.arrow").exit_code == 0  # over its own plan: fine
+
+
+def test_a_rerun_removes_what_an_interrupted_plan_write_left(build, tmp_path):
+    """kill -9 leaves ``NAME.arrow.tmp-*`` (the atomic write's temporary): verify names it and the fix, and the next
+    packer steps removes it (it holds the build's lock, so no other writer's file is taken), as a build does its own."""
+    from packer.verify import verify
+
+    stale = [build / "steps" / "ranks2-batch1-seed0.arrow.tmp-abc123", build / "steps" / "ranks4-batch1-seed0.arrow.tmp-x"]
+    for p in stale:
+        p.parent.mkdir(exist_ok=True)
+        p.write_bytes(b"ARROW1 half")
+    problems = verify(build)[0]
+    assert len(problems) == 2 and all("unfinished write (packer steps was killed): run packer steps again" in str(p)
+                                      for p in problems), problems
+    result = steps_cli(build, "--ranks", 2)
+    assert result.exit_code == 0, result.output
+    assert not any(p.exists() for p in stale) and verify(build)[0] == []
+    elsewhere = tmp_path / "plan.arrow"
+    left = tmp_path / "plan.arrow.tmp-q1w2", tmp_path / "other.arrow.tmp-q1w2"
+    for p in left:
+        p.write_bytes(b"half")
+    assert steps_cli(build, "--ranks", 2, "-o", elsewhere).exit_code == 0
+    assert not left[0].exists() and left[1].exists()  # outside the build: its own target's leftovers only
+
+
+def test_the_encoder_figure_is_absent_with_its_reason_where_the_cost_model_charges_no_media(build, tmp_path):
+    """sample_data's processor folder has no config.json: CostModel() charges no media, so every step's encoder cost
+    is 0 and its balance would print as a perfect 1.000."""
+    from packer.loader.samplers.step_plan import plan_command, summary_text
+
+    meta = plan_command(str(build), ranks=2)
+    assert meta["balance"]["plan"]["encoder"] is None and meta["balance"]["random"]["encoder"] is None
+    assert "charges no media (no model config.json" in meta["absent"]["encoder"]
+    text = summary_text(meta)
+    assert "encoder: no figure: the cost model charges no media" in text and "1.000" not in text.split("\n")[3]
+    model = tmp_path / "cost.json"
+    model.write_text('{"image_token": 2.0, "audio_token": 1.0}')
+    charged = plan_command(str(build), ranks=2, cost_model=str(model), output=str(tmp_path / "p.arrow"))
+    assert charged["absent"] == {} and charged["balance"]["plan"]["encoder"] > 1.0

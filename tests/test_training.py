@@ -299,3 +299,50 @@ def test_trl_sft_recipe_trains_and_counts_the_true_tokens(small_build, tmp_path)
         first = packed_loss(model(**model_inputs(batch)).logits, batch).item()
     assert report["losses"][0] == pytest.approx(first, abs=1e-3)  # logged to 4 significant digits
     assert report["losses"][-1] < report["losses"][0]
+
+
+def trained_rows(ds, model, args, **kw) -> list[int]:
+    """The rows a PackedTrainer run loads, in order (one process, no workers)."""
+    from packer.loader import PackedTrainer
+
+    ds.seen = []
+    trainer = PackedTrainer(model=copy.deepcopy(model), args=args, train_dataset=ds,
+                            data_collator=PackedCollator(attention="sdpa", pad_to_multiple_of=64), **kw)
+    trainer.train()
+    assert all(math.isfinite(h["loss"]) for h in trainer.state.log_history if "loss" in h)
+    return list(ds.seen)
+
+
+def test_packed_trainer_follows_a_step_plan_computed_written_or_staged(small_build, tmp_path, one_thread):
+    """sampler="plan" (StepPlanSampler planning each epoch), a plan file packer steps wrote, and a plan of mixture
+    stages: a real tiny model trains on exactly the plan's rows, in its order; a plan that cannot serve the run (too
+    few epochs, another world size) is refused when the trainer is made."""
+    from packer.loader import PackedTrainer, StepPlanSampler
+    from packer.loader.samplers.step_plan import plan_command, row_sources, source_names
+
+    ds = Recorded(small_build)
+    model = tiny_llama(ds)
+    args = trainer_args(tmp_path / "a", max_steps=1)  # 1 optimizer step: 2 micro-batches of 2 rows
+    computed = StepPlanSampler(ds, num_replicas=1, rank=0, batch_size=2, seed=3)
+    assert trained_rows(ds, model, args, sampler="plan") == list(computed)[:4]
+
+    written = plan_command(str(small_build), ranks=1, batch_size=2, seed=5, output=str(tmp_path / "plan.arrow"))
+    follow = StepPlanSampler(ds, num_replicas=1, rank=0, batch_size=2, plan=written["path"])
+    assert follow.seed == 5 and trained_rows(ds, model, args, sampler=written["path"]) == list(follow)[:4]
+
+    names = source_names(ds.manifest)
+    text = next(n for n in names if n.endswith("docs.jsonl"))
+    stages = tmp_path / "stages.toml"
+    stages.write_text(f'[[stages]]\nstart = 0\nend = 4\nweights = {{ "{text}" = 1.0 }}\n')
+    staged = plan_command(str(small_build), ranks=1, batch_size=2, stages=str(stages), output=str(tmp_path / "st.arrow"))
+    seen = trained_rows(ds, model, args, sampler=staged["path"])
+    assert len(seen) == 4 and {names[s] for s in row_sources(ds)[seen]} == {text}  # the stage's source only
+
+    with pytest.raises(ValueError, match=r"holds 1 epoch\(s\) of 4 steps, the run trains more \(max_steps=3: 2 epochs"):
+        PackedTrainer(model=model, args=trainer_args(tmp_path / "b", max_steps=3), train_dataset=ds,
+                      sampler=staged["path"])
+    other = StepPlanSampler(ds, num_replicas=2, rank=1, batch_size=2)
+    with pytest.raises(ValueError, match=r"made for another run: num_replicas 2 \(this run: 1\), rank 1 \(this run: 0\)"):
+        PackedTrainer(model=model, args=args, train_dataset=ds, sampler=other)
+    with pytest.raises(ValueError, match="neither 'token' nor 'plan' nor a step plan file"):
+        PackedTrainer(model=model, args=args, train_dataset=ds, sampler="plans")

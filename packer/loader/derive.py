@@ -119,9 +119,10 @@ def row_keys(ds) -> list:
     return out
 
 
-def check_batches(ds, batch_size: int) -> None:
+def check_batches(ds, batch_size: int, fix: str = "use batch_size=1 (per_device_train_batch_size=1; each packed row is "
+                                                   "already full)") -> None:
     """Refuse ``batch_size`` > 1 rows a batch where the build's rows carry different row keys (the model class
-    takes a batch's items in one call: LLaVA-OneVision's videos of one frame count)."""
+    takes a batch's items in one call: LLaVA-OneVision's videos of one frame count); ``fix`` ends the message."""
     if batch_size < 2:
         return
     keys = {k for k in row_keys(ds) if k is not None}
@@ -130,7 +131,7 @@ def check_batches(ds, batch_size: int) -> None:
 
         reason = family_from_state(build_family(ds), None).row_key_reason(sorted(keys, key=str))
         raise ValueError(f"batch_size={batch_size}: the build's rows hold {reason}, so rows of two keys cannot share a "
-                         f"batch: use batch_size=1 (per_device_train_batch_size=1; each packed row is already full)")
+                         f"batch: {fix}")
 
 
 def text_only(model) -> bool:

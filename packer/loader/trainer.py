@@ -8,8 +8,11 @@
 What the plain ``Trainer`` gets wrong on packed rows, and what this does instead:
 
 - data: each rank reads its own rows through :class:`TokenBalancedSampler` (``world_size`` ranks,
-  ``per_device_train_batch_size`` rows, ``seed``, cost-balanced steps), a new order every epoch;
-  the loader is not handed to Accelerate (which would shard it a second time);
+  ``per_device_train_batch_size`` rows, ``seed``, cost-balanced steps), a new order every epoch, or
+  through :class:`StepPlanSampler` (``sampler="plan"``: steps balanced on the llm, encoder and
+  supervised cost at once; ``sampler=PATH``: a plan ``packer steps`` wrote, mixture stages included;
+  ``sampler=`` an instance built for this run); the loader is not handed to Accelerate (which would
+  shard it a second time);
 - the model call: ``model(**model_inputs(batch))``, so the Qwen2-VL vision tower never sees the
   batch's ``cu_seqlens``; the mask form is checked against the model's attention implementation
   first (:func:`~packer.loader.checks.check_attention`: ``varlen`` under SDPA is refused);
@@ -43,11 +46,12 @@ from packer.loader.checks import check_attention, default_attention
 from packer.loader.collate import PackedCollator, model_inputs
 from packer.loader.dummy import media_dummies, towers
 from packer.loader.loss import loss_norm, packed_loss
-from packer.loader.samplers import TokenBalancedSampler
+from packer.loader.samplers import StepPlanSampler, TokenBalancedSampler
 from packer.loader.samplers.token_balanced import WINDOW
 
 SAMPLER_STATE = "packer_sampler.json"  # in each checkpoint folder
-MATCHED = ("seed", "num_replicas", "batch_size", "rows", "window")  # what decides the rows a rank gets
+MATCHED = ("sampler", "seed", "num_replicas", "batch_size", "rows", "window")  # what decides the rows a rank gets
+SAMPLERS = ("token", "plan")  # sampler= by name; else a plan file's path or a sampler instance
 
 
 class Batches(torch.utils.data.BatchSampler):
@@ -71,12 +75,25 @@ class PackedTrainer(Trainer):
     ``data_collator`` defaults to ``PackedCollator.for_build(train_dataset, model=model)``: the mask form of the
     model's attention implementation, the build's family, rope and processor (:mod:`packer.loader.derive`). A
     collator given is checked against the build and the model (another family, no processor for a media build,
-    another rope, a mask form the attention ignores: refused, naming the fix). ``cost`` / ``window`` go to
-    :class:`TokenBalancedSampler`. Other arguments are the Trainer's.
+    another rope, a mask form the attention ignores: refused, naming the fix).
+
+    ``sampler``: which rows each rank trains at each step --
+
+    - ``"token"`` (default): :class:`TokenBalancedSampler`, steps balanced on one scalar cost (``cost``, ``window``);
+    - ``"plan"``: :class:`StepPlanSampler` planning each epoch itself, balanced on the llm, encoder and supervised
+      cost at once (``cost``, ``window``: default the whole epoch), every micro-step balanced;
+    - a path (``str`` / ``Path``): a plan ``packer steps OUT`` wrote (epochs, or mixture stages: ``--stages``) for
+      this world size, batch size and accumulation, refused here when it holds fewer epochs than the run trains;
+    - a :class:`StepPlanSampler` / :class:`TokenBalancedSampler` instance, for any other setting (checked against
+      this run's world size, rank, batch size and dataset).
+
+    The seed is the TrainingArguments' (``data_seed``, else ``seed``); a plan file has its own. Other arguments
+    are the Trainer's.
     """
 
-    def __init__(self, model=None, args=None, train_dataset=None, data_collator=None, *, cost=None, window: int = WINDOW,
-                 dummy_media: bool | None = None, **kwargs):
+    def __init__(self, model=None, args=None, train_dataset=None, data_collator=None, *, cost=None,
+                 window: int | None = None, dummy_media: bool | None = None,
+                 sampler: str | Path | StepPlanSampler | TokenBalancedSampler = "token", **kwargs):
         if train_dataset is not None and not hasattr(train_dataset, "row_stats"):
             raise TypeError(f"PackedTrainer trains on a PackedDataset (its rows' costs balance the ranks), got "
                             f"{type(train_dataset).__name__}; for other datasets use transformers.Trainer")
@@ -92,7 +109,17 @@ class PackedTrainer(Trainer):
             check_attention(model, collator.attention)
         super().__init__(model=model, args=args, train_dataset=train_dataset, data_collator=collator, **kwargs)
         self.cost, self.window = cost, window
-        self._sampler: TokenBalancedSampler | None = None
+        self._sampler: TokenBalancedSampler | StepPlanSampler | None = None
+        self._sampler_setting = sampler
+        named = isinstance(sampler, str) and sampler in SAMPLERS
+        if isinstance(sampler, (str, Path)) and not named and not Path(sampler).is_file():
+            raise ValueError(f"sampler={str(sampler)!r} is neither {' nor '.join(map(repr, SAMPLERS))} nor a step plan "
+                             f"file: give one of those, a plan `packer steps OUT` wrote, or a sampler instance")
+        if not isinstance(sampler, (str, Path, StepPlanSampler, TokenBalancedSampler)):
+            raise TypeError(f"sampler must be 'token', 'plan', a step plan path or a StepPlanSampler / "
+                            f"TokenBalancedSampler, got {type(sampler).__name__}")
+        if sampler != "token" and train_dataset is not None:
+            self.sampler()  # a plan file or an instance that does not fit this run: refused now, not at train()
         self.loss_is_scaled_for_ga = True  # compute_loss divides by the whole step's weights: no further division
         if self._wants_dummies(dummy_media, model, train_dataset) and collator.dummy_media is None:
             collator = copy.copy(collator)  # the caller's collator is left as it was
@@ -110,13 +137,24 @@ class PackedTrainer(Trainer):
 
     # ------------------------------------------------------------------ data
 
-    def sampler(self) -> TokenBalancedSampler:
+    def sampler(self) -> TokenBalancedSampler | StepPlanSampler:
         """This rank's sampler (built once: its costs read every shard's row statistics)."""
         if self._sampler is None:
-            args = self.args
-            self._sampler = TokenBalancedSampler(self.train_dataset, num_replicas=args.world_size, rank=args.process_index,
-                                                 batch_size=args.per_device_train_batch_size, seed=_data_seed(args),
-                                                 drop_last=args.dataloader_drop_last, cost=self.cost, window=self.window)
+            args, setting = self.args, self._sampler_setting
+            world = dict(num_replicas=args.world_size, rank=args.process_index, batch_size=args.per_device_train_batch_size)
+            if isinstance(setting, (StepPlanSampler, TokenBalancedSampler)):
+                self._sampler = check_sampler(setting, self.train_dataset, args)
+            elif setting == "token":
+                self._sampler = TokenBalancedSampler(self.train_dataset, **world, seed=_data_seed(args),
+                                                     drop_last=args.dataloader_drop_last, cost=self.cost,
+                                                     window=WINDOW if self.window is None else self.window)
+            elif setting == "plan":
+                self._sampler = StepPlanSampler(self.train_dataset, **world, seed=_data_seed(args),
+                                                drop_last=args.dataloader_drop_last, cost=self.cost, window=self.window)
+            else:
+                plan = StepPlanSampler(self.train_dataset, **world, plan=setting, cost=self.cost, window=self.window,
+                                       accumulation=_plan_accumulation(setting))
+                self._sampler = check_sampler(plan, self.train_dataset, args)
         return self._sampler
 
     def get_train_dataloader(self) -> PackedLoader:
@@ -170,7 +208,10 @@ class PackedTrainer(Trainer):
         steps_per_update = math.ceil(sampler.steps / args.gradient_accumulation_steps) if sampler.steps else 1
         epoch, update = divmod(self.state.global_step, steps_per_update)
         batches = min(update * args.gradient_accumulation_steps, sampler.steps)
-        return {"seed": sampler.seed, "num_replicas": sampler.num_replicas,
+        kind = "token" if isinstance(sampler, TokenBalancedSampler) else "plan"
+        if getattr(sampler, "file", None) is not None:  # a written plan: its rows, whatever its file is called
+            kind = f"plan file {sampler.file.meta['build'][:12]}-seed{sampler.seed}-{sampler.file.meta['steps_per_epoch']}"
+        return {"sampler": kind, "seed": sampler.seed, "num_replicas": sampler.num_replicas,
                 "batch_size": sampler.batch_size, "rows": len(self.train_dataset), "window": sampler.window,
                 "epoch": int(epoch), "consumed": int(batches * sampler.batch_size), "global_step": self.state.global_step}
 
@@ -197,13 +238,50 @@ class PackedTrainer(Trainer):
         path = Path(checkpoint) / SAMPLER_STATE
         if not path.is_file() or self.train_dataset is None:
             return  # not a PackedTrainer checkpoint: the Trainer's own resume
-        saved = json.loads(path.read_text())
+        saved = {"sampler": "token", **json.loads(path.read_text())}  # a checkpoint from before the choice: token
         current = self.sampler_state()
         changed = [f"{k} {saved[k]} -> {current[k]}" for k in MATCHED if saved.get(k) != current[k]]
         if changed:
             raise ValueError(f"{checkpoint} was saved by a run whose sampler dealt other rows ({', '.join(changed)}): "
                              f"resuming would repeat some rows and skip others. Resume with the same seed, world size, "
                              f"per-device batch size and build, or start a new run from its weights")
+
+
+def _plan_accumulation(path: str | Path) -> int:
+    from packer.shards.step_plan import read_plan
+
+    return int(read_plan(path).meta.get("accumulation", 1))
+
+
+def check_sampler(sampler, dataset, args):
+    """``sampler`` if it deals this run's rows: the world size, rank and batch size of ``args``, ``dataset``'s rows,
+    a plan's accumulation equal to the run's, and (a plan file) as many epochs as the run trains; else refused."""
+    want = {"num_replicas": args.world_size, "rank": args.process_index, "batch_size": args.per_device_train_batch_size,
+            "rows": len(dataset)}
+    have = {"num_replicas": sampler.num_replicas, "rank": sampler.rank, "batch_size": sampler.batch_size,
+            "rows": sampler.rows if hasattr(sampler, "rows") else len(sampler.costs)}
+    wrong = [f"{k} {have[k]} (this run: {want[k]})" for k in want if have[k] != want[k]]
+    if wrong:
+        raise ValueError(f"the sampler was made for another run: {', '.join(wrong)}; make it with num_replicas="
+                         f"args.world_size, rank=args.process_index, batch_size=args.per_device_train_batch_size over "
+                         f"train_dataset, or pass sampler='token' / 'plan' / a plan path")
+    accumulation = getattr(sampler, "accumulation", 1)
+    if accumulation != 1 and accumulation != args.gradient_accumulation_steps:
+        raise ValueError(f"the step plan balances {accumulation} micro-steps together, this run accumulates "
+                         f"gradient_accumulation_steps={args.gradient_accumulation_steps}: give the run the plan's, or "
+                         f"write a plan with --accumulation {args.gradient_accumulation_steps}")
+    if getattr(sampler, "file", None) is not None:
+        updates = max(-(-sampler.steps // args.gradient_accumulation_steps), 1)  # the Trainer's updates an epoch
+        epochs = -(-args.max_steps // updates) if args.max_steps > 0 else math.ceil(args.num_train_epochs)
+        if epochs > sampler.file.epochs:
+            need = (f"max_steps={args.max_steps}: {epochs} epochs of {updates} optimizer steps" if args.max_steps > 0
+                    else f"num_train_epochs={args.num_train_epochs}")
+            staged = (f", or stages up to step {args.max_steps * args.gradient_accumulation_steps}"
+                      if sampler.file.meta.get("stages") and args.max_steps > 0 else "")
+            raise ValueError(f"the step plan holds {sampler.file.epochs} epoch(s) of {sampler.steps} steps, the run trains "
+                             f"more ({need}): write them (`packer steps OUT --epochs {epochs}`{staged}), or train fewer "
+                             f"steps")
+    return sampler
 
 
 def _data_seed(args) -> int:

@@ -34,6 +34,37 @@ class PlanFile:
         shape = (int(mask.sum()), int(self.meta["ranks"]), int(self.meta["batch_size"]))
         return rows.values.to_numpy().astype(np.int64).reshape(shape)
 
+    def problem(self, rows: int) -> str | None:
+        """What makes this plan unusable on a build of ``rows`` packed rows, in one line (None: nothing): columns,
+        a step's width (``ranks x batch_size``), the epochs and steps its metadata promises, and every row number
+        in ``[0, rows)`` -- a row outside would be read as another row, or fail mid-epoch."""
+        m, t = self.meta, self.table
+        try:
+            width = int(m["ranks"]) * int(m["batch_size"])
+            epochs, steps = int(m["epochs"]), int(m["steps_per_epoch"])
+        except (KeyError, TypeError, ValueError) as e:
+            return f"its metadata lacks the plan's shape ({type(e).__name__}: {e})"
+        if not {"epoch", "step", "rows"} <= set(t.column_names):
+            return f"columns {t.column_names}, not epoch, step, rows"
+        kind = t.schema.field("rows").type
+        if not pa.types.is_fixed_size_list(kind) or kind.list_size != width:
+            return f"a step holds {kind}, not {width} rows (ranks x batch_size of its metadata)"
+        epoch = t.column("epoch").to_numpy()
+        if (len(t) != epochs * steps or (len(t) and (epoch.min() < 0 or epoch.max() >= epochs))
+                or not np.array_equal(np.bincount(epoch, minlength=epochs), np.full(epochs, steps))):
+            return f"its steps are not the {epochs} epoch(s) x {steps} steps its metadata says ({len(t)} steps)"
+        values = t.column("rows").combine_chunks().values
+        if t.column("rows").null_count or values.null_count:
+            return "a step holds no row (a null)"
+        if len(values):
+            import pyarrow.compute as pc
+
+            low, high = pc.min_max(values).values()
+            if low.as_py() < 0 or high.as_py() >= rows:
+                return (f"it names row {low.as_py() if low.as_py() < 0 else high.as_py()}, outside the build's rows "
+                        f"0-{rows - 1}")
+        return None
+
 
 def rows_identity(entries) -> str:
     """A sha256 over the packed shards' own sha256s: the rows a plan names."""

@@ -19,40 +19,51 @@ import numpy as np
 import torch
 
 from packer.cost import COSTS, CostModel
+from packer.errors import SettingError
 from packer.loader.samplers._dist import ResumableMixin, world
 from packer.shards.step_plan import PlanFile, read_plan, rows_identity, write
-from packer.steps import Stage, measure, plan_stages, plan_steps, random_steps
+from packer.steps import Stage, check_settings, check_stages, measure, plan_stages, plan_steps, random_steps
 
 
 class StepPlanSampler(ResumableMixin, torch.utils.data.Sampler):
+    """``plan``: a plan file to follow; its seed, window and cost model are the plan's own, so ``seed`` / ``window`` /
+    ``cost`` given beside it must be the same (else refused: they would change nothing). ``epochs``: the epochs the run
+    will train, when known: a plan file holding fewer is refused here, not when the missing epoch starts
+    (``set_epoch`` past a plan's last epoch is refused at once, too). Without a plan, ``seed`` defaults to 0."""
+
     def __init__(self, dataset, *, num_replicas: int | None = None, rank: int | None = None, batch_size: int = 1,
-                 seed: int = 0, shuffle: bool = True, drop_last: bool = False, cost: CostModel | None = None,
-                 window: int | None = None, accumulation: int = 1, plan: str | Path | None = None):
+                 seed: int | None = None, shuffle: bool = True, drop_last: bool = False, cost: CostModel | None = None,
+                 window: int | None = None, accumulation: int = 1, plan: str | Path | None = None,
+                 epochs: int | None = None):
         self.num_replicas, self.rank = world(num_replicas, rank)
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.rows = len(dataset)
+        check_settings(self.rows, self.num_replicas, batch_size, accumulation=accumulation,
+                       seed=0 if seed is None else seed, window=window)
         if hasattr(dataset, "family"):  # a family whose model takes a batch's items in one call
             from packer.loader.derive import check_batches
 
             check_batches(dataset, batch_size)
-        self.batch_size, self.seed, self.shuffle, self.drop_last = batch_size, seed, shuffle, drop_last
+        self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.accumulation = accumulation
-        self.rows = len(dataset)
         self.window = window  # None: the whole epoch (packer.steps)
         self.file = None
         if plan is not None:
             self.file = read_plan(plan)
-            check_plan(self.file, dataset, self.num_replicas, batch_size, accumulation)
+            check_plan(self.file, dataset, self.num_replicas, batch_size, accumulation, seed=seed, window=window,
+                       cost=cost, epochs=epochs)
             self.seed = int(self.file.meta["seed"])
+            self.window = self.file.meta.get("window")
             self.steps = int(self.file.meta["steps_per_epoch"])
             return
+        self.seed = 0 if seed is None else seed
         self.costs = row_costs(dataset, cost)
         per_step = self.num_replicas * batch_size * accumulation
-        steps = self.rows // per_step if drop_last else -(-self.rows // per_step)
-        if steps == 0:
-            raise ValueError(f"{self.rows} rows cannot fill one step of {self.num_replicas} x {batch_size} x "
-                             f"{accumulation} with drop_last=True")
-        self.steps = steps * accumulation  # micro-steps
+        self.steps = (self.rows // per_step if drop_last else -(-self.rows // per_step)) * accumulation  # micro-steps
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.file is not None and not 0 <= epoch < self.file.epochs:
+            self.file.epoch(epoch)  # raises: the plan holds no such epoch (value, epochs held, fix)
+        super().set_epoch(epoch)
 
     def assignment(self, epoch: int | None = None) -> np.ndarray:
         """``[steps, num_replicas, batch_size]`` row numbers for an epoch (every rank's view)."""
@@ -92,34 +103,75 @@ def write_plan(out: str | Path, path: str | Path, *, ranks: int, batch_size: int
                accumulation: int = 1) -> dict:
     """Plan ``epochs`` epochs (or the ``stages``' steps: one "epoch" of them) of the build at ``out`` for ``ranks``
     x ``batch_size`` rows a step and write them to ``path`` (Arrow: epoch, step, rows; the settings and the
-    balance figures in its metadata). Returns the metadata."""
+    balance figures in its metadata). Returns the metadata. Settings no plan of this build can have (no whole
+    step, a seed below 0, stages with a gap or an unknown source, a batch the build's family cannot take, ...)
+    raise :class:`~packer.errors.SettingError` before anything is planned."""
     from packer.loader.dataset import PackedDataset
 
     ds = PackedDataset(out, check_media=False)
+    check_request(ds, ranks=ranks, batch_size=batch_size, epochs=epochs, seed=seed, window=window, stages=stages,
+                  accumulation=accumulation)
     model = cost or CostModel.of_build(ds.manifest)
     stats = ds.row_stats()
     costs = model.vector(stats)
     accounting = []
-    if stages and accumulation > 1:
-        raise ValueError("a staged plan is made in micro-steps of their own: plan stages with accumulation 1")
     if stages:
         names, source = source_names(ds.manifest), row_sources(ds)
         plans = [plan_stages(costs, source, names, stages, ranks, batch_size, seed=seed, window=window)]
         accounting = stage_accounting(plans[0], stages, source, names, stats["tokens"], costs)
     else:
-        window = window or -(-len(costs) // (ranks * batch_size))
+        window = window if window is not None else -(-len(costs) // (ranks * batch_size))
         plans = [plan_steps(costs, ranks, batch_size, seed=seed, epoch=e, window=window, accumulation=accumulation)
                  for e in range(epochs)]
+    absent = absent_costs(costs, stats, model, ds.manifest if cost is None else None)
+    balance = {"random": measure(costs, random_steps(len(costs), ranks, batch_size * accumulation, seed), COSTS),
+               "plan": measure(costs, plans[0], COSTS, accumulation)}
+    for figures in balance.values():
+        figures.update(dict.fromkeys(absent))  # no figure, not a perfect 1.000: the reason is in "absent"
     meta = {"ranks": ranks, "batch_size": batch_size, "accumulation": accumulation, "epochs": len(plans),
             "steps_per_epoch": len(plans[0]),
             "seed": seed, "window": window, "rows": len(costs), "build": rows_identity(ds.entries),
             "cost_model": {f: getattr(model, f) for f in model.__dataclass_fields__},
             "stages": [{"start": s.start, "end": s.end, "weights": s.weights, "drawn": a}
                        for s, a in zip(stages or [], accounting, strict=False)],
-            "balance": {"random": measure(costs, random_steps(len(costs), ranks, batch_size * accumulation, seed), COSTS),
-                        "plan": measure(costs, plans[0], COSTS, accumulation)}}
+            "balance": balance, "absent": absent}
     write(path, plans, meta)
     return meta
+
+
+def check_request(ds, *, ranks: int, batch_size: int, epochs: int, seed: int, window: int | None,
+                  stages: list[Stage] | None, accumulation: int) -> None:
+    """Refuse (:class:`SettingError`: value, expected, fix) what :func:`write_plan` cannot plan for the build ``ds``."""
+    if stages and accumulation > 1:
+        raise SettingError(f"stages with accumulation {accumulation}: a staged plan's steps are the stages' own; plan "
+                           f"stages with accumulation 1 (--accumulation 1), or plan epochs (no --stages) to accumulate")
+    check_settings(len(ds), ranks, batch_size, accumulation=accumulation, seed=seed, window=window,
+                   epochs=1 if stages else epochs)
+    if stages:
+        check_stages(stages, source_names(ds.manifest), rows=len(ds), per_step=ranks * batch_size)
+    from packer.loader.derive import check_batches
+
+    try:
+        check_batches(ds, batch_size, fix="use --batch-size 1 (each packed row is already full)")
+    except ValueError as e:
+        raise SettingError(str(e)) from None
+
+
+def absent_costs(costs: np.ndarray, stats: dict, model: CostModel, manifest=None) -> dict[str, str]:
+    """The costs no row has, with why (a figure of 1.000 for them would read as perfect balance): the encoder where
+    the build holds no media, or where the cost model charges none (``manifest``: the build's, whose note says why)."""
+    out = {}
+    if not costs[:, 1].any():
+        if not np.asarray(stats.get("media_items", 0)).any():
+            out["encoder"] = "the build's rows hold no media"
+        else:
+            note = ((manifest.stats.get("cost_model") or {}).get("note") if manifest is not None else None) or \
+                "the cost model given"
+            out["encoder"] = (f"the cost model charges no media ({note}): give --cost-model (packer calibrate writes one, "
+                              f"or the model's config.json)")
+    if not costs[:, 2].any():
+        out["supervised"] = "no row has a trained token in its statistics"
+    return out
 
 
 def stage_accounting(plan: np.ndarray, stages: list[Stage], source: np.ndarray, names: list[str], tokens: np.ndarray,
@@ -138,7 +190,13 @@ def stage_accounting(plan: np.ndarray, stages: list[Stage], source: np.ndarray, 
     return out
 
 
-def check_plan(plan: PlanFile, dataset, ranks: int, batch_size: int, accumulation: int = 1) -> None:
+FLAGS = {"seed": "--seed", "window": "--window", "cost": "--cost-model"}
+
+
+def check_plan(plan: PlanFile, dataset, ranks: int, batch_size: int, accumulation: int = 1, *, seed: int | None = None,
+               window: int | None = None, cost: CostModel | None = None, epochs: int | None = None) -> None:
+    """Refuse a plan file made for another set-up or build, one whose rows are not this build's (a damaged or edited
+    file), a ``seed`` / ``window`` / ``cost`` other than the plan's own, or fewer epochs than ``epochs``."""
     m = plan.meta
     for name, have, want in (("ranks", ranks, m["ranks"]), ("batch_size", batch_size, m["batch_size"]),
                              ("accumulation", accumulation, m.get("accumulation", 1)),
@@ -148,44 +206,121 @@ def check_plan(plan: PlanFile, dataset, ranks: int, batch_size: int, accumulatio
                              f"this set-up (`packer steps OUT --ranks {ranks} --batch-size {batch_size} --accumulation "
                              f"{accumulation}`) or pass "
                              f"plan=None to plan each epoch here")
+    wrong = plan.problem(len(dataset))
+    if wrong:
+        raise ValueError(f"the step plan cannot be followed: {wrong}; write it again with `packer steps`")
+    recorded = m.get("cost_model")
+    given = {f: getattr(cost, f) for f in cost.__dataclass_fields__} if cost is not None else None
+    for name, have, want in (("seed", seed, m["seed"]), ("window", window, m.get("window")), ("cost", given, recorded)):
+        if have is not None and have != want:
+            raise SettingError(f"{name} = {have!r}, but the step plan was made with {name} = {want!r}: a plan's rows are "
+                               f"fixed when it is written; leave {name} out (the plan's own is used), or write a plan "
+                               f"with it (`packer steps OUT {FLAGS[name]} ...`)")
+    if epochs is not None:
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise SettingError(f"epochs = {epochs!r}: give the number of epochs the run trains, >= 1")
+        if epochs > plan.epochs:
+            raise SettingError(f"the step plan holds {plan.epochs} epoch(s), this run trains {epochs}: write them all "
+                               f"(`packer steps OUT --epochs {epochs}`), or let the sampler plan each epoch (plan=None)")
 
 
 def plan_command(out: str, *, ranks: int, batch_size: int = 1, epochs: int = 1, seed: int = 0, window: int | None = None,
                  cost_model: str | None = None, stages: str | None = None, output: str | None = None,
                  accumulation: int = 1) -> dict:
-    """``packer steps``: :func:`write_plan` with a cost model file and a stages file read; the metadata and path."""
+    """``packer steps``: :func:`write_plan` with a cost model file and a stages file read; the metadata and path.
+
+    Writing in OUT, it holds the build's lock (no build or other ``packer steps`` writes there meanwhile), so it can
+    remove what an interrupted plan write left in OUT/steps (``*.tmp-*``) before it writes; elsewhere it removes the
+    leftovers of its own target only (``NAME.tmp-*``) and needs no write access to OUT. SIGTERM or Ctrl-C removes its
+    own temporary file."""
+    from packer.engine.local import stop_on_signals
     from packer.shards.step_plan import FOLDER
+    from packer.stages.state import BuildLock
 
     accumulated = f"-accumulation{accumulation}" if accumulation > 1 else ""
     name = f"ranks{ranks}-batch{batch_size}{accumulated}-seed{seed}{'-stages' if stages else ''}.arrow"
     path = Path(output) if output else Path(out) / FOLDER / name
-    meta = write_plan(out, path, ranks=ranks, batch_size=batch_size, epochs=epochs, seed=seed, window=window,
-                      cost=CostModel.load(cost_model) if cost_model else None,
-                      stages=read_stages(stages) if stages else None, accumulation=accumulation)
+    check_output(Path(out), path)
+    read = read_stages(stages) if stages else None
+    model = load_cost_model(cost_model) if cost_model else None
+    inside = path.resolve().is_relative_to(Path(out).resolve())
+    lock = BuildLock(Path(out)) if inside else None  # a plan written elsewhere needs no write access to OUT
+    try:
+        with stop_on_signals():
+            stale = {*path.parent.glob(path.name + ".tmp-*"), *((Path(out) / FOLDER).glob("*.tmp-*") if inside else ())}
+            for leftover in stale:
+                leftover.unlink(missing_ok=True)  # an interrupted write's (kill -9): nobody else writes here now
+            meta = write_plan(out, path, ranks=ranks, batch_size=batch_size, epochs=epochs, seed=seed, window=window,
+                              cost=model, stages=read, accumulation=accumulation)
+    finally:
+        if lock is not None:
+            lock.release()
     return {**meta, "path": str(path)}
 
 
+def check_output(out: Path, path: Path) -> None:
+    """Refuse to write a plan over the build: inside OUT only ``OUT/steps/*.arrow`` (where ``packer verify`` looks
+    for plans; every other file there is the build's, or a stray to verify); outside, only over a step plan."""
+    from packer.shards.step_plan import FOLDER
+
+    target, build = path.resolve(), out.resolve()
+    if target.is_relative_to(build):
+        if target.parent != build / FOLDER or target.suffix != ".arrow":
+            raise SettingError(f"-o {path} is inside the build {out} but not a {FOLDER}/*.arrow file there: packer steps "
+                               f"writes no file of the build's; give -o {out / FOLDER}/NAME.arrow, a path outside the "
+                               f"build, or no -o")
+    if target.is_dir():
+        raise SettingError(f"-o {path} is a folder: give a file name (e.g. {path}/plan.arrow)")
+    if target.exists():
+        try:
+            read_plan(target)
+        except Exception:  # noqa: BLE001 - not a plan, whatever the reason: not ours to overwrite
+            raise SettingError(f"-o {path} exists and is not a step plan: packer steps overwrites only a plan it "
+                               f"wrote; give another -o, or remove the file") from None
+
+
+def load_cost_model(path: str) -> CostModel:
+    try:
+        return CostModel.load(path)
+    except (ValueError, AttributeError) as e:  # JSONDecodeError is a ValueError
+        raise SettingError(f"--cost-model {path}: {e}; give a cost model JSON (packer calibrate writes one)") from None
+
+
 def read_stages(path: str | Path) -> list[Stage]:
-    """``[[stages]]`` tables of a TOML file: ``start``, ``end`` (steps), ``weights`` (source pattern -> weight)."""
+    """``[[stages]]`` tables of a TOML file: ``start``, ``end`` (steps), ``weights`` (source pattern -> weight); a file
+    that is not that raises :class:`SettingError` (the values themselves: :func:`packer.steps.check_stages`)."""
     import tomllib
 
-    tables = tomllib.loads(Path(path).read_text()).get("stages") or []
-    if not tables:
-        raise ValueError(f"{path} holds no [[stages]] table (each: start, end, weights = {{source = weight}})")
+    form = "[[stages]] tables of start = STEP, end = STEP, weights = {source = weight}"
     try:
-        return [Stage(int(t["start"]), int(t["end"]), {str(k): float(v) for k, v in t["weights"].items()})
-                for t in tables]
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ValueError(f"{path}: each [[stages]] table needs start, end and weights = {{source = weight}}: {e}") from None
+        doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise SettingError(f"{path} is not TOML ({e}): give {form}") from None
+    tables = doc.get("stages")
+    other = sorted(set(doc) - {"stages"})
+    if not tables or other or not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        held = f"holds {other}, not only [[stages]]" if other else "holds no [[stages]] table"
+        raise SettingError(f"{path} {held}: give {form}")
+    out = []
+    for k, t in enumerate(tables, 1):
+        missing, unknown = [x for x in ("start", "end", "weights") if x not in t], sorted(set(t) - {"start", "end", "weights"})
+        if missing or unknown or not isinstance(t["weights"], dict):
+            what = (f"lacks {missing}" if missing else f"has {unknown}, which are no stage keys" if unknown
+                    else f"has weights = {t['weights']!r}, not a table")
+            raise SettingError(f"{path}: [[stages]] table {k} {what}: give {form}")
+        out.append(Stage(t["start"], t["end"], dict(t["weights"])))
+    return out
 
 
 def summary_text(meta: dict) -> str:
-    b = meta["balance"]
+    b, absent = meta["balance"], meta.get("absent") or {}
     lines = [f"{meta['path']}: {meta['epochs']} epoch(s) x {meta['steps_per_epoch']:,} steps of {meta['ranks']} ranks x "
              f"{meta['batch_size']} rows ({meta['rows']:,} rows)",
              "  Σ slowest rank / Σ mean rank    " + "  ".join(f"{c:>10}" for c in COSTS)]
     for name in ("random", "plan"):
-        lines.append(f"  {name:<30} " + "  ".join(f"{b[name][c]:10.3f}" for c in COSTS))
+        lines.append(f"  {name:<30} " + "  ".join(f"{'-':>10}" if b[name][c] is None else f"{b[name][c]:10.3f}"
+                                                  for c in COSTS))
+    lines += [f"  {c}: no figure: {why}" for c, why in absent.items()]
     for stage in meta["stages"]:
         lines.append(f"  stage {stage['start']}-{stage['end']}: " + ", ".join(
             f"{src} {d['rows']:,} rows ({d['distinct_rows']:,} distinct), {d['tokens']:,} tokens"
