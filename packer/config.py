@@ -240,6 +240,7 @@ class BuildConfig:
                               stage="execution", group="output")
 
     def __post_init__(self):
+        object.__setattr__(self, "input", tuple(_whole_file(spec) for spec in self.input))
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
@@ -339,7 +340,8 @@ class BuildConfig:
         from packer.io import fs
 
         files: list = []
-        for k, source in enumerate(self.sources()):
+        sources = self.sources()
+        for k, source in enumerate(sources):
             pattern = source.pattern
             if fs.is_url(pattern):
                 fs.check_reachable(pattern)  # a store that cannot be asked is named, not taken for "no file"
@@ -365,10 +367,16 @@ class BuildConfig:
         for f, k in files:  # one file once, however it is spelled (relative, absolute, through a link)
             key = f if isinstance(f, str) else f.resolve()
             if key not in seen:
-                seen[key] = f
+                seen[key] = (f, k)
                 unique.append((f, k))
-            else:
-                duplicates.append((seen[key], f))
+                continue
+            first, j = seen[key]
+            a, b = sources[j], sources[k]
+            if (a.weight, a.cap, a.policy) != (b.weight, b.cap, b.policy):  # read once: one of the two would be lost
+                raise ConfigError(f"input {f} is named by two sources of different settings, {_settings(a)} (input "
+                                  f"{a.pattern!r}) and {_settings(b)} (input {b.pattern!r}); a file is read once, "
+                                  f"under one source's: name it in one source only (narrow the other's pattern)")
+            duplicates.append((first, f))
         if not unique:
             raise ConfigError("no input given: set `input` in the pipeline or pass -i FILE.jsonl")
         return unique, duplicates
@@ -401,6 +409,25 @@ class BuildConfig:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(BuildConfig)}
+
+
+def _settings(source) -> str:
+    """A source's weight, cap and own packing as the ``#`` options that set them (``weight=2, packing=false``)."""
+    from packer.mix import policy_text
+
+    mixing = {"weight": f"{source.weight:g}", "cap": source.cap} if source.mixed else {}
+    return policy_text({**mixing, **dict(source.policy)}) or "the build's"
+
+
+def _whole_file(spec: str) -> str:
+    """An ``input`` entry that names an existing local file whole, though its name holds a ``#`` (``a#b.jsonl``), is
+    that file: written ``a#b.jsonl#`` (no option after the last ``#``), so it reads the same once the file is gone
+    (a manifest's config, a repack). Any other entry is kept: its options follow its last ``#``."""
+    from packer.mix import SEPARATOR
+
+    if SEPARATOR not in spec or "://" in spec or not Path(spec).is_file():
+        return spec
+    return spec + SEPARATOR
 
 
 def _check_policies(config: BuildConfig) -> None:
@@ -451,15 +478,24 @@ def _as_list(value: Any) -> list:
 
 def _source_spec(path: Path, table: Any) -> str:
     """``{input = "a.jsonl", weight = 3, cap = 1000}`` -> ``"a.jsonl#weight=3.0,cap=1000"``."""
-    from packer.mix import POLICY
+    from packer.mix import POLICY, SEPARATOR
 
     known = {"input", "weight", "cap", *POLICY}
     if not isinstance(table, dict) or not isinstance(table.get("input"), str) or set(table) - known:
         raise ConfigError(f"{path}: each [[sources]] table needs input = \"FILE\" and may hold weight, cap and its own "
                           f"packing ({', '.join(POLICY)}), got {table!r}")
-    params = [f"{k}={str(table[k]).lower() if isinstance(table[k], bool) else table[k]}"
-              for k in ("weight", "cap", *POLICY) if k in table]
-    return table["input"] + (f"#{','.join(params)}" if params else "")
+    params = []
+    for k in ("weight", "cap", *POLICY):
+        if k not in table:
+            continue
+        text = str(table[k]).lower() if isinstance(table[k], bool) else str(table[k])
+        if any(c in text for c in ",=#"):  # "split,packing=false" would set packing too: a value is its key's only
+            raise ConfigError(f"{path}: [[sources]] input {table['input']!r}: {k} = {table[k]!r} is not one value of {k} "
+                              f"(',', '=' and '#' separate options); give each option its own key in the table")
+        params.append(f"{k}={text}")
+    if params or SEPARATOR in table["input"]:  # a table's input is a path whole: a '#' in it is the file's name
+        return f"{table['input']}{SEPARATOR}{','.join(params)}"
+    return table["input"]
 
 
 PATH_KEYS = ("input", "output", "media_root", "staging_dir")  # paths in a pipeline file: relative to the file
