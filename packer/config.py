@@ -28,6 +28,10 @@ from packer.media.probe import IMAGE_CHECKS
 
 DEFAULT_PIPELINE = Path("pipelines/sample.toml")
 AUTO_ENCODER_SLACK = 0.5  # max_row_encoder = auto: rows of the measured corpora stay at the token lower bound (BENCHMARKS)
+MAX_ENCODER_SLACK = 1000.0  # auto:S: a budget of 1001 mean rows holds back no row of a real corpus (off does that)
+# max_row_encoder = N, in the cost model's units: seconds (packer calibrate; an image costs over 1e-6 s), FLOPs (a
+# model config) or token-equivalents; a smaller budget holds no media sample at all (1e-300 overflowed the planner).
+MIN_ENCODER_BUDGET = 1e-12
 MAX_LENGTH = 2**31 - 1
 
 
@@ -390,16 +394,17 @@ class BuildConfig:
         try:
             if value == "auto" or value.startswith("auto:"):
                 slack = float(value.partition(":")[2] or AUTO_ENCODER_SLACK)
-                if not slack >= 0 or slack == float("inf"):
+                if not 0 <= slack <= MAX_ENCODER_SLACK:  # nan and inf too
                     raise ValueError
                 return (1.0 + slack) * total / max(rows, 1) if total > 0 else None
             budget = float(value)
-            if not budget > 0 or budget == float("inf"):
+            if not MIN_ENCODER_BUDGET <= budget < float("inf"):
                 raise ValueError
             return budget
         except ValueError:
-            raise ConfigError(f"max_row_encoder = {value!r}: off, auto, auto:S (S >= 0: (1 + S) x the mean row's "
-                              f"encoder cost) or a positive number in the cost model's units") from None
+            raise ConfigError(f"max_row_encoder = {value!r}: off, auto, auto:S (S from 0 to {MAX_ENCODER_SLACK:g}: "
+                              f"(1 + S) x the mean row's encoder cost) or a finite number of at least "
+                              f"{MIN_ENCODER_BUDGET:g} in the cost model's units") from None
 
     def media_caps(self) -> dict[str, int]:
         """The per-row media caps in force, as :func:`packer.pack.plan` takes them."""
