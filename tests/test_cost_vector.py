@@ -379,3 +379,48 @@ def test_steps_refuses_an_unusable_cost_model_in_one_line(one_per_row, tmp_path)
         r = CliRunner().invoke(main, ["steps", str(out), "--ranks", "2", "--cost-model", str(tmp_path / name), "-o",
                                       str(tmp_path / "plan.arrow")])
         assert r.exit_code == 2 and r.stderr.count("\n") == 1 and match in r.stderr, r.output
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--device", "bogus"], "calibrate: --device 'bogus' is not a device: cpu, cuda, cuda:1, mps, ..."),
+    (["--device", "cuda"], "calibrate: --device 'cuda': this machine has no CUDA device torch can use; time on one it "
+                           "has, or on cpu"),
+    (["--dtype", "int8"], "calibrate: --dtype 'int8' is not one of auto, float32, bfloat16, float16"),
+    (["--vocab", "0"], "calibrate: '{model}': the config cannot be costed (ValueError: vocab_size = 0 is not a size"),
+    (["--vocab", "1"], "calibrate: '{model}': vocab_size = 1; timing feeds random token ids, which needs a vocabulary "
+                       "of at least 2 tokens"),
+])
+def test_calibrates_configuration_errors_are_one_line_exit_2_before_the_model_is_built(tmp_path, monkeypatch, args, match):
+    import torch
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same on a machine with a GPU
+    vocab = int(args[1]) if args[0] == "--vocab" else 300
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(dict(TINY_TEXT, model_type="llama", vocab_size=vocab)))
+    options = args if args[0] != "--vocab" else []
+    r = CliRunner().invoke(main, ["calibrate", str(model), *options, "-o", str(tmp_path / "cost.json")])
+    error = [line for line in r.stderr.splitlines() if not line.startswith("[transformers]")]  # its own config warnings
+    assert r.exit_code == 2 and len(error) == 1 and error[0].startswith(f"packer: error: {match.format(model=model)}"), \
+        r.output
+    assert not (tmp_path / "cost.json").exists()
+
+
+def test_a_poor_fit_is_said_plainly_with_what_it_means():
+    from packer.calibrate import POOR_FIT, fit_warnings, summary_text
+
+    assert POOR_FIT == 0.25 and fit_warnings({"text_max": 0.25, "image_max": None}) == []  # at the threshold: fine
+    warnings = fit_warnings({"text_max": 0.803, "image_max": 0.54})
+    assert [w.split(":")[0] for w in warnings] == ["poor fit", "poor fit"]
+    assert warnings[0].startswith("poor fit: a text shape's time is 80.3% off the fitted one (over 25%), so rows balanced "
+                                  "by this cost model may differ by as much in step time")
+    result = {"path": "cost.json", "model": "m", "model_type": "llama", "device": "cpu", "dtype": "float32",
+              "points": [], "fitted": ["token"], "coefficients": {"token": 1.0}, "flops": {"token": 0.0},
+              "overhead_s": 0.0, "residuals": {"text_max": 0.803, "image_max": 0.54}, "warnings": warnings, "notes": []}
+    lines = summary_text(result).splitlines()
+    assert lines[lines.index("  largest |residual|: text 80.3%, image 54.0%") + 1].startswith(
+        "  warning: poor fit: a text shape's time is 80.3% off")
+    assert sum(line.startswith("  warning: poor fit") for line in lines) == 2
