@@ -214,7 +214,9 @@ def fit_warnings(residuals: dict[str, float | None]) -> list[str]:
     for kind in ("text", "image"):
         r = residuals.get(f"{kind}_max")
         if r is not None and r > POOR_FIT:
-            out.append(f"poor fit: {'an' if kind == 'image' else 'a'} {kind} shape's time is {100 * r:.1f}% off the fitted one (over {100 * POOR_FIT:.0f}%), "
+            article = "an" if kind == "image" else "a"
+            out.append(f"poor fit: {article} {kind} shape's time is {100 * r:.1f}% off the fitted one (over "
+                       f"{100 * POOR_FIT:.0f}%), "
                        f"so rows balanced by this cost model may differ by as much in step time. The timings are noisy "
                        f"(a shared device: --threads 1, more --repeats and --warmup) or the step time is not linear in "
                        f"the model's terms at these shapes (time the row lengths you train with: --max-tokens, "

@@ -263,6 +263,11 @@ class BuildConfig:
         if self.preference != "none" and self.train_on == "all":
             raise ConfigError(f"preference = {self.preference!r} trains the responses only; train_on = 'all' would train "
                               f"the prompt too: leave train_on at 'assistant'")
+        if not 0.0 < self.cpus_per_task < float("inf"):  # Ray raised its own traceback at -1; nan passed
+            raise ConfigError(f"cpus_per_task must be a positive number (CPUs a Ray task reserves, e.g. 1 or 0.5), got "
+                              f"{self.cpus_per_task}")
+        if not 0.0 <= self.embed_gpus < float("inf"):
+            raise ConfigError(f"embed_gpus must be 0 (none) or a positive number of GPUs, got {self.embed_gpus}")
         if not 0.0 <= self.max_bad_fraction <= 1.0:
             raise ConfigError(f"max_bad_fraction must be between 0 and 1, got {self.max_bad_fraction}")
         if self.workers < 0:

@@ -80,7 +80,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.errors import ConfigError
+from packer.errors import ArgumentError, ConfigError
 from packer.shards.schema import MEDIA_KINDS
 
 KINDS = MEDIA_KINDS
@@ -95,7 +95,7 @@ MAX_COEFFICIENT = 1e200
 MAX_SIZE = 2**31 - 1
 
 
-class CostModelError(ConfigError, ValueError):
+class CostModelError(ArgumentError):
     """A cost model's coefficients, or the file or model config they come from, cannot be used: a configuration
     error (exit 2), raised before any record is read. A ValueError too, for callers of the library that catch one."""
 

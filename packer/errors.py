@@ -3,7 +3,8 @@
 Exit codes (documented in README.md):
     0  success
     1  the build or command failed (I/O, bad tokenizer, internal error)
-    2  usage or configuration error (bad flag, unknown pipeline key, bad value)
+    2  usage or configuration error (bad flag, unknown pipeline key, bad value; ``ArgumentError`` from a library
+       check of a value the user gave)
     3  a bad record under ``--strict``
     5  the build failed its quality bar (``--max-bad-fraction``); the manifest says "failed"
     6  ``packer verify`` found a problem
@@ -20,6 +21,12 @@ class ConfigError(PackerError):
     """A pipeline key or command-line value is unknown or out of range."""
 
     exit_code = 2
+
+
+class ArgumentError(ConfigError, ValueError):
+    """A library function's argument out of range, where the value comes from the user (a flag, a file it names):
+    a ValueError to a caller of the library, a configuration error (one line, exit 2) to the command line. Raised
+    by the check of the argument itself, so an unexpected ValueError deeper down still shows as the bug it is."""
 
 
 class StrictModeError(PackerError):

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packer.balance import group_steps
+from packer.errors import ArgumentError
 
 SWAP_ROUNDS = 8  # improving swaps tried per step (each lowers the step's worst ratio, or the step is done)
 
@@ -181,7 +182,7 @@ def plan_steps(costs: np.ndarray, ranks: int, per_rank: int = 1, *, seed: int = 
     balanced together and the result is in micro-steps (``[steps x accumulation, ranks, per_rank]``). Leave it 1
     under FSDP / ZeRO-3, which gather parameters at every micro-step: each is balanced then."""
     if accumulation < 1:
-        raise ValueError(f"accumulation must be at least 1, got {accumulation}")
+        raise ArgumentError(f"accumulation must be at least 1, got {accumulation}")
     if accumulation > 1:
         whole = plan_steps(costs, ranks, per_rank * accumulation, seed=seed, epoch=epoch, window=window,
                            shuffle=shuffle, drop_last=drop_last)
@@ -229,7 +230,7 @@ def plan_stages(costs: np.ndarray, source: np.ndarray, names: list[str], stages:
         weights = np.array([stage.weights.get(n, 0.0) for n in names], dtype=np.float64)
         weights[[not len(p.rows) for p in pools]] = 0.0
         if need and weights.sum() <= 0:
-            raise ValueError(f"stage {stage.start}-{stage.end}: none of its sources {sorted(stage.weights)} has rows")
+            raise ArgumentError(f"stage {stage.start}-{stage.end}: none of its sources {sorted(stage.weights)} has rows")
         counts = _largest_remainder(need, weights)
         drawn = np.concatenate([pools[s].take(int(k)) for s, k in enumerate(counts)] or [np.zeros(0, np.int64)])
         drawn = drawn[rng.permutation(len(drawn))]
@@ -242,14 +243,14 @@ def check_stages(stages: list[Stage], names: list[str]) -> None:
     at = 0
     for s in stages:
         if s.start != at or s.end <= s.start:
-            raise ValueError(f"stages must run consecutively from step 0, each at least one step: got {s.start}-{s.end} "
+            raise ArgumentError(f"stages must run consecutively from step 0, each at least one step: got {s.start}-{s.end} "
                              f"after step {at}")
         unknown = sorted(set(s.weights) - set(names))
         if unknown:
-            raise ValueError(f"stage {s.start}-{s.end} weighs {unknown}, which are not sources of this build "
+            raise ArgumentError(f"stage {s.start}-{s.end} weighs {unknown}, which are not sources of this build "
                              f"(sources: {names})")
         if any(w < 0 for w in s.weights.values()):
-            raise ValueError(f"stage {s.start}-{s.end}: weights must be >= 0, got {s.weights}")
+            raise ArgumentError(f"stage {s.start}-{s.end}: weights must be >= 0, got {s.weights}")
         at = s.end
 
 
@@ -280,9 +281,9 @@ def _largest_remainder(total: int, weights: np.ndarray) -> np.ndarray:
 
 def _check(ranks: int, per_rank: int, window: int) -> None:
     if ranks < 1 or per_rank < 1:
-        raise ValueError(f"a step needs at least one rank and one row a rank, got {ranks} x {per_rank}")
+        raise ArgumentError(f"a step needs at least one rank and one row a rank, got {ranks} x {per_rank}")
     if window < 1:
-        raise ValueError(f"window must be at least one step, got {window}")
+        raise ArgumentError(f"window must be at least one step, got {window}")
 
 
 def measure(costs: np.ndarray, assignment: np.ndarray, names: tuple[str, ...] = ("llm", "encoder", "supervised"),

@@ -219,3 +219,30 @@ def test_the_sampler_with_accumulation_follows_the_written_plan(build):
         assert list(planned) == list(sampler(build, num_replicas=2, rank=rank, accumulation=3))
     with pytest.raises(ValueError, match="made for accumulation = 3, this run has 1"):
         sampler(build, num_replicas=2, rank=0, plan=meta["path"])
+
+
+@pytest.mark.parametrize("text, match", [
+    ("x\n", r"stages.toml: not valid TOML: Expected '='"),
+    ("title = 1\n", r"stages.toml holds no \[\[stages\]\] table"),
+    ('[[stages]]\nstart = 0\nend = -1\nweights = { "a" = 1 }\n',
+     r"stages.toml: stage start = 0, end = -1, weights = \{'a': 1.0\}: each: start, end \(steps, 0 <= start < end\)"),
+    ('[[stages]]\nstart = 0\nend = 4\nweights = { "a" = nan }\n', r"stage start = 0, end = 4, weights = \{'a': nan\}"),
+    ('[[stages]]\nstart = 0\nend = 4\n', r"each \[\[stages\]\] table needs start, end and weights"),
+    ('[[stages]]\nstart = 0\nend = 4\nweights = { "nope.jsonl" = 1.0 }\n', "which are not sources of this build"),
+])
+def test_a_stages_file_packer_steps_cannot_use_is_one_line_exit_2(build, tmp_path, text, match):
+    """A configuration error of `packer steps`, never a traceback: the library's checks raise ArgumentError, a
+    ValueError to a caller of the library and a one-line error (exit 2) to the command line."""
+    import re
+
+    from click.testing import CliRunner
+
+    from packer.cli import main
+    from packer.errors import ArgumentError
+
+    stages = tmp_path / "stages.toml"
+    stages.write_text(text)
+    r = CliRunner().invoke(main, ["steps", str(build), "--ranks", "2", "--stages", str(stages), "-o",
+                                  str(tmp_path / "plan.arrow")])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and re.search(match, r.stderr), r.output
+    assert issubclass(ArgumentError, ValueError) and not (tmp_path / "plan.arrow").exists()

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from packer.cost import COSTS, CostModel
+from packer.errors import ArgumentError
 from packer.loader.samplers._dist import ResumableMixin, world
 from packer.shards.step_plan import PlanFile, read_plan, rows_identity, write
 from packer.steps import Stage, measure, plan_stages, plan_steps, random_steps
@@ -101,7 +102,7 @@ def write_plan(out: str | Path, path: str | Path, *, ranks: int, batch_size: int
     costs = model.vector(stats)
     accounting = []
     if stages and accumulation > 1:
-        raise ValueError("a staged plan is made in micro-steps of their own: plan stages with accumulation 1")
+        raise ArgumentError("a staged plan is made in micro-steps of their own: plan stages with accumulation 1")
     if stages:
         names, source = source_names(ds.manifest), row_sources(ds)
         plans = [plan_stages(costs, source, names, stages, ranks, batch_size, seed=seed, window=window)]
@@ -167,16 +168,26 @@ def plan_command(out: str, *, ranks: int, batch_size: int = 1, epochs: int = 1, 
 
 def read_stages(path: str | Path) -> list[Stage]:
     """``[[stages]]`` tables of a TOML file: ``start``, ``end`` (steps), ``weights`` (source pattern -> weight)."""
+    import math
     import tomllib
 
-    tables = tomllib.loads(Path(path).read_text()).get("stages") or []
-    if not tables:
-        raise ValueError(f"{path} holds no [[stages]] table (each: start, end, weights = {{source = weight}})")
+    shape = "each: start, end (steps, 0 <= start < end), weights = {source = weight >= 0}"
     try:
-        return [Stage(int(t["start"]), int(t["end"]), {str(k): float(v) for k, v in t["weights"].items()})
-                for t in tables]
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ValueError(f"{path}: each [[stages]] table needs start, end and weights = {{source = weight}}: {e}") from None
+        tables = tomllib.loads(Path(path).read_text(encoding="utf-8")).get("stages") or []
+    except tomllib.TOMLDecodeError as e:
+        raise ArgumentError(f"{path}: not valid TOML: {e}") from None
+    if not tables or not isinstance(tables, list):
+        raise ArgumentError(f"{path} holds no [[stages]] table ({shape})")
+    try:
+        stages = [Stage(int(t["start"]), int(t["end"]), {str(k): float(v) for k, v in t["weights"].items()})
+                  for t in tables]
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
+        raise ArgumentError(f"{path}: each [[stages]] table needs start, end and weights = {{source = weight}} "
+                          f"({type(e).__name__}: {e})") from None
+    for s in stages:  # an end before its start made a negative window deep in the planner
+        if not 0 <= s.start < s.end or not all(0 <= w < math.inf for w in s.weights.values()):
+            raise ArgumentError(f"{path}: stage start = {s.start}, end = {s.end}, weights = {s.weights}: {shape}")
+    return stages
 
 
 def summary_text(meta: dict) -> str:
