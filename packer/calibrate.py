@@ -44,9 +44,13 @@ from typing import Any
 import numpy as np
 
 from packer.cost import CostModel
-from packer.errors import PackerError
+from packer.errors import ConfigError, PackerError
 
 FEATURES = ("call", "token", "attention", "image_item", "image_token", "image_square")  # columns of the fit
+DTYPES = ("float32", "bfloat16", "float16")  # --dtype besides auto: what a model trains in
+# A fit whose largest |residual| passes this predicts some timed shape's step time off by more than a quarter: the
+# planner and `packer steps` balance rows by costs that far from their time (a sampler balances to a few percent).
+POOR_FIT = 0.25
 
 
 @dataclass(frozen=True)
@@ -148,12 +152,14 @@ def calibrate(model: str, *, device: str = "cpu", dtype: str = "auto", attention
     except ImportError:
         raise PackerError("packer calibrate runs the model: pip install torch transformers") from None
     if repeats < 1 or warmup < 0 or max_tokens < 32 or max_image_tokens < 16:
-        raise PackerError(f"calibrate needs repeats >= 1, warmup >= 0, max_tokens >= 32 and max_image_tokens >= 16; got "
+        raise ConfigError(f"calibrate needs repeats >= 1, warmup >= 0, max_tokens >= 32 and max_image_tokens >= 16; got "
                           f"{repeats}, {warmup}, {max_tokens}, {max_image_tokens}")
     if threads:  # on a CPU other jobs share, one thread each op: threads that wait on each other time nothing
         torch.set_num_threads(threads)
+    torch_dtype = _dtype(dtype, device)  # the options first: a bad one is refused before the config is fetched
+    _check_device(device)
     config = _config(model)
-    torch_dtype = _dtype(dtype, device)
+    flops = _flops(model, config)
     torch.manual_seed(seed)
     net, vision = _model(config, attention, device, torch_dtype)
     merge = vision.get("spatial_merge_size", 1) if vision else 1
@@ -181,7 +187,6 @@ def calibrate(model: str, *, device: str = "cpu", dtype: str = "auto", attention
         fields |= {f"video_{t}": fields[f"image_{t}"] for t in ("item", "token", "square")}
     notes = [f"{k} fitted to 0: the timings do not show it over the per-call overhead; time longer rows (--max-tokens) "
              f"or more repeats" for k in ("token", "attention") if not fields[k]]
-    flops = CostModel.for_model(config)
     untimed = [f"{kind}_{t}" for kind in ("image", "video") for t in ("item", "token", "square")] if not vision else []
     untimed += ["audio_item"]  # towers not timed: their FLOPs at the language model's measured seconds per FLOP
     for k in untimed:
@@ -191,15 +196,32 @@ def calibrate(model: str, *, device: str = "cpu", dtype: str = "auto", attention
         notes.append(f"{', '.join(k for k in untimed if getattr(flops, k))}: not timed (no Qwen-style vision tower / an "
                      f"audio tower); for_model's FLOPs x the fitted seconds per FLOP of the language model's tokens")
     worst = lambda kind: max((abs(p["residual"]) for p in points if p["kind"] == kind), default=None)  # noqa: E731
+    residuals = {"text_max": worst("text"), "image_max": worst("image")}
     return {"model": model, "model_type": getattr(config, "model_type", ""), "device": device,
             "dtype": str(torch_dtype).removeprefix("torch."), "attention": attention, "units": "seconds",
             "coefficients": CostModel(**fields).coefficients(), "overhead_s": coef["call"],
             "flops": {f: getattr(flops, f) for f in features if f != "call"},  # CostModel.for_model: FLOPs a unit
             "fitted": [f for f in features if f != "call"], "points": points,
-            "residuals": {"text_max": worst("text"), "image_max": worst("image")}, "notes": notes,
+            "residuals": residuals, "warnings": fit_warnings(residuals), "notes": notes,
             "settings": {"max_tokens": max_tokens, "max_image_tokens": max_image_tokens, "repeats": repeats,
                          "warmup": warmup, "seed": seed, "threads": torch.get_num_threads()},
             "libraries": {"torch": torch.__version__, "transformers": transformers.__version__}}
+
+
+def fit_warnings(residuals: dict[str, float | None]) -> list[str]:
+    """What a poor fit means, for each kind of point whose largest |residual| is over :data:`POOR_FIT`."""
+    out = []
+    for kind in ("text", "image"):
+        r = residuals.get(f"{kind}_max")
+        if r is not None and r > POOR_FIT:
+            article = "an" if kind == "image" else "a"
+            out.append(f"poor fit: {article} {kind} shape's time is {100 * r:.1f}% off the fitted one (over "
+                       f"{100 * POOR_FIT:.0f}%), "
+                       f"so rows balanced by this cost model may differ by as much in step time. The timings are noisy "
+                       f"(a shared device: --threads 1, more --repeats and --warmup) or the step time is not linear in "
+                       f"the model's terms at these shapes (time the row lengths you train with: --max-tokens, "
+                       f"--max-image-tokens); check the points in the JSON before using it")
+    return out
 
 
 def calibrate_command(model: str, output: str | Path, **settings: Any) -> dict[str, Any]:
@@ -222,6 +244,7 @@ def summary_text(result: dict[str, Any]) -> str:
     lines.append(f"  overhead      {result['overhead_s']:.4g} s a call (not in the cost model)")
     lines.append("  largest |residual|: " + ", ".join(f"{k} {100 * r[f'{k}_max']:.1f}%" for k in ("text", "image")
                                                        if r.get(f"{k}_max") is not None))
+    lines += [f"  warning: {w}" for w in result.get("warnings", ())]
     lines += [f"  note: {n}" for n in result["notes"]]
     lines.append(f"  use it: packer build ... --cost-model {result['path']}")
     return "\n".join(lines)
@@ -238,15 +261,54 @@ def _config(model: str) -> Any:
         raise PackerError(f"calibrate: cannot read a model config from {model!r}: {e}") from None
 
 
+def _flops(model: str, config: Any) -> CostModel:
+    """:meth:`CostModel.for_model` of the config: the untimed towers' terms, and a check of its sizes before the model
+    is built (a vocabulary of 0 tokens, a negative width)."""
+    try:
+        flops = CostModel.for_model(config)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, OverflowError) as e:
+        raise ConfigError(f"calibrate: {model!r}: the config cannot be costed ({type(e).__name__}: {e}); give a model "
+                          f"config of real sizes") from None
+    text = getattr(config, "text_config", None) or config
+    vocab = getattr(text, "vocab_size", None)
+    if not isinstance(vocab, int) or vocab < 2:
+        raise ConfigError(f"calibrate: {model!r}: vocab_size = {vocab!r}; timing feeds random token ids, which needs a "
+                          f"vocabulary of at least 2 tokens")
+    return flops
+
+
 def _dtype(name: str, device: str):
     import torch
 
     if name == "auto":
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if name not in DTYPES:  # int8 and the like: a model is not trained in them (nn.Module.to refuses them)
+        raise ConfigError(f"calibrate: --dtype {name!r} is not one of auto, {', '.join(DTYPES)}")
+    return getattr(torch, name)
+
+
+def _check_device(name: str) -> None:
+    """A device torch can name and this machine has, before the model is built on it."""
+    import torch
+
     try:
-        return getattr(torch, name)
-    except AttributeError:
-        raise PackerError(f"calibrate: unknown dtype {name!r} (float32, bfloat16, float16)") from None
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"calibrate: --device {name!r} is not a device: cpu, cuda, cuda:1, mps, ...") from None
+    if device.type == "cpu":
+        return
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            have = f"{count} CUDA device(s) (cuda:0 to cuda:{count - 1})" if count else "no CUDA device torch can use"
+            raise ConfigError(f"calibrate: --device {name!r}: this machine has {have}; time on one it has, or on cpu")
+        return
+    try:
+        torch.empty(1, device=device)
+    except Exception as e:  # noqa: BLE001 -- any backend's way of saying it is not here (RuntimeError, AssertionError)
+        first = (str(e).strip() or type(e).__name__).splitlines()[0].split(". ")[0]  # torch's lists every backend
+        raise ConfigError(f"calibrate: --device {name!r} cannot hold a tensor here ({first}); time on cpu or a device "
+                          f"this machine has") from None
 
 
 def _model(config: Any, attention: str, device: str, dtype) -> tuple[Any, dict]:

@@ -28,6 +28,10 @@ from packer.media.probe import IMAGE_CHECKS
 
 DEFAULT_PIPELINE = Path("pipelines/sample.toml")
 AUTO_ENCODER_SLACK = 0.5  # max_row_encoder = auto: rows of the measured corpora stay at the token lower bound (BENCHMARKS)
+MAX_ENCODER_SLACK = 1000.0  # auto:S: a budget of 1001 mean rows holds back no row of a real corpus (off does that)
+# max_row_encoder = N, in the cost model's units: seconds (packer calibrate; an image costs over 1e-6 s), FLOPs (a
+# model config) or token-equivalents; a smaller budget holds no media sample at all (1e-300 overflowed the planner).
+MIN_ENCODER_BUDGET = 1e-12
 MAX_LENGTH = 2**31 - 1
 
 
@@ -244,6 +248,7 @@ class BuildConfig:
             # a local folder is recorded absolute, as the media root is: the manifest (and the fingerprint) then name
             # the same folder from any current folder, and PackedCollator.for_build finds it from the trainer's
             object.__setattr__(self, "processor", os.path.abspath(Path(self.processor).expanduser()))
+        object.__setattr__(self, "input", tuple(_whole_file(spec) for spec in self.input))
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
@@ -262,6 +267,11 @@ class BuildConfig:
         if self.preference != "none" and self.train_on == "all":
             raise ConfigError(f"preference = {self.preference!r} trains the responses only; train_on = 'all' would train "
                               f"the prompt too: leave train_on at 'assistant'")
+        if not 0.0 < self.cpus_per_task < float("inf"):  # Ray raised its own traceback at -1; nan passed
+            raise ConfigError(f"cpus_per_task must be a positive number (CPUs a Ray task reserves, e.g. 1 or 0.5), got "
+                              f"{self.cpus_per_task}")
+        if not 0.0 <= self.embed_gpus < float("inf"):
+            raise ConfigError(f"embed_gpus must be 0 (none) or a positive number of GPUs, got {self.embed_gpus}")
         if not 0.0 <= self.max_bad_fraction <= 1.0:
             raise ConfigError(f"max_bad_fraction must be between 0 and 1, got {self.max_bad_fraction}")
         if self.workers < 0:
@@ -343,7 +353,8 @@ class BuildConfig:
         from packer.io import fs
 
         files: list = []
-        for k, source in enumerate(self.sources()):
+        sources = self.sources()
+        for k, source in enumerate(sources):
             pattern = source.pattern
             if fs.is_url(pattern):
                 fs.check_reachable(pattern)  # a store that cannot be asked is named, not taken for "no file"
@@ -369,10 +380,16 @@ class BuildConfig:
         for f, k in files:  # one file once, however it is spelled (relative, absolute, through a link)
             key = f if isinstance(f, str) else f.resolve()
             if key not in seen:
-                seen[key] = f
+                seen[key] = (f, k)
                 unique.append((f, k))
-            else:
-                duplicates.append((seen[key], f))
+                continue
+            first, j = seen[key]
+            a, b = sources[j], sources[k]
+            if (a.weight, a.cap, a.policy) != (b.weight, b.cap, b.policy):  # read once: one of the two would be lost
+                raise ConfigError(f"input {f} is named by two sources of different settings, {_settings(a)} (input "
+                                  f"{a.pattern!r}) and {_settings(b)} (input {b.pattern!r}); a file is read once, "
+                                  f"under one source's: name it in one source only (narrow the other's pattern)")
+            duplicates.append((first, f))
         if not unique:
             raise ConfigError("no input given: set `input` in the pipeline or pass -i FILE.jsonl")
         return unique, duplicates
@@ -386,16 +403,17 @@ class BuildConfig:
         try:
             if value == "auto" or value.startswith("auto:"):
                 slack = float(value.partition(":")[2] or AUTO_ENCODER_SLACK)
-                if not slack >= 0 or slack == float("inf"):
+                if not 0 <= slack <= MAX_ENCODER_SLACK:  # nan and inf too
                     raise ValueError
                 return (1.0 + slack) * total / max(rows, 1) if total > 0 else None
             budget = float(value)
-            if not budget > 0 or budget == float("inf"):
+            if not MIN_ENCODER_BUDGET <= budget < float("inf"):
                 raise ValueError
             return budget
         except ValueError:
-            raise ConfigError(f"max_row_encoder = {value!r}: off, auto, auto:S (S >= 0: (1 + S) x the mean row's "
-                              f"encoder cost) or a positive number in the cost model's units") from None
+            raise ConfigError(f"max_row_encoder = {value!r}: off, auto, auto:S (S from 0 to {MAX_ENCODER_SLACK:g}: "
+                              f"(1 + S) x the mean row's encoder cost) or a finite number of at least "
+                              f"{MIN_ENCODER_BUDGET:g} in the cost model's units") from None
 
     def media_caps(self) -> dict[str, int]:
         """The per-row media caps in force, as :func:`packer.pack.plan` takes them."""
@@ -405,6 +423,25 @@ class BuildConfig:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(BuildConfig)}
+
+
+def _settings(source) -> str:
+    """A source's weight, cap and own packing as the ``#`` options that set them (``weight=2, packing=false``)."""
+    from packer.mix import policy_text
+
+    mixing = {"weight": f"{source.weight:g}", "cap": source.cap} if source.mixed else {}
+    return policy_text({**mixing, **dict(source.policy)}) or "the build's"
+
+
+def _whole_file(spec: str) -> str:
+    """An ``input`` entry that names an existing local file whole, though its name holds a ``#`` (``a#b.jsonl``), is
+    that file: written ``a#b.jsonl#`` (no option after the last ``#``), so it reads the same once the file is gone
+    (a manifest's config, a repack). Any other entry is kept: its options follow its last ``#``."""
+    from packer.mix import SEPARATOR
+
+    if SEPARATOR not in spec or "://" in spec or not Path(spec).is_file():
+        return spec
+    return spec + SEPARATOR
 
 
 def _check_policies(config: BuildConfig) -> None:
@@ -455,15 +492,24 @@ def _as_list(value: Any) -> list:
 
 def _source_spec(path: Path, table: Any) -> str:
     """``{input = "a.jsonl", weight = 3, cap = 1000}`` -> ``"a.jsonl#weight=3.0,cap=1000"``."""
-    from packer.mix import POLICY
+    from packer.mix import POLICY, SEPARATOR
 
     known = {"input", "weight", "cap", *POLICY}
     if not isinstance(table, dict) or not isinstance(table.get("input"), str) or set(table) - known:
         raise ConfigError(f"{path}: each [[sources]] table needs input = \"FILE\" and may hold weight, cap and its own "
                           f"packing ({', '.join(POLICY)}), got {table!r}")
-    params = [f"{k}={str(table[k]).lower() if isinstance(table[k], bool) else table[k]}"
-              for k in ("weight", "cap", *POLICY) if k in table]
-    return table["input"] + (f"#{','.join(params)}" if params else "")
+    params = []
+    for k in ("weight", "cap", *POLICY):
+        if k not in table:
+            continue
+        text = str(table[k]).lower() if isinstance(table[k], bool) else str(table[k])
+        if any(c in text for c in ",=#"):  # "split,packing=false" would set packing too: a value is its key's only
+            raise ConfigError(f"{path}: [[sources]] input {table['input']!r}: {k} = {table[k]!r} is not one value of {k} "
+                              f"(',', '=' and '#' separate options); give each option its own key in the table")
+        params.append(f"{k}={text}")
+    if params or SEPARATOR in table["input"]:  # a table's input is a path whole: a '#' in it is the file's name
+        return f"{table['input']}{SEPARATOR}{','.join(params)}"
+    return table["input"]
 
 
 PATH_KEYS = ("input", "output", "media_root", "staging_dir")  # paths in a pipeline file: relative to the file

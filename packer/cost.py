@@ -73,17 +73,31 @@ A frozen tower at the input needs no backward at all: ``frozen=("vision",)`` cou
 from __future__ import annotations
 
 import json
+import numbers
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from packer.errors import ArgumentError, ConfigError
 from packer.shards.schema import MEDIA_KINDS
 
 KINDS = MEDIA_KINDS
 COSTS = ("llm", "encoder", "supervised")  # the three things a row costs a step: CostModel.vector
 PER_KIND = ("image", "audio")  # stats holding these are read per kind; video's arrays count where present
+# The largest coefficient: its products stay finite. A row's largest statistic is Σ seg² of 2^31 - 1 tokens, under
+# 4.7e18, so a term is under 4.7e218 and the 13 terms of a row, summed over 10^12 rows, under 1e233 (float64: 1.8e308).
+# Real models sit far below: FLOPs a token of a 10^12-parameter model are 6e12, calibrated seconds under 1.
+MAX_COEFFICIENT = 1e200
+# The largest size a model config may give for_model (hidden size, layers, heads, vocabulary, ...): its products of
+# a few such sizes stay far under MAX_COEFFICIENT.
+MAX_SIZE = 2**31 - 1
+
+
+class CostModelError(ArgumentError):
+    """A cost model's coefficients, or the file or model config they come from, cannot be used: a configuration
+    error (exit 2), raised before any record is read. A ValueError too, for callers of the library that catch one."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +115,17 @@ class CostModel:
     video_item: float = 0.0
     video_token: float = 0.0
     video_square: float = 0.0
+
+    def __post_init__(self):
+        """Every coefficient a finite number from 0 to :data:`MAX_COEFFICIENT`: a cost stored or summed from them is
+        never inf, NaN or negative (an ``Infinity`` in a JSON stored inf and NaN for every sample)."""
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= float(v) <= MAX_COEFFICIENT:
+                raise CostModelError(f"cost model coefficient {f.name} = {v!r} is not a number from 0 to "
+                                     f"{MAX_COEFFICIENT:g}: give finite, non-negative coefficients (packer calibrate "
+                                     f"writes them)")
+            object.__setattr__(self, f.name, float(v))
 
     def __call__(self, stats: dict[str, np.ndarray]) -> np.ndarray:
         """Per-row cost. Stats without the per-kind arrays (``image_tokens``, ...) are read as
@@ -149,17 +174,28 @@ class CostModel:
     def load(cls, path: str | Path) -> CostModel:
         """A cost model JSON: any subset of the coefficients (the rest default), at the top level or under
         ``coefficients`` (what ``packer calibrate`` writes). ``ValueError`` names a key that is no coefficient."""
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        try:
+            raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as e:
+            raise CostModelError(f"{path}: cannot read it ({e.strerror or e}): give a cost model JSON (packer calibrate "
+                                 f"writes one)") from None
+        except ValueError as e:
+            raise CostModelError(f"{path}: not JSON ({e}): give a cost model JSON (packer calibrate writes one)") from None
+        if isinstance(raw, dict) and _is_model_config(raw):
+            raise CostModelError(f"{path}: a model's config, not a cost model JSON: give the coefficients (packer "
+                                 f"calibrate writes them; packer build --cost-model takes a model config)")
         raw = raw.get("coefficients", raw) if isinstance(raw, dict) else raw
         if not isinstance(raw, dict):
-            raise ValueError(f"{path}: a cost model JSON is an object of coefficients, got {type(raw).__name__}")
+            raise CostModelError(f"{path}: a cost model JSON is an object of coefficients, got {type(raw).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise ValueError(f"{path}: {unknown} are not cost model coefficients (known: {sorted(known)})")
-        bad = {k: v for k, v in raw.items() if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0}
+            raise CostModelError(f"{path}: {unknown} are not cost model coefficients (known: {sorted(known)})")
+        bad = {k: v for k, v in raw.items()
+               if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= MAX_COEFFICIENT}
         if bad:
-            raise ValueError(f"{path}: coefficients must be non-negative numbers, got {bad}")
+            raise CostModelError(f"{path}: coefficients must be finite non-negative numbers (at most "
+                                 f"{MAX_COEFFICIENT:g}), got {bad}")
         return cls(**{k: float(v) for k, v in raw.items()})
 
     @classmethod
@@ -170,7 +206,7 @@ class CostModel:
         ``audio_config`` where present, else a flat text config. ``causal=False`` counts the
         whole attention square (eager / sdpa without a causal skip); ``training=False`` gives
         forward FLOPs; ``frozen`` names towers ("vision", "audio") that get no backward."""
-        cfg = _as_dict(config)
+        cfg = _Sizes(_as_dict(config))
         text = cfg.get("text_config") or cfg
         h, layers = text["hidden_size"], text["num_hidden_layers"]
         heads = text["num_attention_heads"]
@@ -203,6 +239,27 @@ class CostModel:
         if cfg.get("audio_config"):
             out["audio_item"] = tower("audio") * _audio(cfg["audio_config"], h)
         return cls(**{f.name: float(out.get(f.name, 0.0)) for f in fields(cls)})
+
+
+class _Sizes(dict):
+    """A model config whose numbers, as :meth:`CostModel.for_model` reads them, are checked: each a finite number
+    over 0 and at most :data:`MAX_SIZE` (a hidden size of 1e308 gave inf coefficients, a negative one negative
+    costs). Lists (layer indexes, layer types) are read as they are; nested configs are checked alike."""
+
+    def __getitem__(self, key):
+        return self._checked(key, super().__getitem__(key))
+
+    def get(self, key, default=None):
+        value = super().get(key)
+        return default if value is None else self._checked(key, value)
+
+    @staticmethod
+    def _checked(key, value):
+        if isinstance(value, dict):
+            return _Sizes(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not 0 < value <= MAX_SIZE:
+            raise ValueError(f"{key} = {value!r} is not a size from 1 to {MAX_SIZE:,}")
+        return value
 
 
 def _as_dict(config: Any) -> dict:
@@ -292,8 +349,6 @@ def resolve_cost_model(setting: str, checkpoints: tuple[str, ...] = ()) -> dict[
     holds a model ``config.json``, else ``CostModel()`` with a ``note`` saying why), ``default``, or a path: a model
     config (``config.json`` or its folder) or a cost model JSON (:meth:`CostModel.load`; a calibration's ``device``,
     ``dtype`` and ``model`` recorded under ``calibrated``). A path that cannot be read raises ``ConfigError``."""
-    from packer.errors import ConfigError
-
     record: dict[str, Any] = {"setting": setting}
     if setting == DEFAULT:
         return record | {"source": "default", "coefficients": CostModel().coefficients()}
@@ -304,7 +359,7 @@ def resolve_cost_model(setting: str, checkpoints: tuple[str, ...] = ()) -> dict[
             if isinstance(config, dict) and _is_model_config(config):
                 try:
                     model = CostModel.for_model(_full_config(config))
-                except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+                except (KeyError, TypeError, ValueError, ZeroDivisionError, OverflowError) as e:
                     note = f"{path}: no FLOP model for this config ({type(e).__name__}: {e})"
                     import sys
 
@@ -326,7 +381,7 @@ def resolve_cost_model(setting: str, checkpoints: tuple[str, ...] = ()) -> dict[
         try:
             return record | {"source": "model_config", "path": str(path),
                              "coefficients": CostModel.for_model(_full_config(raw)).coefficients()}
-        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        except (KeyError, TypeError, ValueError, ZeroDivisionError, OverflowError) as e:
             raise ConfigError(f"cost_model = {setting!r}: no FLOP model for this config ({type(e).__name__}: {e}); "
                               f"give a cost model JSON instead (packer calibrate writes one)") from None
     try:

@@ -3,7 +3,8 @@
 Exit codes (documented in README.md):
     0  success
     1  the build or command failed (I/O, bad tokenizer, internal error)
-    2  usage or configuration error (bad flag, unknown pipeline key, bad value)
+    2  usage or configuration error (bad flag, unknown pipeline key, bad value; ``ArgumentError`` from a library
+       check of a value the user gave)
     3  a bad record under ``--strict``
     5  the build failed its quality bar (``--max-bad-fraction``); the manifest says "failed"
     6  ``packer verify`` found a problem
@@ -22,9 +23,10 @@ class ConfigError(PackerError):
     exit_code = 2
 
 
-class SettingError(ConfigError, ValueError):
-    """A library argument out of range or contradicting the build (a step plan's ranks, seed, stages): a
-    ``ValueError`` to Python callers, a one-line configuration error (exit 2) on the command line."""
+class ArgumentError(ConfigError, ValueError):
+    """A library function's argument out of range, where the value comes from the user (a flag, a file it names):
+    a ValueError to a caller of the library, a configuration error (one line, exit 2) to the command line. Raised
+    by the check of the argument itself, so an unexpected ValueError deeper down still shows as the bug it is."""
 
 
 class StrictModeError(PackerError):

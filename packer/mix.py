@@ -19,7 +19,6 @@ Accounting per input file: every record read is packed, quarantined, dropped, or
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +27,13 @@ from packer.config import FIELDS
 from packer.errors import ConfigError
 
 SEPARATOR = "#"
+# A weight repeats each record up to ceil(weight) times; only the ratios between sources matter to a mix, so a larger
+# repeat factor is better written as smaller weights of the other sources (a weight of 1e7 tried to hold 10^7 copies
+# of every record). The mix's copies together are bounded too (:data:`MAX_COPIES`), once the records are counted.
+MAX_WEIGHT = 1000.0
+# The plan holds about 100 bytes a planned sample at its peak (docs/distributed.md, sizing model): 2^31 copies would
+# need over 200 GB for the plan alone.
+MAX_COPIES = 2**31 - 1
 
 
 # A source's own packing policy: these build options, set per input, override the build's for its samples
@@ -61,6 +67,9 @@ class Source:
 
     @classmethod
     def parse(cls, spec: str) -> Source:
+        """``FILE#key=value,...``: the options after the last ``#``. A file whose name holds a ``#`` is ``FILE#``
+        (nothing after the last ``#``: no option), which :class:`packer.config.BuildConfig` writes for an input
+        that names an existing file whole."""
         pattern, sep, params = spec.rpartition(SEPARATOR) if SEPARATOR in spec else (spec, "", "")
         if not sep:
             return cls(spec)
@@ -70,12 +79,13 @@ class Source:
             if not eq or key not in ALLOWED:
                 raise ConfigError(f"input {spec!r}: {item!r} after '#' is not an option; give weight=W, cap=N and this "
                                   f"source's own packing ({', '.join(f'{k}=...' for k in POLICY)}; e.g. "
-                                  f"'video.jsonl#max_length=16384,packing=false')")
+                                  f"'video.jsonl#max_length=16384,packing=false'); a file whose name holds a '#' is "
+                                  f"written with one more '#' at its end ({pattern + SEPARATOR + params + SEPARATOR!r})")
             if key in values:
                 raise ConfigError(f"input {spec!r}: {key} is given twice")
             try:
                 values[key] = _value(key, value)
-            except ValueError:
+            except (ValueError, OverflowError):
                 raise ConfigError(f"input {spec!r}: {key} = {value!r} is not {ALLOWED[key]}") from None
         for key, v in values.items():
             if not _allowed(key, v):
@@ -86,7 +96,8 @@ class Source:
 
 # What each option after the '#' takes (the build's own checks: its max_length over every source's, the
 # algorithm's constraints, are BuildConfig's and check_plan_options')
-ALLOWED = {"weight": "a number >= 0", "cap": "a whole number >= 0 (0: no cap)",
+ALLOWED = {"weight": f"a number from 0 to {MAX_WEIGHT:g} (only the ratios between sources matter: lower the other "
+                     f"sources' weights instead)", "cap": "a whole number >= 0 (0: no cap)",
            "max_length": "a whole number >= 1 (at most the build's max_length)", "packing": "true or false",
            "oversize": f"one of {', '.join(OVERSIZE)}",
            **{k: "a whole number >= 0 (0: no limit)" for k in POLICY if k.startswith("max_") and k != "max_length"}}
@@ -98,7 +109,7 @@ def _allowed(key: str, value: object) -> bool:
     if key == "packing":
         return isinstance(value, bool)
     if key == "weight":
-        return math.isfinite(value) and value >= 0  # type: ignore[arg-type]
+        return 0 <= value <= MAX_WEIGHT  # type: ignore[operator]  # nan and inf fail too
     return value >= (1 if key == "max_length" else 0)  # type: ignore[operator]
 
 
@@ -159,4 +170,10 @@ def mix(source_of_sample: np.ndarray, sources: list[Source], seed: int) -> Mix:
             keep = rng.choice(len(expanded), size=source.cap, replace=False)
             n = np.bincount(expanded[keep], minlength=len(members))
         copies[members] = n
+    total = int(copies.sum())
+    if total > MAX_COPIES:
+        heavy = max((s for s in sources if s.mixed), key=lambda s: s.weight)
+        raise ConfigError(f"the mix plans {total:,} samples ({len(copies):,} records read), over the {MAX_COPIES:,} a "
+                          f"plan can hold: lower the weights (input {heavy.pattern!r} has weight={heavy.weight:g}; only "
+                          f"the ratios between sources matter) or give a source a cap")
     return Mix(np.repeat(np.arange(len(copies)), copies), copies)

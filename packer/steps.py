@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packer.balance import group_steps
-from packer.errors import SettingError
+from packer.errors import ArgumentError
 
 SWAP_ROUNDS = 8  # improving swaps tried per step (each lowers the step's worst ratio, or the step is done)
 MAX_PASSES = 1000  # a plan names at most this many passes over the build's rows (epochs, or stages' repeats)
@@ -184,7 +184,7 @@ def plan_steps(costs: np.ndarray, ranks: int, per_rank: int = 1, *, seed: int = 
     balanced together and the result is in micro-steps (``[steps x accumulation, ranks, per_rank]``). Leave it 1
     under FSDP / ZeRO-3, which gather parameters at every micro-step: each is balanced then."""
     if accumulation < 1:
-        raise SettingError(f"accumulation must be at least 1, got {accumulation}")
+        raise ArgumentError(f"accumulation must be at least 1, got {accumulation}")
     if accumulation > 1:
         whole = plan_steps(costs, ranks, per_rank * accumulation, seed=seed, epoch=epoch, window=window,
                            shuffle=shuffle, drop_last=drop_last)
@@ -193,7 +193,7 @@ def plan_steps(costs: np.ndarray, ranks: int, per_rank: int = 1, *, seed: int = 
         window = max(1, -(-len(costs) // (ranks * per_rank)))
     _check(ranks, per_rank, window)
     if seed < 0:
-        raise SettingError(f"seed = {seed} is below 0: give a seed >= 0 (numpy's seeds are non-negative)")
+        raise ArgumentError(f"seed = {seed} is below 0: give a seed >= 0 (numpy's seeds are non-negative)")
     costs = normalized(costs)
     n, per_step = len(costs), ranks * per_rank
     steps = n // per_step if drop_last else -(-n // per_step)
@@ -225,7 +225,7 @@ def plan_stages(costs: np.ndarray, source: np.ndarray, names: list[str], stages:
         window = max((s.end - s.start for s in stages), default=1)
     _check(ranks, per_rank, window)
     if seed < 0:
-        raise SettingError(f"seed = {seed} is below 0: give a seed >= 0 (numpy's seeds are non-negative)")
+        raise ArgumentError(f"seed = {seed} is below 0: give a seed >= 0 (numpy's seeds are non-negative)")
     costs = normalized(costs)
     source = np.asarray(source, np.int64)
     per_step = ranks * per_rank
@@ -238,7 +238,7 @@ def plan_stages(costs: np.ndarray, source: np.ndarray, names: list[str], stages:
         weights[[not len(p.rows) for p in pools]] = 0.0
         if need and weights.sum() <= 0:
             have = {n: len(p.rows) for n, p in zip(names, pools, strict=True)}
-            raise SettingError(f"stage {stage.start}-{stage.end}: none of its sources {sorted(stage.weights)} has rows "
+            raise ArgumentError(f"stage {stage.start}-{stage.end}: none of its sources {sorted(stage.weights)} has rows "
                                f"(rows by source: {have}); weigh a source with rows")
         counts = _largest_remainder(need, weights)
         drawn = np.concatenate([pools[s].take(int(k)) for s, k in enumerate(counts)] or [np.zeros(0, np.int64)])
@@ -251,27 +251,27 @@ def plan_stages(costs: np.ndarray, source: np.ndarray, names: list[str], stages:
 def check_stages(stages: list[Stage], names: list[str], *, rows: int | None = None, per_step: int = 1) -> None:
     """Refuse stages that do not run consecutively from step 0 (a gap, an overlap, an empty or negative range), weigh
     a source the build lacks, or a weight that is not a finite number >= 0 (all zero: nothing to draw); with
-    ``rows`` (the build's), stages that draw more than :func:`check_size` allows. :class:`SettingError`, naming the
+    ``rows`` (the build's), stages that draw more than :func:`check_size` allows. :class:`ArgumentError`, naming the
     value, what was expected and the fix."""
     if not stages:
-        raise SettingError("no stages: give at least one [[stages]] table (start, end, weights = {source = weight})")
+        raise ArgumentError("no stages: give at least one [[stages]] table (start, end, weights = {source = weight})")
     at = 0
     for s in stages:
         span = f"stage {s.start}-{s.end}"
         for key in ("start", "end"):
             value = getattr(s, key)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise SettingError(f"{span}: {key} = {value!r} is not a whole number of steps: give an integer")
+                raise ArgumentError(f"{span}: {key} = {value!r} is not a whole number of steps: give an integer")
         if s.start < 0 or s.end <= s.start:
-            raise SettingError(f"stages must run consecutively from step 0, each at least one step: {span} is "
+            raise ArgumentError(f"stages must run consecutively from step 0, each at least one step: {span} is "
                                f"{'negative' if min(s.start, s.end) < 0 else 'empty'}; give end > start >= 0")
         if s.start != at:
             what = (f"steps {at}-{s.start} belong to no stage (a gap)" if s.start > at
                     else f"it overlaps the stage before, which ends at step {at}")
-            raise SettingError(f"stages must run consecutively from step 0: {span} starts at step {s.start}, {what}; "
+            raise ArgumentError(f"stages must run consecutively from step 0: {span} starts at step {s.start}, {what}; "
                                f"start it at step {at}")
         if not isinstance(s.weights, dict) or not s.weights:
-            raise SettingError(f"{span} weighs no source: give weights = {{source = weight}} (sources: {names})")
+            raise ArgumentError(f"{span} weighs no source: give weights = {{source = weight}} (sources: {names})")
         unknown = sorted(set(s.weights) - set(names))
         if unknown:
             import difflib
@@ -286,16 +286,16 @@ def check_stages(stages: list[Stage], names: list[str], *, rows: int | None = No
                 elif close:
                     hints.append(f"{u!r}: did you mean {close[0]!r}?")
             hint = "; ".join(hints)
-            raise SettingError(f"stage {s.start}-{s.end} weighs {unknown}, which are not sources of this build "
+            raise ArgumentError(f"stage {s.start}-{s.end} weighs {unknown}, which are not sources of this build "
                                f"(sources: {names}; a source is named by its input entry exactly as the build's config "
                                f"lists it, a glob only where that entry is the glob){': ' + hint if hint else ''}")
         bad = {k: w for k, w in s.weights.items()
                if isinstance(w, bool) or not isinstance(w, (int, float, np.number)) or not np.isfinite(w) or w < 0}
         if bad:
-            raise SettingError(f"stage {s.start}-{s.end}: weights must be >= 0 and finite, got {bad}; give each source a "
+            raise ArgumentError(f"stage {s.start}-{s.end}: weights must be >= 0 and finite, got {bad}; give each source a "
                                f"number >= 0 (0 or left out: none of its rows)")
         if not sum(s.weights.values()) > 0:
-            raise SettingError(f"stage {s.start}-{s.end}: every weight is 0 ({s.weights}), so it draws no row; give at "
+            raise ArgumentError(f"stage {s.start}-{s.end}: every weight is 0 ({s.weights}), so it draws no row; give at "
                                f"least one source a weight above 0")
         at = s.end
     if rows is not None:
@@ -310,7 +310,7 @@ def check_size(rows: int, per_step: int, steps: int, *, what: str, fix: str) -> 
     limit = min(MAX_PASSES * rows, MAX_SLOTS)
     if steps * per_step > limit:
         most = limit // per_step
-        raise SettingError(f"{what}: {steps * per_step:,} row slots ({per_step:,} a step), more than {limit:,} (at most "
+        raise ArgumentError(f"{what}: {steps * per_step:,} row slots ({per_step:,} a step), more than {limit:,} (at most "
                            f"{MAX_PASSES:,} passes over the build's {rows:,} rows and {MAX_SLOTS:,} slots in all, i.e. "
                            f"{most:,} steps); {fix.format(steps=most)}")
 
@@ -319,11 +319,11 @@ def check_settings(rows: int, ranks: int, per_rank: int = 1, *, accumulation: in
                    window: int | None = None, epochs: int = 1) -> None:
     """Refuse settings no plan of ``rows`` rows can have: ranks, rows per rank, accumulation or epochs below 1, a
     window below one step, a seed numpy cannot take (< 0), fewer rows than one whole step (a plan of nothing but
-    padding), or a plan over :func:`check_size`'s bound. :class:`SettingError` with the value and the fix."""
+    padding), or a plan over :func:`check_size`'s bound. :class:`ArgumentError` with the value and the fix."""
     for name, value in (("ranks", ranks), ("batch_size", per_rank), ("accumulation", accumulation), ("epochs", epochs),
                         ("seed", seed), *([("window", window)] if window is not None else [])):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise SettingError(f"{name} = {value!r} is not an integer: give a whole number")
+            raise ArgumentError(f"{name} = {value!r} is not an integer: give a whole number")
     for name, value, least, fix in (("ranks", ranks, 1, "the data-parallel world size"),
                                     ("batch_size", per_rank, 1, "rows per rank a step"),
                                     ("accumulation", accumulation, 1, "1 for no gradient accumulation"),
@@ -331,14 +331,14 @@ def check_settings(rows: int, ranks: int, per_rank: int = 1, *, accumulation: in
                                     ("seed", seed, 0, "numpy's seeds are non-negative"),
                                     ("window", window, 1, "steps per grouping window; None: the whole epoch")):
         if value is not None and value < least:
-            raise SettingError(f"{name} = {value} is below {least}: give {name} >= {least} ({fix})")
+            raise ArgumentError(f"{name} = {value} is below {least}: give {name} >= {least} ({fix})")
     per_step = ranks * per_rank * accumulation
     if rows < per_step:
         most = rows // (per_rank * accumulation)
         at = f"batch size {per_rank}" + (f" and accumulation {accumulation}" if accumulation > 1 else "")
         fix = (f"use at most {most:,} ranks at {at}" if most
                else f"use batch size 1{' and accumulation 1' if accumulation > 1 else ''}")
-        raise SettingError(f"{rows:,} rows make no whole step of {ranks:,} ranks x {per_rank:,} rows"
+        raise ArgumentError(f"{rows:,} rows make no whole step of {ranks:,} ranks x {per_rank:,} rows"
                            f"{f' x {accumulation} micro-steps' if accumulation > 1 else ''} ({per_step:,} rows a step): "
                            f"{fix}, or build more rows")
     steps = -(-rows // per_step) * accumulation
@@ -373,9 +373,9 @@ def _largest_remainder(total: int, weights: np.ndarray) -> np.ndarray:
 
 def _check(ranks: int, per_rank: int, window: int) -> None:
     if ranks < 1 or per_rank < 1:
-        raise SettingError(f"a step needs at least one rank and one row a rank, got {ranks} x {per_rank}")
+        raise ArgumentError(f"a step needs at least one rank and one row a rank, got {ranks} x {per_rank}")
     if window < 1:
-        raise SettingError(f"window must be at least one step, got {window}")
+        raise ArgumentError(f"window must be at least one step, got {window}")
 
 
 def measure(costs: np.ndarray, assignment: np.ndarray, names: tuple[str, ...] = ("llm", "encoder", "supervised"),

@@ -98,7 +98,15 @@ def verify(out: str | Path, *, media: str | None = None, media_root: str | None 
     if media:
         found, media_checked = _check_media(out, manifest, media, media_root)
         problems += found
-    row_problem = _row_problem(manifest) if collate else None
+    row_problem = None
+    if collate:
+        from packer.families import FamilyStateError
+
+        try:
+            row_problem = _row_problem(manifest)
+        except (FamilyStateError, ConfigError) as e:  # a recorded family no build writes: named, never a traceback
+            what = f"tokenizer.{e}" if isinstance(e, FamilyStateError) else f"tokenizer.family: {e}"
+            problems.append(Problem("manifest.json", None, f"{what}; --collate cannot judge the rows"))
     rules = _source_rules(manifest)
     placeholders = set(manifest.placeholders.values())
     kind_ids = {k: manifest.placeholder_id(k) for k in MEDIA_KINDS}
@@ -149,7 +157,7 @@ def verify(out: str | Path, *, media: str | None = None, media_root: str | None 
 def _row_problem(manifest: Manifest):
     """The build family's :meth:`~packer.families.Family.row_problem` (None for a generic build)."""
     family = manifest.tokenizer.get("family") or {}
-    if family.get("name", "generic") == "generic":
+    if isinstance(family, dict) and family.get("name", "generic") == "generic":
         return None
     from packer.families import family_from_state
 

@@ -40,8 +40,14 @@ def test_parse_and_config_errors():
     assert parse("2048,1024", 4096)[1].tolist() == [1024, 2048, 4096]  # max_length added: every row fits one
     with pytest.raises(ConfigError, match="up to max_length"):
         resolve(None, row_lengths="8192", max_length=4096)
-    with pytest.raises(ConfigError, match="auto:K needs K >= 1"):
+    with pytest.raises(ConfigError, match="auto:K needs a whole number K >= 1"):
         resolve(None, row_lengths="auto:0")
+    for spec in ("x", "1e9", "1024,two"):  # int()'s own words named neither the setting nor what it takes
+        with pytest.raises(ConfigError, match=rf"row_lengths '{spec}': give positive whole lengths up to max_length "
+                                              r"\(4096\), comma-separated, or auto\[:K\]"):
+            resolve(None, row_lengths=spec)
+    with pytest.raises(ConfigError, match="row_lengths 'auto:x': auto:K needs a whole number K >= 1"):
+        resolve(None, row_lengths="auto:x")
 
 
 @pytest.fixture(scope="module")

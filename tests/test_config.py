@@ -187,3 +187,17 @@ def test_embed_spec_keeps_its_model_pretrained_shape():
     assert EmbedSpec.parse("ViT-B-32", output="pooled", device="cpu", batch_size=4).pretrained is None
     assert EmbedSpec.parse("ViT-B-32:random", output="pooled", device="cpu", batch_size=4).pretrained is None
     assert BuildConfig(image_embeddings="ViT-B-32:random").image_embeddings == "ViT-B-32:random"
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("cpus_per_task", -1.0, r"cpus_per_task must be a positive number \(CPUs a Ray task reserves, e.g. 1 or 0.5\), got -1.0"),
+    ("cpus_per_task", 0.0, "cpus_per_task must be a positive number"),
+    ("cpus_per_task", float("nan"), "cpus_per_task must be a positive number"),
+    ("embed_gpus", -1.0, r"embed_gpus must be 0 \(none\) or a positive number of GPUs, got -1.0"),
+    ("embed_gpus", float("inf"), "embed_gpus must be 0"),
+])
+def test_ray_resources_are_checked_before_ray_sees_them(key, value, match):
+    """Ray raised its own ValueError traceback at cpus_per_task = -1, and nan passed: one line, exit 2, up front."""
+    with pytest.raises(ConfigError, match=match):
+        BuildConfig(input=("x.jsonl",), **{key: value})
+    assert BuildConfig(input=("x.jsonl",), cpus_per_task=0.5, embed_gpus=0.0).cpus_per_task == 0.5

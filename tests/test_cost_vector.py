@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -307,3 +308,119 @@ def test_a_pipelines_cost_model_path_is_relative_to_the_pipeline(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     assert load_pipeline(tmp_path / "jobs" / "a.toml")["cost_model"] == str(Path("jobs") / "cost.json")
     assert load_pipeline(tmp_path / "jobs" / "b.toml")["cost_model"] == "default"
+
+
+@pytest.mark.parametrize("text, match", [
+    ('{"token": Infinity}', r"coefficients must be finite non-negative numbers \(at most 1e\+200\), got \{'token': inf\}"),
+    ('{"coefficients": {"image_token": 1e309}}', r"got \{'image_token': inf\}"),
+    ('{"token": NaN}', r"got \{'token': nan\}"),
+    ('{"token": -1}', r"got \{'token': -1\}"),
+    ('{"token": 1e300, "attention": 1e-4}', r"at most 1e\+200\), got \{'token': 1e\+300\}"),
+    ('{"token": "1"}', r"got \{'token': '1'\}"),
+    ('{"tokn": 1}', r"\['tokn'\] are not cost model coefficients"),
+    ("[1, 2]", "a cost model JSON is an object of coefficients, got list"),
+    ("nope", r"not JSON \(Expecting value"),
+])
+def test_a_cost_model_json_of_unusable_coefficients_is_a_configuration_error(tmp_path, text, match):
+    """Before any record is read: the build (exit 2, one line, no output folder) and `packer steps` alike; no
+    coefficient that makes a stored cost inf, NaN or negative gets through."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    path = tmp_path / "cost.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        CostModel.load(path)
+    if text != "nope":  # resolve_cost_model reads an unreadable file as no JSON: its own message
+        with pytest.raises(ConfigError, match=rf"cost_model = '{path}': .*{match}"):
+            resolve_cost_model(str(path))
+    r = CliRunner().invoke(main, ["build", "-i", str(SAMPLE / "docs.jsonl"), "-o", str(tmp_path / "out"), "--tokenizer",
+                                  str(SAMPLE / "tokenizer"), "--cost-model", str(path)])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and not (tmp_path / "out").exists(), r.output
+
+
+def test_a_cost_models_coefficients_are_checked_where_it_is_made():
+    from packer.cost import CostModelError
+
+    assert CostModel(token=1e200, attention=0).token == 1e200 and CostModel(token=np.float32(2)).token == 2.0
+    for bad in (float("inf"), float("nan"), -1e-9, 1.1e200, True, "1"):
+        with pytest.raises(CostModelError, match=rf"cost model coefficient image_token = {re.escape(repr(bad))} is not a "
+                                                 r"number from 0 to 1e\+200: give finite, non-negative coefficients"):
+            CostModel(image_token=bad)
+    assert issubclass(CostModelError, ValueError)  # what callers of the library caught before
+
+
+@pytest.mark.parametrize("size, shown", [(1e308, "1e+308"), (-64, "-64"), (0, "0"), (2**40, f"{2**40}")])
+def test_a_model_config_of_impossible_sizes_is_refused_naming_the_size(tmp_path, size, shown):
+    """hidden_size 1e308 stored inf costs, a negative one negative costs: for_model checks each size it reads."""
+    config = dict(TINY_TEXT, model_type="llama", hidden_size=size)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=rf"cost_model = '{path}': no FLOP model for this config \(ValueError: "
+                                          rf"hidden_size = {re.escape(shown)} is not a size from 1 to 2,147,483,647\)"):
+        resolve_cost_model(str(path))
+    vision = dict(depth=2, embed_dim=32, mlp_ratio=2, num_heads=4, hidden_size=64, patch_size=-14, spatial_merge_size=2)
+    with pytest.raises(ValueError, match="patch_size = -14 is not a size"):
+        CostModel.for_model({"text_config": TINY_TEXT, "vision_config": vision})
+
+
+def test_steps_refuses_an_unusable_cost_model_in_one_line(one_per_row, tmp_path):
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    out, _, _ = one_per_row
+    for name, text, match in (("inf.json", '{"token": Infinity}', "coefficients must be finite non-negative numbers"),
+                              ("bad.json", "nope", "not JSON"),
+                              ("config.json", json.dumps(dict(TINY_TEXT, model_type="llama")),
+                               "a model's config, not a cost model JSON")):
+        (tmp_path / name).write_text(text)
+        r = CliRunner().invoke(main, ["steps", str(out), "--ranks", "2", "--cost-model", str(tmp_path / name), "-o",
+                                      str(tmp_path / "plan.arrow")])
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1 and match in r.stderr, r.output
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--device", "bogus"], "calibrate: --device 'bogus' is not a device: cpu, cuda, cuda:1, mps, ..."),
+    (["--device", "cuda"], "calibrate: --device 'cuda': this machine has no CUDA device torch can use; time on one it "
+                           "has, or on cpu"),
+    (["--dtype", "int8"], "calibrate: --dtype 'int8' is not one of auto, float32, bfloat16, float16"),
+    (["--vocab", "0"], "calibrate: '{model}': the config cannot be costed (ValueError: vocab_size = 0 is not a size"),
+    (["--vocab", "1"], "calibrate: '{model}': vocab_size = 1; timing feeds random token ids, which needs a vocabulary "
+                       "of at least 2 tokens"),
+])
+def test_calibrates_configuration_errors_are_one_line_exit_2_before_the_model_is_built(tmp_path, monkeypatch, args, match):
+    import torch
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same on a machine with a GPU
+    vocab = int(args[1]) if args[0] == "--vocab" else 300
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(dict(TINY_TEXT, model_type="llama", vocab_size=vocab)))
+    options = args if args[0] != "--vocab" else []
+    r = CliRunner().invoke(main, ["calibrate", str(model), *options, "-o", str(tmp_path / "cost.json")])
+    error = [line for line in r.stderr.splitlines() if not line.startswith("[transformers]")]  # its own config warnings
+    assert r.exit_code == 2 and len(error) == 1 and error[0].startswith(f"packer: error: {match.format(model=model)}"), \
+        r.output
+    assert not (tmp_path / "cost.json").exists()
+
+
+def test_a_poor_fit_is_said_plainly_with_what_it_means():
+    from packer.calibrate import POOR_FIT, fit_warnings, summary_text
+
+    assert POOR_FIT == 0.25 and fit_warnings({"text_max": 0.25, "image_max": None}) == []  # at the threshold: fine
+    warnings = fit_warnings({"text_max": 0.803, "image_max": 0.54})
+    assert [w.split(":")[0] for w in warnings] == ["poor fit", "poor fit"]
+    assert warnings[0].startswith("poor fit: a text shape's time is 80.3% off the fitted one (over 25%), so rows balanced "
+                                  "by this cost model may differ by as much in step time")
+    result = {"path": "cost.json", "model": "m", "model_type": "llama", "device": "cpu", "dtype": "float32",
+              "points": [], "fitted": ["token"], "coefficients": {"token": 1.0}, "flops": {"token": 0.0},
+              "overhead_s": 0.0, "residuals": {"text_max": 0.803, "image_max": 0.54}, "warnings": warnings, "notes": []}
+    lines = summary_text(result).splitlines()
+    assert lines[lines.index("  largest |residual|: text 80.3%, image 54.0%") + 1].startswith(
+        "  warning: poor fit: a text shape's time is 80.3% off")
+    assert sum(line.startswith("  warning: poor fit") for line in lines) == 2

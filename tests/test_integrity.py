@@ -419,3 +419,39 @@ def test_verify_recounts_the_segments_the_manifest_states(copy):
     (out / "manifest.json").write_text(json.dumps(manifest))
     assert [str(p) for p in verify(out)[0]] == [f"manifest.json: shards hold {manifest['stats']['segments'] - 1} segments, "
                                                 f"the manifest says {manifest['stats']['segments']}"]
+
+
+@pytest.mark.parametrize("family, message", [
+    ({"name": "bogus"}, "tokenizer.family.name = 'bogus' is not one of generic, qwen3vl"),
+    ({"name": None}, "tokenizer.family.name = None is not one of generic"),
+    ({"name": "qwen3vl", "modalities": ["image"], "settings": None},
+     "tokenizer.family.settings = None is not an object of qwen3vl's settings"),
+    ({"name": "qwen3vl", "modalities": None, "settings": {}}, "tokenizer.family.modalities = None is not a list of image"),
+    ({"name": "qwen3vl", "modalities": ["image"], "settings": {"colour": 1}},
+     r"tokenizer.family.settings names colour, which qwen3vl lacks \(its settings: image_patch_size, "),
+    ({"name": "llava_onevision", "modalities": ["image"], "settings": {}},
+     "tokenizer.family: llava_onevision: the processor checkpoint has no num_image_tokens"),
+])
+def test_collate_names_a_recorded_family_no_build_writes(copy, family, message):
+    """verify --collate rebuilds the family from the manifest: an unknown one, null, a setting it lacks is a problem
+    of manifest.json naming the field (exit 6), never a KeyError or TypeError traceback."""
+    import re
+
+    out = copy("text")
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["tokenizer"]["family"] = family
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    problems = [str(p) for p in verify(out, collate=True)[0]]
+    assert any(re.match(rf"manifest.json: {message}.*; --collate cannot judge the rows$", p) for p in problems), problems
+    r = CliRunner().invoke(main, ["verify", str(out), "--collate"])
+    assert r.exit_code == 6 and "Traceback" not in r.output, r.output
+
+
+def test_a_recorded_family_that_is_no_object_is_a_damaged_manifest(copy):
+    out = copy("text")
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["tokenizer"]["family"] = "qwen3vl"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert [str(p) for p in verify(out, collate=True)[0]] == [
+        f"manifest.json: {out}/manifest.json is damaged or not a packer manifest (tokenizer.family = 'qwen3vl', not an "
+        f"object); rebuild"]

@@ -73,11 +73,35 @@ def test_pipeline_sources_tables(tmp_path):
     assert sum(ids[f"a-{k}"] for k in range(10)) == 20 and sum(1 for k in ids if k.startswith("b-")) == 4
 
 
-@pytest.mark.parametrize("spec, match", [("a.jsonl#w=3", "weight=W, cap=N and this source.s own packing"), ("a.jsonl#weight=x", "weight = 'x' is not a number >= 0"),
-                                         ("a.jsonl#weight=-1", "weight = -1.0 is not a number >= 0")])
+@pytest.mark.parametrize("spec, match", [("a.jsonl#w=3", "weight=W, cap=N and this source.s own packing"),
+                                         ("a.jsonl#weight=x", "weight = 'x' is not a number from 0 to 1000"),
+                                         ("a.jsonl#weight=-1", "weight = -1.0 is not a number from 0 to 1000"),
+                                         ("a.jsonl#weight=1e300", r"weight = 1e\+300 is not a number from 0 to 1000 \(only "
+                                                                  r"the ratios between sources matter: lower the other"),
+                                         ("a.jsonl#weight=1e7", "weight = 10000000.0 is not a number from 0 to 1000"),
+                                         ("a.jsonl#weight=1001", "weight = 1001.0 is not a number from 0 to 1000"),
+                                         ("a.jsonl#weight=nan", "weight = nan is not"),
+                                         ("a.jsonl#weight=inf", "weight = inf is not"),
+                                         ("a.jsonl#cap=" + "9" * 5000, "cap = '9999.*' is not a whole number")])
 def test_bad_source_specs(spec, match):
     with pytest.raises(ConfigError, match=match):
         Source.parse(spec)
+
+
+def test_the_largest_weight_is_taken():
+    assert Source.parse("a.jsonl#weight=1000").weight == 1000.0
+
+
+def test_a_mix_over_what_a_plan_holds_is_refused_before_it_is_made(monkeypatch):
+    """The copies are counted before they are laid out: a mix over the bound names its count, the bound and the fix."""
+    import packer.mix
+
+    monkeypatch.setattr(packer.mix, "MAX_COPIES", 999)
+    owner = np.repeat(np.arange(2), [10, 100])
+    assert mix(owner, [Source("x", 1.0), Source("y", 9.0)], seed=0).copies.sum() == 910  # at the bound: taken
+    with pytest.raises(ConfigError, match=r"the mix plans 1,010 samples \(110 records read\), over the 999 a plan can "
+                                          r"hold: lower the weights \(input 'y' has weight=10"):
+        mix(owner, [Source("x", 1.0), Source("y", 10.0)], seed=0)
 
 
 def test_mix_is_deterministic_and_respects_the_weights():

@@ -90,6 +90,15 @@ def test_off_gives_the_plan_of_no_budget_and_bad_budgets_are_refused():
         plan(lengths, 8192, algorithm="ffd", resources={"encoder": cost}, budgets={"encoder": 1.0})
 
 
+def test_a_budget_far_under_the_costs_puts_each_costly_sample_in_a_row_of_its_own():
+    """cost / budget past float64's range (1e12 / 1e-300) overflowed the planner's integer units; each such sample
+    is over the budget alone: it takes a row's whole budget, the samples of no encoder cost fill the rows around."""
+    lengths = np.array([100, 100, 100, 100])
+    cost = np.array([1e12, 1e12, 0.0, 0.0])
+    p = plan(lengths, 8192, resources={"encoder": cost}, budgets={"encoder": 1e-300})
+    assert p.over_budget["encoder"].tolist() == [0, 1] and p.n_bins == 2 and p.resource_bound == 2
+
+
 def test_plans_with_a_budget_through_either_path_are_equal(monkeypatch):
     from packer.pack import _small
 
@@ -105,8 +114,13 @@ def test_plans_with_a_budget_through_either_path_are_equal(monkeypatch):
 # ------------------------------------------------------------------ the build option
 
 
-@pytest.mark.parametrize("value,match", [("often", "max_row_encoder"), ("auto:-1", "S >= 0"), ("0", "positive"),
-                                         ("nan", "positive")])
+@pytest.mark.parametrize("value,match", [("often", "max_row_encoder"), ("auto:-1", r"auto:S \(S from 0 to 1000"),
+                                         ("auto:1e308", r"max_row_encoder = 'auto:1e308': .*S from 0 to 1000"),
+                                         ("auto:nan", "S from 0 to 1000"), ("0", "a finite number of at least 1e-12"),
+                                         ("nan", "a finite number of at least 1e-12"), ("inf", "a finite number"),
+                                         ("1e-300", "max_row_encoder = '1e-300': .*a finite number of at least 1e-12 in "
+                                                    "the cost model's units"),
+                                         ("5e-324", "a finite number of at least 1e-12")])
 def test_malformed_max_row_encoder_is_refused_before_stage_one(value, match):
     from packer.config import BuildConfig
     from packer.errors import ConfigError

@@ -343,3 +343,51 @@ def test_a_sources_bound_honours_its_media_cap_and_a_drop_names_the_cap(tmp_path
     dropped = [json.loads(line) for line in (tmp_path / "out" / "dropped.jsonl").read_text().splitlines()]
     assert [d["reason"] for d in dropped] == ["over_media_cap"]
     assert dropped[0]["detail"].startswith("2 images > max_images 1; ") and dropped[0]["detail"].endswith(" tokens")
+
+
+def test_a_file_whose_name_holds_a_hash_is_an_input(tmp_path, monkeypatch):
+    """``a#b.jsonl`` names the file when that whole path exists; ``a#b.jsonl#`` names it whatever exists; options follow
+    the last '#'. The build records the escaped form, so its manifest reads the same once the file is gone."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a#b.jsonl").write_text('{"text": "one"}\n')
+    for spec in ("a#b.jsonl", str(tmp_path / "a#b.jsonl")):
+        config = BuildConfig(input=(spec,))
+        assert config.input == (spec + "#",) and [str(f) for f in config.input_files()] == [spec]
+    assert Source.parse("a#b.jsonl#") == Source("a#b.jsonl")
+    assert Source.parse("a#b.jsonl#weight=2") == Source("a#b.jsonl", 2.0)
+    assert BuildConfig(input=("a#b.jsonl#weight=2",)).input == ("a#b.jsonl#weight=2",)
+    with pytest.raises(ConfigError, match=r"input 'c#d.jsonl': 'd.jsonl' after '#' is not an option; .* a file whose "
+                                          r"name holds a '#' is written with one more '#' at its end \('c#d.jsonl#'\)"):
+        BuildConfig(input=("c#d.jsonl",))
+    config = pipeline(tmp_path, '[[sources]]\ninput = "a#b.jsonl"\n[[sources]]\ninput = "a#b.jsonl"\nweight = 1\n')
+    assert [Source.parse(s).pattern for s in config.input] == ["a#b.jsonl"] * 2  # relative to the folder packer runs in
+
+
+def test_a_sources_table_value_sets_its_own_option_only(tmp_path):
+    with pytest.raises(ConfigError, match=r"\[\[sources\]\] input 'v.jsonl': oversize = 'split,packing=false' is not one "
+                                          r"value of oversize \(',', '=' and '#' separate options\); give each option "
+                                          r"its own key in the table"):
+        pipeline(tmp_path, '[[sources]]\ninput = "v.jsonl"\noversize = "split,packing=false"\n')
+    with pytest.raises(ConfigError, match="max_length = '4096#' is not one value"):
+        pipeline(tmp_path, '[[sources]]\ninput = "v.jsonl"\nmax_length = "4096#"\n')
+
+
+def test_one_file_named_by_two_sources_of_different_settings_is_refused(tmp_path):
+    """Read once, under the first source: the second's policy would be lost. Named twice alike: read once, warned."""
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    data = tmp_path / "a.jsonl"
+    data.write_text('{"text": "one"}\n')
+    with pytest.raises(ConfigError, match=rf"input {data} is named by two sources of different settings, the build's "
+                                          rf"\(input '{data}'\) and packing=false \(input '{tmp_path}/\*.jsonl'\); "
+                                          r"a file is read once, under one source's: name it in one source"):
+        BuildConfig(input=(str(data), f"{tmp_path}/*.jsonl#packing=false")).input_files()
+    with pytest.raises(ConfigError, match=r"weight=2, cap=0 \(input .*\) and weight=3, cap=0"):
+        BuildConfig(input=(f"{data}#weight=2", f"{data}#weight=3")).input_files()
+    assert len(BuildConfig(input=(f"{data}#max_images=2", f"{tmp_path}/*#max_images=2")).input_files()) == 1
+    r = CliRunner().invoke(main, ["build", "-i", str(data), "-i", f"{data}#max_length=64", "-o", str(tmp_path / "o"),
+                                  "--tokenizer", TOKENIZER])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "named by two sources" in r.stderr, r.output
+    assert not (tmp_path / "o").exists()

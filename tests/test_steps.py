@@ -284,11 +284,11 @@ def test_packer_steps_refuses_each_bad_setting_in_one_line_with_exit_2(build, tm
 
 def test_the_planner_and_the_sampler_refuse_settings_they_would_misread(build, costs):
     """window=0 was read as the whole epoch, accumulation=0 divided by zero, a negative seed failed inside numpy."""
-    from packer.errors import SettingError
+    from packer.errors import ArgumentError
 
-    with pytest.raises(SettingError, match="window must be at least one step, got 0"):
+    with pytest.raises(ArgumentError, match="window must be at least one step, got 0"):
         plan_steps(costs[:64], 8, window=0)
-    with pytest.raises(SettingError, match="seed = -5 is below 0"):
+    with pytest.raises(ArgumentError, match="seed = -5 is below 0"):
         plan_steps(costs[:64], 8, seed=-5)
     for kw, match in (({"accumulation": 0}, "accumulation = 0 is below 1"), ({"window": 0}, "window = 0 is below 1"),
                       ({"seed": -5}, "seed = -5 is below 0"), ({"num_replicas": 64, "rank": 0}, "26 rows make no whole step"),
@@ -383,3 +383,29 @@ def test_the_encoder_figure_is_absent_with_its_reason_where_the_cost_model_charg
     model.write_text('{"image_token": 2.0, "audio_token": 1.0}')
     charged = plan_command(str(build), ranks=2, cost_model=str(model), output=str(tmp_path / "p.arrow"))
     assert charged["absent"] == {} and charged["balance"]["plan"]["encoder"] > 1.0
+
+
+@pytest.mark.parametrize("text, match", [
+    ("x\n", r"stages.toml is not TOML \(Expected '='"),
+    ("title = 1\n", r"stages.toml holds \['title'\], not only \[\[stages\]\]"),
+    ('[[stages]]\nstart = 0\nend = -1\nweights = { "a" = 1 }\n', r"stage 0--1 is negative; give end > start >= 0"),
+    ('[[stages]]\nstart = 0\nend = 4\nweights = { "sample_data/chat.jsonl" = nan }\n', r"weights must be >= 0 and finite, got \{'sample_data/chat.jsonl': nan\}"),
+    ('[[stages]]\nstart = 0\nend = 4\n', r"\[\[stages\]\] table 1 lacks \['weights'\]"),
+    ('[[stages]]\nstart = 0\nend = 4\nweights = { "nope.jsonl" = 1.0 }\n', "which are not sources of this build"),
+])
+def test_a_stages_file_packer_steps_cannot_use_is_one_line_exit_2(build, tmp_path, text, match):
+    """A configuration error of `packer steps`, never a traceback: the library's checks raise ArgumentError, a
+    ValueError to a caller of the library and a one-line error (exit 2) to the command line."""
+    import re
+
+    from click.testing import CliRunner
+
+    from packer.cli import main
+    from packer.errors import ArgumentError
+
+    stages = tmp_path / "stages.toml"
+    stages.write_text(text)
+    r = CliRunner().invoke(main, ["steps", str(build), "--ranks", "2", "--stages", str(stages), "-o",
+                                  str(tmp_path / "plan.arrow")])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and re.search(match, r.stderr), r.output
+    assert issubclass(ArgumentError, ValueError) and not (tmp_path / "plan.arrow").exists()

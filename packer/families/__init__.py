@@ -12,9 +12,10 @@ so every worker counts with the settings the manifest records.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from packer.errors import ConfigError
+from packer.errors import ConfigError, PackerError
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.gemma3 import Gemma3
 from packer.families.gemma4 import Gemma4
@@ -110,13 +111,35 @@ def make_family(config: Any) -> Family:
     return cls(kinds, settings)
 
 
+class FamilyStateError(PackerError, ValueError):
+    """A recorded family (a manifest's ``tokenizer.family``) that no build writes: an unknown name, no settings, a
+    setting the family lacks. The message names the field (``family.settings``) and what it holds."""
+
+
 def family_from_state(state: dict[str, Any], config: Any) -> Family:
-    """The family :meth:`Family.describe` described (in a worker: no checkpoint read)."""
-    cls = FAMILIES[state["name"]]
+    """The family :meth:`Family.describe` described (in a worker: no checkpoint read). A state no build writes (an
+    edited or damaged manifest) raises :class:`FamilyStateError` naming the field, not a KeyError from deep inside."""
+    if not isinstance(state, dict):
+        raise FamilyStateError(f"family = {state!r} is not an object of name, modalities and settings")
+    cls = FAMILIES.get(state.get("name")) if isinstance(state.get("name"), str) else None
+    if cls is None:
+        raise FamilyStateError(f"family.name = {state.get('name')!r} is not one of {', '.join(FAMILIES)}")
     if cls is Generic:
         return Generic(config)
-    return cls(tuple(state["modalities"]), cls.settings_class(**state["settings"]))
+    modalities, settings = state.get("modalities"), state.get("settings")
+    if not isinstance(modalities, list) or not set(modalities) <= set(ALL_KINDS):
+        raise FamilyStateError(f"family.modalities = {modalities!r} is not a list of {', '.join(ALL_KINDS)}")
+    if not isinstance(settings, dict):
+        raise FamilyStateError(f"family.settings = {settings!r} is not an object of {cls.name}'s settings")
+    fields = dataclasses.fields(cls.settings_class)
+    unknown = sorted(set(settings) - {f.name for f in fields})
+    missing = [f.name for f in fields if f.name not in settings and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if unknown or missing:
+        what = f"names {', '.join(unknown)}, which {cls.name} lacks" if unknown else f"lacks {', '.join(missing)}"
+        raise FamilyStateError(f"family.settings {what} (its settings: {', '.join(f.name for f in fields)})")
+    return cls(tuple(modalities), cls.settings_class(**settings))
 
 
-__all__ = ["FAMILIES", "MODEL_INPUT_KEYS", "MODEL_TYPES", "PER_TOKEN_KEYS", "Expansion", "Family", "RecordMedia", "Run",
-           "family_from_state", "family_names", "family_of_model", "families_of_processor", "make_family"]
+__all__ = ["FAMILIES", "MODEL_INPUT_KEYS", "MODEL_TYPES", "PER_TOKEN_KEYS", "Expansion", "Family", "FamilyStateError",
+           "RecordMedia", "Run", "family_from_state", "family_names", "family_of_model", "families_of_processor", "make_family"]

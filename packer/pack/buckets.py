@@ -88,13 +88,20 @@ def parse(spec: str, capacity: int) -> tuple[int | None, np.ndarray | None]:
     if not spec:
         return None, None
     if spec == "auto" or spec.startswith("auto:"):
-        k = int(spec.partition(":")[2] or DEFAULT_COUNT)
+        try:
+            k = int(spec.partition(":")[2] or DEFAULT_COUNT)
+        except ValueError:
+            k = 0
         if k < 1:
-            raise ValueError(f"row_lengths {spec!r}: auto:K needs K >= 1")
+            raise ValueError(f"row_lengths {spec!r}: auto:K needs a whole number K >= 1")
         return k, None
-    lengths = sorted({int(x) for x in spec.split(",") if x.strip()})
+    try:
+        lengths = sorted({int(x) for x in spec.split(",") if x.strip()})
+    except ValueError:  # int("x"): say which setting and what it takes, not int()'s own words
+        lengths = []
     if not lengths or lengths[0] < 1 or lengths[-1] > capacity:
-        raise ValueError(f"row_lengths {spec!r}: give positive lengths up to max_length ({capacity}), or auto[:K]")
+        raise ValueError(f"row_lengths {spec!r}: give positive whole lengths up to max_length ({capacity}), comma-separated, "
+                         f"or auto[:K]")
     if lengths[-1] < capacity:
         lengths.append(capacity)
     return None, np.asarray(lengths, np.int64)

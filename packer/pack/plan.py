@@ -300,7 +300,9 @@ def _resource_needs(n: int, resources: dict[str, np.ndarray] | None, budgets: di
         cost = np.asarray(resources[name], np.float64)
         if cost.shape != (n,) or (n and (not np.isfinite(cost).all() or cost.min() < 0)):
             raise ValueError(f"resources[{name!r}] must be one finite cost >= 0 per sample ({n}), got shape {cost.shape}")
-        units = np.ceil(cost / budget * RESOURCE_UNITS - 1e-9).astype(np.int64)  # exact multiples stay
+        # exact multiples stay; a cost over twice the budget counts as twice it (cost / budget may pass float64's range)
+        with np.errstate(over="ignore"):
+            units = np.ceil(np.minimum(cost / budget, 2.0) * RESOURCE_UNITS - 1e-9).astype(np.int64)
         above = units > RESOURCE_UNITS
         over[name] = np.flatnonzero(above)
         columns.append(np.minimum(units, RESOURCE_UNITS))

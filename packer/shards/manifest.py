@@ -203,6 +203,11 @@ class Manifest:
         if version != SCHEMA_VERSION:
             raise SchemaVersionError(version_message(where, version))
         known = {f.name for f in dataclasses.fields(cls)} - {"sections"}
+        tokenizer = d.get("tokenizer", {})
+        family = tokenizer.get("family") if isinstance(tokenizer, dict) else None
+        if not isinstance(tokenizer, dict) or not isinstance(family, (dict, type(None))):  # read by every reader
+            field, value = ("tokenizer", tokenizer) if not isinstance(tokenizer, dict) else ("tokenizer.family", family)
+            raise PackerError(f"{where} is damaged or not a packer manifest ({field} = {value!r}, not an object); rebuild")
         try:
             return cls(**{k: v for k, v in d.items() if k in known and k not in ("files", "accounting")},
                        files=Files.from_dict(d["files"]), accounting=Accounting.from_dict(d["accounting"]),

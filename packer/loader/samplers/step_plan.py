@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from packer.cost import COSTS, CostModel
-from packer.errors import SettingError
+from packer.errors import ArgumentError
 from packer.loader.samplers._dist import ResumableMixin, world
 from packer.shards.step_plan import PlanFile, read_plan, rows_identity, write
 from packer.steps import Stage, check_settings, check_stages, measure, plan_stages, plan_steps, random_steps
@@ -105,7 +105,7 @@ def write_plan(out: str | Path, path: str | Path, *, ranks: int, batch_size: int
     x ``batch_size`` rows a step and write them to ``path`` (Arrow: epoch, step, rows; the settings and the
     balance figures in its metadata). Returns the metadata. Settings no plan of this build can have (no whole
     step, a seed below 0, stages with a gap or an unknown source, a batch the build's family cannot take, ...)
-    raise :class:`~packer.errors.SettingError` before anything is planned."""
+    raise :class:`~packer.errors.ArgumentError` before anything is planned."""
     from packer.loader.dataset import PackedDataset
 
     ds = PackedDataset(out, check_media=False)
@@ -141,9 +141,9 @@ def write_plan(out: str | Path, path: str | Path, *, ranks: int, batch_size: int
 
 def check_request(ds, *, ranks: int, batch_size: int, epochs: int, seed: int, window: int | None,
                   stages: list[Stage] | None, accumulation: int) -> None:
-    """Refuse (:class:`SettingError`: value, expected, fix) what :func:`write_plan` cannot plan for the build ``ds``."""
+    """Refuse (:class:`ArgumentError`: value, expected, fix) what :func:`write_plan` cannot plan for the build ``ds``."""
     if stages and accumulation > 1:
-        raise SettingError(f"stages with accumulation {accumulation}: a staged plan's steps are the stages' own; plan "
+        raise ArgumentError(f"stages with accumulation {accumulation}: a staged plan's steps are the stages' own; plan "
                            f"stages with accumulation 1 (--accumulation 1), or plan epochs (no --stages) to accumulate")
     check_settings(len(ds), ranks, batch_size, accumulation=accumulation, seed=seed, window=window,
                    epochs=1 if stages else epochs)
@@ -154,7 +154,7 @@ def check_request(ds, *, ranks: int, batch_size: int, epochs: int, seed: int, wi
     try:
         check_batches(ds, batch_size, fix="use --batch-size 1 (each packed row is already full)")
     except ValueError as e:
-        raise SettingError(str(e)) from None
+        raise ArgumentError(str(e)) from None
 
 
 def absent_costs(costs: np.ndarray, stats: dict, model: CostModel, manifest=None) -> dict[str, str]:
@@ -213,14 +213,14 @@ def check_plan(plan: PlanFile, dataset, ranks: int, batch_size: int, accumulatio
     given = {f: getattr(cost, f) for f in cost.__dataclass_fields__} if cost is not None else None
     for name, have, want in (("seed", seed, m["seed"]), ("window", window, m.get("window")), ("cost", given, recorded)):
         if have is not None and have != want:
-            raise SettingError(f"{name} = {have!r}, but the step plan was made with {name} = {want!r}: a plan's rows are "
+            raise ArgumentError(f"{name} = {have!r}, but the step plan was made with {name} = {want!r}: a plan's rows are "
                                f"fixed when it is written; leave {name} out (the plan's own is used), or write a plan "
                                f"with it (`packer steps OUT {FLAGS[name]} ...`)")
     if epochs is not None:
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-            raise SettingError(f"epochs = {epochs!r}: give the number of epochs the run trains, >= 1")
+            raise ArgumentError(f"epochs = {epochs!r}: give the number of epochs the run trains, >= 1")
         if epochs > plan.epochs:
-            raise SettingError(f"the step plan holds {plan.epochs} epoch(s), this run trains {epochs}: write them all "
+            raise ArgumentError(f"the step plan holds {plan.epochs} epoch(s), this run trains {epochs}: write them all "
                                f"(`packer steps OUT --epochs {epochs}`), or let the sampler plan each epoch (plan=None)")
 
 
@@ -266,16 +266,16 @@ def check_output(out: Path, path: Path) -> None:
     target, build = path.resolve(), out.resolve()
     if target.is_relative_to(build):
         if target.parent != build / FOLDER or target.suffix != ".arrow":
-            raise SettingError(f"-o {path} is inside the build {out} but not a {FOLDER}/*.arrow file there: packer steps "
+            raise ArgumentError(f"-o {path} is inside the build {out} but not a {FOLDER}/*.arrow file there: packer steps "
                                f"writes no file of the build's; give -o {out / FOLDER}/NAME.arrow, a path outside the "
                                f"build, or no -o")
     if target.is_dir():
-        raise SettingError(f"-o {path} is a folder: give a file name (e.g. {path}/plan.arrow)")
+        raise ArgumentError(f"-o {path} is a folder: give a file name (e.g. {path}/plan.arrow)")
     if target.exists():
         try:
             read_plan(target)
         except Exception:  # noqa: BLE001 - not a plan, whatever the reason: not ours to overwrite
-            raise SettingError(f"-o {path} exists and is not a step plan: packer steps overwrites only a plan it "
+            raise ArgumentError(f"-o {path} exists and is not a step plan: packer steps overwrites only a plan it "
                                f"wrote; give another -o, or remove the file") from None
 
 
@@ -283,31 +283,31 @@ def load_cost_model(path: str) -> CostModel:
     try:
         return CostModel.load(path)
     except (ValueError, AttributeError) as e:  # JSONDecodeError is a ValueError
-        raise SettingError(f"--cost-model {path}: {e}; give a cost model JSON (packer calibrate writes one)") from None
+        raise ArgumentError(f"--cost-model {path}: {e}; give a cost model JSON (packer calibrate writes one)") from None
 
 
 def read_stages(path: str | Path) -> list[Stage]:
     """``[[stages]]`` tables of a TOML file: ``start``, ``end`` (steps), ``weights`` (source pattern -> weight); a file
-    that is not that raises :class:`SettingError` (the values themselves: :func:`packer.steps.check_stages`)."""
+    that is not that raises :class:`ArgumentError` (the values themselves: :func:`packer.steps.check_stages`)."""
     import tomllib
 
     form = "[[stages]] tables of start = STEP, end = STEP, weights = {source = weight}"
     try:
         doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise SettingError(f"{path} is not TOML ({e}): give {form}") from None
+        raise ArgumentError(f"{path} is not TOML ({e}): give {form}") from None
     tables = doc.get("stages")
     other = sorted(set(doc) - {"stages"})
     if not tables or other or not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         held = f"holds {other}, not only [[stages]]" if other else "holds no [[stages]] table"
-        raise SettingError(f"{path} {held}: give {form}")
+        raise ArgumentError(f"{path} {held}: give {form}")
     out = []
     for k, t in enumerate(tables, 1):
         missing, unknown = [x for x in ("start", "end", "weights") if x not in t], sorted(set(t) - {"start", "end", "weights"})
         if missing or unknown or not isinstance(t["weights"], dict):
             what = (f"lacks {missing}" if missing else f"has {unknown}, which are no stage keys" if unknown
                     else f"has weights = {t['weights']!r}, not a table")
-            raise SettingError(f"{path}: [[stages]] table {k} {what}: give {form}")
+            raise ArgumentError(f"{path}: [[stages]] table {k} {what}: give {form}")
         out.append(Stage(t["start"], t["end"], dict(t["weights"])))
     return out
 
