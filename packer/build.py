@@ -303,15 +303,20 @@ def media_models(config: BuildConfig):
 
 
 def used_tokenizer(encoder):
-    """The tokenizer with exactly the chat template the build rendered with (a --chat-template file's or a named
-    one's text as its only template), so ``OUT/tokenizer`` renders what the shards hold."""
-    tok, renderer = encoder.tok, encoder.renderer
-    if renderer is None or tok.chat_template == renderer.source:
+    """The tokenizer with exactly the chat templates the build rendered with (a --chat-template file's or a named
+    one's text as its only template; ``default`` and ``tool_use`` where records with tools rendered with the
+    tokenizer's ``tool_use``), so ``OUT/tokenizer`` renders what the shards hold, ``apply_chat_template`` picking
+    between them as the build did."""
+    tok, renderer, tool = encoder.tok, encoder.renderer, encoder.tool_renderer
+    if renderer is None:
+        return tok
+    used = renderer.source if tool is renderer else {"default": renderer.source, "tool_use": tool.source}
+    if tok.chat_template == used:
         return tok
     import copy
 
     tok = copy.copy(tok)  # shallow: the encoder's tokenizer keeps its own templates
-    tok.chat_template = renderer.source
+    tok.chat_template = used
     return tok
 
 

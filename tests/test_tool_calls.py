@@ -150,3 +150,66 @@ def test_a_prompt_completion_records_tool_calls_in_its_prompt_reach_the_template
     reference = enc.tok.apply_chat_template(HF, tools=TOOLS, tokenize=True, return_dict=True)["input_ids"]
     assert sample.input_ids.tolist() == list(reference)
     assert [enc.tok.decode(r) for r in trained_runs(sample)] == EXPECTED["qwen3"][1:]  # the call is the prompt's
+
+
+@pytest.fixture(scope="module")
+def named_templates(tmp_path_factory):
+    """The sample tokenizer saved with named templates: ``default`` (ChatML, content only: it leaves tools out) and
+    ``tool_use`` (Qwen3's, which renders them), as a checkpoint with a tool-calling variant ships them."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(TOKENIZER)
+    tok.chat_template = {"default": tok.chat_template, "tool_use": AutoTokenizer.from_pretrained(QWEN_TOKENIZER).chat_template}
+    folder = tmp_path_factory.mktemp("named") / "tokenizer"
+    tok.save_pretrained(str(folder))
+    return str(folder)
+
+
+def test_a_record_with_tools_renders_with_the_tokenizers_tool_use_template(named_templates):
+    """``apply_chat_template(messages, tools=tools)`` renders with a tokenizer's named ``tool_use`` template (no
+    template named): a record with tools packs to those ids, its assistant turn trained; one without tools to the
+    ``default`` template's, as before. Such records used to render with ``default`` and be quarantined as
+    ``tools_not_rendered``. The build records both templates and saves both in OUT/tokenizer."""
+    import hashlib
+
+    from packer.build import used_tokenizer
+
+    enc = Encoder(EncoderSpec.of(tokenizer=named_templates))
+    templates = enc.tok.chat_template
+    chat = [HF[0], HF[3]]
+    sample = enc.encode_line(line({"messages": chat, "tools": TOOLS}), "t.jsonl", SAMPLE)
+    reference = enc.tok.apply_chat_template(chat, tools=TOOLS, tokenize=True, return_dict=True)["input_ids"]
+    assert sample.input_ids.tolist() == list(reference)
+    assert "get_weather" in enc.tok.decode(sample.input_ids)
+    assert [enc.tok.decode(r) for r in trained_runs(sample)] == ["It is sunny.<|im_end|>\n"]
+    plain = enc.encode_line(line({"messages": chat}), "t.jsonl", SAMPLE)
+    assert plain.input_ids.tolist() == list(enc.tok.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"])
+    assert plain.input_ids.tolist() != sample.input_ids.tolist()
+    with pytest.raises(BadRecord, match="leaves out the record's tool calls") as e:  # no tools: HF renders `default`
+        enc.encode_line(line({"messages": HF}), "t.jsonl", SAMPLE)
+    assert e.value.reason == "tools_not_rendered"
+    printed = enc.fingerprint()
+    assert printed["chat_template_sha256"] == hashlib.sha256(templates["default"].encode()).hexdigest()
+    assert printed["tool_template_sha256"] == hashlib.sha256(templates["tool_use"].encode()).hexdigest()
+    assert used_tokenizer(enc).chat_template == {"default": templates["default"], "tool_use": templates["tool_use"]}
+    named = Encoder(EncoderSpec.of(tokenizer=named_templates, chat_template="default"))  # named: HF renders it, tools
+    with pytest.raises(BadRecord, match="leaves out the record's tools") as e:             # or not
+        named.encode_line(line({"messages": chat, "tools": TOOLS}), "t.jsonl", SAMPLE)
+    assert e.value.reason == "tools_not_rendered" and "tool_template_sha256" not in named.fingerprint()
+
+
+def test_verify_against_the_processor_renders_a_record_with_tools_with_the_tool_use_template(named_templates):
+    """verify --against-processor picks the template per record as the build did."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from packer.against_processor import _renderers
+    from packer.config import BuildConfig
+
+    tok = AutoTokenizer.from_pretrained(named_templates)
+    default, tool = _renderers(SimpleNamespace(tokenizer=tok, chat_template=None), BuildConfig(tokenizer=named_templates))
+    assert (default.source, tool.source) == (tok.chat_template["default"], tok.chat_template["tool_use"])
+    default, tool = _renderers(SimpleNamespace(tokenizer=tok, chat_template=None),
+                               BuildConfig(tokenizer=named_templates, chat_template="default"))
+    assert tool is default
