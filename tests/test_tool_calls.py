@@ -213,3 +213,24 @@ def test_verify_against_the_processor_renders_a_record_with_tools_with_the_tool_
     default, tool = _renderers(SimpleNamespace(tokenizer=tok, chat_template=None),
                                BuildConfig(tokenizer=named_templates, chat_template="default"))
     assert tool is default
+
+
+def test_a_sharegpt_turn_carrying_tool_calls_is_quarantined_not_stripped(tmp_path):
+    """ShareGPT's ``from`` / ``value`` turns have no ``tool_calls`` / ``tool_call_id`` (a call is a ``function_call``
+    turn's text): a turn carrying the messages shape's keys is quarantined under its own reason, with where and what;
+    they used to be dropped without a word, the call turn trained as an empty turn. Without them, as before."""
+    from test_formats import build_jsonl
+
+    turns = [{"from": "human", "value": "Weather in Paris?"}, {"from": "gpt", "value": "", "tool_calls": [CALL]},
+             {"from": "observation", "value": "sunny, 21 C"}, {"from": "gpt", "value": "It is sunny."}]
+    with pytest.raises(BadRecord, match=r"conversations\[1\] is a ShareGPT from / value turn with tool_calls") as e:
+        parse_record({"conversations": turns, "tools": TOOLS}, "auto", SAMPLE, {"image": "<image>"})
+    assert e.value.reason == "sharegpt_tool_calls" and "sharegpt_tool_calls" in FIXES
+    answered = [turns[0], {**turns[1], "tool_calls": None}, {**turns[2], "tool_call_id": "call12345"}, turns[3]]
+    with pytest.raises(BadRecord, match=r"messages\[2\] .* with tool_call_id") as e:
+        parse_record({"messages": answered}, "sharegpt", SAMPLE, {"image": "<image>"})
+    assert e.value.reason == "sharegpt_tool_calls"
+    plain = [{"from": "human", "value": "Q"}, {"from": "function_call", "value": '{"name": "f"}'}]
+    assert parse_record({"conversations": plain}, "auto", SAMPLE, {"image": "<image>"}).turns[1].role == "assistant"
+    accounting, quarantined = build_jsonl(tmp_path, [{"id": "call", "conversations": turns}, {"id": "ok", "conversations": plain}])
+    assert accounting["samples_packed"] == 1 and quarantined["call"][0] == "sharegpt_tool_calls"
