@@ -81,7 +81,7 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
                                         "prefix"]).to_pylist()
     lines = _lines(manifest.inputs, {(r["source_index"], r["source_line"]) for r in rows})
     segments = _packed_segments(out, manifest, {(r["source_index"], r["source_line"]) for r in rows})
-    renderer = _renderer(proc, config)
+    renderers = _renderers(proc, config)
     mismatches = []
     for r in rows:
         file = manifest.inputs[r["source_index"]]
@@ -91,7 +91,7 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
             parts = [(r["key"], record, r)] if not r["responses"] else [
                 (f"{r['key']} ({response['role']})", record.conversation(k), _response_row(r, k))
                 for k, response in enumerate(r["responses"])]
-            checked = [(key, sub, _processor_ids(proc, renderer, conv, config, family, placeholders, sub, root))
+            checked = [(key, sub, _processor_ids(proc, renderers, conv, config, family, placeholders, sub, root))
                        for key, conv, sub in parts]
         except (BadRecord, OSError, ValueError) as e:
             mismatches.append(Mismatch(file, r["source_line"], r["key"], len(r["input_ids"]), 0, 0,
@@ -203,10 +203,12 @@ def _lines(inputs: list[str], wanted: set[tuple[int, int]]) -> dict[tuple[int, i
     return out
 
 
-def _renderer(proc, config):
-    """The build's template (its name or .jinja file, else the processor's) rendered with the build's time, and its
-    control tokens marked as the build marked them."""
-    from packer.encode.render import Renderer, template_clock
+def _renderers(proc, config):
+    """(the build's template, the one its records with tools rendered with) -- its name or .jinja file, else the
+    processor's; the tokenizer's ``tool_use`` for records with tools where it has one and no name was given, as
+    the build picked it -- rendered with the build's time, and their control tokens marked as the build marked
+    them; None without a template."""
+    from packer.encode.render import Renderer, template_clock, template_source
 
     tok = proc.tokenizer
     if not config.chat_template and isinstance(getattr(proc, "chat_template", None), str) and proc.chat_template:
@@ -214,11 +216,16 @@ def _renderer(proc, config):
 
         tok = copy.copy(tok)  # the processor's own template over the tokenizer's (a shallow copy: nothing shared changes)
         tok.chat_template = proc.chat_template
-    try:
+    def make(tools: bool = False) -> Renderer:
         return Renderer(tok, config.chat_template, template_clock(config.template_time),
-                        max_steps=config.template_max_steps, max_chars=config.template_max_chars)
+                        max_steps=config.template_max_steps, max_chars=config.template_max_chars, tools=tools)
+
+    try:
+        renderer = make()
     except PackerError:
         return None  # no template: documents only
+    return renderer, (renderer if template_source(tok, config.chat_template, tools=True) == renderer.source
+                      else make(tools=True))
 
 
 def _parse(raw: bytes, file: str, config):
@@ -230,7 +237,7 @@ def _parse(raw: bytes, file: str, config):
     return parse_record(decode_json(raw), config.format, base, tags, allow_outside_root=config.allow_outside_media_root)
 
 
-def _processor_ids(proc, renderer, conv, config, family: dict, placeholders: dict[str, int], row: dict,
+def _processor_ids(proc, renderers, conv, config, family: dict, placeholders: dict[str, int], row: dict,
                    root: str) -> list[int]:
     from packer.encode.encoder import marked_data, template_messages
 
@@ -239,8 +246,9 @@ def _processor_ids(proc, renderer, conv, config, family: dict, placeholders: dic
         eos = proc.tokenizer.eos_token_id
         return list(ids) + ([eos] if config.append_eos and eos is not None and (not ids or ids[-1] != eos) else [])
     tok = proc.tokenizer
-    if renderer is None:
+    if renderers is None:
         raise PackerError(f"{type(proc).__name__} has no chat template to render the build's conversations with")
+    renderer = renderers[1] if conv.tools else renderers[0]
     sanitized = renderer.sanitized
     if family.get("name", "generic") == "generic":
         text = _collapsed_text(tok, row, placeholders)

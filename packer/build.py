@@ -315,7 +315,13 @@ def save_tokenizer(tok, out: Path) -> list[ShardEntry]:
     tok.save_pretrained(str(tmp))
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
-    return [ShardEntry(p.relative_to(out).as_posix(), 0, p.stat().st_size, sha256_file(p)) for p in sorted(target.iterdir())]
+    return [ShardEntry(p.relative_to(out).as_posix(), 0, p.stat().st_size, sha256_file(p)) for p in tokenizer_files(target)]
+
+
+def tokenizer_files(folder: Path) -> list[Path]:
+    """The files ``save_pretrained`` wrote under ``folder``, sorted, those of its subfolders included (a tokenizer of
+    named chat templates saves them in ``additional_chat_templates/``)."""
+    return sorted((p for p in folder.rglob("*") if p.is_file()), key=lambda p: p.relative_to(folder).as_posix())
 
 
 def _save_tokenizer_remote(tok, out) -> list[ShardEntry]:
@@ -325,11 +331,11 @@ def _save_tokenizer_remote(tok, out) -> list[ShardEntry]:
     with tempfile.TemporaryDirectory(prefix="packer-tokenizer-") as tmp:
         tok.save_pretrained(tmp)
         entries = []
-        for p in sorted(Path(tmp).iterdir()):
-            data = p.read_bytes()
-            with atomic_open(out / "tokenizer" / p.name, "wb") as f:
+        for p in tokenizer_files(Path(tmp)):
+            data, name = p.read_bytes(), p.relative_to(tmp).as_posix()
+            with atomic_open(out / "tokenizer" / name, "wb") as f:
                 f.write(data)
-            entries.append(ShardEntry(f"tokenizer/{p.name}", 0, len(data), hashlib.sha256(data).hexdigest()))
+            entries.append(ShardEntry(f"tokenizer/{name}", 0, len(data), hashlib.sha256(data).hexdigest()))
     return entries
 
 

@@ -79,8 +79,9 @@ class BuildConfig:
                           stage="content", group="media")
     processor_options: str = _opt("", "Override the family's resolved settings: key=value,... (names as the manifest's "
                                       "family.settings).", stage="content", group="media")
-    chat_template: str = _opt("", "Which of the tokenizer's named chat templates to render with (default: its only or "
-                                  "'default' one), or a .jinja file to use instead.", stage="content", group="tokenizer")
+    chat_template: str = _opt("", "Which of the tokenizer's named chat templates to render with (default: as "
+                                  "apply_chat_template picks: its only or 'default' one, its 'tool_use' one for a "
+                                  "record with tools), or a .jinja file to use instead.", stage="content", group="tokenizer")
     template_time: str = _opt("", "The time a template's strftime_now sees (ISO 8601); empty: SOURCE_DATE_EPOCH if set, "
                                   "else 1970-01-01T00:00:00Z, so a clock never makes two builds differ.",
                               stage="content", group="tokenizer")

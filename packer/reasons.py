@@ -52,6 +52,8 @@ FIXES = {
     "audio_count_mismatch": "the number of <audio> tags differs from the listed files",
     "media_placeholder_mismatch": "a placeholder string typed in the text: remove it, or change --image-tag / --image-token",
     "no_encoder": "media of a kind the pipeline's modalities leave out: use a pipeline that encodes it",
+    "sharegpt_tool_calls": "a ShareGPT from / value turn with tool_calls / tool_call_id: write the record as messages "
+                           "(role / content), which carry them",
     "tools_not_rendered": "tool calls / tools the chat template cannot render or leaves out: use a tool-calling template",
     "template_error": "the chat template failed on these records: check their roles and turns",
     "template_too_slow": "the chat template ran past --template-max-steps on these records: fix the template, or raise it",

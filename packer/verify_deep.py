@@ -45,7 +45,8 @@ from packer.shards.schema import PACKED_SCHEMA, PLAN_SCHEMA, SAMPLE_SCHEMA
 from packer.verify import Problem
 
 # the manifest's tokenizer fields OUT/tokenizer re-derives (the others: not_checkable)
-TOKENIZER_FIELDS = ("sha256", "vocab_size", "bos_token_id", "eos_token_id", "placeholders", "chat_template_sha256")
+TOKENIZER_FIELDS = ("sha256", "vocab_size", "bos_token_id", "eos_token_id", "placeholders", "chat_template_sha256",
+                    "tool_template_sha256")
 
 
 class _Null:
@@ -170,16 +171,20 @@ def tokenizer_problems(out: Path, manifest: Manifest) -> list[Problem]:
             from packer.io.cache import local_copy
 
             folder = Path(tmp)
-            for e in entries:
-                shutil.copyfile(local_copy(out / e.file, e.sha256), folder / Path(e.file).name)
+            for e in entries:  # tokenizer/NAME, or tokenizer/additional_chat_templates/NAME
+                (folder / e.file).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(local_copy(out / e.file, e.sha256), folder / e.file)
+            folder = folder / "tokenizer"
         try:
             tok = open_tokenizer(str(folder))
         except Exception as e:  # noqa: BLE001 -- files no build ships: a problem, not a traceback
             return [Problem("tokenizer", None, f"cannot be loaded ({type(e).__name__}: {' '.join(str(e).split())}): "
                                                f"--deep cannot re-derive the manifest's tokenizer record")]
     derived = fingerprint(tok, recorded.get("name", ""), list(manifest.placeholders))
-    if isinstance(tok.chat_template, str):
-        derived["chat_template_sha256"] = hashlib.sha256(tok.chat_template.encode()).hexdigest()
+    templates = tok.chat_template if isinstance(tok.chat_template, dict) else {"default": tok.chat_template}
+    for key, name in (("chat_template_sha256", "default"), ("tool_template_sha256", "tool_use")):
+        if isinstance(templates.get(name), str):  # the build ships both only where records with tools used tool_use
+            derived[key] = hashlib.sha256(templates[name].encode()).hexdigest()
     return [Problem(MANIFEST, None, f"tokenizer.{k} {recorded[k]!r} differs from {derived.get(k)!r}, derived from "
                                     f"tokenizer/ (the manifest or the tokenizer files were edited after the build)")
             for k in TOKENIZER_FIELDS if k in recorded and recorded[k] != derived.get(k)]

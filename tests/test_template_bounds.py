@@ -47,6 +47,7 @@ def test_a_template_that_never_ends_costs_its_record(tmp_path, head):
 @pytest.mark.parametrize("head", [
     "{% for i in range(100) %}{{ 'x' * 2000000 }}{% endfor %}",  # 200 MB written
     "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",  # doubling
+    "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",  # str + str
     "{{ 'a'.ljust(10 ** 9) }}", "{{ '%999999999d' % 1 }}", "{{ messages[0].content | center(10 ** 9) }}",
 ])
 def test_a_template_that_writes_too_much_costs_its_record(tmp_path, head):
@@ -156,3 +157,17 @@ def test_a_dated_template_builds_byte_identical_across_runs_and_time_zones(tmp_p
         ids = f.read_all().column("input_ids")[0].as_py()
     text = AutoTokenizer.from_pretrained(str(tmp_path / "out0" / "tokenizer")).decode(ids)
     assert "Today Date: 01 Jan 1970 0.000000" in text  # no SOURCE_DATE_EPOCH: the Unix epoch, in UTC
+
+
+def test_the_bounded_path_reads_a_message_as_the_sandbox_does(tmp_path):
+    """The compiled path reads a message's keys without the sandbox's failed attribute lookup: a key, a missing key
+    (undefined), a key named like a dict method (the method, as the sandbox gives it) and a method call render as
+    transformers' own call renders them; an attribute of another object still goes through the sandbox."""
+    head = ("{{ messages[0].role }}|{{ messages[0].nothing is defined }}|{{ messages[0].get('role') }}|"
+            "{{ messages[0].items is defined }}|{{ messages[0].keys() | list | length }}|{{ 'ab'.upper() }}|"
+            "{{ messages[0].__class__ is defined }}|")
+    enc = encoder(tmp_path, head)
+    messages = [{"role": "user", "content": "Hi", "items": "typed"}]
+    assert enc.renderer.compiled is not None
+    assert enc.renderer.render(messages) == enc.renderer.public(messages)
+    assert enc.renderer.render(messages).startswith("user|False|user|True|3|AB|False|")

@@ -181,3 +181,111 @@ def test_a_prompt_completion_records_tool_calls_in_its_prompt_reach_the_template
     reference = enc.tok.apply_chat_template(HF, tools=TOOLS, tokenize=True, return_dict=True)["input_ids"]
     assert sample.input_ids.tolist() == list(reference)
     assert [enc.tok.decode(r) for r in trained_runs(sample)] == EXPECTED["qwen3"][1:]  # the call is the prompt's
+
+
+@pytest.fixture(scope="module")
+def named_templates(tmp_path_factory):
+    """The sample tokenizer saved with named templates: ``default`` (ChatML, content only: it leaves tools out) and
+    ``tool_use`` (Qwen3's, which renders them), as a checkpoint with a tool-calling variant ships them."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(TOKENIZER)
+    tok.chat_template = {"default": tok.chat_template, "tool_use": AutoTokenizer.from_pretrained(QWEN_TOKENIZER).chat_template}
+    folder = tmp_path_factory.mktemp("named") / "tokenizer"
+    tok.save_pretrained(str(folder))
+    return str(folder)
+
+
+def test_a_record_with_tools_renders_with_the_tokenizers_tool_use_template(named_templates):
+    """``apply_chat_template(messages, tools=tools)`` renders with a tokenizer's named ``tool_use`` template (no
+    template named): a record with tools packs to those ids, its assistant turn trained; one without tools to the
+    ``default`` template's, as before. Such records used to render with ``default`` and be quarantined as
+    ``tools_not_rendered``. The build records both templates and saves both in OUT/tokenizer."""
+    import hashlib
+
+    enc = Encoder(EncoderSpec.of(tokenizer=named_templates))
+    templates = enc.tok.chat_template
+    chat = [HF[0], HF[3]]
+    sample = enc.encode_line(line({"messages": chat, "tools": TOOLS}), "t.jsonl", SAMPLE)
+    reference = enc.tok.apply_chat_template(chat, tools=TOOLS, tokenize=True, return_dict=True)["input_ids"]
+    assert sample.input_ids.tolist() == list(reference)
+    assert "get_weather" in enc.tok.decode(sample.input_ids)
+    assert [enc.tok.decode(r) for r in trained_runs(sample)] == ["It is sunny.<|im_end|>\n"]
+    plain = enc.encode_line(line({"messages": chat}), "t.jsonl", SAMPLE)
+    assert plain.input_ids.tolist() == list(enc.tok.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"])
+    assert plain.input_ids.tolist() != sample.input_ids.tolist()
+    with pytest.raises(BadRecord, match="leaves out the record's tool calls") as e:  # no tools: HF renders `default`
+        enc.encode_line(line({"messages": HF}), "t.jsonl", SAMPLE)
+    assert e.value.reason == "tools_not_rendered"
+    printed = enc.fingerprint()
+    assert printed["chat_template_sha256"] == hashlib.sha256(templates["default"].encode()).hexdigest()
+    assert printed["tool_template_sha256"] == hashlib.sha256(templates["tool_use"].encode()).hexdigest()
+    assert enc.shipped_tokenizer().chat_template == {"default": templates["default"], "tool_use": templates["tool_use"]}
+    named = Encoder(EncoderSpec.of(tokenizer=named_templates, chat_template="default"))  # named: HF renders it, tools
+    with pytest.raises(BadRecord, match="leaves out the record's tools") as e:             # or not
+        named.encode_line(line({"messages": chat, "tools": TOOLS}), "t.jsonl", SAMPLE)
+    assert e.value.reason == "tools_not_rendered" and "tool_template_sha256" not in named.fingerprint()
+
+
+def test_verify_against_the_processor_renders_a_record_with_tools_with_the_tool_use_template(named_templates):
+    """verify --against-processor picks the template per record as the build did."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from packer.against_processor import _renderers
+    from packer.config import BuildConfig
+
+    tok = AutoTokenizer.from_pretrained(named_templates)
+    default, tool = _renderers(SimpleNamespace(tokenizer=tok, chat_template=None), BuildConfig(tokenizer=named_templates))
+    assert (default.source, tool.source) == (tok.chat_template["default"], tok.chat_template["tool_use"])
+    default, tool = _renderers(SimpleNamespace(tokenizer=tok, chat_template=None),
+                               BuildConfig(tokenizer=named_templates, chat_template="default"))
+    assert tool is default
+
+
+def test_a_sharegpt_turn_carrying_tool_calls_is_quarantined_not_stripped(tmp_path):
+    """ShareGPT's ``from`` / ``value`` turns have no ``tool_calls`` / ``tool_call_id`` (a call is a ``function_call``
+    turn's text): a turn carrying the messages shape's keys is quarantined under its own reason, with where and what;
+    they used to be dropped without a word, the call turn trained as an empty turn. Without them, as before."""
+    from test_formats import build_jsonl
+
+    turns = [{"from": "human", "value": "Weather in Paris?"}, {"from": "gpt", "value": "", "tool_calls": [CALL]},
+             {"from": "observation", "value": "sunny, 21 C"}, {"from": "gpt", "value": "It is sunny."}]
+    with pytest.raises(BadRecord, match=r"conversations\[1\] is a ShareGPT from / value turn with tool_calls") as e:
+        parse_record({"conversations": turns, "tools": TOOLS}, "auto", SAMPLE, {"image": "<image>"})
+    assert e.value.reason == "sharegpt_tool_calls" and "sharegpt_tool_calls" in FIXES
+    answered = [turns[0], {**turns[1], "tool_calls": None}, {**turns[2], "tool_call_id": "call12345"}, turns[3]]
+    with pytest.raises(BadRecord, match=r"messages\[2\] .* with tool_call_id") as e:
+        parse_record({"messages": answered}, "sharegpt", SAMPLE, {"image": "<image>"})
+    assert e.value.reason == "sharegpt_tool_calls"
+    plain = [{"from": "human", "value": "Q"}, {"from": "function_call", "value": '{"name": "f"}'}]
+    assert parse_record({"conversations": plain}, "auto", SAMPLE, {"image": "<image>"}).turns[1].role == "assistant"
+    accounting, quarantined = build_jsonl(tmp_path, [{"id": "call", "conversations": turns}, {"id": "ok", "conversations": plain}])
+    assert accounting["samples_packed"] == 1 and quarantined["call"][0] == "sharegpt_tool_calls"
+
+
+def test_a_build_rendering_with_the_tool_use_template_ships_both_and_passes_verify_deep(named_templates, tmp_path):
+    """Records with tools render with the tokenizer's ``tool_use`` template, the others with ``default``: OUT/tokenizer
+    ships both, and ``verify --deep`` re-derives both hashes from it (it compared a dict of templates as no template)."""
+    from transformers import AutoTokenizer
+
+    from packer.build import build
+    from packer.config import resolve
+    from packer.verify import verify
+
+    chat = [HF[0], HF[3]]
+    source = tmp_path / "tools.jsonl"
+    source.write_text(json.dumps({"messages": chat, "tools": TOOLS}) + "\n" + json.dumps({"messages": chat}) + "\n")
+    out = tmp_path / "out"
+    manifest = build(resolve(None, input=[str(source)], output=str(out), tokenizer=named_templates), progress=False)
+    assert {"chat_template_sha256", "tool_template_sha256"} <= set(manifest.tokenizer)
+    shipped = AutoTokenizer.from_pretrained(str(out / "tokenizer")).chat_template
+    assert isinstance(shipped, dict) and set(shipped) == {"default", "tool_use"}
+    problems, _ = verify(out, deep=True)
+    assert problems == []
+    edited = json.loads((out / "manifest.json").read_text())
+    edited["tokenizer"]["tool_template_sha256"] = "0" * 64
+    (out / "manifest.json").write_text(json.dumps(edited))
+    problems, _ = verify(out, deep=True)
+    assert any("tokenizer.tool_template_sha256" in str(p) for p in problems), problems

@@ -27,6 +27,7 @@ chunk's records are tokenized one by one instead. The tokens are the same either
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -41,7 +42,7 @@ import numpy as np
 
 from packer.encode import preference, standard
 from packer.encode.labels import Labeller, common_chars, span_mask
-from packer.encode.render import MARK_START, Renderer, probe_conversations, template_clock
+from packer.encode.render import MARK_START, Renderer, probe_conversations, template_clock, template_source
 from packer.encode.shipped import Shipped, ship, unpack
 from packer.encode.tokenizer import add_tokens, fingerprint, missing_tokens, open_tokenizer, require_tokens
 from packer.encode.tokens import TextTokenizer
@@ -187,11 +188,22 @@ class Encoder:
         self._media_kind = tokens
         self.renderer: Renderer | None = None
         self.labeller: Labeller | None = None
+        # a record with tools: the template transformers picks for it (a tokenizer's ``tool_use``; else the same)
+        self.tool_renderer: Renderer | None = None
+        self.tool_labeller: Labeller | None = None
         if self.tok.chat_template:
-            self.renderer = Renderer(self.tok, template or config.chat_template, template_clock(config.template_time),
-                                     max_steps=config.template_max_steps, max_chars=config.template_max_chars)
-            self.renderer.check(probe_conversations(self.family.kinds if self.family.structured else ()))
+            probes = probe_conversations(self.family.kinds if self.family.structured else ())
+            make = functools.partial(Renderer, self.tok, template or config.chat_template,
+                                     template_clock(config.template_time), max_steps=config.template_max_steps,
+                                     max_chars=config.template_max_chars)
+            self.renderer = make()
+            self.renderer.check(probes)
             self.labeller = Labeller(self.renderer)
+            self.tool_renderer, self.tool_labeller = self.renderer, self.labeller
+            if template_source(self.tok, self.renderer.name, tools=True) != self.renderer.source:
+                self.tool_renderer = make(tools=True)
+                self.tool_renderer.check(probes)
+                self.tool_labeller = Labeller(self.tool_renderer)
         self._memo: dict = {}  # texts tokenized in a batch, for the records of one encode_lines call
 
     @property
@@ -203,20 +215,26 @@ class Encoder:
         """Counts of text encoded otherwise than it was written (report.json ``accounting.content_changed``):
         control tokens typed in a message and encoded as text (``control_tokens_as_text``, counted per rendering, so
         a preference record's prompt once per response)."""
-        r = self.renderer
-        return {"control_tokens_as_text": r.sanitized if r else 0}
+        used = {id(r): r for r in (self.renderer, self.tool_renderer) if r is not None}
+        return {"control_tokens_as_text": sum(r.sanitized for r in used.values())}
 
     def shipped_tokenizer(self):
-        """The tokenizer with exactly the chat template the build renders with (a --chat-template file's or a named
-        one's text as its only template), as ``OUT/tokenizer`` ships it, so it renders what the shards hold; without
+        """The tokenizer with exactly the chat templates the build renders with (a --chat-template file's or a named
+        one's text as its only template; ``default`` and ``tool_use`` where records with tools rendered with the
+        tokenizer's ``tool_use``), as ``OUT/tokenizer`` ships it, so it renders what the shards hold; without
         the init kwargs that only say how it was loaded (:data:`LOAD_ONLY_KWARGS`), so ``OUT/tokenizer`` (and the
         hash of it) is the same whether the build ran with HF_HUB_OFFLINE or not, from a folder or a hub id."""
         import copy
 
         tok = copy.copy(self.tok)  # shallow: the encoder's tokenizer keeps its own templates and init kwargs
         tok.init_kwargs = {k: v for k, v in tok.init_kwargs.items() if k not in LOAD_ONLY_KWARGS}
-        if self.renderer is not None and tok.chat_template != self.renderer.source:
-            tok.chat_template = self.renderer.source
+        renderer, tool = self.renderer, self.tool_renderer
+        if renderer is not None:  # ``default`` and ``tool_use`` where records with tools rendered with the latter, so
+            # apply_chat_template on OUT/tokenizer picks between them as the build did
+            used = renderer.source if tool is None or tool is renderer else {"default": renderer.source,
+                                                                             "tool_use": tool.source}
+            if tok.chat_template != used:
+                tok.chat_template = used
         return tok
 
     def fingerprint(self) -> dict:
@@ -226,10 +244,13 @@ class Encoder:
         out["family"] = self.family.describe()
         out["chat_template"] = self.config.chat_template
         out["template_time"] = template_clock(self.config.template_time).isoformat()
-        out["fast_render"] = bool(self.renderer and self.renderer.compiled is not None)
+        out["fast_render"] = bool(self.renderer and self.renderer.compiled is not None
+                                  and self.tool_renderer.compiled is not None)
         if self.renderer is not None:  # the template rendered (a --chat-template file's content, not its name)
             out["chat_template_sha256"] = hashlib.sha256(self.renderer.source.encode()).hexdigest()
-            if self.renderer.randomized:
+            if self.tool_renderer is not self.renderer:  # records with tools render with the tokenizer's tool_use
+                out["tool_template_sha256"] = hashlib.sha256(self.tool_renderer.source.encode()).hexdigest()
+            if self.renderer.randomized or self.tool_renderer.randomized:
                 out["template_random"] = "seeded per rendering from sha256 of its messages"
         return out
 
@@ -366,19 +387,20 @@ class Encoder:
         if self.renderer is None:
             raise PackerError("the tokenizer has no chat template, so conversations cannot be rendered; use a chat "
                               "tokenizer or set one in its tokenizer_config.json / chat_template.jinja")
-        sanitized, typed = self.renderer.sanitized, self.renderer.markers_typed
-        messages = self._messages(conv)
-        tools = marked_data(list(conv.tools), self.renderer.mark) if conv.tools else None
-        marked = self.renderer.sanitized > sanitized
-        if marked and self.renderer.markers_typed > typed:
+        renderer = self._renderer_for(conv.tools)
+        sanitized, typed = renderer.sanitized, renderer.markers_typed
+        messages = self._messages(conv, renderer)
+        tools = marked_data(list(conv.tools), renderer.mark) if conv.tools else None
+        marked = renderer.sanitized > sanitized
+        if marked and renderer.markers_typed > typed:
             raise BadRecord("private_marker_in_text",
-                            f"the record types {self.renderer.markers_typed - typed} U+F0000 / U+F0001 character(s) and "
-                            f"{self.renderer.sanitized - sanitized} control token(s) (the tokenizer's special tokens, "
+                            f"the record types {renderer.markers_typed - typed} U+F0000 / U+F0001 character(s) and "
+                            f"{renderer.sanitized - sanitized} control token(s) (the tokenizer's special tokens, "
                             f"such as a turn's end): transformers keeps typed control tokens as text by wrapping them in "
                             f"those very characters, so no HF encoding keeps both as written; remove the U+F0000 / "
                             f"U+F0001 characters (private-use, invisible) from the source data")
-        full = self._render_tools(messages, tools) if tools or any("tool_calls" in m for m in messages) \
-            else self.renderer.render(messages)
+        full = self._render_tools(renderer, messages, tools) if tools or any("tool_calls" in m for m in messages) \
+            else renderer.render(messages)
         positions = self._media_positions(full, marked)
         self._record_cut = 0
         items = self._expand_media(conv, [self._media_kind[token] for _, token in positions])
@@ -398,7 +420,12 @@ class Encoder:
                             self.config.train_on_empty_think, items, edits, clips_cut=self._record_cut, tools=tools,
                             marked=marked)
 
-    def _render_tools(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+    def _renderer_for(self, tools: Any) -> Renderer:
+        """The renderer of a record that has ``tools`` (the template transformers picks for it) or has none."""
+        return self.tool_renderer if tools else self.renderer
+
+    def _render_tools(self, renderer: Renderer, messages: list[dict[str, Any]],
+                      tools: list[dict[str, Any]] | None) -> str:
         """A record with tool calls or tools, rendered with them; refused (``tools_not_rendered``) where the template
         raises on them or leaves them out (its rendering without them is the same: the tool-call turn would train
         as an empty turn, or the model would learn calls to tools it was never shown)."""
@@ -406,7 +433,7 @@ class Encoder:
         calls = sum(len(m.get("tool_calls", ())) for m in messages)
         what = " and ".join(filter(None, [f"{calls} tool call(s)" if calls else "", f"{len(tools)} tool(s)" if tools else ""]))
         try:
-            full = self.renderer.render(messages, tools=tools)
+            full = renderer.render(messages, tools=tools)
         except BadRecord as e:  # the template's message says what it refused (a tool call id's format, ...)
             raise BadRecord("tools_not_rendered", f"the chat template cannot render the record's {what}: "
                                                   f"{e.detail.removeprefix('the chat template refused the conversation: ')}"
@@ -415,7 +442,7 @@ class Encoder:
             if (name == "tools" and not tools) or (name == "tool calls" and not calls):
                 continue
             try:
-                same = self.renderer.render(without[0], tools=without[1]) == full
+                same = renderer.render(without[0], tools=without[1]) == full
             except BadRecord:  # the template needs them: it renders them
                 same = False
             if same:
@@ -424,8 +451,8 @@ class Encoder:
                                                       f"that renders tools (chat_template), or drop them from the record")
         return full
 
-    def _messages(self, conv: Conversation) -> list[dict[str, Any]]:
-        return template_messages(conv, self.family.structured, self.family.media_token, self.renderer.mark)
+    def _messages(self, conv: Conversation, renderer: Renderer) -> list[dict[str, Any]]:
+        return template_messages(conv, self.family.structured, self.family.media_token, renderer.mark)
 
     def _media_positions(self, full: str, marked: bool) -> list[tuple[int, str]]:
         if self._media_re is None:
@@ -694,8 +721,9 @@ class Encoder:
         implicit prompt whose responses go on with a user turn, TRL's ``extract_prompt``); None otherwise."""
         if all(r.turns and r.turns[0].role == "assistant" and r.turns[0].trained for r in record.responses):
             return None
-        tools = marked_data(list(record.tools), self.renderer.mark) if record.tools else None
-        return self.renderer.render(self._messages(Conversation(record.prompt, record.id)), tools=tools) \
+        renderer = self._renderer_for(record.tools)
+        tools = marked_data(list(record.tools), renderer.mark) if record.tools else None
+        return renderer.render(self._messages(Conversation(record.prompt, record.id), renderer), tools=tools) \
             if record.prompt else ""
 
     def _prompt_end(self, chat: RenderedChat, prompt: str | None = None) -> int:
@@ -703,7 +731,7 @@ class Encoder:
         has no generation prompt), or, where the response opens with other turns, the end of what the conversation
         shares with the prompt rendered alone (``prompt``)."""
         full, at = chat.full, min(s for s, _ in chat.spans)
-        header = self.labeller.header
+        header = (self.tool_labeller if chat.tools else self.labeller).header
         h = full.rfind(header, 0, at) if header else -1
         end = h if h >= 0 else at
         if prompt is not None:
@@ -718,7 +746,8 @@ class Encoder:
         elif chat.prompt is not None:  # TRL's standard format: every token from the completion's start
             mask = np.arange(len(ids)) >= chat.completion_start
         else:
-            spans = self.labeller.trained_spans(chat.messages, chat.full, chat.assistant, chat.trained,
+            labeller = self.tool_labeller if chat.tools else self.labeller
+            spans = labeller.trained_spans(chat.messages, chat.full, chat.assistant, chat.trained,
                                                 chat.train_on_empty_think, chat.tools)
             chat.spans = spans
             mask = span_mask(starts, [(_shift(s, chat.edits), _shift(e, chat.edits)) for s, e in spans], len(chat.text))

@@ -26,6 +26,7 @@ docs/reliability.md.
 from __future__ import annotations
 
 import functools
+import operator
 import re
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -36,6 +37,7 @@ MAX_INT_BITS = 1 << 16  # no chat template needs an integer of more than 65,536 
 _SIZED = (str, list, tuple, bytes, dict)
 _GROWING = frozenset({"center", "indent", "wordwrap", "format", "replace", "join", "tojson", "pprint", "batch", "slice",
                       "truncate", "xmlattr", "urlize"})  # filters whose result can outgrow their input
+_GROWING_METHODS = frozenset({"ljust", "rjust", "center", "zfill", "expandtabs", "replace"})  # _before_method's
 _WIDTH = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\d+|\*)?(?:\.(\d+|\*))?")
 
 
@@ -55,7 +57,10 @@ class Budget:
     def tick(self) -> None:
         self.steps -= 1
         if self.steps < 0:
-            raise BadRecord("template_too_slow", f"the chat template took more than {self.max_steps:,} steps (loop "
+            raise self.too_slow()
+
+    def too_slow(self) -> BadRecord:
+        return BadRecord("template_too_slow", f"the chat template took more than {self.max_steps:,} steps (loop "
                                                  f"iterations and calls) on this record; a template that loops without "
                                                  f"end, or a record far larger than the rest: raise template_max_steps "
                                                  f"if it is legitimate")
@@ -67,7 +72,10 @@ class Budget:
 
     def sized(self, value: Any) -> Any:
         """``value``, if it is within the size bounds."""
-        if isinstance(value, _SIZED):
+        if type(value) is str:  # the common case, first
+            if len(value) > self.max_chars:
+                raise self.too_long(len(value))
+        elif isinstance(value, _SIZED):
             if len(value) > self.max_chars:
                 raise self.too_long(len(value))
         elif isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
@@ -84,6 +92,7 @@ class Budget:
 def bound(env: Any, source: str, budget: Budget):
     """``source`` compiled in ``env`` (a private overlay of transformers' sandbox) under ``budget``."""
     from jinja2 import nodes
+    from jinja2.sandbox import SandboxedEnvironment
 
     filters = env.filters = dict(env.filters)  # an overlay shares its parent's dicts: copy before adding
     env.globals = dict(env.globals)
@@ -93,17 +102,31 @@ def bound(env: Any, source: str, budget: Budget):
         filters[name] = _sized_filter(filters[name], name, budget)
     base_call = env.call
     base_binop = env.call_binop
+    sized = budget.sized
+    # '+' of two ints or two strs is the operator itself where the sandbox's binop is (jinja's default)
+    plain_add = (getattr(type(env), "call_binop", None) is SandboxedEnvironment.call_binop
+                 and env.binop_table.get("+") is operator.add)
 
     def call(context, obj, /, *args, **kwargs):
-        budget.tick()
-        _before_method(obj, args, budget)
-        return budget.sized(base_call(context, obj, *args, **kwargs))
+        budget.steps -= 1  # Budget.tick, inlined: a call's own cost is most of a small template's overhead
+        if budget.steps < 0:
+            raise budget.too_slow()
+        if args and getattr(obj, "__name__", None) in _GROWING_METHODS:
+            _before_method(obj, args, budget)
+        return sized(base_call(context, obj, *args, **kwargs))
 
-    def call_binop(context, operator, left, right):
-        if operator == "+" and type(left) is int and type(right) is int:
-            return left + right  # the common case (loop.index0 + 1): one bit of growth at most
-        _before_binop(operator, left, right, budget)
-        return budget.sized(base_binop(context, operator, left, right))
+    def call_binop(context, op, left, right):
+        if op == "+" and plain_add:
+            kind = type(left)
+            if kind is type(right):
+                if kind is int:
+                    return left + right  # the common case (loop.index0 + 1): one bit of growth at most
+                if kind is str:  # a turn's text joined: checked before it is built, as _before_binop does
+                    if len(left) + len(right) > budget.max_chars:
+                        raise budget.too_long(len(left) + len(right))
+                    return left + right
+        _before_binop(op, left, right, budget)
+        return sized(base_binop(context, op, left, right))
 
     env.call = call
     env.call_binop = call_binop
@@ -138,7 +161,9 @@ def _wrap_concat(tree: Any, target: Any) -> None:
 
 def _loop(budget: Budget, iterable: Iterable) -> Iterator:
     for item in iterable:
-        budget.tick()
+        budget.steps -= 1  # Budget.tick, inlined
+        if budget.steps < 0:
+            raise budget.too_slow()
         yield item
 
 

@@ -7,7 +7,9 @@ Shapes (auto-detected per line by their key fields, in this order, or forced wit
   ``SHAREGPT_ROLES`` (``human`` / ``gpt`` / ``system`` / ``tool`` / ``observation`` ...). LLaVA
   is ShareGPT with images, so both share one parser; ``messages`` holding ``from`` / ``value``
   turns is detected as ``sharegpt``, ``conversations`` holding ``role`` / ``content`` turns is
-  read as messages.
+  read as messages. A ``from`` / ``value`` turn carrying the messages shape's ``tool_calls`` /
+  ``tool_call_id`` is refused (``sharegpt_tool_calls``): ShareGPT has no such keys, and dropping
+  them would lose the call.
 - ``messages``: ``{"messages": [{"role", "content": str | [parts]}], "images"?: [...]}``;
   roles are ``ROLES`` (``tool`` turns are rendered by the template, never trained); parts
   are ``{"type": "text", "text"}``, ``{"type": "image", "image" | "path" | "url"}``,
@@ -63,6 +65,7 @@ NEEDS = {"llava": (("conversations",),), "sharegpt": (("conversations", "message
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
                   "bard": "assistant", "model": "assistant", "function_call": "assistant", "system": "system",
                   "tool": "tool", "function": "tool", "observation": "tool"}
+SHAREGPT_UNREAD = ("tool_calls", "tool_call_id")  # the messages shape's tool keys, on a from / value turn: refused
 PATH_KEYS = ("path", "url", "file")
 # A message's reasoning, under any of the names transformers accepts (and aliases for the template)
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -204,6 +207,12 @@ def _sharegpt_turn(t: dict[str, Any], where: str, media: _MediaQueue) -> Turn:
     role = SHAREGPT_ROLES.get(who.lower())
     if role is None:
         raise BadRecord("unknown_role", f"{where}.from = {who!r} (expected one of {', '.join(SHAREGPT_ROLES)})")
+    carried = [key for key in SHAREGPT_UNREAD if t.get(key) is not None]
+    if carried:  # ShareGPT has no such keys (a call is a function_call turn's text): refused, never dropped unseen
+        raise BadRecord("sharegpt_tool_calls", f"{where} is a ShareGPT from / value turn with {' and '.join(carried)}, "
+                                               f"which that shape does not carry to the template (the call would be "
+                                               f"lost); write the record as messages (role / content / "
+                                               f"{' / '.join(carried)}), which does")
     return Turn(role, tuple(media.split_text(value)))
 
 

@@ -69,7 +69,8 @@ def local_folder(files: list[tuple[object, str, str]]) -> Path:
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=key + ".tmp-", dir=folder.parent))
-    for path, name, sha in files:
+    for path, name, sha in files:  # a name may hold a subfolder (a tokenizer's additional_chat_templates/)
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(local_copy(path, sha), tmp / name)
     try:
         os.replace(tmp, folder)

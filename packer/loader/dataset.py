@@ -164,7 +164,7 @@ class _ShardedTable:
         if is_remote(self.out):
             from packer.io.cache import local_folder
 
-            folder = local_folder([(self.out / e.file, e.file.rsplit("/", 1)[-1], e.sha256)
+            folder = local_folder([(self.out / e.file, e.file.split("/", 1)[-1], e.sha256)
                                    for e in self.manifest.files.tokenizer])
         return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)  # OUT/tokenizer: saved by packer
 
