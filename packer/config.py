@@ -124,7 +124,8 @@ class BuildConfig:
                           stage="content", group="tokenizer")
     modalities: tuple[str, ...] = _opt(("image", "audio", "video"),
                                        "Media kinds the model has an encoder for; a record holding another kind is "
-                                       "quarantined (no_encoder), or stops the build with --strict.",
+                                       "quarantined (no_encoder), or stops the build with --strict. None (--modalities '', "
+                                       "modalities = []): text only.",
                                        stage="content", group="media")
     image_check: str = _opt("verify", "How hard to check images: header, verify (structure, no pixel decode), decode.",
                             choices=IMAGE_CHECKS, stage="content", group="media")
@@ -272,7 +273,7 @@ class BuildConfig:
 
         if any(m not in MEDIA_KINDS for m in self.modalities) or len(set(self.modalities)) != len(self.modalities):
             raise ConfigError(f"modalities = {list(self.modalities)}: name each of image, audio, video at most once "
-                              "(an empty list packs text only)")
+                              "(an empty list packs text only: modalities = [], or --modalities '')")
         for group in (("image_token", "audio_token", "video_token"), ("image_tag", "audio_tag", "video_tag")):
             values = [getattr(self, k) for k in group]
             if not all(values) or len(set(values)) != len(values):
