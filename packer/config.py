@@ -241,10 +241,13 @@ class BuildConfig:
                               stage="execution", group="output")
 
     def __post_init__(self):
-        if self.processor and "://" not in self.processor and Path(self.processor).expanduser().is_dir():
-            # a local folder is recorded absolute, as the media root is: the manifest (and the fingerprint) then name
-            # the same folder from any current folder, and PackedCollator.for_build finds it from the trainer's
-            object.__setattr__(self, "processor", os.path.abspath(Path(self.processor).expanduser()))
+        for key in ("tokenizer", "processor"):
+            value = getattr(self, key)
+            if value and "://" not in value and Path(value).expanduser().is_dir():
+                # a local folder is recorded absolute, as the media root is (a hub id as typed): the manifest (and the
+                # fingerprint) then name the same folder from any current folder, and PackedCollator.for_build finds
+                # the processor from the trainer's
+                object.__setattr__(self, key, os.path.abspath(Path(value).expanduser()))
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)

@@ -34,7 +34,7 @@ def test_build_then_inspect(run, tmp_path, monkeypatch):
     assert "of 2,048 tokens per row" in r.output
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["input"] == [str(SAMPLE / "docs.jsonl")]
-    assert manifest["config"]["tokenizer"] == "sample_data/tokenizer"  # kept from the pipeline
+    assert manifest["config"]["tokenizer"] == str(TOKENIZER)  # kept from the pipeline, the folder recorded absolute
     r = run("inspect", out, "--json")
     s = json.loads(r.output)
     assert s["rows"] == manifest["stats"]["rows"] and s["tokens"] == manifest["stats"]["tokens"]
