@@ -10,8 +10,11 @@ of the build's records, from their own lines and files, the plain HF way:
   configurable ``generic`` family (whose pipelines render string content), the sample's own text with each
   media span collapsed to one placeholder;
 - images through ``transformers.image_utils.load_image``, videos through transformers' PyAV reader (every
-  frame, turned upright, sampled by the processor itself), frame lists as images, audio through
-  ``load_audio`` at the feature extractor's rate;
+  frame, turned upright, sampled by the processor itself), frame lists as images with the record's ``fps`` in
+  their metadata, audio through ``load_audio`` at the feature extractor's rate. A frame list that states no rate
+  is handed as the build counted it: under the generic family's video policy, every frame at the policy's
+  ``fps`` with ``do_sample_frames=False`` (qwen-vl-utils' convention; a record holding only such lists), so the
+  processor's ``second_per_grid_ts`` is not timed at its 24 fps default;
 - ``processor(text=..., images=..., videos=..., audio=...)``, with control tokens the record typed marked as
   text (``sanitize_control_tokens``) exactly as the build did (only then: U+F0000 / U+F0001 typed in a record
   that marks nothing are its text, which sanitizing would strip);
@@ -20,7 +23,9 @@ of the build's records, from their own lines and files, the plain HF way:
   wall clock).
 
 Each sampled record whose ids differ is a :class:`Mismatch` (file, line, id, both counts, the first
-position that differs). A preference record is checked response by response: each response's tokens
+position that differs), and so is one whose videos the processor times otherwise than the build's spans
+(Qwen2.5-VL's ``second_per_grid_ts`` against each span's ``second_per_grid_t``: its mRoPE time positions).
+A preference record is checked response by response: each response's tokens
 against the processor on its conversation (prompt + response), the id naming the response's role.
 A sample is drawn with the seed, media records first, so a small ``--sample`` covers every
 modality the build holds. The packed rows training reads are checked too: each segment of a sampled
@@ -82,6 +87,7 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
     lines = _lines(manifest.inputs, {(r["source_index"], r["source_line"]) for r in rows})
     segments = _packed_segments(out, manifest, {(r["source_index"], r["source_line"]) for r in rows})
     renderers = _renderers(proc, config)
+    untimed = _untimed_fps(config, family)
     mismatches = []
     for r in rows:
         file = manifest.inputs[r["source_index"]]
@@ -91,7 +97,7 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
             parts = [(r["key"], record, r)] if not r["responses"] else [
                 (f"{r['key']} ({response['role']})", record.conversation(k), _response_row(r, k))
                 for k, response in enumerate(r["responses"])]
-            checked = [(key, sub, _processor_ids(proc, renderers, conv, config, family, placeholders, sub, root))
+            checked = [(key, sub, *_processor_ids(proc, renderers, conv, config, family, placeholders, sub, root, untimed))
                        for key, conv, sub in parts]
         except (BadRecord, OSError, ValueError) as e:
             mismatches.append(Mismatch(file, r["source_line"], r["key"], len(r["input_ids"]), 0, 0,
@@ -100,7 +106,7 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
         size = max(x["start"] + x["length"] for x in r["responses"]) if r["responses"] else len(r["input_ids"])
         whole: list[int | None] = [None] * size  # the processor's id at each token of the sample (its responses whole)
         sample_ok = True
-        for (key, sub, expected), response in zip(checked, r["responses"] or [None], strict=True):
+        for (key, sub, expected, seconds), response in zip(checked, r["responses"] or [None], strict=True):
             got = list(sub["input_ids"])
             if got != expected:
                 sample_ok = False
@@ -108,6 +114,8 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
                              min(len(got), len(expected)))
                 mismatches.append(Mismatch(file, r["source_line"], key, len(got), len(expected), first,
                                            _media_note(sub["media"])))
+            else:
+                mismatches += _timing_mismatches(file, r["source_line"], key, len(got), sub["media"], seconds)
             a = response["start"] if response else 0
             whole[a : a + len(expected)] = expected[: len(whole) - a]
         if sample_ok:  # the packed rows of a record whose samples/ row is right: the same ids, cut as planned
@@ -148,6 +156,38 @@ def _packed_mismatches(file: str, sample: dict, whole: list[int | None], segment
             out.append(Mismatch(file, sample["source_line"], f"{sample['key']} in {shard} row {row}", len(ids),
                                 len(expected), first, "the packed row differs from its samples/ row: edited after the build"))
     return out
+
+
+def _timing_mismatches(file: str, line: int, key: str, n: int, media: list[dict], seconds: list[float] | None
+                       ) -> list[Mismatch]:
+    """The videos whose stored ``second_per_grid_t`` differs from the processor's ``second_per_grid_ts`` (Qwen2.5-VL
+    processors give them: each video's seconds per temporal grid step, its time-scaled mRoPE positions), compared
+    in float32 as the spans store them; nothing where the processor gives no timing."""
+    videos = sorted((m for m in media if m["kind"] == "video"), key=lambda m: m["start"])
+    if seconds is None or not videos:
+        return []
+    if len(seconds) != len(videos):
+        return [Mismatch(file, line, key, n, n, videos[0]["start"], f"the build holds {len(videos)} video span(s), the "
+                                                                    f"processor timed {len(seconds)}")]
+    out = []
+    for j, (m, theirs) in enumerate(zip(videos, seconds, strict=True)):
+        stored, theirs = float(np.float32(m["second_per_grid_t"])), float(np.float32(theirs))
+        if stored != theirs:
+            out.append(Mismatch(file, line, key, n, n, m["start"],
+                                f"video {j + 1}: the build's second_per_grid_t {stored:g} s, the processor's "
+                                f"second_per_grid_ts {theirs:g} s: Qwen2.5-VL's mRoPE time positions differ"))
+    return out
+
+
+def _untimed_fps(config, family: dict) -> float | None:
+    """The rate the build timed a frame list that states none at: the generic family's video policy's ``fps`` (it
+    takes such a list whole at that rate, :func:`packer.families.generic.policy_count`); None for a named family,
+    which counts such a list at transformers' own assumption (its processor's default)."""
+    if family.get("name", "generic") != "generic" or "video" not in config.modalities:
+        return None
+    from packer.media.policies import parse_policy
+
+    return getattr(parse_policy(config.video_tokens, "video"), "fps", None)
 
 
 def _response_row(row: dict, k: int) -> dict:
@@ -238,13 +278,15 @@ def _parse(raw: bytes, file: str, config):
 
 
 def _processor_ids(proc, renderers, conv, config, family: dict, placeholders: dict[str, int], row: dict,
-                   root: str) -> list[int]:
+                   root: str, untimed: float | None = None) -> tuple[list[int], list[float] | None]:
+    """The processor's ids of the conversation, and its ``second_per_grid_ts`` where it gives them (None else);
+    ``untimed``: the rate a frame list stating none was timed at (:func:`_untimed_fps`)."""
     from packer.encode.encoder import marked_data, template_messages
 
     if not hasattr(conv, "turns"):  # a document: the tokenizer alone
         ids = proc.tokenizer(conv.text, add_special_tokens=True, split_special_tokens=True)["input_ids"]
         eos = proc.tokenizer.eos_token_id
-        return list(ids) + ([eos] if config.append_eos and eos is not None and (not ids or ids[-1] != eos) else [])
+        return list(ids) + ([eos] if config.append_eos and eos is not None and (not ids or ids[-1] != eos) else []), None
     tok = proc.tokenizer
     if renderers is None:
         raise PackerError(f"{type(proc).__name__} has no chat template to render the build's conversations with")
@@ -259,11 +301,12 @@ def _processor_ids(proc, renderers, conv, config, family: dict, placeholders: di
             text = renderer.render(messages, tools=tools)
         else:
             text = proc.apply_chat_template(messages, tokenize=False, chat_template=renderer.source, tools=tools)
-    kwargs = _media_kwargs(proc, conv.media, nest=family.get("name", "generic") != "generic")
+    kwargs = _media_kwargs(proc, conv.media, nest=family.get("name", "generic") != "generic", untimed=untimed)
     # sanitized only where packer marked a typed control token: U+F0000 / U+F0001 typed in a record that marks none
     # are its text, which transformers' sanitizing would strip (packer keeps them, as apply_chat_template does)
     enc = proc(text=[text], sanitize_control_tokens=renderer.sanitized > sanitized, **kwargs)
-    return list(enc["input_ids"][0])
+    seconds = enc.get("second_per_grid_ts")
+    return list(enc["input_ids"][0]), None if seconds is None else [float(x) for x in seconds]
 
 
 def _collapsed_text(tok, row: dict, placeholders: dict[str, int]) -> str:
@@ -275,19 +318,25 @@ def _collapsed_text(tok, row: dict, placeholders: dict[str, int]) -> str:
     return tok.decode(collapsed + ids[cursor:], skip_special_tokens=False)
 
 
-def _media_kwargs(proc, parts, nest: bool = False) -> dict[str, Any]:
+def _media_kwargs(proc, parts, nest: bool = False, untimed: float | None = None) -> dict[str, Any]:
     """The processor's media keyword arguments; ``nest``: the record's images as one list for its one text, as
-    ``apply_chat_template`` hands them over (LLaVA-OneVision tiles only the image of a one-image record)."""
+    ``apply_chat_template`` hands them over (LLaVA-OneVision tiles only the image of a one-image record);
+    ``untimed``: the rate the build timed a frame list stating none at (None: transformers' own assumption). Such
+    a list goes at that rate, whole (``do_sample_frames=False``, there being no rate of its own to sample it by:
+    qwen-vl-utils' convention, the build's) when the record's videos are all such lists."""
     from transformers.image_utils import load_image
 
     images, videos, metadata, audio = [], [], [], []
+    whole = bool(untimed)  # every video a frame list without a rate, timed at ``untimed``
     for part in parts:
         if part.kind == "image":
             images.append(load_image(str(part.path)))
         elif part.kind == "video":
+            whole = whole and bool(part.frames) and not part.fps
             if part.frames:
                 videos.append([load_image(str(f)) for f in part.frames])
-                metadata.append({"total_num_frames": len(part.frames), "fps": part.fps} if part.fps else
+                rate = part.fps or untimed
+                metadata.append({"total_num_frames": len(part.frames), "fps": rate} if rate else
                                 {"total_num_frames": len(part.frames)})
             else:
                 frames, meta = upright_video(str(part.path))
@@ -302,6 +351,8 @@ def _media_kwargs(proc, parts, nest: bool = False) -> dict[str, Any]:
         out["images"] = [images] if nest else images
     if videos:
         out["videos"], out["video_metadata"] = videos, metadata
+        if whole:
+            out["do_sample_frames"] = False
     if audio:
         out["audio"] = audio
     return out

@@ -654,7 +654,8 @@ def _preference_stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any] |
 
 
 def _budget_stats(config: BuildConfig, p: Plan) -> dict[str, Any]:
-    """``max_row_encoder``'s effect: the bound the rows are measured against (tokens, encoder), samples over it."""
+    """``max_row_encoder``'s effect: the bound the rows are measured against (``token_bound``: the plan's lower bound
+    of tokens, ``max_segments`` and media caps; the encoder's), samples over it."""
     groups = {", ".join(g["sources"]): g["budgets"]["encoder"] for g in p.groups if "encoder" in g.get("budgets", {})}
     return {"setting": config.max_row_encoder, "budget": p.budgets.get("encoder"), "token_bound": p.lower_bound,
             "encoder_bound": p.resource_bound, "bound": p.bound, "gap_to_bound": p.n_bins - p.bound,

@@ -64,7 +64,7 @@ def _add_options(fn, fields, kept: tuple[str, ...] = ()):
             fn = click.option(*names, f.name, multiple=True, default=None, help=help_text, callback=_int_list,
                               metavar="N[,N...]")(fn)
         elif isinstance(f.default, tuple):
-            fn = click.option(*names, f.name, multiple=True, default=None, help=help_text)(fn)
+            fn = click.option(*names, f.name, multiple=True, default=None, help=help_text, callback=_str_list)(fn)
         else:
             if f.metadata.get("choices"):
                 kind = click.Choice(f.metadata["choices"])
@@ -83,6 +83,13 @@ def _int_list(ctx, param, values: tuple[str, ...]) -> tuple[int, ...] | None:
         return tuple(int(v) for value in values for v in value.split(",")) or None
     except ValueError:
         raise click.BadParameter(f"{', '.join(values)!r}: write integers separated by commas, e.g. 8,64") from None
+
+
+def _str_list(ctx, param, values: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The flag given once or more: its values in order, an empty one adding nothing, so ``--modalities ''`` is
+    the empty list (text only), as ``modalities = []`` is in a pipeline file; None when not given, so the
+    pipeline's value or the default stands."""
+    return tuple(v for v in values if v != "") if values else None
 
 
 def _run(fn, *args, **kwargs):
@@ -117,7 +124,6 @@ def build(pipeline, **options):
     from packer.config import resolve
     from packer.summary import summarize, summary_text
 
-    options = {k: (v or None) if isinstance(v, tuple) else v for k, v in options.items()}
     if pipeline is None and DEFAULT_PIPELINE.is_file():
         pipeline = DEFAULT_PIPELINE
     elif pipeline is None and not options.get("input"):

@@ -129,7 +129,8 @@ class BuildConfig:
                           stage="content", group="tokenizer")
     modalities: tuple[str, ...] = _opt(("image", "audio", "video"),
                                        "Media kinds the model has an encoder for; a record holding another kind is "
-                                       "quarantined (no_encoder), or stops the build with --strict.",
+                                       "quarantined (no_encoder), or stops the build with --strict. None (--modalities '', "
+                                       "modalities = []): text only.",
                                        stage="content", group="media")
     image_check: str = _opt("verify", "How hard to check images: header, verify (structure, no pixel decode), decode.",
                             choices=IMAGE_CHECKS, stage="content", group="media")
@@ -245,10 +246,13 @@ class BuildConfig:
                               stage="execution", group="output")
 
     def __post_init__(self):
-        if self.processor and "://" not in self.processor and Path(self.processor).expanduser().is_dir():
-            # a local folder is recorded absolute, as the media root is: the manifest (and the fingerprint) then name
-            # the same folder from any current folder, and PackedCollator.for_build finds it from the trainer's
-            object.__setattr__(self, "processor", os.path.abspath(Path(self.processor).expanduser()))
+        for key in ("tokenizer", "processor"):
+            value = getattr(self, key)
+            if value and "://" not in value and Path(value).expanduser().is_dir():
+                # a local folder is recorded absolute, as the media root is (a hub id as typed): the manifest (and the
+                # fingerprint) then name the same folder from any current folder, and PackedCollator.for_build finds
+                # the processor from the trainer's
+                object.__setattr__(self, key, os.path.abspath(Path(value).expanduser()))
         object.__setattr__(self, "input", tuple(_whole_file(spec) for spec in self.input))
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
@@ -283,7 +287,7 @@ class BuildConfig:
 
         if any(m not in MEDIA_KINDS for m in self.modalities) or len(set(self.modalities)) != len(self.modalities):
             raise ConfigError(f"modalities = {list(self.modalities)}: name each of image, audio, video at most once "
-                              "(an empty list packs text only)")
+                              "(an empty list packs text only: modalities = [], or --modalities '')")
         for group in (("image_token", "audio_token", "video_token"), ("image_tag", "audio_tag", "video_tag")):
             values = [getattr(self, k) for k in group]
             if not all(values) or len(set(values)) != len(values):

@@ -43,7 +43,7 @@ def summarize(out: str | Path) -> dict[str, Any]:
     max_length = manifest.max_length
     acc, stats = manifest.accounting, manifest.stats
     groups = stats.get("policy_groups") or []  # sources planned apart, each group at its own capacity
-    lower_bound = sum(g["lower_bound"] for g in groups) if groups else -(-tokens // max_length)
+    lower_bound = manifest.lower_bound(tokens)
     room = sum(g["rows"] * g["capacity"] for g in groups) if groups else rows * max_length
     return {
         "output": str(out),
@@ -124,7 +124,7 @@ def summary_text(s: dict[str, Any]) -> str:
         b = s["row_budget"]
         budget = f"{b['budget']:.4g}" if b.get("budget") else \
             ("each source group its own" if b.get("group_budgets") else "none (no encoder cost)")
-        lines.append(f"  row budget   encoder {budget} a row ({b['setting']}): rows against max(token bound "
+        lines.append(f"  row budget   encoder {budget} a row ({b['setting']}): rows against max(lower bound "
                      f"{b['token_bound']:,}, encoder bound {b['encoder_bound']:,}) +{b['gap_to_bound']:,}; "
                      f"{b['over_budget']:,} samples over it alone")
     if s.get("repeated"):

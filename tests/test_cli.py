@@ -34,7 +34,7 @@ def test_build_then_inspect(run, tmp_path, monkeypatch):
     assert "of 2,048 tokens per row" in r.output
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["input"] == [str(SAMPLE / "docs.jsonl")]
-    assert manifest["config"]["tokenizer"] == "sample_data/tokenizer"  # kept from the pipeline
+    assert manifest["config"]["tokenizer"] == str(TOKENIZER)  # kept from the pipeline, the folder recorded absolute
     r = run("inspect", out, "--json")
     s = json.loads(r.output)
     assert s["rows"] == manifest["stats"]["rows"] and s["tokens"] == manifest["stats"]["tokens"]
@@ -57,6 +57,28 @@ def test_boolean_flags(run, tmp_path, write_jsonl):
     config = json.loads((tmp_path / "o" / "manifest.json").read_text())["config"]
     assert config["append_eos"] is False and config["order"] == "planner"
 
+
+
+def test_an_empty_modalities_flag_builds_text_only(run, tmp_path, write_jsonl):
+    """``--modalities ''`` is the empty list (``modalities = []`` in a pipeline file): over a pipeline of image and
+    audio, the image record is quarantined (no_encoder) and the text one packed; a flag not given keeps the
+    pipeline's kinds."""
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    (tmp_path / "square.png").write_bytes((SAMPLE / "images" / "square_336.png").read_bytes())
+    image = {"image": "square.png",
+             "conversations": [{"from": "human", "value": "<image>\nWhat is it?"}, {"from": "gpt", "value": "Shapes."}]}
+    f = write_jsonl("in.jsonl", [chat, image])
+    pipe = tmp_path / "p.toml"
+    pipe.write_text(f'tokenizer = "{TOKENIZER}"\nmodalities = ["image", "audio"]\nmax_bad_fraction = 1.0\n')
+    r = run("build", pipe, "-i", f, "-o", tmp_path / "text", "--modalities", "")
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((tmp_path / "text" / "manifest.json").read_text())
+    assert manifest["config"]["modalities"] == []
+    assert manifest["accounting"]["samples_packed"] == 1 and manifest["accounting"]["quarantined_by_reason"] == {"no_encoder": 1}
+    r = run("build", pipe, "-i", f, "-o", tmp_path / "media")
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((tmp_path / "media" / "manifest.json").read_text())
+    assert manifest["config"]["modalities"] == ["image", "audio"] and manifest["accounting"]["samples_packed"] == 2
 
 @pytest.mark.parametrize(
     "args, code, message",

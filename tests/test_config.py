@@ -14,7 +14,7 @@ def test_sample_pipeline_resolves():
 def test_flags_override_the_pipeline_and_replace_inputs():
     c = resolve(ROOT / "pipelines" / "sample.toml", input=("x.jsonl",), output="o", max_length=8192)
     assert c.input == ("x.jsonl",) and c.output == "o" and c.max_length == 8192
-    assert c.tokenizer == "sample_data/tokenizer"  # kept from the pipeline
+    assert c.tokenizer == str(ROOT / "sample_data" / "tokenizer")  # kept from the pipeline, the folder recorded absolute
 
 
 def test_report_ranks_from_a_pipeline_file(tmp_path):

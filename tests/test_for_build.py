@@ -89,6 +89,33 @@ def test_a_relative_processor_is_recorded_absolute_and_for_build_finds_it_from_a
     assert "pixel_values" in batch
 
 
+
+def test_a_relative_tokenizer_is_recorded_absolute_and_for_build_works_from_another_folder(qwen3vl, tmp_path,
+                                                                                          monkeypatch):
+    """``--tokenizer checkpoint`` typed relative to the shell's folder is recorded as the folder it named (absolute,
+    as ``--processor`` and the media root are): builds from two folders write the same manifest (but its time and
+    execution), and ``for_build`` and the build's tokenizer load from a third folder."""
+    ds, processor, model = qwen3vl
+    root = ds.out.parent
+    checkpoint = str(root / "checkpoint")
+
+    def build_from(cwd, tokenizer: str):
+        monkeypatch.chdir(cwd)
+        build_family("qwen3vl", checkpoint, root / "records.jsonl", root / "out_tok", tokenizer=tokenizer, overwrite=True)
+        manifest = json.loads((root / "out_tok" / "manifest.json").read_text())
+        return json.dumps({k: v for k, v in manifest.items() if k not in ("created_at", "execution")}, sort_keys=True)
+
+    here = build_from(root, "checkpoint")
+    above = build_from(root.parent, f"{root.name}/checkpoint")
+    assert here == above
+    manifest = json.loads(here)
+    assert manifest["config"]["tokenizer"] == manifest["tokenizer"]["name"] == checkpoint
+    monkeypatch.chdir(tmp_path)  # the trainer's folder: neither relative spelling names the checkpoint here
+    built = PackedDataset(root / "out_tok")
+    assert built.tokenizer()("Q0?")["input_ids"] == processor.tokenizer("Q0?")["input_ids"]
+    batch = PackedCollator.for_build(built, model)([built[i] for i in range(len(built))])
+    assert "pixel_values" in batch
+
 def test_a_family_processor_without_the_family_or_with_another_rope_is_refused(qwen3vl):
     ds, processor, _ = qwen3vl
     with pytest.raises(ValueError, match="processor Qwen3VLProcessor is family qwen3vl / qwen35's, but the collator has "

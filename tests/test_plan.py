@@ -525,3 +525,21 @@ def test_warm_reaches_every_numba_kernel(tmp_path):
     assert r.returncode == 0, r.stderr
     cached = {p.name.split(".")[1].rsplit("-", 1)[0] for p in tmp_path.rglob("*.nbi")}
     assert len(kernels) >= 11 and kernels - cached == set(), kernels - cached
+
+
+def test_lower_bound_honours_max_segments_and_media_caps():
+    """Ten short samples of one image and one audio clip each, in rows of 100 tokens (L1 = 1): at most 3 segments a
+    row they need 4 rows, at 2 images a row 5, at 4 media of any kind a row 5; a sample dropped over a cap counts
+    for nothing; a budgeted resource beside the caps leaves the media bound as it is."""
+    ones = np.ones(10, np.int64)
+    media = {"image": ones, "audio": ones}
+    assert plan(ones, 100).lower_bound == 1
+    assert plan(ones, 100, max_segments=3).lower_bound == 4
+    for caps in ({"image": 2}, {"total": 4}):
+        p = plan(ones, 100, media=media, max_media=caps)
+        assert p.cap_bound == p.lower_bound == 5 and p.n_bins >= p.lower_bound
+    heavy = {"image": np.r_[3, ones[1:]], "audio": ones}  # sample 0: 3 images > the cap of 2, dropped
+    p = plan(ones, 100, media=heavy, max_media={"image": 2})
+    assert p.dropped["over_media_cap"].tolist() == [0] and p.lower_bound == 5  # ceil(9 / 2)
+    p = plan(ones, 100, media=media, max_media={"image": 2}, resources={"encoder": ones * 0.1}, budgets={"encoder": 1.0})
+    assert (p.lower_bound, p.resource_bound, p.bound) == (5, 1, 5)

@@ -6,6 +6,7 @@ folder too (tests/test_cluster.py)."""
 from __future__ import annotations
 
 import pickle
+import re
 import shutil
 
 import pytest
@@ -38,15 +39,17 @@ def test_a_worker_in_another_folder_loads_the_tokenizer_and_template_the_driver_
     names = [name for name, _ in pickle.loads(shipped).shipped.files]
     assert sorted(names) == ["chat_template.jinja", "tokenizer.json", "tokenizer_config.json"]  # no weights
 
-    elsewhere = tmp_path / "node"  # `ray start` ran here: no tok/, no t.jinja
+    elsewhere = tmp_path / "node"  # `ray start` ran here: no t.jinja, and the driver's tok/ is not on this node
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
+    (driver_folder / "tok").rename(driver_folder / "tok.driver-only")
     worker = Encoder(pickle.loads(shipped))
     assert worker.serialized == here.serialized and worker.renderer.source == here.renderer.source
     assert worker.renderer.source.startswith("{#- shipped -#}")
-    assert worker.fingerprint() == here.fingerprint()  # the manifest names the tokenizer as the user gave it
-    assert worker.fingerprint()["name"] == "tok"
-    with pytest.raises(PackerError, match=r"cannot load tokenizer 'tok'"):  # what a worker met before
+    assert worker.fingerprint() == here.fingerprint()  # the manifest names the tokenizer as the driver recorded it
+    tok = str(driver_folder / "tok")
+    assert config.tokenizer == worker.fingerprint()["name"] == tok  # the folder the user named, absolute
+    with pytest.raises(PackerError, match=f"cannot load tokenizer '{re.escape(tok)}'"):  # what a worker met before
         Encoder(pickle.loads(plain))
     Encoder(pickle.loads(shipped))  # a second worker on the machine: the unpacked copy is reused
 
@@ -56,7 +59,8 @@ def test_a_checkpoint_folder_too_large_to_ship_is_refused_naming_it(driver_folde
     from packer.errors import ConfigError
 
     monkeypatch.setattr(shipped, "MAX_BYTES", 1000)
-    with pytest.raises(ConfigError, match=r"tokenizer 'tok': its folder .*tok holds over 1,000 bytes of tokenizer files"):
+    tok = re.escape(str(driver_folder / "tok"))
+    with pytest.raises(ConfigError, match=f"tokenizer '{tok}': its folder {tok} holds over 1,000 bytes of tokenizer files"):
         EncoderSpec.from_config(BuildConfig(tokenizer="tok"), ship_files=True)
 
 

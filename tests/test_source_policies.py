@@ -391,3 +391,25 @@ def test_one_file_named_by_two_sources_of_different_settings_is_refused(tmp_path
                                   "--tokenizer", TOKENIZER])
     assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "named by two sources" in r.stderr, r.output
     assert not (tmp_path / "o").exists()
+
+
+def test_a_builds_own_media_cap_sets_its_lower_bound_without_source_policies(tmp_path):
+    """A build-wide max_images = 1 and no source of its own packing: the build's lower bound is its images (each
+    row holds one), not its tokens over 4,096, in the manifest, the summary, the report and the row budget's bound."""
+    from packer.report import report
+    from packer.shards.io import read_shard
+    from packer.summary import summarize, summary_text
+
+    config = pipeline(tmp_path, f'input = ["{SAMPLE / "llava.jsonl"}"]', max_images=1, max_bad_fraction=1.0,
+                      max_row_encoder="auto")
+    manifest = build(config, progress=False)
+    out = tmp_path / "out"
+    images = sum(m["kind"] == "image" for e in manifest.files.packed
+                 for row in read_shard(out / e.file).column("media").to_pylist() for m in row)
+    stats = manifest.stats
+    assert "policy_groups" not in stats and images > -(-stats["tokens"] // 4096)
+    assert stats["lower_bound"] == images == stats["rows"] and stats["gap_to_lower_bound"] == 0
+    assert stats["row_budget"]["token_bound"] == images and stats["row_budget"]["bound"] >= images
+    assert f"  rows         {images:,} in 1 shard(s); lower bound {images:,} (+0)\n" in summary_text(summarize(out))
+    r = report(out)
+    assert (r["lower_bound"], r["gap_to_lower_bound"]) == (images, 0)

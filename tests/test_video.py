@@ -427,6 +427,33 @@ def test_a_frame_list_without_fps_is_loaded_as_counted(no_fps_build):
     assert batch["video_grid_thw"].tolist() == [[t, h, w]]
 
 
+
+def test_verify_against_processor_passes_on_a_frame_list_without_fps(no_fps_build, tmp_path, monkeypatch):
+    """``verify --against-processor`` hands the processor such a list as the build counted it: every frame, at the
+    pipeline's fps, ``do_sample_frames=False``. A Qwen2.5-VL processor that samples files at the pipeline's 2 fps
+    (the checkpoint this build is for) then gives the build's ids (asked to sample the list without a rate it raised
+    "no video metadata"), and its second_per_grid_ts equals the span's 1.0 s; handed without the rate, the
+    processor's 24 fps default (2 / 24 s) is named against it."""
+    from mm_models import qwen2vl_processor
+    from transformers import Qwen2VLVideoProcessor
+
+    from packer import against_processor
+    from packer.against_processor import verify_against_processor
+    from packer.loader import PackedDataset
+
+    out, _, policy, (_, _, seconds) = no_fps_build
+    proc = qwen2vl_processor(PackedDataset(out).tokenizer(), "2.5")
+    proc.video_processor = Qwen2VLVideoProcessor(do_sample_frames=True, fps=policy.fps)
+    proc.save_pretrained(tmp_path / "sampling")
+    assert verify_against_processor(out, str(tmp_path / "sampling")) == ([], 1)
+    proc.video_processor = Qwen2VLVideoProcessor()  # the class default: no sampling
+    proc.save_pretrained(tmp_path / "plain")
+    assert verify_against_processor(out, str(tmp_path / "plain")) == ([], 1) and seconds == 1.0
+    monkeypatch.setattr(against_processor, "_untimed_fps", lambda config, family: None)  # no rate handed
+    (m,) = verify_against_processor(out, str(tmp_path / "plain"))[0]
+    assert m.detail == "video 1: the build's second_per_grid_t 1 s, the processor's second_per_grid_ts 0.0833333 s: " \
+                       "Qwen2.5-VL's mRoPE time positions differ"
+
 def test_bad_frame_lists(frame_list, tmp_path):
     paths, odd = frame_list
     with pytest.raises(BadRecord) as e:

@@ -175,7 +175,7 @@ def check_collator(collator, ds, model=None) -> None:
         raise ValueError(f"the build holds {', '.join(kinds)} but {type(model).__name__} "
                          f"({getattr(model.config, 'model_type', '?')}) has no media tower: it would train on their "
                          f"placeholder ids as text, with no pixel or feature. Load the model class the build was made "
-                         f"for, or rebuild text only (modalities = [], media records quarantined)")
+                         f"for, or rebuild text only (modalities = [] or --modalities '', media records quarantined)")
     have = (collator.family or {}).get("name", "generic") if collator.family else None
     if named is not None and have != named["name"]:
         raise ValueError(f"the collator's family is {have!r} but the build's is {named['name']!r}: use "

@@ -73,7 +73,7 @@ def _media(batch: dict[str, Any], model) -> None:
         raise ValueError(f"the batch holds {held} ({tokens:,} placeholder tokens) but {_name(model)} has no media tower: "
                          f"it would train on the placeholder ids as text, with no pixel or feature. Load the model class "
                          f"the build was made for (PackedCollator.for_build(ds, model)), or rebuild text only "
-                         f"(modalities = [], media records quarantined)")
+                         f"(modalities = [] or --modalities '', media records quarantined)")
     declared = _token_ids(model)
     if not declared or "input_ids" not in batch:
         return

@@ -6,7 +6,7 @@ imported when an algorithm first runs, not when this package is imported.
 """
 
 from packer.pack.oversize import POLICIES as OVERSIZE_POLICIES
-from packer.pack.plan import ORDERS, Plan, plan
+from packer.pack.plan import ORDERS, Plan, cap_bound, plan
 from packer.pack.registry import ALGORITHMS, Constraints, register
 
-__all__ = ["ALGORITHMS", "ORDERS", "OVERSIZE_POLICIES", "Constraints", "Plan", "plan", "register"]
+__all__ = ["ALGORITHMS", "ORDERS", "OVERSIZE_POLICIES", "Constraints", "Plan", "cap_bound", "plan", "register"]

@@ -68,6 +68,7 @@ class Plan:
     pieces_lost_media: int = 0  # split pieces left out: they follow a media span they do not hold
     over_budget: dict[str, np.ndarray] = field(default_factory=dict)  # samples over a resource budget alone, by name
     resource_bound: int = 0  # no packing within the budgets uses fewer rows (:func:`resource_bound`); 0: no budget
+    cap_bound: int = 0  # no packing within max_segments and the media caps uses fewer rows (:func:`cap_bound`)
     budgets: dict[str, float] = field(default_factory=dict)  # the per-row resource budgets the plan honours
     # rows planned apart by source policy (packer.stages.planning.plan_sources): each group's rows, tokens, capacity
     # and lower bound; the plan's bound and fill are then the groups' (a group's rows never take another's samples)
@@ -83,11 +84,12 @@ class Plan:
 
     @property
     def lower_bound(self) -> int:
-        """L1 = ceil(placed tokens / capacity): no packing of these segments uses fewer bins (summed over the
-        ``groups`` of a plan by source policy, each at its own capacity)."""
+        """No packing of these segments uses fewer bins: L1 = ceil(placed tokens / capacity), or more where
+        ``max_segments`` or a media cap needs more (``cap_bound``: 10 images at ``max_media={"image": 2}`` take 5
+        rows however short); summed over the ``groups`` of a plan by source policy, each at its own capacity."""
         if self.groups:
             return sum(g["lower_bound"] for g in self.groups)
-        return -(-self.tokens // self.capacity)
+        return max(-(-self.tokens // self.capacity), self.cap_bound)
 
     @property
     def bound(self) -> int:
@@ -150,6 +152,7 @@ def plan(lengths, capacity: int, *, algorithm: str = "bfd", seed: int = 0, order
         raise ValueError(f"unknown row order {order!r}; known: {', '.join(ORDERS)}")
     spec = ALGORITHMS[algorithm]
     need, caps, names = _media_needs(len(lengths), media, max_media)
+    n_media = len(caps)  # the media columns come first, the budgeted resources (if any) after them
     r_need, r_caps, r_names, over_budget, r_bound = _resource_needs(len(lengths), resources, budgets)
     if len(r_caps):
         need, caps, names = np.hstack([need, r_need]), np.concatenate([caps, r_caps]), (*names, *r_names)
@@ -168,6 +171,10 @@ def plan(lengths, capacity: int, *, algorithm: str = "bfd", seed: int = 0, order
             segs.sample, segs.start, segs.length = segs.sample[keep], segs.start[keep], segs.length[keep]
             segs.identity = False
     seg_constraints = constraints.subset(segs.sample)
+    media_names = names[:n_media]
+    bound = cap_bound(len(segs.length), int(max_segments or 0),
+                      dict(zip(media_names, need[segs.sample, :n_media].sum(axis=0).tolist(), strict=True)),
+                      dict(zip(media_names, caps[:n_media].tolist(), strict=True)))
 
     fn = spec.load()
     placed = None  # the segments' lengths in bin order, when the algorithm gives them (no gather needed)
@@ -197,7 +204,7 @@ def plan(lengths, capacity: int, *, algorithm: str = "bfd", seed: int = 0, order
     result = Plan(offsets, indices, starts, segs.length[take] if placed is None else placed, capacity,
                   dropped, segs.truncated, segs.split, segs.truncated_tokens, segs.pieces_dropped,
                   pieces_lost_media=segs.pieces_lost_media, over_budget=over_budget, resource_bound=r_bound,
-                  budgets=dict(budgets or {}))
+                  budgets=dict(budgets or {}), cap_bound=bound)
     _check_plan(result)
     return _ordered(result, order, seed)
 
@@ -310,6 +317,18 @@ def _resource_needs(n: int, resources: dict[str, np.ndarray] | None, budgets: di
         bound = max(bound, resource_bound(cost, budget))
     return (np.stack(columns, axis=1), np.full(len(columns), RESOURCE_UNITS, np.int64), tuple(names),
             {k: v for k, v in over.items() if len(v)}, bound)
+
+
+def cap_bound(items: int, max_segments: int, held: dict[str, int], caps: dict[str, int]) -> int:
+    """Rows no packing of ``items`` goes below under ``max_segments`` (0: no limit) and the per-row ``caps`` of the
+    media ``held`` (by kind, as :func:`plan` takes them: ``total`` counts every kind): ``ceil(items / max_segments)``
+    and, per cap, ``ceil(held / cap)``: 10 images at a cap of 2 a row need 5 rows however short their text.
+    0 when nothing is capped (the token bound is then the only one)."""
+    bound = -(-items // max_segments) if max_segments > 0 else 0
+    for kind, cap in caps.items():
+        if cap > 0:
+            bound = max(bound, -(-int(held.get(kind, 0)) // cap))
+    return int(bound)
 
 
 def resource_bound(cost: np.ndarray, budget: float) -> int:

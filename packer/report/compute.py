@@ -285,7 +285,7 @@ def report(out: str | Path, manifest: Manifest | None = None, *, batch_size: int
     modality = (s.array("seg_modality").astype(object) if s.seg_modality else np.zeros(0, dtype=object))[kept]
     real = int(lengths.sum())
     groups = manifest.stats.get("policy_groups") or []  # sources planned apart, each group at its own capacity
-    lower = sum(g["lower_bound"] for g in groups) if groups else -(-s.tokens // cap)
+    lower = manifest.lower_bound(s.tokens)
     rng = np.random.default_rng(seed)
     row_cap = row_capacities(manifest, s)
     packed_cost = int(computed_rows(manifest, s, row_cap, batch_size, seed).sum())

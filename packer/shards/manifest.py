@@ -129,6 +129,15 @@ class Manifest:
     def max_length(self) -> int:
         return int(self.config["max_length"])
 
+    def lower_bound(self, tokens: int) -> int:
+        """Rows no packing of the build's ``tokens`` goes below: the plan's bound (``stats.lower_bound``: its tokens,
+        ``max_segments`` and media caps, summed over the ``policy_groups``), at least ``ceil(tokens / max_length)``
+        (a build whose stats lack it). The summary and report state the rows against it."""
+        groups = self.stats.get("policy_groups") or []  # sources planned apart, each group at its own capacity
+        if groups:
+            return sum(int(g["lower_bound"]) for g in groups)
+        return max(int(self.stats.get("lower_bound", 0)), -(-int(tokens) // self.max_length))
+
     def build_config(self, **overrides: Any):
         """The :class:`packer.config.BuildConfig` the build was made with (its content and plan settings; execution
         settings at their defaults), ``overrides`` applied: what ``packer repack`` re-plans with and

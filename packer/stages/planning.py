@@ -23,7 +23,7 @@ from packer.config import BuildConfig
 from packer.cost import COSTS
 from packer.errors import ConfigError
 from packer.mix import Mix, mix
-from packer.pack import Plan, plan
+from packer.pack import Plan, cap_bound, plan
 from packer.pack.trees import Responses, expand
 from packer.shards.schema import IGNORE, MEDIA_KINDS, PLAN_SCHEMA
 
@@ -331,14 +331,10 @@ def row_bound(tokens: int, items: int, media: dict[str, int], capacity: int, max
               caps: dict[str, int]) -> int:
     """Rows no packing of these segments goes below: ``ceil(tokens / capacity)``, ``ceil(items / max_segments)``
     (packing = false: a row an item) and, per media cap, ``ceil(items of the kind / cap)`` (``total``: all kinds):
-    a source of ``max_images = 2`` with 10 images needs 5 rows however short its text."""
-    bound = -(-tokens // capacity)
-    if max_segments > 0:
-        bound = max(bound, -(-items // max_segments))
-    for kind, cap in caps.items():
-        n = sum(media.values()) if kind == "total" else media.get(kind, 0)
-        bound = max(bound, -(-int(n) // cap))
-    return int(bound)
+    a source of ``max_images = 2`` with 10 images needs 5 rows however short its text (:func:`packer.pack.cap_bound`,
+    the planner's own)."""
+    held = {**media, "total": sum(media.values())}
+    return max(-(-tokens // capacity), cap_bound(items, max_segments, held, caps))
 
 
 def policy_groups(config: BuildConfig) -> list[tuple[tuple, list[int], BuildConfig]]:
