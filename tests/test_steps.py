@@ -311,6 +311,22 @@ def test_the_sampler_refuses_a_seed_window_or_epochs_its_plan_file_does_not_have
     sampler(build, num_replicas=2, rank=0, plan=meta["path"], epochs=1)
 
 
+def test_the_sampler_refuses_a_shuffle_or_drop_last_its_plan_file_does_not_have(build):
+    """A plan's order (shuffled over each epoch) and last step (completed from the epoch's start) are fixed when it is
+    written: shuffle=False or drop_last=True beside a plan file were silently ignored, the plan's rows dealt anyway."""
+    from packer.loader.samplers.step_plan import plan_command
+
+    meta = plan_command(str(build), ranks=4, seed=7)  # 26 rows: 7 steps of 4, the last completed from the start
+    with pytest.raises(ValueError, match=r"shuffle = False, but the step plan was made with shuffle = True \(its steps "
+                                         r"are shuffled over each epoch\): .*leave shuffle out .*or pass plan=None"):
+        sampler(build, num_replicas=4, rank=0, shuffle=False, plan=meta["path"])
+    with pytest.raises(ValueError, match=r"drop_last = True, but the step plan was made with drop_last = False \(it "
+                                         r"trains every row each epoch.*leave drop_last out .*or pass plan=None"):
+        sampler(build, num_replicas=4, rank=0, drop_last=True, plan=meta["path"])
+    follow = sampler(build, num_replicas=4, rank=0, shuffle=True, drop_last=False, plan=meta["path"])  # the plan's own
+    assert list(follow) == list(sampler(build, num_replicas=4, rank=0, seed=7))
+
+
 def test_a_plan_naming_rows_outside_the_build_is_refused_by_verify_and_the_sampler(build):
     from packer.loader.samplers.step_plan import plan_command
     from packer.shards.step_plan import read_plan, write

@@ -27,9 +27,11 @@ from packer.steps import Stage, check_settings, check_stages, measure, plan_stag
 
 class StepPlanSampler(ResumableMixin, torch.utils.data.Sampler):
     """``plan``: a plan file to follow; its seed, window and cost model are the plan's own, so ``seed`` / ``window`` /
-    ``cost`` given beside it must be the same (else refused: they would change nothing). ``epochs``: the epochs the run
-    will train, when known: a plan file holding fewer is refused here, not when the missing epoch starts
-    (``set_epoch`` past a plan's last epoch is refused at once, too). Without a plan, ``seed`` defaults to 0."""
+    ``cost`` given beside it must be the same (else refused: they would change nothing); so are its order and its
+    last step (shuffled over each epoch, the last step completed from the epoch's start), so ``shuffle=False`` or
+    ``drop_last=True`` beside it is refused too. ``epochs``: the epochs the run will train, when known: a plan file
+    holding fewer is refused here, not when the missing epoch starts (``set_epoch`` past a plan's last epoch is
+    refused at once, too). Without a plan, ``seed`` defaults to 0."""
 
     def __init__(self, dataset, *, num_replicas: int | None = None, rank: int | None = None, batch_size: int = 1,
                  seed: int | None = None, shuffle: bool = True, drop_last: bool = False, cost: CostModel | None = None,
@@ -50,7 +52,7 @@ class StepPlanSampler(ResumableMixin, torch.utils.data.Sampler):
         if plan is not None:
             self.file = read_plan(plan)
             check_plan(self.file, dataset, self.num_replicas, batch_size, accumulation, seed=seed, window=window,
-                       cost=cost, epochs=epochs)
+                       cost=cost, epochs=epochs, shuffle=shuffle, drop_last=drop_last)
             self.seed = int(self.file.meta["seed"])
             self.window = self.file.meta.get("window")
             self.steps = int(self.file.meta["steps_per_epoch"])
@@ -191,12 +193,19 @@ def stage_accounting(plan: np.ndarray, stages: list[Stage], source: np.ndarray, 
 
 
 FLAGS = {"seed": "--seed", "window": "--window", "cost": "--cost-model"}
+# How packer steps plans every epoch (plan_steps' defaults; a staged plan's steps are shuffled and whole too): what a
+# sampler's shuffle / drop_last must say to follow a plan file, and why a plan differs from the sampler's own otherwise.
+WRITTEN = {"shuffle": (True, "its steps are shuffled over each epoch"),
+           "drop_last": (False, "it trains every row each epoch, its last step completed from the epoch's start")}
 
 
 def check_plan(plan: PlanFile, dataset, ranks: int, batch_size: int, accumulation: int = 1, *, seed: int | None = None,
-               window: int | None = None, cost: CostModel | None = None, epochs: int | None = None) -> None:
+               window: int | None = None, cost: CostModel | None = None, epochs: int | None = None,
+               shuffle: bool = True, drop_last: bool = False) -> None:
     """Refuse a plan file made for another set-up or build, one whose rows are not this build's (a damaged or edited
-    file), a ``seed`` / ``window`` / ``cost`` other than the plan's own, or fewer epochs than ``epochs``."""
+    file), a ``seed`` / ``window`` / ``cost`` other than the plan's own, a ``shuffle`` / ``drop_last`` other than how
+    its epochs were planned (the sampler would follow the plan's order and last step regardless), or fewer epochs
+    than ``epochs``."""
     m = plan.meta
     for name, have, want in (("ranks", ranks, m["ranks"]), ("batch_size", batch_size, m["batch_size"]),
                              ("accumulation", accumulation, m.get("accumulation", 1)),
@@ -216,6 +225,12 @@ def check_plan(plan: PlanFile, dataset, ranks: int, batch_size: int, accumulatio
             raise SettingError(f"{name} = {have!r}, but the step plan was made with {name} = {want!r}: a plan's rows are "
                                f"fixed when it is written; leave {name} out (the plan's own is used), or write a plan "
                                f"with it (`packer steps OUT {FLAGS[name]} ...`)")
+    for name, have in (("shuffle", shuffle), ("drop_last", drop_last)):
+        want, why = WRITTEN[name]
+        if have != want:
+            raise SettingError(f"{name} = {have!r}, but the step plan was made with {name} = {want!r} ({why}): a plan's "
+                               f"rows are fixed when it is written; leave {name} out to follow it, or pass plan=None "
+                               f"to plan each epoch here with {name} = {have!r}")
     if epochs is not None:
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise SettingError(f"epochs = {epochs!r}: give the number of epochs the run trains, >= 1")
