@@ -399,3 +399,36 @@ def test_the_encoder_figure_is_absent_with_its_reason_where_the_cost_model_charg
     model.write_text('{"image_token": 2.0, "audio_token": 1.0}')
     charged = plan_command(str(build), ranks=2, cost_model=str(model), output=str(tmp_path / "p.arrow"))
     assert charged["absent"] == {} and charged["balance"]["plan"]["encoder"] > 1.0
+
+
+def test_the_report_prints_no_encoder_figure_where_the_cost_model_charges_no_media(build):
+    """The report's per-cost rows (random order, TokenBalancedSampler, the step plan) printed encoder 1.000 -- a perfect
+    balance -- where the build's cost model charges no media (sample_data's processor folder has no config.json)."""
+    import copy
+
+    from packer.loader import PackedDataset
+    from packer.report import report
+    from packer.report.compute import step_balance
+    from packer.report.html import render
+    from packer.shards.manifest import Manifest
+
+    r = report(build)
+    b = r["rank_imbalance"]
+    assert "the cost model charges no media (no model config.json" in b["absent"]["encoder"]
+    assert "build with --cost-model" in b["absent"]["encoder"] and set(b["absent"]) == {"encoder"}
+    shown = [v for v in b["by_ranks"].values() if v]
+    assert shown and all(c["encoder"] is None and c["llm"] > 1.0 for v in shown for c in v["costs"].values())
+    page = render(r)
+    table = page[page.index("step plan (packer steps, StepPlanSampler)"):]
+    assert "<td class=\"n\">&ndash;</td>" in table.split("</tr>")[0] and "encoder: no figure (&ndash;): the cost model " \
+        "charges no media" in page
+    assert "media towers)" not in page  # the token-only table's CostModel() charges none
+
+    manifest = Manifest.read(build)  # a cost model that charges images: every order has its encoder figure
+    charged = copy.deepcopy(manifest)
+    charged.stats["cost_model"] = {"coefficients": {"image_token": 2.0}, "note": "given"}
+    stats = PackedDataset(build, check_media=False).row_stats()
+    b = step_balance(stats, charged, seed=0)
+    assert b["absent"] == {} and all(c["encoder"] >= 1.0 for v in b["by_ranks"].values() if v
+                                     for c in v["costs"].values())
+    assert step_balance(stats, manifest, seed=0)["absent"].keys() == {"encoder"}

@@ -22,7 +22,17 @@ from packer.cost import COSTS, CostModel
 from packer.errors import SettingError
 from packer.loader.samplers._dist import ResumableMixin, world
 from packer.shards.step_plan import PlanFile, read_plan, rows_identity, write
-from packer.steps import Stage, check_settings, check_stages, measure, plan_stages, plan_steps, random_steps
+from packer.steps import (
+    Stage,
+    absent_costs,
+    check_settings,
+    check_stages,
+    cost_note,
+    measure,
+    plan_stages,
+    plan_steps,
+    random_steps,
+)
 
 
 class StepPlanSampler(ResumableMixin, torch.utils.data.Sampler):
@@ -125,7 +135,8 @@ def write_plan(out: str | Path, path: str | Path, *, ranks: int, batch_size: int
         window = window if window is not None else -(-len(costs) // (ranks * batch_size))
         plans = [plan_steps(costs, ranks, batch_size, seed=seed, epoch=e, window=window, accumulation=accumulation)
                  for e in range(epochs)]
-    absent = absent_costs(costs, stats, model, ds.manifest if cost is None else None)
+    absent = absent_costs(costs, stats, note=cost_note(ds.manifest) if cost is None else "the cost model given",
+                          fix="give --cost-model (packer calibrate writes one, or the model's config.json)")
     balance = {"random": measure(costs, random_steps(len(costs), ranks, batch_size * accumulation, seed), COSTS),
                "plan": measure(costs, plans[0], COSTS, accumulation)}
     for figures in balance.values():
@@ -157,23 +168,6 @@ def check_request(ds, *, ranks: int, batch_size: int, epochs: int, seed: int, wi
         check_batches(ds, batch_size, fix="use --batch-size 1 (each packed row is already full)")
     except ValueError as e:
         raise SettingError(str(e)) from None
-
-
-def absent_costs(costs: np.ndarray, stats: dict, model: CostModel, manifest=None) -> dict[str, str]:
-    """The costs no row has, with why (a figure of 1.000 for them would read as perfect balance): the encoder where
-    the build holds no media, or where the cost model charges none (``manifest``: the build's, whose note says why)."""
-    out = {}
-    if not costs[:, 1].any():
-        if not np.asarray(stats.get("media_items", 0)).any():
-            out["encoder"] = "the build's rows hold no media"
-        else:
-            note = ((manifest.stats.get("cost_model") or {}).get("note") if manifest is not None else None) or \
-                "the cost model given"
-            out["encoder"] = (f"the cost model charges no media ({note}): give --cost-model (packer calibrate writes one, "
-                              f"or the model's config.json)")
-    if not costs[:, 2].any():
-        out["supervised"] = "no row has a trained token in its statistics"
-    return out
 
 
 def stage_accounting(plan: np.ndarray, stages: list[Stage], source: np.ndarray, names: list[str], tokens: np.ndarray,
