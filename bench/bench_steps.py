@@ -19,6 +19,15 @@ encoder, supervised): Σ over steps of the slowest rank / Σ of the mean rank (1
 the simulated epoch, Σ over steps of the slowest rank's llm + encoder cost, as a ratio token-only / plan (> 1:
 the plan is faster), and in brackets token-only / a perfectly balanced epoch (Σ over steps of the mean rank):
 the most any plan could gain.
+
+    python bench/bench_steps.py --held-out [--samples 12000] [--capacity 32768] [--corpora 3]
+
+A held-out-like set: the video-heavy mix, 12,000 samples packed at 32,768 tokens, about 1,200 rows (a few hundred
+steps at 8 ranks x 1, where one row a rank leaves the planner only the choice of which rows share a step), one
+corpus per seed, packed without and with a row encoder budget (``--max-row-encoder auto:0.2``, as
+``bench_row_budget.py`` packs). Per corpus, cost model and budget: token-only balance and the plan (seed 0) per
+cost, the slowest cost of the plan, and each cost's floor alone (:func:`packer.balance.imbalance_floor`: the best
+any plan balancing that cost only reaches at one row per rank; no floor of the three at once is known).
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from packer.balance import imbalance_floor  # noqa: E402
 from packer.cost import CostModel  # noqa: E402
 from packer.pack import plan  # noqa: E402
 from packer.steps import measure, plan_steps, token_only  # noqa: E402
@@ -118,21 +128,59 @@ def figures(rows, model: CostModel, ranks: int, per_rank: int, seeds: int) -> di
     return {k: {c: float(np.mean([m[c] for m in v])) for c in v[0]} for k, v in out.items()}
 
 
+def models() -> dict[str, CostModel]:
+    return {"Qwen3-VL-2B": CostModel.for_model(QWEN3_VL_2B),
+            "Qwen3-VL-2B, H200-calibrated": CostModel.load(ROOT / "bench" / "calibrated_qwen3vl2b_h200.json"),
+            "Qwen2.5-Omni-7B": CostModel.for_model(QWEN25_OMNI_7B)}
+
+
+def held_out(samples: int, capacity: int, corpora: int, ranks: int = 8, per_rank: int = 1) -> None:
+    """The table of ``--held-out`` (module doc): one line per generated corpus, cost model and row encoder budget."""
+    print("| corpus seed | cost model | row encoder budget | rows, rows / bound | token-only llm / encoder / supervised | "
+          "plan llm | plan encoder | plan supervised | plan's slowest cost | floor of each cost alone |")
+    print("|---|---|---|---|---|---:|---:|---:|---:|---|")
+    costs = ("llm", "encoder", "supervised")
+    for seed in range(corpora):
+        corpus = generate(samples, MIXES["video-heavy"], capacity, seed=seed)
+        lengths = corpus["tokens"].astype(np.int64)
+        bound = -(-int(lengths.sum()) // capacity)
+        for name, model in models().items():
+            encoder = model.vector(corpus)[:, 1]
+            for slack in (None, 0.2):  # --max-row-encoder auto:0.2 (bench_row_budget.py)
+                budget = {} if slack is None else {"resources": {"encoder": encoder},
+                                                   "budgets": {"encoder": (1 + slack) * encoder.sum() / bound}}
+                p = plan(lengths, capacity, seed=seed, **budget)
+                row = np.repeat(np.arange(p.n_bins), np.diff(p.offsets))
+                rows = {k: np.bincount(row, weights=v[p.indices], minlength=p.n_bins) for k, v in corpus.items()}
+                vec = model.vector(rows)
+                planned = measure(vec, plan_steps(vec, ranks, per_rank, seed=0))
+                tokens = measure(vec, token_only(vec, CostModel()(rows), ranks, per_rank, seed=0))
+                used = len(vec) // (ranks * per_rank) * ranks * per_rank
+                floors = [imbalance_floor(vec[:used, k], ranks, per_rank) for k in range(3)]
+                print(f"| {seed} | {name} | {'off' if slack is None else f'auto:{slack}'} | {p.n_bins:,}, "
+                      f"{p.n_bins / p.bound:.4f} | " + " / ".join(f"{tokens[c]:.3f}" for c in costs) + " | "
+                      + " | ".join(f"{planned[c]:.3f}" for c in costs) + f" | {max(planned[c] for c in costs):.3f} | "
+                      + " / ".join(f"{f:.3f}" for f in floors) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--samples", type=int, default=20000)
-    ap.add_argument("--capacity", type=int, default=8192)
+    ap.add_argument("--samples", type=int, default=None, help="default 20,000 (12,000 with --held-out)")
+    ap.add_argument("--capacity", type=int, default=None, help="default 8,192 (32,768 with --held-out)")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--held-out", action="store_true", help="the held-out-like set at 8 ranks x 1 (module doc)")
+    ap.add_argument("--corpora", type=int, default=3, help="--held-out: generated corpora (seeds 0..N-1)")
     args = ap.parse_args()
-    models = {"Qwen3-VL-2B": CostModel.for_model(QWEN3_VL_2B),
-              "Qwen3-VL-2B, H200-calibrated": CostModel.load(ROOT / "bench" / "calibrated_qwen3vl2b_h200.json"),
-              "Qwen2.5-Omni-7B": CostModel.for_model(QWEN25_OMNI_7B)}
+    if args.held_out:
+        held_out(args.samples or 12000, args.capacity or 32768, args.corpora)
+        return
+    args.samples, args.capacity = args.samples or 20000, args.capacity or 8192
     print("| mix | cost model | ranks x batch | rows, rows / bound | order | llm | encoder | supervised | "
           "time token-only / plan (most possible) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for mix_name, mix in MIXES.items():
         rows, ratio = rows_of(generate(args.samples, mix, args.capacity, seed=0), args.capacity, seed=0)
-        for model_name, model in models.items():
+        for model_name, model in models().items():
             for ranks, per_rank in ((8, 1), (8, 4), (64, 1), (64, 4)):
                 t0 = time.perf_counter()
                 f = figures(rows, model, ranks, per_rank, args.seeds)

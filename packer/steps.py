@@ -396,6 +396,27 @@ def measure(costs: np.ndarray, assignment: np.ndarray, names: tuple[str, ...] = 
     return out
 
 
+def absent_costs(costs: np.ndarray, stats: dict, *, note: str, fix: str) -> dict[str, str]:
+    """The costs no row has (``costs[n, 3]`` as :data:`packer.cost.COSTS`), with why: :func:`measure` gives such a cost
+    1.0, which would read as a perfect balance. The encoder where the rows hold no media (``stats["media_items"]``),
+    or where the cost model charges none (``note``: which cost model and why it has no media terms, ``fix``: how to
+    give one that has); supervised where no row has a trained token."""
+    out = {}
+    if not costs[:, 1].any():
+        if not np.asarray(stats.get("media_items", 0)).any():
+            out["encoder"] = "the build's rows hold no media"
+        else:
+            out["encoder"] = f"the cost model charges no media ({note}): {fix}"
+    if not costs[:, 2].any():
+        out["supervised"] = "no row has a trained token in its statistics"
+    return out
+
+
+def cost_note(manifest) -> str:
+    """Why the build's cost model is what it is (its manifest's ``stats.cost_model.note``), for :func:`absent_costs`."""
+    return (manifest.stats.get("cost_model") or {}).get("note") or "the build's cost model"
+
+
 def random_steps(n: int, ranks: int, per_rank: int = 1, seed: int = 0) -> np.ndarray:
     """Whole steps of a random order of ``n`` rows (the tail that fills no step left out): no balancing at all."""
     per_step = ranks * per_rank

@@ -311,6 +311,22 @@ def test_the_sampler_refuses_a_seed_window_or_epochs_its_plan_file_does_not_have
     sampler(build, num_replicas=2, rank=0, plan=meta["path"], epochs=1)
 
 
+def test_the_sampler_refuses_a_shuffle_or_drop_last_its_plan_file_does_not_have(build):
+    """A plan's order (shuffled over each epoch) and last step (completed from the epoch's start) are fixed when it is
+    written: shuffle=False or drop_last=True beside a plan file were silently ignored, the plan's rows dealt anyway."""
+    from packer.loader.samplers.step_plan import plan_command
+
+    meta = plan_command(str(build), ranks=4, seed=7)  # 26 rows: 7 steps of 4, the last completed from the start
+    with pytest.raises(ValueError, match=r"shuffle = False, but the step plan was made with shuffle = True \(its steps "
+                                         r"are shuffled over each epoch\): .*leave shuffle out .*or pass plan=None"):
+        sampler(build, num_replicas=4, rank=0, shuffle=False, plan=meta["path"])
+    with pytest.raises(ValueError, match=r"drop_last = True, but the step plan was made with drop_last = False \(it "
+                                         r"trains every row each epoch.*leave drop_last out .*or pass plan=None"):
+        sampler(build, num_replicas=4, rank=0, drop_last=True, plan=meta["path"])
+    follow = sampler(build, num_replicas=4, rank=0, shuffle=True, drop_last=False, plan=meta["path"])  # the plan's own
+    assert list(follow) == list(sampler(build, num_replicas=4, rank=0, seed=7))
+
+
 def test_a_plan_naming_rows_outside_the_build_is_refused_by_verify_and_the_sampler(build):
     from packer.loader.samplers.step_plan import plan_command
     from packer.shards.step_plan import read_plan, write
@@ -409,3 +425,36 @@ def test_a_stages_file_packer_steps_cannot_use_is_one_line_exit_2(build, tmp_pat
                                   str(tmp_path / "plan.arrow")])
     assert r.exit_code == 2 and r.stderr.count("\n") == 1 and re.search(match, r.stderr), r.output
     assert issubclass(ArgumentError, ValueError) and not (tmp_path / "plan.arrow").exists()
+
+
+def test_the_report_prints_no_encoder_figure_where_the_cost_model_charges_no_media(build):
+    """The report's per-cost rows (random order, TokenBalancedSampler, the step plan) printed encoder 1.000 -- a perfect
+    balance -- where the build's cost model charges no media (sample_data's processor folder has no config.json)."""
+    import copy
+
+    from packer.loader import PackedDataset
+    from packer.report import report
+    from packer.report.compute import step_balance
+    from packer.report.html import render
+    from packer.shards.manifest import Manifest
+
+    r = report(build)
+    b = r["rank_imbalance"]
+    assert "the cost model charges no media (no model config.json" in b["absent"]["encoder"]
+    assert "build with --cost-model" in b["absent"]["encoder"] and set(b["absent"]) == {"encoder"}
+    shown = [v for v in b["by_ranks"].values() if v]
+    assert shown and all(c["encoder"] is None and c["llm"] > 1.0 for v in shown for c in v["costs"].values())
+    page = render(r)
+    table = page[page.index("step plan (packer steps, StepPlanSampler)"):]
+    assert "<td class=\"n\">&ndash;</td>" in table.split("</tr>")[0] and "encoder: no figure (&ndash;): the cost model " \
+        "charges no media" in page
+    assert "media towers)" not in page  # the token-only table's CostModel() charges none
+
+    manifest = Manifest.read(build)  # a cost model that charges images: every order has its encoder figure
+    charged = copy.deepcopy(manifest)
+    charged.stats["cost_model"] = {"coefficients": {"image_token": 2.0}, "note": "given"}
+    stats = PackedDataset(build, check_media=False).row_stats()
+    b = step_balance(stats, charged, seed=0)
+    assert b["absent"] == {} and all(c["encoder"] >= 1.0 for v in b["by_ranks"].values() if v
+                                     for c in v["costs"].values())
+    assert step_balance(stats, manifest, seed=0)["absent"].keys() == {"encoder"}

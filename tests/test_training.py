@@ -341,6 +341,10 @@ def test_packed_trainer_follows_a_step_plan_computed_written_or_staged(small_bui
     with pytest.raises(ValueError, match=r"holds 1 epoch\(s\) of 4 steps, the run trains more \(max_steps=3: 2 epochs"):
         PackedTrainer(model=model, args=trainer_args(tmp_path / "b", max_steps=3), train_dataset=ds,
                       sampler=staged["path"])
+    with pytest.raises(ValueError, match=r"dataloader_drop_last=True, but the step plan .* trains every row each epoch "
+                                         r".*set dataloader_drop_last=False"):  # the plan's last step is not dropped
+        PackedTrainer(model=model, args=trainer_args(tmp_path / "c", max_steps=1, dataloader_drop_last=True),
+                      train_dataset=ds, sampler=written["path"])
     other = StepPlanSampler(ds, num_replicas=2, rank=1, batch_size=2)
     with pytest.raises(ValueError, match=r"made for another run: num_replicas 2 \(this run: 1\), rank 1 \(this run: 0\)"):
         PackedTrainer(model=model, args=args, train_dataset=ds, sampler=other)

@@ -152,6 +152,10 @@ class PackedTrainer(Trainer):
                 self._sampler = StepPlanSampler(self.train_dataset, **world, seed=_data_seed(args),
                                                 drop_last=args.dataloader_drop_last, cost=self.cost, window=self.window)
             else:
+                if args.dataloader_drop_last:  # the plan's last step is completed, not dropped: refused, not ignored
+                    raise ValueError(f"dataloader_drop_last=True, but the step plan {setting} trains every row each epoch "
+                                     f"(its last step completed from the epoch's start): set dataloader_drop_last=False "
+                                     f"to follow it, or sampler='plan' to plan each epoch here without the partial step")
                 plan = StepPlanSampler(self.train_dataset, **world, plan=setting, cost=self.cost, window=self.window,
                                        accumulation=_plan_accumulation(setting))
                 self._sampler = check_sampler(plan, self.train_dataset, args)

@@ -62,7 +62,7 @@ from packer.shards.manifest import REPORT_FILES, Manifest
 from packer.shards.schema import SAMPLE_SCHEMA, ShardEntry
 from packer.shards.stats import ROW_FIELDS, ShardStats, length_edges
 from packer.shards.stats import shard_stats as _shard_stats
-from packer.steps import measure, plan_steps
+from packer.steps import absent_costs, cost_note, measure, plan_steps
 
 MEGABATCH = 50
 # Training throughput the GPU-hour figures assume: about a 7B dense model (6 x 7e9 FLOP per token) on one
@@ -133,13 +133,20 @@ def step_balance(stats: dict[str, np.ndarray], manifest: Manifest, seed: int) ->
     """:func:`rank_imbalance` for the sampler the build records (``report_ranks``,
     ``report_batch``, ``report_window``: report-only settings, kept in the manifest's
     ``execution``), so ``packer report OUT`` shows the same set-up; packer's defaults for a
-    build that predates them. ``by_ranks`` holds ``null`` where the rows fill no step."""
+    build that predates them. ``by_ranks`` holds ``null`` where the rows fill no step. ``absent``: the costs no row
+    has under the build's cost model, with why (:func:`packer.steps.absent_costs`); their figures in ``costs`` are
+    ``null``, not the 1.0 that would read as a perfect balance."""
     recorded = {k: manifest.execution.get(k, FIELDS[k].default) for k in ("report_ranks", "report_batch", "report_window")}
     ranks = [int(r) for r in recorded["report_ranks"]]
     per_rank, window = int(recorded["report_batch"]), int(recorded["report_window"])
+    model = CostModel.of_build(manifest)
+    absent = absent_costs(model.vector(stats), stats, note=cost_note(manifest),
+                          fix="build with --cost-model (packer calibrate writes one, or the model's config.json)")
+    by_ranks = {str(r): rank_imbalance(stats, r, seed, per_rank, window, model) for r in ranks}
+    for figures in (c for v in by_ranks.values() if v for c in v["costs"].values()):
+        figures.update(dict.fromkeys(absent))  # no figure: the reason is in "absent"
     return {"ranks": ranks, "rows_per_rank": per_rank, "window": window, "best_is_bound": per_rank > 1,
-            "by_ranks": {str(r): rank_imbalance(stats, r, seed, per_rank, window, CostModel.of_build(manifest))
-                         for r in ranks}}
+            "by_ranks": by_ranks, "absent": absent}
 
 
 def title(out: Path, manifest: Manifest) -> str:

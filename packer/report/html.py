@@ -7,6 +7,7 @@ import json
 import math
 from typing import Any
 
+from packer.cost import COSTS
 from packer.mix import capacity_text, policy_text
 
 COLORS = ["#3b6fb6", "#e07b39", "#5aa469", "#b5475b", "#8a6bbe", "#7f7f7f"]
@@ -262,22 +263,24 @@ def step_balance_section(b: dict[str, Any]) -> str:
             for name, label in (("random", "random order"), ("sampler", f"TokenBalancedSampler (window {b['window']})"),
                                 ("plan", "step plan (packer steps, StepPlanSampler)")):
                 c = v["costs"][name]
-                per_cost.append([_setup(b, k), label, f"{c['llm']:.3f}", f"{c['encoder']:.3f}", f"{c['supervised']:.3f}",
+                per_cost.append([_setup(b, k), label, *("&ndash;" if c[x] is None else f"{c[x]:.3f}" for x in COSTS),
                                  f"{c['time'] / plan_time:.3f}"])
     costs = (_table(["ranks x rows", "order", "llm: Σmax/Σmean", "encoder: Σmax/Σmean", "supervised: Σmax/Σmean",
                      "simulated time / the plan's"], per_cost, {2, 3, 4, 5})
              + "<p class='sub'>Each of the three costs a row has (the build's cost model, <code>CostModel.vector</code>): "
                "llm (tokens and attention pairs), encoder (images, frames, clips through the towers), supervised "
                "tokens (what weighs a rank's loss); simulated time: Σ over steps of the slowest rank's llm + encoder. "
-               "The step plan balances all three at once (docs/loader.md, \"Step plans\").</p>") if per_cost else ""
+               "The step plan balances all three at once (docs/loader.md, \"Step plans\").</p>"
+             + "".join(f"<p class='sub'>{c}: no figure (&ndash;): {html.escape(why)}.</p>"
+                       for c, why in (b.get("absent") or {}).items())) if per_cost else ""
     bound = ("at more than one row per rank only a lower bound (&ge;): splitting a step's rows evenly is a partition "
              "problem" if b["best_is_bound"] else "the sampler with a window of the whole epoch reaches it")
-    return (f"{table}<p class='sub'>Slowest rank / mean rank of each step's cost (<code>CostModel()</code>: tokens, "
-            f"attention Σ seg², media towers), one epoch. Σmax/Σmean is the epoch's time against a perfectly balanced "
-            f"one: what the ranks wait is Σ (max &minus; mean). The mean over steps weighs a near-free step of cheap "
-            f"rows as much as an expensive one. Best possible: the lowest Σmax/Σmean any assignment of the same rows "
-            f"reaches; {bound}. Set with <code>--report-ranks</code>, <code>--report-batch</code>, "
-            f"<code>--report-window</code>.</p>{costs}")
+    return (f"{table}<p class='sub'>Slowest rank / mean rank of each step's cost (<code>CostModel()</code>, the "
+            f"sampler's default: tokens and attention Σ seg², no media), one epoch. Σmax/Σmean is the epoch's time "
+            f"against a perfectly balanced one: what the ranks wait is Σ (max &minus; mean). The mean over steps weighs "
+            f"a near-free step of cheap rows as much as an expensive one. Best possible: the lowest Σmax/Σmean any "
+            f"assignment of the same rows reaches; {bound}. Set with <code>--report-ranks</code>, "
+            f"<code>--report-batch</code>, <code>--report-window</code>.</p>{costs}")
 
 
 def truncated_section(r: dict[str, Any]) -> str:

@@ -22,14 +22,26 @@ from packer.cost import COSTS, CostModel
 from packer.errors import ArgumentError
 from packer.loader.samplers._dist import ResumableMixin, world
 from packer.shards.step_plan import PlanFile, read_plan, rows_identity, write
-from packer.steps import Stage, check_settings, check_stages, measure, plan_stages, plan_steps, random_steps
+from packer.steps import (
+    Stage,
+    absent_costs,
+    check_settings,
+    check_stages,
+    cost_note,
+    measure,
+    plan_stages,
+    plan_steps,
+    random_steps,
+)
 
 
 class StepPlanSampler(ResumableMixin, torch.utils.data.Sampler):
     """``plan``: a plan file to follow; its seed, window and cost model are the plan's own, so ``seed`` / ``window`` /
-    ``cost`` given beside it must be the same (else refused: they would change nothing). ``epochs``: the epochs the run
-    will train, when known: a plan file holding fewer is refused here, not when the missing epoch starts
-    (``set_epoch`` past a plan's last epoch is refused at once, too). Without a plan, ``seed`` defaults to 0."""
+    ``cost`` given beside it must be the same (else refused: they would change nothing); so are its order and its
+    last step (shuffled over each epoch, the last step completed from the epoch's start), so ``shuffle=False`` or
+    ``drop_last=True`` beside it is refused too. ``epochs``: the epochs the run will train, when known: a plan file
+    holding fewer is refused here, not when the missing epoch starts (``set_epoch`` past a plan's last epoch is
+    refused at once, too). Without a plan, ``seed`` defaults to 0."""
 
     def __init__(self, dataset, *, num_replicas: int | None = None, rank: int | None = None, batch_size: int = 1,
                  seed: int | None = None, shuffle: bool = True, drop_last: bool = False, cost: CostModel | None = None,
@@ -50,7 +62,7 @@ class StepPlanSampler(ResumableMixin, torch.utils.data.Sampler):
         if plan is not None:
             self.file = read_plan(plan)
             check_plan(self.file, dataset, self.num_replicas, batch_size, accumulation, seed=seed, window=window,
-                       cost=cost, epochs=epochs)
+                       cost=cost, epochs=epochs, shuffle=shuffle, drop_last=drop_last)
             self.seed = int(self.file.meta["seed"])
             self.window = self.file.meta.get("window")
             self.steps = int(self.file.meta["steps_per_epoch"])
@@ -123,7 +135,8 @@ def write_plan(out: str | Path, path: str | Path, *, ranks: int, batch_size: int
         window = window if window is not None else -(-len(costs) // (ranks * batch_size))
         plans = [plan_steps(costs, ranks, batch_size, seed=seed, epoch=e, window=window, accumulation=accumulation)
                  for e in range(epochs)]
-    absent = absent_costs(costs, stats, model, ds.manifest if cost is None else None)
+    absent = absent_costs(costs, stats, note=cost_note(ds.manifest) if cost is None else "the cost model given",
+                          fix="give --cost-model (packer calibrate writes one, or the model's config.json)")
     balance = {"random": measure(costs, random_steps(len(costs), ranks, batch_size * accumulation, seed), COSTS),
                "plan": measure(costs, plans[0], COSTS, accumulation)}
     for figures in balance.values():
@@ -157,23 +170,6 @@ def check_request(ds, *, ranks: int, batch_size: int, epochs: int, seed: int, wi
         raise ArgumentError(str(e)) from None
 
 
-def absent_costs(costs: np.ndarray, stats: dict, model: CostModel, manifest=None) -> dict[str, str]:
-    """The costs no row has, with why (a figure of 1.000 for them would read as perfect balance): the encoder where
-    the build holds no media, or where the cost model charges none (``manifest``: the build's, whose note says why)."""
-    out = {}
-    if not costs[:, 1].any():
-        if not np.asarray(stats.get("media_items", 0)).any():
-            out["encoder"] = "the build's rows hold no media"
-        else:
-            note = ((manifest.stats.get("cost_model") or {}).get("note") if manifest is not None else None) or \
-                "the cost model given"
-            out["encoder"] = (f"the cost model charges no media ({note}): give --cost-model (packer calibrate writes one, "
-                              f"or the model's config.json)")
-    if not costs[:, 2].any():
-        out["supervised"] = "no row has a trained token in its statistics"
-    return out
-
-
 def stage_accounting(plan: np.ndarray, stages: list[Stage], source: np.ndarray, names: list[str], tokens: np.ndarray,
                      costs: np.ndarray) -> list[dict]:
     """Per stage, per source: rows drawn (repeats counted), distinct rows, tokens and supervised tokens."""
@@ -191,12 +187,19 @@ def stage_accounting(plan: np.ndarray, stages: list[Stage], source: np.ndarray, 
 
 
 FLAGS = {"seed": "--seed", "window": "--window", "cost": "--cost-model"}
+# How packer steps plans every epoch (plan_steps' defaults; a staged plan's steps are shuffled and whole too): what a
+# sampler's shuffle / drop_last must say to follow a plan file, and why a plan differs from the sampler's own otherwise.
+WRITTEN = {"shuffle": (True, "its steps are shuffled over each epoch"),
+           "drop_last": (False, "it trains every row each epoch, its last step completed from the epoch's start")}
 
 
 def check_plan(plan: PlanFile, dataset, ranks: int, batch_size: int, accumulation: int = 1, *, seed: int | None = None,
-               window: int | None = None, cost: CostModel | None = None, epochs: int | None = None) -> None:
+               window: int | None = None, cost: CostModel | None = None, epochs: int | None = None,
+               shuffle: bool = True, drop_last: bool = False) -> None:
     """Refuse a plan file made for another set-up or build, one whose rows are not this build's (a damaged or edited
-    file), a ``seed`` / ``window`` / ``cost`` other than the plan's own, or fewer epochs than ``epochs``."""
+    file), a ``seed`` / ``window`` / ``cost`` other than the plan's own, a ``shuffle`` / ``drop_last`` other than how
+    its epochs were planned (the sampler would follow the plan's order and last step regardless), or fewer epochs
+    than ``epochs``."""
     m = plan.meta
     for name, have, want in (("ranks", ranks, m["ranks"]), ("batch_size", batch_size, m["batch_size"]),
                              ("accumulation", accumulation, m.get("accumulation", 1)),
@@ -216,6 +219,12 @@ def check_plan(plan: PlanFile, dataset, ranks: int, batch_size: int, accumulatio
             raise ArgumentError(f"{name} = {have!r}, but the step plan was made with {name} = {want!r}: a plan's rows are "
                                f"fixed when it is written; leave {name} out (the plan's own is used), or write a plan "
                                f"with it (`packer steps OUT {FLAGS[name]} ...`)")
+    for name, have in (("shuffle", shuffle), ("drop_last", drop_last)):
+        want, why = WRITTEN[name]
+        if have != want:
+            raise ArgumentError(f"{name} = {have!r}, but the step plan was made with {name} = {want!r} ({why}): a plan's "
+                               f"rows are fixed when it is written; leave {name} out to follow it, or pass plan=None "
+                               f"to plan each epoch here with {name} = {have!r}")
     if epochs is not None:
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise ArgumentError(f"epochs = {epochs!r}: give the number of epochs the run trains, >= 1")
