@@ -4,13 +4,13 @@ epoch: the sampler undoes Accelerate's second sharding, see docs/training.md). T
 normalised by the step's global sum of weights (accelerator.reduce), times the number of
 processes, since DDP averages gradients.
 
-    python docs/examples/accelerate_train.py out/sample --steps 10
-    torchrun --standalone --nproc_per_node 2 docs/examples/accelerate_train.py out/sample --steps 10    # CPU, 2 processes
-    accelerate launch --multi_gpu --num_processes 2 docs/examples/accelerate_train.py out/sample --steps 10  # the same
+    python docs/examples/accelerate_train.py out/text --steps 10
+    torchrun --standalone --nproc_per_node 2 docs/examples/accelerate_train.py out/text --steps 10    # CPU, 2 processes
+    accelerate launch --multi_gpu --num_processes 2 docs/examples/accelerate_train.py out/text --steps 10  # the same
 
 (`accelerate launch --cpu` starts one process; `--multi_gpu` starts them through torchrun, and
 this script asks for the CPU unless --gpu.) On 8 GPUs:
-`accelerate launch --multi_gpu --num_processes 8 docs/examples/accelerate_train.py out/sample --gpu`.
+`accelerate launch --multi_gpu --num_processes 8 docs/examples/accelerate_train.py out/text --gpu`.
 --report-dir writes each rank's rows per epoch and losses, for tests/test_distributed.py.
 """
 

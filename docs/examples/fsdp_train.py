@@ -1,7 +1,7 @@
 """FSDP (fully_shard) training on a packed build, one process per rank, each reading
 its share through TokenBalancedSampler. Runs on CPU with the gloo backend:
 
-    torchrun --standalone --nproc_per_node 2 docs/examples/fsdp_train.py out/sample --steps 6
+    torchrun --standalone --nproc_per_node 2 docs/examples/fsdp_train.py out/text --steps 6
 
 Every rank runs the same number of steps (the sampler guarantees it), so no rank waits
 in a collective for another that ran out of data. The loss is normalised by the global

@@ -2,10 +2,10 @@
 model_inputs, packed_loss over the step's global sum of weights (gradient accumulation and
 ranks included) and exact mid-epoch resume. One process, or any number under torchrun:
 
-    python docs/examples/hf_trainer.py out/sample --steps 10
-    torchrun --standalone --nproc_per_node 2 docs/examples/hf_trainer.py out/sample --steps 10   # CPU: gloo
-    torchrun ... hf_trainer.py out/sample --steps 10 --output-dir ckpt --save-steps 4   # checkpoints
-    torchrun ... hf_trainer.py out/sample --steps 10 --output-dir ckpt --resume ckpt/checkpoint-4   # mid-epoch resume
+    python docs/examples/hf_trainer.py out/text --steps 10
+    torchrun --standalone --nproc_per_node 2 docs/examples/hf_trainer.py out/text --steps 10   # CPU: gloo
+    torchrun ... hf_trainer.py out/text --steps 10 --output-dir ckpt --save-steps 4   # checkpoints
+    torchrun ... hf_trainer.py out/text --steps 10 --output-dir ckpt --resume ckpt/checkpoint-4   # mid-epoch resume
 
 On GPUs drop --cpu (the default backend is then NCCL). --report-dir writes each rank's logged
 losses and the rows it trained (and rank 0 the final weights), for tests/test_distributed.py.

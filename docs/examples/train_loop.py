@@ -2,7 +2,7 @@
 accumulation: each optimizer step divides by the summed loss weights of all its micro-batches
 (loss_norm), so the step's loss is the token / sample / sqrt mean over all of them.
 
-    python docs/examples/train_loop.py out/sample [--attention sdpa] [--steps 20] [--accumulation 2]
+    python docs/examples/train_loop.py out/text [--attention sdpa] [--steps 20] [--accumulation 2]
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ Its `num_tokens` metric sums `attention_mask`, which here is the 4-D block-diago
 of segment lengths squared over two: ~400 x the tokens at 4,096-token rows): `PackedSFTTrainer`
 below counts the rows' real tokens instead.
 
-    python docs/examples/trl_sft.py out/sample --steps 10
-    torchrun --standalone --nproc_per_node 2 docs/examples/trl_sft.py out/sample --steps 10
+    python docs/examples/trl_sft.py out/text --steps 10
+    torchrun --standalone --nproc_per_node 2 docs/examples/trl_sft.py out/text --steps 10
 """
 
 from __future__ import annotations
