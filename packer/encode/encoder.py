@@ -44,7 +44,7 @@ from packer.encode.labels import Labeller, common_chars, span_mask
 from packer.encode.render import MARK_START, Renderer, probe_conversations, template_clock
 from packer.encode.shipped import Shipped, ship, unpack
 from packer.encode.tokenizer import add_tokens, fingerprint, missing_tokens, open_tokenizer, require_tokens
-from packer.encode.tokens import TextTokenizer
+from packer.encode.tokens import Known, TextTokenizer
 from packer.errors import BadRecord, PackerError
 from packer.families import Expansion, Family, RecordMedia, Run, family_from_state, make_family
 from packer.ingest.formats import decode_json, parse_record, record_id
@@ -639,10 +639,10 @@ class Encoder:
             for chat in chats:
                 chat.completion_start = start
         prompt = self._prompt_rendering(record) if n > 1 and not plain else None
-        shared, media = preference.SharedPrefix(), []
+        shared, media, known = preference.SharedPrefix(), [], None
         for k, role in enumerate(roles):
             if chats[k] is None:  # render (and tokenize in one call) the next responses, up to PREFERENCE_BATCH_BYTES
-                self._render_batch(record, chats, k)
+                known = self._render_batch(record, chats, k, known)
             chat = chats[k]
             ids, trained, spans = self._encode_conversation(record.conversation(k), chat)
             self._memo.pop(("chat", chat.text), None)
@@ -670,10 +670,13 @@ class Encoder:
             start += len(ids)
         return np.concatenate(ids_out), np.concatenate(trained_out), media, responses, prefix
 
-    def _render_batch(self, record: Preference, chats: list[RenderedChat | None], k: int) -> None:
+    def _render_batch(self, record: Preference, chats: list[RenderedChat | None], k: int, known: Known | None) -> Known | None:
         """Render responses ``k``, ``k + 1``, ... of ``record`` into ``chats`` until their texts reach
         ``PREFERENCE_BATCH_BYTES``, and tokenize them in one call (into the memo): a record's responses are not
-        all held at once, nor tokenized one call each."""
+        all held at once, nor tokenized one call each. The first response is tokenized whole and returned
+        (``known``, None where it cannot be cut: a marked text, split special tokens); the others send the
+        tokenizer only what follows the last control token they share with it (``<|im_start|>`` of the response's
+        turn: :meth:`TextTokenizer.encode_sharing`), so a long prompt is tokenized once, not once per response."""
         size, texts, first = 0, [], k
         while k < len(chats) and (k == first or (first > 0 and size < PREFERENCE_BATCH_BYTES)):  # the first alone: it
             #                                                       may show the record cannot fit (_encode_preference)
@@ -683,11 +686,18 @@ class Encoder:
             size += len(chats[k].text)
             k += 1
         try:
-            encoded = self.text.encode(texts, special=False, split=self.text.split_default, offsets=True)
+            if first > 0 and known is not None:
+                encoded = self.text.encode_sharing(known, texts)
+            else:
+                encoded = self.text.encode(texts, special=False, split=self.text.split_default, offsets=True)
             for text, hit in zip(texts, encoded, strict=True):
                 self._memo["chat", text] = hit
         except Exception:  # noqa: BLE001 -- each response tokenizes its own text, as in _pretokenize
             pass
+        if first == 0:
+            hit = self._memo.get(("chat", chats[0].text)) if not chats[0].marked else None
+            return self.text.known(chats[0].text, *hit) if hit is not None and not self.text.split_default else None
+        return known
 
     def _prompt_rendering(self, record: Preference) -> str | None:
         """The prompt's turns rendered alone, where some response does not open with its trained assistant turn (an
