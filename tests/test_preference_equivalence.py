@@ -82,6 +82,8 @@ def alone_responses(out: Path) -> list[dict]:
     for i in range(len(ds)):
         row = ds[i]
         for k, role in enumerate(row.get("segment_role") or []):
+            if role == "":  # an SFT sample or a document: no response
+                continue
             a, b = int(row["cu_seqlens"][k]), int(row["cu_seqlens"][k + 1])
             found.append({"id": row["key"], "role": role, "ids": np.asarray(row["input_ids"][a:b]),
                           "labels": np.asarray(row["labels"][a:b]),
