@@ -8,8 +8,8 @@ warm-up build of a one-line file has loaded everything): ``responses:N`` is a sh
 ``--max-length`` 4096 (it cannot fit and is dropped in stage 1 before its other responses are rendered);
 ``fits:B:N`` the same at ``--max-length`` 1,000,000, where it fits as a tree and is built whole. Printed: the line,
 the growth of the child's peak resident memory (``ru_maxrss``) over the warm-up, its ratio to the line, the build's
-wall time and the bytes of ``samples/``. docs/reliability.md states the bound this gives;
-``tests/test_bounds.py`` runs this child on a 10^4-response record.
+wall time and CPU time (one worker: the build runs in the child) and the bytes of ``samples/``. docs/reliability.md
+states the bound this gives; ``tests/test_bounds.py`` runs this child on a 10^4-response record.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ def run(src, out, **kw):
 (tmp / "warm.jsonl").write_text(json.dumps({{"prompt": "Say hi to me.", "chosen": " Hi.", "rejected": " No."}}) + "\\n")
 run(tmp / "warm.jsonl", tmp / "warm")
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 run({path!r}, tmp / "out", max_length={max_length})
-seconds = time.perf_counter() - start
+seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
 acc = json.loads((tmp / "out" / "manifest.json").read_text())["accounting"]
-print(json.dumps({{"seconds": seconds, "mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024,
+print(json.dumps({{"seconds": seconds, "cpu": cpu, "mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024,
                   "samples": sum(f.stat().st_size for f in (tmp / "out" / "samples").iterdir()),
                   "bad": sorted({{**acc["quarantined_by_reason"], **acc["dropped_by_reason"]}})}}))
 """
@@ -83,11 +83,11 @@ def main() -> None:
     ap.add_argument("--strings", choices=["chat", "standard"], default="chat",
                     help="how the string records are read (preference_strings)")
     args = ap.parse_args()
-    print(f"{'case':20} {'line':>9} {'peak growth':>12} {'x line':>7} {'wall':>7} {'samples':>10}  outcome")
+    print(f"{'case':20} {'line':>9} {'peak growth':>12} {'x line':>7} {'wall':>7} {'cpu':>7} {'samples':>10}  outcome")
     for case in args.cases.split(","):
         r = measure(case, args.tokenizer, args.strings)
         print(f"{case:20} {r['line'] / 1024:8.0f}K {r['mb']:9.0f} MB {r['mb'] * 2**20 / r['line']:6.0f}x "
-              f"{r['seconds']:6.2f}s {r['samples'] / 1024:9.0f}K  {', '.join(r['bad']) or 'packed'}")
+              f"{r['seconds']:6.2f}s {r['cpu']:6.2f}s {r['samples'] / 1024:9.0f}K  {', '.join(r['bad']) or 'packed'}")
 
 
 if __name__ == "__main__":

@@ -418,6 +418,63 @@ def test_responses_added_one_at_a_time_share_what_they_share_all_at_once(chatml,
     assert len(sample.responses) == n and sample.prefix > 10
 
 
+LONG_PROMPT = [{"role": "system", "content": "Be brief. " * 40},
+               {"role": "user", "content": "Résumé of a naïve café, où 2 + 2 = ? Cafe\u0301 " * 700},  # ~27 KB: NFC, digits
+               {"role": "assistant", "content": "Let me think."}, {"role": "user", "content": "Go on: the frog likes to jump"}]
+LONG_ANSWERS = ["It is 4.", "ing around.", "\u0301 a combining accent first", "  two spaces, then\n\nnewlines\n",
+                "1234567890" * 3, "日本語の答え。",
+                [{"role": "user", "content": "what is 3+3"}, {"role": "assistant", "content": "6"}]]
+
+
+@pytest.mark.parametrize("tokenizer", ["sample", pytest.param("qwen3", marks=pytest.mark.slow),
+                                       pytest.param("mistral_v3", marks=pytest.mark.slow)])
+def test_a_long_prompts_responses_reuse_its_tokens_up_to_the_control_token_they_share_and_equal_their_renderings(
+        request, tokenizer):
+    """A record too large to render whole (its line times its responses over PREFERENCE_BATCH_BYTES) tokenizes its first
+    response whole and of each other response only what follows the last control token it shares with it (the
+    header of its turn): the tokens are still each rendering's own, as apply_chat_template gives them and as the
+    response's prompt / completion record has them (sample ChatML; the Qwen tokenizer, NFC, with Qwen3's template
+    and Mistral v3's, whose ``[INST]`` tokens are the cuts)."""
+    from packer.encode import encoder as encoder_module
+
+    if tokenizer == "sample":
+        enc = Encoder(EncoderSpec.of(tokenizer=TOKENIZER, preference="tree", max_length=1 << 20))
+    elif tokenizer == "qwen3":
+        enc = Encoder(EncoderSpec.of(tokenizer=QWEN3, preference="tree", max_length=1 << 20))
+    else:
+        enc = Encoder(EncoderSpec.of(tokenizer=request.getfixturevalue("qwen_template_tokenizers")[tokenizer],
+                                     preference="tree", max_length=1 << 20))
+    answers = [[{"role": "assistant", "content": a}] if isinstance(a, str) else a for a in LONG_ANSWERS]
+    answers = answers[:-1] if tokenizer == "mistral_v3" else answers  # its roles must alternate: no user turn next
+    assert len(json.dumps(LONG_PROMPT)) * len(answers) > encoder_module.PREFERENCE_BATCH_BYTES  # rendered one by one
+    sample = check_alone(enc, LONG_PROMPT, answers)
+    assert sample.prefix > 5000
+
+
+def test_a_long_prompt_is_sent_to_the_tokenizer_once_not_once_per_response(monkeypatch):
+    """Before: each response's rendering went to the tokenizer whole, the prompt included: a 100 KB prompt with 500
+    responses sent 50 MB of text (9.7 s of stage 1 CPU for that one record); now the first rendering whole and of the
+    others what follows their turn's ``<|im_start|>``, and the samples are the same (the test above, check_alone)."""
+    chatml = Encoder(EncoderSpec.of(tokenizer=TOKENIZER, preference="tree", max_length=1 << 20))
+    answers = [f"Answer {i}: " + "yes " * (i % 7) for i in range(60)]
+    calls = []
+    real = chatml.text._rust
+    monkeypatch.setattr(chatml.text, "_rust", lambda texts, **kw: calls.append(sum(map(len, texts))) or real(texts, **kw))
+    sample = encode(chatml, {"prompt": LONG_PROMPT, "responses": answers})
+    first = calls[0]
+    assert first > len(LONG_PROMPT[1]["content"]) and len(sample.responses) == 60
+    assert sum(calls[1:]) <= sum(len(a) + 40 for a in answers[1:]), calls  # the response and its turn's header and end
+    typed = encode(chatml, {"prompt": LONG_PROMPT, "responses": [*answers, "<|im_end|> typed, kept as text"]})
+    calls.clear()
+    monkeypatch.setattr(chatml.text, "encode_sharing", lambda known, texts: chatml.text.encode(
+        texts, special=False, split=False, offsets=True))  # every rendering whole, as before
+    whole = encode(chatml, {"prompt": LONG_PROMPT, "responses": answers})
+    assert sum(calls) > 60 * first * 0.95
+    assert whole.input_ids.tolist() == sample.input_ids.tolist() and whole.labels.tolist() == sample.labels.tolist()
+    whole = encode(chatml, {"prompt": LONG_PROMPT, "responses": [*answers, "<|im_end|> typed, kept as text"]})
+    assert whole.input_ids.tolist() == typed.input_ids.tolist() and whole.labels.tolist() == typed.labels.tolist()
+
+
 def test_a_record_that_cannot_fit_is_dropped_before_its_other_responses_are_rendered(monkeypatch):
     enc = Encoder(EncoderSpec.of(tokenizer=TOKENIZER, preference="tree", max_length=100, preference_strings="chat"))
     rendered = []  # string records rendered with the chat template, as they were before TRL's standard format

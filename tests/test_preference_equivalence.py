@@ -82,6 +82,8 @@ def alone_responses(out: Path) -> list[dict]:
     for i in range(len(ds)):
         row = ds[i]
         for k, role in enumerate(row.get("segment_role") or []):
+            if role == "":  # an SFT sample or a document: no response
+                continue
             a, b = int(row["cu_seqlens"][k]), int(row["cu_seqlens"][k + 1])
             found.append({"id": row["key"], "role": role, "ids": np.asarray(row["input_ids"][a:b]),
                           "labels": np.asarray(row["labels"][a:b]),
@@ -439,3 +441,48 @@ def test_string_kto_records_are_the_tokens_trls_kto_trainer_trains(tmp_path):
         sample = enc.encode_line(RawLine(i + 1, json.dumps(record).encode()), "t.jsonl", Path("."))
         assert sample.input_ids.tolist() == want["prompt_ids"] + want["completion_ids"]
         assert (sample.labels != IGNORE).astype(int).tolist() == [0] * len(want["prompt_ids"]) + [1] * len(want["completion_ids"])
+
+
+MIXED_RECORDS = TEXT_RECORDS + [{"text": "A plain document, trained whole."},
+                                {"id": "one", "prompt": "2+2?", "chosen": "4", "rejected": "5"},  # 1-token answers
+                                {"id": "k1", "prompt": "Say no.", "completion": "No", "label": False}]
+
+
+@pytest.fixture(scope="module")
+def mixed_builds(tmp_path_factory):
+    return build_layouts(MIXED_RECORDS, tmp_path_factory.mktemp("mixed"), max_length=160)
+
+
+@pytest.mark.parametrize("layout", ["pairs", "tree"])
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_the_documented_recipe_on_batches_mixing_sft_documents_kto_and_one_token_responses(mixed_builds, layout, impl):
+    """docs/preference.md's loop, as written (DataLoader, PackedCollator, model_inputs(batch, model), the policy and the
+    no-grad reference, dpo_loss, backward), over every row of a build mixing pairs, a KTO completion, a multi-response
+    record, 1-token responses, SFT records and a document, from PackedDataset and SampleDataset in numpy and torch
+    format, a row a batch and all rows in one: each response's log-probability is the same in every one of them.
+    (Reported: a RuntimeError on float 'indices' on such batches; not reproduced here.)"""
+    from torch.utils.data import DataLoader
+
+    out = mixed_builds[layout]
+    model = llama(len(PackedDataset(out).tokenizer()), impl)
+    ref_model = llama(len(PackedDataset(out).tokenizer()), impl, seed=1)
+    found: dict[tuple[str, str], list[float]] = {}
+    for kind, fmt, batch_size in [(PackedDataset, "numpy", 1), (PackedDataset, "torch", 64), (SampleDataset, "numpy", 64),
+                                  (SampleDataset, "torch", 1)]:
+        ds = kind(out, format=fmt)
+        collate = PackedCollator(attention=impl)
+        for batch in DataLoader(ds, batch_size=batch_size, collate_fn=collate):
+            assert batch["input_ids"].dtype == torch.long
+            policy = packed_logps(model(**model_inputs(batch, model)).logits, batch)
+            with torch.no_grad():
+                reference = packed_logps(ref_model(**model_inputs(batch, ref_model)).logits, batch)
+            if len(policy.pairs()[0]):
+                loss = dpo_loss(policy, reference, beta=0.1)
+                loss.backward()
+                assert torch.isfinite(loss)
+            for record, role, value in zip(policy.record, policy.role, policy.sum.tolist(), strict=True):
+                found.setdefault((record, role), []).append(value)
+    roles = {"p0": 2, "p1": 2, "m0": 3, "k0": 1, "one": 2, "k1": 1}
+    assert sorted({r for r, _ in found}) == sorted(roles) and len(found) == sum(roles.values())
+    for key, values in found.items():
+        assert len(values) == 4 and max(values) - min(values) < 1e-5, (key, values)  # the module's token tolerance

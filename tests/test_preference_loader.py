@@ -240,3 +240,36 @@ def test_families_whose_own_masks_or_positions_cannot_hold_a_tree_refuse_tree_ro
     collate.family = {"name": "qwen35", "linear_attention": True}
     with pytest.raises(ValueError, match="linear-attention layers carry one state"):
         collate(rows)
+
+
+@pytest.mark.parametrize("layout", ["pairs", "tree"])
+def test_a_batch_of_sft_samples_of_a_preference_build_has_no_response_from_either_dataset(tmp_path, layout):
+    """Before: a SampleDataset batch of only SFT samples raised 'lists no responses' (its rows carried no roles) where
+    the same samples packed (PackedDataset, roles "") gave an empty result, and a flattened (varlen) SampleDataset
+    batch mixing SFT and preference samples dropped every response. Now an SFT sample is a row of one segment with
+    role "", as packed: both give no response, and the mixed batch keeps them."""
+    import json
+
+    from conftest import TOKENIZER
+    from packer.build import build
+    from packer.config import resolve
+    from packer.loader import PackedDataset, SampleDataset
+
+    sft = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]} for i in range(3)]
+    source = tmp_path / "sft.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in [*sft, {"text": "a document"}]))
+    out = tmp_path / "sft"
+    build(resolve(None, input=[str(source)], output=str(out), tokenizer=TOKENIZER, preference=layout), progress=False)
+    for ds in (PackedDataset(out), SampleDataset(out)):
+        batch = PackedCollator()([ds[i] for i in range(len(ds))])
+        assert batch["responses"] == []
+        assert len(packed_logps(torch.zeros(*batch["input_ids"].shape, len(ds.tokenizer())), batch)) == 0
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(source.read_text() + json.dumps({"prompt": "2+2?", "chosen": "4", "rejected": "5"}) + "\n")
+    build(resolve(None, input=[str(mixed)], output=str(tmp_path / "mixed"), tokenizer=TOKENIZER, preference=layout),
+          progress=False)
+    ds = SampleDataset(tmp_path / "mixed")
+    rows = [ds[i] for i in range(len(ds))]
+    for attention in ("sdpa", "varlen"):
+        batch = PackedCollator(attention=attention)(rows)
+        assert sorted(r["role"] for r in batch["responses"]) == ["chosen", "rejected"]

@@ -156,6 +156,28 @@ def test_batched_encode_equals_per_record(encoder):
     assert sum(b[0] == "bad" for b in batched) == 3
 
 
+@pytest.mark.parametrize("strings", ["chat", "standard"])
+def test_a_chunk_sends_the_tokenizer_at_most_its_bytes_of_text_and_equals_per_record(monkeypatch, strings):
+    """Before: a chunk was TOKENIZE_BATCH records whatever their size, all tokenized in one call: 500 pair records of a
+    100 KB prompt sent 100 MB of renderings at once and held 4.3 GB of encodings (now 367 MB). Now a chunk closes once
+    its texts reach TOKENIZE_BATCH_BYTES; every record is still encoded, as it is alone."""
+    from packer.encode import encoder as encoder_module
+
+    monkeypatch.setattr(encoder_module, "TOKENIZE_BATCH_BYTES", 20_000)
+    encoder = Encoder(EncoderSpec.of(tokenizer=TOKENIZER, preference="pairs", preference_strings=strings))
+    prompt = " ".join(WORDS[:600])  # ~3.5 KB: two responses stay under PREFERENCE_BATCH_BYTES, tokenized in the chunk
+    raws = lines([{"prompt": prompt, "chosen": f" answer {i}.", "rejected": f" no answer {i}."} for i in range(40)]
+                 + records(40))
+    expected = one_by_one(encoder, raws)
+    calls = []
+    real = encoder.text._rust
+    monkeypatch.setattr(encoder.text, "_rust", lambda texts, **kw: calls.append(sum(map(len, texts))) or real(texts, **kw))
+    assert [outcome(r) for r in stage.encode_records(encoder, raws, "t.jsonl", SAMPLE)] == expected
+    record = 3 * (len(prompt) + 200)  # one record's texts: the prompt (its fit check, TRL's prompt_ids) and each response
+    assert 2 < len(calls) and max(calls) <= 20_000 + record, calls
+    assert sum(calls) > 40 * 2 * len(prompt)
+
+
 def test_a_batch_call_that_raises_falls_back_to_per_record(monkeypatch):
     encoder = Encoder(EncoderSpec.of(tokenizer=TOKENIZER))
     raws = lines(records(40))

@@ -18,7 +18,8 @@ A conversation goes through the steps its model's processor takes:
 
 Per record the HF tokenizer call costs ~160 µs of wrapper on top of the Rust encode (Qwen2
 vocabulary, ~160-token chats, measured on 2 shared cores); batched, that overhead is paid once
-per chunk of ``TOKENIZE_BATCH`` records. Everything that can fail for one record stays per
+per chunk of ``TOKENIZE_BATCH`` records (fewer where their texts reach ``TOKENIZE_BATCH_BYTES``: a
+call's encodings are held at once, ~40 bytes a character). Everything that can fail for one record stays per
 record, so a bad record is quarantined alone; if a batched tokenizer call itself raises, the
 chunk's records are tokenized one by one instead. The tokens are the same either way
 (``tests/test_stage1_speed.py``).
@@ -45,7 +46,7 @@ from packer.encode.labels import Labeller, common_chars, span_mask
 from packer.encode.render import MARK_START, Renderer, probe_conversations, template_clock, template_source
 from packer.encode.shipped import Shipped, ship, unpack
 from packer.encode.tokenizer import add_tokens, fingerprint, missing_tokens, open_tokenizer, require_tokens
-from packer.encode.tokens import TextTokenizer
+from packer.encode.tokens import Known, TextTokenizer
 from packer.errors import BadRecord, PackerError
 from packer.families import Expansion, Family, RecordMedia, Run, family_from_state, make_family
 from packer.ingest.formats import decode_json, parse_record, record_id
@@ -61,6 +62,8 @@ PREFERENCE_BATCH_BYTES = 1 << 18  # a preference record whose line times its res
 #   tokenized apart from the chunk's batch, its first response alone then this many bytes of renderings at a time
 #   (each rendering repeats the prompt: all of them at once would cost the responses times the prompt)
 TOKENIZE_BATCH = 1000  # texts per tokenizer call: the wrapper's cost is paid per call, memory grows with the batch
+TOKENIZE_BATCH_BYTES = 1 << 21  # and characters of text per chunk: the encodings of one call are held together
+#   (~40 bytes a character with offsets: 500 pair records of a 100 KB prompt held 4.3 GB in one chunk)
 
 
 def _isin(a: np.ndarray, values: list[int]) -> np.ndarray:
@@ -266,25 +269,35 @@ class Encoder:
 
         ``failure`` turns an exception met by one record into that record's BadRecord (or raises it, to
         stop the task); stage 1 passes its quarantine classifier. Results are in input order and equal to
-        :meth:`encode_line` on each line. Lines go through in chunks of ``TOKENIZE_BATCH``, so the tokens
-        waiting for their records never outgrow one chunk."""
+        :meth:`encode_line` on each line. Lines go through in chunks of at most ``TOKENIZE_BATCH`` records and
+        ``TOKENIZE_BATCH_BYTES`` characters of text to tokenize (a chunk closes after the record that reaches it),
+        so the tokens waiting for their records never outgrow one chunk."""
         results: list[Sample | BadRecord] = []
-        for at in range(0, len(raws), TOKENIZE_BATCH):
-            results += self._encode_chunk(raws[at : at + TOKENIZE_BATCH], file, file_dir, source_index, failure)
+        while len(results) < len(raws):
+            results += self._encode_chunk(raws[len(results) : len(results) + TOKENIZE_BATCH], file, file_dir,
+                                          source_index, failure)
         return results
 
     def _encode_chunk(self, raws: list[RawLine], file: str, file_dir: Path | str, source_index: int,
                       failure: Callable[[Exception], BadRecord]) -> list[Sample | BadRecord]:
-        results: list[Any] = [None] * len(raws)
-        prepared: list[Any] = [None] * len(raws)
-        for j, raw in enumerate(raws):
+        """The first records of ``raws`` whose texts reach ``TOKENIZE_BATCH_BYTES`` (all of them when they do not),
+        prepared, tokenized in one call per kind and finished: their results, in order."""
+        results: list[Any] = []
+        prepared: list[Any] = []
+        size = 0
+        for raw in raws:
+            if size >= TOKENIZE_BATCH_BYTES:
+                break
             try:
-                prepared[j] = self._prepare(raw, file_dir)
+                prepared.append(self._prepare(raw, file_dir))
+                results.append(None)
+                size += _text_size(prepared[-1])
             except Exception as e:  # noqa: BLE001 -- classified (or re-raised) by ``failure``
-                results[j] = failure(e)
+                prepared.append(None)
+                results.append(failure(e))
         self._pretokenize([p for p in prepared if p is not None])
         try:
-            for j, raw in enumerate(raws):
+            for j, raw in enumerate(raws[: len(prepared)]):
                 if prepared[j] is None:
                     continue
                 try:
@@ -666,10 +679,10 @@ class Encoder:
             for chat in chats:
                 chat.completion_start = start
         prompt = self._prompt_rendering(record) if n > 1 and not plain else None
-        shared, media = preference.SharedPrefix(), []
+        shared, media, known = preference.SharedPrefix(), [], None
         for k, role in enumerate(roles):
             if chats[k] is None:  # render (and tokenize in one call) the next responses, up to PREFERENCE_BATCH_BYTES
-                self._render_batch(record, chats, k)
+                known = self._render_batch(record, chats, k, known)
             chat = chats[k]
             ids, trained, spans = self._encode_conversation(record.conversation(k), chat)
             self._memo.pop(("chat", chat.text), None)
@@ -697,10 +710,13 @@ class Encoder:
             start += len(ids)
         return np.concatenate(ids_out), np.concatenate(trained_out), media, responses, prefix
 
-    def _render_batch(self, record: Preference, chats: list[RenderedChat | None], k: int) -> None:
+    def _render_batch(self, record: Preference, chats: list[RenderedChat | None], k: int, known: Known | None) -> Known | None:
         """Render responses ``k``, ``k + 1``, ... of ``record`` into ``chats`` until their texts reach
         ``PREFERENCE_BATCH_BYTES``, and tokenize them in one call (into the memo): a record's responses are not
-        all held at once, nor tokenized one call each."""
+        all held at once, nor tokenized one call each. The first response is tokenized whole and returned
+        (``known``, None where it cannot be cut: a marked text, split special tokens); the others send the
+        tokenizer only what follows the last control token they share with it (``<|im_start|>`` of the response's
+        turn: :meth:`TextTokenizer.encode_sharing`), so a long prompt is tokenized once, not once per response."""
         size, texts, first = 0, [], k
         while k < len(chats) and (k == first or (first > 0 and size < PREFERENCE_BATCH_BYTES)):  # the first alone: it
             #                                                       may show the record cannot fit (_encode_preference)
@@ -710,11 +726,18 @@ class Encoder:
             size += len(chats[k].text)
             k += 1
         try:
-            encoded = self.text.encode(texts, special=False, split=self.text.split_default, offsets=True)
+            if first > 0 and known is not None:
+                encoded = self.text.encode_sharing(known, texts)
+            else:
+                encoded = self.text.encode(texts, special=False, split=self.text.split_default, offsets=True)
             for text, hit in zip(texts, encoded, strict=True):
                 self._memo["chat", text] = hit
         except Exception:  # noqa: BLE001 -- each response tokenizes its own text, as in _pretokenize
             pass
+        if first == 0:
+            hit = self._memo.get(("chat", chats[0].text)) if not chats[0].marked else None
+            return self.text.known(chats[0].text, *hit) if hit is not None and not self.text.split_default else None
+        return known
 
     def _prompt_rendering(self, record: Preference) -> str | None:
         """The prompt's turns rendered alone, where some response does not open with its trained assistant turn (an
@@ -758,6 +781,15 @@ class Encoder:
                 delta += new - old
             mask &= ~span_mask(starts, inserted, len(chat.text))
         return mask
+
+
+def _text_size(prepared: tuple) -> int:
+    """Characters of text a prepared record sends to the chunk's tokenizer calls (:meth:`Encoder._pretokenize`)."""
+    _, record, chat = prepared
+    if isinstance(record, Document):
+        return len(record.text)
+    chats = chat if isinstance(chat, list) else [chat]
+    return sum(len(c.text) + len(c.prompt or "") for c in chats if c is not None)
 
 
 def template_messages(conv: Conversation, structured: bool, media_token: Callable[[str], str],

@@ -62,6 +62,7 @@ EMPTY_THINK = re.compile(r"<think>\s*</think>\s*")
 SKELETONS = 1024  # role patterns whose skeleton a worker keeps
 PREFIX_DIFF_TURNS = 64  # most assistant turns the quadratic prefix diff is run for
 MARKER_FIRST = 0xF0010  # markers are spelled with a plane-15 private-use character no message holds
+MARKER_RANGE = re.compile(f"[{chr(MARKER_FIRST)}-\U0010ffff]")  # a character a marker may be spelled with
 
 
 @dataclass
@@ -352,11 +353,11 @@ def text_of(message: dict[str, Any]) -> str:
 
 
 def marker_for(messages: list[dict[str, Any]]) -> str:
-    """A private-use character that no message's text holds (one pass over the texts, in C where none holds one)."""
-    first = chr(MARKER_FIRST)
+    """A private-use character that no message's text holds (one pass over the texts, in C where none holds one:
+    ``max(text)`` walked a 100 KB prompt a character at a time, 2.4 ms for each response of a record)."""
     texts = [text_of(m) for m in messages]
-    if all(not t or max(t) < first for t in texts):  # the usual case: no character that high
-        return "\x00" + first
+    if not any(MARKER_RANGE.search(t) for t in texts if not t.isascii()):  # the usual case: no character that high
+        return "\x00" + chr(MARKER_FIRST)
     used = set().union(*(set(t) for t in texts))
     code = MARKER_FIRST
     while chr(code) in used:

@@ -100,7 +100,7 @@ class SharedPrefix:
             self.agree, self.differs = agree, (k, text[max(0, agree - 12) : agree + 12])
         keep = max(own - 1, 0)
         self.keep.append(keep)
-        self.tails.append((ids[keep:], trained[keep:]))
+        self.tails.append((ids[keep:].copy(), trained[keep:].copy()))  # a copy: a view would keep the whole alive
 
     def tree_lower_bound(self, n: int) -> int:
         """The fewest tokens the record (``n`` responses) can take as a tree, from the responses added so far."""

@@ -12,18 +12,39 @@ A text holding transformers' control-token markers (a message that typed ``<|im_
 :mod:`packer.encode.render`) is encoded as ``encode_marked_chat`` encodes it: cut at the
 markers, each marked token as plain text, each piece apart (after a ``\\n`` that is then dropped,
 transformers' trick against SentencePiece's prefix space).
+
+Texts that begin alike (a preference record's renderings: the prompt, then each response) share the tokens
+before a control token they share (:meth:`TextTokenizer.encode_sharing`): the tokenizer takes its added tokens
+out of the text first (leftmost-longest, before normalizing and pre-tokenizing), and encodes the pieces between
+them each on its own, so ``text`` encodes as ``text[:c]`` then ``text[c:]`` where such a token starts at ``c``.
+Only the rest is sent to the tokenizer: a record's cost is its bytes, not its responses times its prompt.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 import unicodedata
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from packer.encode.offsets import ByteStarts, normal_form, serialized_state
 from packer.encode.render import MARK_END, MARK_START
+
+
+@dataclass(frozen=True)
+class Known:
+    """A text and its tokens, whose tokens up to a control token other texts share are theirs too
+    (:meth:`TextTokenizer.encode_sharing`). ``cuts``: the characters where a token a text may be cut before
+    starts, ascending; ``at``: its index in ``ids``."""
+
+    text: str
+    ids: np.ndarray
+    starts: np.ndarray
+    cuts: list[int]
+    at: list[int]
 
 
 def token_starts(offsets) -> np.ndarray:
@@ -50,6 +71,11 @@ class TextTokenizer:
         self._markers = re.compile(f"{MARK_START}([^{MARK_START}{MARK_END}]+){MARK_END}|[{MARK_START}{MARK_END}]")
         self._control_ids = {t for t, a in tok.added_tokens_decoder.items()}
         self._newline = self._rust(["\n"], special=False, split=False, offsets=False)[0].ids
+        added = self.backend.get_added_tokens_decoder()
+        # a text is cut before an added token matched in the raw text (not normalized) that takes nothing to its
+        # left (lstrip) and matches whatever precedes it (single_word): the pieces on either side are encoded apart
+        self._cut_before = {i for i, a in added.items() if not (a.normalized or a.lstrip or a.single_word)}
+        self._longest_added = max((len(a.content) for a in added.values()), default=0)
 
     # ------------------------------------------------------------ batches
 
@@ -67,6 +93,35 @@ class TextTokenizer:
         redo = [k for k, (_, starts) in enumerate(out) if starts is None]  # not exact from bytes: real offsets
         for k, e in zip(redo, self._rust([texts[k] for k in redo], special=special, split=split, offsets=True), strict=True):
             out[k] = (np.array(e.ids, dtype=np.int32), token_starts(e.offsets))
+        return out
+
+    def known(self, text: str, ids: np.ndarray, starts: np.ndarray) -> Known:
+        """``text`` with its tokens (``encode([text], special=False, split=False, offsets=True)``), for
+        :meth:`encode_sharing`."""
+        at = np.flatnonzero(np.isin(ids, list(self._cut_before))).tolist() if self._cut_before else []
+        return Known(text, ids, starts, starts[at].tolist(), at)
+
+    def encode_sharing(self, known: Known, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``encode(texts, special=False, split=False, offsets=True)``, sending the tokenizer only what each text
+        has after the last cut token (see :class:`Known`) it shares with ``known.text``: the tokens before it are
+        ``known``'s.
+
+        Exact: the tokenizer finds added tokens leftmost-longest, each match decided by the text up to its start
+        plus the longest added token, so a text that agrees with ``known.text`` that far past a cut token's start
+        ``c`` holds that token at ``c`` too; the text before ``c`` (normalized, pre-tokenized, encoded without it)
+        and the text from ``c`` on are then encoded apart, and with no special tokens added nothing else joins
+        them. A text sharing no cut token is encoded whole."""
+        from packer.encode.labels import common_chars
+
+        cut, rest = [], []
+        for text in texts:
+            reach = common_chars(known.text, text) - self._longest_added  # a cut token starting up to here is text's
+            n = bisect.bisect_right(known.cuts, reach)
+            cut.append((known.cuts[n - 1], known.at[n - 1]) if n else (0, 0))
+            rest.append(text[cut[-1][0]:])
+        out = []
+        for (c, j), (ids, starts) in zip(cut, self.encode(rest, special=False, split=False, offsets=True), strict=True):
+            out.append((np.concatenate([known.ids[:j], ids]), np.concatenate([known.starts[:j], starts + c])))
         return out
 
     def _rust(self, texts: list[str], *, special: bool, split: bool, offsets: bool) -> list:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import functools
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +261,9 @@ class SampleDataset(_ShardedTable):
         row["cu_seqlens"] = np.asarray([0, n], dtype=np.int32)
         row["n_tokens"] = n
         row["segment_ids"], row["segment_modality"] = [row["key"]], [row["modality"]]
+        # no response, as a packed row's SFT segment says: a batch of them gives packed_logps no response (not "no
+        # --preference build"), and a flattened batch keeps the responses of the preference samples beside them
+        row["segment_role"], row["segment_weight"], row["segment_parent"], row["segment_group"] = [""], [math.nan], [-1], [0]
         cap = int(self.capacities[index if index >= 0 else index + len(self)])
         if n > cap:  # stored whole; train on the first max_length tokens (its source's own), as packing would
             row["input_ids"], row["labels"] = row["input_ids"][:cap], row["labels"][:cap]
