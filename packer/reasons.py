@@ -69,8 +69,8 @@ FIXES = {
     "label_not_boolean": "a KTO 'label' that is not the JSON boolean true / false (\"false\", 0, null): fix the records",
     "label_without_completion": "a boolean 'label' on a record that is not KTO's prompt / completion / label: give it "
                                 "that shape, or drop 'label'",
-    "ambiguous_record": "records holding the responses of several shapes (chosen / rejected, responses, completion): "
-                        "keep one shape's fields, or force --format",
+    "ambiguous_record": "records holding the responses of several shapes (chosen / rejected, responses, completion), or a "
+                        "conversation beside them: keep one shape's fields, or force --format",
     "media_in_string_preference": "a string preference prompt with media: give it as messages, or --preference-strings chat",
     "media_in_response": "a response holds an image / clip / video: media belong to the shared prompt",
     "preference_too_long": "a preference record (all its responses) longer than --max-length: raise it",

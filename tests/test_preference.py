@@ -180,6 +180,35 @@ def test_a_forced_format_reads_its_shape_and_null_fields_count_as_absent():
     assert labelled.text == "a document"
 
 
+def test_a_conversation_beside_preference_responses_is_ambiguous_until_a_format_is_forced(tmp_path):
+    """UltraFeedback-binarized's columns (prompt, chosen, rejected, messages): read as a conversation (detection took
+    ``messages`` first) its chosen / rejected were dropped without a word, in a --preference build too. Now the record
+    is ``ambiguous_record`` under auto-detection, and ``--format messages`` / ``--format preference`` reads the shape
+    TRL's SFTTrainer / DPOTrainer would; a null field still counts as absent."""
+    chat = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "It is 4."}]
+    record = {"prompt": "What is 2+2?", "chosen": chat, "rejected": [chat[0], {"role": "assistant", "content": "5."}],
+              "messages": chat, "score_chosen": 8.0, "score_rejected": 2.0}
+    for obj in (record, {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}],
+                         "chosen": "a", "rejected": "b"}, {"messages": chat, "responses": ["4", "5"], "prompt": "q"}):
+        with pytest.raises(BadRecord, match="holds '(messages|conversations)' .*--format messages") as e:
+            parse_record(obj, "auto", SAMPLE, TAGS)
+        assert e.value.reason == "ambiguous_record"
+    assert len(parse_record(record, "messages", SAMPLE, TAGS).turns) == 2
+    assert [r.role for r in parse_record(record, "preference", SAMPLE, TAGS).responses] == ["chosen", "rejected"]
+    assert len(parse_record({**record, "chosen": None}, "auto", SAMPLE, TAGS).turns) == 2  # a table's null column
+    source = tmp_path / "uf.jsonl"
+    source.write_text(json.dumps(record) + "\n" + json.dumps({"prompt": "Hi", "chosen": "Hello.", "rejected": "No."}) + "\n")
+    from packer.build import build
+    from packer.config import resolve
+
+    common = dict(input=[str(source)], tokenizer=TOKENIZER, max_bad_fraction=1.0)
+    auto = build(resolve(None, output=str(tmp_path / "auto"), preference="pairs", **common), progress=False).to_dict()
+    assert auto["accounting"]["quarantined_by_reason"] == {"ambiguous_record": 1}
+    forced = build(resolve(None, output=str(tmp_path / "dpo"), preference="pairs", format="preference", **common),
+                   progress=False).to_dict()
+    assert forced["accounting"]["quarantined_by_reason"] == {} and forced["accounting"]["samples_packed"] == 2
+
+
 def test_bad_weights_ambiguous_records_and_stray_labels_are_quarantined_never_packed_or_crashing(tmp_path):
     """Before: 1e39 / -1e39 were packed as segment_weight inf / -inf, a 400-digit integer reward stopped the
     build (internal_error), an ambiguous record was read as its pair with the rest dropped, and ``"label": false``

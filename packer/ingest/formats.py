@@ -102,6 +102,7 @@ def record_id(obj: dict[str, Any]) -> str | None:
 
 
 def detect_format(obj: dict[str, Any]) -> str:
+    preference.check_conversation_beside_responses(obj)
     if "conversations" in obj:
         return "llava"
     if "messages" in obj:

@@ -61,6 +61,23 @@ def check_unambiguous(obj: dict[str, Any]) -> None:
                                             f"record, or force the shape with {FORCE_HINT}")
 
 
+def check_conversation_beside_responses(obj: dict[str, Any]) -> None:
+    """Refuse (``ambiguous_record``) a record holding a conversation (``messages`` / ``conversations``) and the
+    responses of a preference shape (UltraFeedback-binarized's columns: prompt, chosen, rejected, messages): read
+    as a conversation, its responses would be dropped without a word, and read as a preference, its conversation.
+    TRL's SFTTrainer reads the conversation and its DPOTrainer the responses; ``--format`` says which is meant. A
+    field that is null counts as absent."""
+    conversation = [k for k in ("messages", "conversations") if obj.get(k) is not None]
+    held = [group for group in RESPONSE_FIELDS[:-1] if all(obj.get(k) is not None for k in group)]  # a lone
+    # 'completion' beside a conversation is no preference response (a record of two SFT shapes reads as the conversation)
+    if conversation and held:
+        responses = " + ".join(f"'{k}'" for k in held[0])
+        raise BadRecord("ambiguous_record", f"the record holds '{conversation[0]}' (a conversation) and {responses} "
+                                            f"(preference responses): reading one would drop the other without a word; "
+                                            f"force the shape with --format messages (train the conversation, as TRL's "
+                                            f"SFTTrainer) or {FORCE_HINT} (train the responses, as its DPOTrainer)")
+
+
 def check_label(obj: dict[str, Any], fmt: str) -> None:
     """Refuse (``label_without_completion``) a JSON boolean ``label`` on a record not read as TRL's unpaired
     ``{"prompt", "completion", "label"}``: it says whether the response is desirable, and any other shape would
