@@ -30,6 +30,7 @@ packed rows), one tokenizer load; no media.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -65,7 +66,22 @@ def deep_problems(out: Path, manifest: Manifest) -> list[Problem]:
     """The plan, the packed rows and the tokenizer record, each against what the build's files make (see above)."""
     if manifest.files.plan is None:
         return [Problem("plan.arrow", None, "the manifest lists no plan: --deep cannot re-derive the packed rows")]
-    return [*plan_problems(out, manifest), *packed_problems(out, manifest), *tokenizer_problems(out, manifest)]
+    problems = [*plan_problems(out, manifest), *packed_problems(out, manifest), *tokenizer_problems(out, manifest)]
+    other = other_code(manifest)
+    return [dataclasses.replace(p, message=f"{p.message} ({other})") for p in problems] if problems and other else problems
+
+
+def other_code(manifest: Manifest) -> str | None:
+    """Where the build was made by other packer code than this one: a sentence saying so (what --deep re-derives with
+    this code's rules may differ for that reason alone, not an edit), else None."""
+    from packer.stages.state import code_identity
+
+    recorded = (manifest.code or {}).get("packer_code")
+    current = code_identity()["packer_code"]
+    if not recorded or recorded == current:
+        return None
+    return (f"the build was made by other packer code ({manifest.packer_version}, packer_code {recorded[:12]}; this is "
+            f"{current[:12]}): a figure derived otherwise since then differs too; rebuild with this version to check it")
 
 
 def plan_problems(out: Path, manifest: Manifest) -> list[Problem]:

@@ -296,6 +296,27 @@ def test_deep_names_the_code_version_not_checkable(copy):
     assert "not checkable" not in run("verify", out).output  # said by --deep, which re-derives the rest
 
 
+def test_deep_says_a_difference_may_come_from_other_code_when_other_code_made_the_build(copy):
+    """A build made by an older packer records its stats as that code derived them (a lower bound that ignored the
+    media caps, say): --deep names the difference and that other code made the build, not only "edited"."""
+    out = copy("text")
+    edit_manifest(out, lambda m: (m["stats"].update(lower_bound=m["stats"]["lower_bound"] + 1),
+                                  m["code"].update(packer_code="0123456789ab" + "0" * 52)))
+    problems = verify(out, deep=True)[0]
+    assert len(problems) == 1 and "its stats lower_bound" in problems[0].message, problems
+    assert "the build was made by other packer code (" in problems[0].message
+    assert "packer_code 0123456789ab; this is " in problems[0].message and "rebuild with this version" in problems[0].message
+    edit_manifest(out, lambda m: m["code"].update(packer_code=verify_deep_code()))  # this code's: no such sentence
+    (problem,) = verify(out, deep=True)[0]
+    assert "other packer code" not in problem.message
+
+
+def verify_deep_code() -> str:
+    from packer.stages.state import code_identity
+
+    return code_identity()["packer_code"]
+
+
 def test_deep_rederives_the_tokenizer_hash_of_a_build_with_its_own_template(tmp_path):
     """A build rendered with a --chat-template file ships that template in tokenizer/, and its recorded tokenizer
     hash covers it: --deep re-derives the hash there and passes the clean build."""
