@@ -158,6 +158,7 @@ def calibrate(model: str, *, device: str = "cpu", dtype: str = "auto", attention
         torch.set_num_threads(threads)
     torch_dtype = _dtype(dtype, device)  # the options first: a bad one is refused before the config is fetched
     _check_device(device)
+    _check_attention(attention)
     config = _config(model)
     flops = _flops(model, config)
     torch.manual_seed(seed)
@@ -285,6 +286,17 @@ def _dtype(name: str, device: str):
     if name not in DTYPES:  # int8 and the like: a model is not trained in them (nn.Module.to refuses them)
         raise ConfigError(f"calibrate: --dtype {name!r} is not one of auto, {', '.join(DTYPES)}")
     return getattr(torch, name)
+
+
+def _check_attention(name: str) -> None:
+    """An ``attn_implementation`` transformers knows (``eager``, or one registered with its ``AttentionInterface``:
+    sdpa, flex_attention, flash_attention_2, a user's own ...), before the model is built with it."""
+    from transformers import AttentionInterface
+
+    known = ["eager", *AttentionInterface().valid_keys()]
+    if name not in known and not name.startswith("kernels-community/"):  # a hub kernel: transformers fetches it
+        raise ConfigError(f"calibrate: --attention {name!r} is no attention implementation transformers knows: give one "
+                          f"of {', '.join(known)} (or register yours with transformers.AttentionInterface)")
 
 
 def _check_device(name: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from packer import reasons
-from packer.errors import PackerError
+from packer.errors import ArgumentError
 from packer.io.fs import is_remote, location
 from packer.mix import capacity_text, policy_text
 from packer.report.family import GENERIC, family_line, family_section, media_counts, settings_line
@@ -157,7 +157,8 @@ def row_detail(out: str | Path, index: int, *, preview_chars: int = 100) -> dict
 
     ds = PackedDataset(out)
     if not -len(ds) <= index < len(ds):
-        raise PackerError(f"row {index} out of range: the build has {len(ds)} rows")
+        raise ArgumentError(f"--row {index} is out of range: the build has {len(ds)} rows; give 0 to {len(ds) - 1} "
+                            f"(or -1 for the last)")
     row = ds[index]
     tok, note = _tokenizer(ds)
     cu = row["cu_seqlens"].tolist()

@@ -386,6 +386,8 @@ def test_steps_refuses_an_unusable_cost_model_in_one_line(one_per_row, tmp_path)
     (["--device", "cuda"], "calibrate: --device 'cuda': this machine has no CUDA device torch can use; time on one it "
                            "has, or on cpu"),
     (["--dtype", "int8"], "calibrate: --dtype 'int8' is not one of auto, float32, bfloat16, float16"),
+    (["--attention", "bogus"], "calibrate: --attention 'bogus' is no attention implementation transformers knows: give "
+                               "one of eager, "),
     (["--vocab", "0"], "calibrate: '{model}': the config cannot be costed (ValueError: vocab_size = 0 is not a size"),
     (["--vocab", "1"], "calibrate: '{model}': vocab_size = 1; timing feeds random token ids, which needs a vocabulary "
                        "of at least 2 tokens"),

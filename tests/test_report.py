@@ -159,8 +159,8 @@ def test_report_command_and_inspect(sample_build, tmp_path, monkeypatch):
     assert [s["id"] for s in d["segments"]] == rows[k]["segment_ids"]
     assert [s["tokens"] for s in d["segments"]] == np.diff(rows[k]["cu_seqlens"]).tolist()
     assert all("preview" in s for s in d["segments"])
-    r = CliRunner().invoke(main, ["inspect", str(out), "--row", "9999"])
-    assert r.exit_code == 1 and "out of range" in r.output
+    r = CliRunner().invoke(main, ["inspect", str(out), "--row", "9999"])  # a configuration error: one line, exit 2
+    assert r.exit_code == 2 and f"--row 9999 is out of range: the build has {len(rows)} rows; give 0 to {len(rows) - 1}" in r.output
 
 
 # ---------------------------------------------------------------- axes, labels, the new sections
