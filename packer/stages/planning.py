@@ -19,13 +19,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packer._ranges import csr_offsets
-from packer.config import BuildConfig
+from packer.config.fields import BuildConfig
 from packer.cost import COSTS
 from packer.errors import ConfigError
-from packer.mix import Mix, mix
 from packer.pack import Plan, cap_bound, plan
 from packer.pack.trees import Responses, expand
 from packer.shards.schema import IGNORE, MEDIA_KINDS, PLAN_SCHEMA
+from packer.stages.mix import Mix, mix
 
 
 def plan_columns(samples: pa.Table) -> pa.Table:
