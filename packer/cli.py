@@ -12,7 +12,8 @@ from pathlib import Path
 import click
 
 from packer import __version__
-from packer.config import DEFAULT_PIPELINE, FIELDS, GROUPS, REPACK_KEYS
+from packer.config.fields import FIELDS, GROUPS, REPACK_KEYS
+from packer.config.pipeline import DEFAULT_PIPELINE
 from packer.errors import PackerError
 
 FLAG_NAMES = {"input": "--input", "output": "--output"}
@@ -120,8 +121,8 @@ def build(pipeline, **options):
     """Build packed shards. PIPELINE defaults to pipelines/sample.toml; flags override its keys.
 
     Give --tokenizer (your model's: a hub name or a folder): the pipelines' own is sample_data's toy tokenizer."""
-    from packer.build import build as run_build
-    from packer.config import resolve
+    from packer.config.pipeline import resolve
+    from packer.pipeline.build import build as run_build
     from packer.summary import summarize, summary_text
 
     if pipeline is None and DEFAULT_PIPELINE.is_file():
@@ -167,7 +168,7 @@ def repack(source, **options):
     OUT2, reusing its encoded samples: nothing is re-tokenized or re-read. Packing options
     and shard sizes not given keep SOURCE's values. An OUT2 that holds an earlier repack of
     SOURCE is replaced; any other build there needs --overwrite."""
-    from packer.build import repack as run_repack
+    from packer.pipeline.repack import repack as run_repack
     from packer.summary import summarize, summary_text
 
     manifest = _run(run_repack, source, **options)

@@ -13,9 +13,9 @@ from typing import Any
 import pyarrow.compute as pc
 
 from packer import reasons
+from packer.config.sources import capacity_text, policy_text
 from packer.errors import ArgumentError
 from packer.io.fs import is_remote, location
-from packer.mix import capacity_text, policy_text
 from packer.report.family import GENERIC, family_line, family_section, media_counts, settings_line
 from packer.shards.io import read_shard
 from packer.shards.manifest import Manifest

@@ -177,7 +177,7 @@ def test_the_fingerprint_and_manifest_hold_the_code_that_made_the_build(media_bu
 
 
 def test_a_resume_after_a_code_change_encodes_again(media_build, monkeypatch, capsys):
-    import packer.build as build_module
+    import packer.pipeline.packing as build_module
     import packer.stages.state as state
 
     data, src, out = media_build

@@ -104,18 +104,18 @@ def test_output_that_is_a_file_or_cannot_be_written(tmp_path):
 def test_disk_full_is_a_clear_error(tmp_path, monkeypatch):
     import errno
 
-    import packer.build
+    import packer.pipeline.packing
 
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps(chat(0)) + "\n")
-    real = packer.build.atomic_open
+    real = packer.pipeline.packing.atomic_open
 
     def full(path, mode="wb"):
         if str(path).endswith("dropped.jsonl"):
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         return real(path, mode)
 
-    monkeypatch.setattr(packer.build, "atomic_open", full)
+    monkeypatch.setattr(packer.pipeline.packing, "atomic_open", full)
     r = run("build", "-i", data, "-o", tmp_path / "o", "--tokenizer", TOKENIZER)
     assert r.exit_code == 1 and "dropped.jsonl: No space left on device" in r.output
 

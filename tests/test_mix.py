@@ -12,8 +12,9 @@ from click.testing import CliRunner
 
 from conftest import TOKENIZER
 from packer.cli import main
+from packer.config.sources import Source
 from packer.errors import ConfigError
-from packer.mix import Source, mix
+from packer.stages.mix import mix
 from packer.verify import verify
 
 
@@ -94,9 +95,9 @@ def test_the_largest_weight_is_taken():
 
 def test_a_mix_over_what_a_plan_holds_is_refused_before_it_is_made(monkeypatch):
     """The copies are counted before they are laid out: a mix over the bound names its count, the bound and the fix."""
-    import packer.mix
+    import packer.stages.mix
 
-    monkeypatch.setattr(packer.mix, "MAX_COPIES", 999)
+    monkeypatch.setattr(packer.stages.mix, "MAX_COPIES", 999)
     owner = np.repeat(np.arange(2), [10, 100])
     assert mix(owner, [Source("x", 1.0), Source("y", 9.0)], seed=0).copies.sum() == 910  # at the bound: taken
     with pytest.raises(ConfigError, match=r"the mix plans 1,010 samples \(110 records read\), over the 999 a plan can "

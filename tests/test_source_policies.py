@@ -13,8 +13,8 @@ import pytest
 from conftest import SAMPLE, TOKENIZER
 from packer.build import build
 from packer.config import BuildConfig, resolve
+from packer.config.sources import Source
 from packer.errors import ConfigError
-from packer.mix import Source
 
 
 def pipeline(tmp_path, sources: str, **top) -> BuildConfig:

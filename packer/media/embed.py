@@ -31,44 +31,13 @@ RGB), the convention the counts were made with.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from packer.config.media import EmbedSpec
 from packer.errors import ConfigError, PackerError
-
-
-@dataclass(frozen=True)
-class EmbedSpec:
-    model: str
-    pretrained: str | None  # None: random weights
-    output: str = "pooled"
-    device: str = "auto"
-    batch_size: int = 32
-    layer: int = -2  # hidden-state index for output="tokens" (see the module docstring)
-
-    @classmethod
-    def parse(cls, spec: str, *, output: str, device: str, batch_size: int, layer: int = -2) -> EmbedSpec:
-        """``MODEL[:PRETRAINED]`` (no ``key=value`` parameters: PRETRAINED is a checkpoint file, a tag, or random)."""
-        model, _, pretrained = (s.strip() for s in spec.strip().partition(":"))
-        if not model:
-            raise ConfigError(f"image embeddings {spec!r}: no MODEL; write MODEL[:PRETRAINED], e.g. ViT-L-14-336:openai "
-                              f"(PRETRAINED: a checkpoint file, an open_clip tag, or random)")
-        if "=" in pretrained and not Path(pretrained).is_file():
-            value = pretrained.partition("=")[2]
-            raise ConfigError(f"image embeddings {model}: {pretrained!r} is neither a checkpoint file nor a tag, and "
-                              f"MODEL takes no key=value parameters; write {model}:PRETRAINED, e.g. {model}:{value or 'openai'}")
-        if output not in ("pooled", "tokens"):
-            raise ConfigError(f"embed_output = {output!r} is not one of pooled, tokens")
-        return cls(model, None if pretrained in ("", "random", "none") else pretrained, output, device, batch_size, layer)
-
-    @classmethod
-    def from_config(cls, config) -> EmbedSpec:
-        """The spec a :class:`~packer.config.BuildConfig` asks for."""
-        return cls.parse(config.image_embeddings, output=config.embed_output, device=config.embed_device,
-                         batch_size=config.embed_batch_size, layer=config.embed_layer)
 
 
 class ImageEmbedder:

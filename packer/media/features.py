@@ -20,37 +20,17 @@ is gone; asking for it fails with a :class:`ConfigError` naming ``whisper``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from packer.errors import ConfigError, PackerError
-from packer.specs import parse_spec
+from packer.config.media import FeatureSpec
+from packer.errors import PackerError
 
 SAMPLING_RATE = 16000
 HOP_LENGTH = 160
 N_FFT = 400
 CHUNK_SECONDS = 30
-
-
-@dataclass(frozen=True)
-class FeatureSpec:
-    kind: str = "whisper"
-    feature_size: int = 128
-
-    @classmethod
-    def parse(cls, spec: str) -> FeatureSpec:
-        """``whisper[:feature_size=N]``; anything else is a :class:`ConfigError` that names the fix."""
-        if spec.partition(":")[0].strip() == "log-mel":
-            raise ConfigError(f"--audio-features {spec!r}: log-mel was removed (an HTK mel without Whisper's Slaney norm "
-                              f"or 30 s padding, which no model takes); use whisper:feature_size=128 (Qwen2-Audio, "
-                              f"Whisper large-v3) or whisper:feature_size=80 (other Whisper models)")
-        kind, kwargs = parse_spec(spec, {"whisper": cls}, what="audio features", exclude=("kind",))
-        if kwargs.get("feature_size", 1) < 1:
-            raise ConfigError(f"{kind}.feature_size = {kwargs['feature_size']} must be at least 1: 128 for Qwen2-Audio and "
-                              f"Whisper large-v3, 80 for the other Whisper models")
-        return cls(kind, **kwargs)
 
 
 class WhisperFeatures:

@@ -32,8 +32,6 @@ from packer.errors import BadRecord
 from packer.io.fs import open_binary
 from packer.media.limits import check_audio
 
-IMAGE_CHECKS = ("header", "verify", "decode")
-
 
 @dataclass(frozen=True)
 class ImageInfo:

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from packer.config.fields import ROW_LENGTHS_AUTO, parse_row_lengths
+
 MULTIPLE = 64  # row lengths are multiples of this (or the capacity itself)
-DEFAULT_COUNT = 4  # lengths chosen by ``auto``
+DEFAULT_COUNT = ROW_LENGTHS_AUTO  # lengths chosen by ``auto``
 
 
 def bucket_of(tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -83,25 +85,7 @@ def choose_lengths(tokens, k: int, capacity: int, multiple: int = MULTIPLE) -> n
 
 def parse(spec: str, capacity: int) -> tuple[int | None, np.ndarray | None]:
     """``auto`` / ``auto:K`` -> (K, None); ``N,N,...`` -> (None, the lengths, ``capacity`` added when the
-    largest is smaller: every row must fit one); empty -> (None, None)."""
-    spec = spec.strip()
-    if not spec:
-        return None, None
-    if spec == "auto" or spec.startswith("auto:"):
-        try:
-            k = int(spec.partition(":")[2] or DEFAULT_COUNT)
-        except ValueError:
-            k = 0
-        if k < 1:
-            raise ValueError(f"row_lengths {spec!r}: auto:K needs a whole number K >= 1")
-        return k, None
-    try:
-        lengths = sorted({int(x) for x in spec.split(",") if x.strip()})
-    except ValueError:  # int("x"): say which setting and what it takes, not int()'s own words
-        lengths = []
-    if not lengths or lengths[0] < 1 or lengths[-1] > capacity:
-        raise ValueError(f"row_lengths {spec!r}: give positive whole lengths up to max_length ({capacity}), comma-separated, "
-                         f"or auto[:K]")
-    if lengths[-1] < capacity:
-        lengths.append(capacity)
-    return None, np.asarray(lengths, np.int64)
+    largest is smaller: every row must fit one); empty -> (None, None). The spec's grammar is the config's
+    (:func:`packer.config.fields.parse_row_lengths`, which checks it when the config is made)."""
+    k, lengths = parse_row_lengths(spec, capacity)
+    return k, None if lengths is None else np.asarray(lengths, np.int64)

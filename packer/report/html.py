@@ -7,8 +7,8 @@ import json
 import math
 from typing import Any
 
+from packer.config.sources import capacity_text, policy_text
 from packer.cost import COSTS
-from packer.mix import capacity_text, policy_text
 
 COLORS = ["#3b6fb6", "#e07b39", "#5aa469", "#b5475b", "#8a6bbe", "#7f7f7f"]
 CSS = """

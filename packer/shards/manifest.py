@@ -150,8 +150,8 @@ class Manifest:
         return BuildConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
     def sources(self) -> list:
-        """One :class:`packer.mix.Source` per ``input`` entry of the build (its weight, cap and own packing)."""
-        from packer.mix import Source
+        """One :class:`packer.config.sources.Source` per ``input`` entry of the build (its weight, cap and own packing)."""
+        from packer.config.sources import Source
 
         return [Source.parse(spec) for spec in self.config.get("input", [])]
 

@@ -40,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from packer._ranges import csr_offsets
+from packer.config.fields import MEDIA_KINDS as MEDIA_KINDS  # what a media span's ``kind`` may be (the config's)
 from packer.errors import SchemaVersionError
 
 SCHEMA_VERSION = 5  # 2: integer segment identity (segment_source / _line / _start), sample source_index;
@@ -47,7 +48,6 @@ SCHEMA_VERSION = 5  # 2: integer segment identity (segment_source / _line / _sta
 #                    4: preference records: a sample's responses and shared prefix, a packed segment's
 #                       parent / group / role / weight (a tree's branch attends to its parent);
 #                    5: a sample's cost vector (cost_llm / cost_encoder / cost_supervised, packer.cost)
-MEDIA_KINDS = ("image", "audio", "video")  # what a media span's ``kind`` may be
 IGNORE = -100  # label of a position that is not trained (the HF / PyTorch ignore_index)
 VERSION_KEY = b"packer.schema_version"
 KIND_KEY = b"packer.kind"

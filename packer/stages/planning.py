@@ -19,13 +19,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packer._ranges import csr_offsets
-from packer.config import BuildConfig
+from packer.config.fields import BuildConfig
 from packer.cost import COSTS
 from packer.errors import ConfigError
-from packer.mix import Mix, mix
 from packer.pack import Plan, cap_bound, plan
 from packer.pack.trees import Responses, expand
 from packer.shards.schema import IGNORE, MEDIA_KINDS, PLAN_SCHEMA
+from packer.stages.mix import Mix, mix
 
 
 def plan_columns(samples: pa.Table) -> pa.Table:
@@ -166,7 +166,7 @@ def preference_responses(samples: pa.Table) -> Responses:
 def plan_samples(samples: pa.Table, config: BuildConfig, source_of_file: list[int] | None = None,
                  rows=None, joined: tuple[str, ...] = (), row_key: np.ndarray | None = None) -> tuple[Plan, Mix]:
     """The plan of ``samples`` under ``config``, after the sources' weights and caps
-    (:mod:`packer.mix`): the planner sees every copy; the plan names samples.
+    (:mod:`packer.stages.mix`): the planner sees every copy; the plan names samples.
     ``samples``: :func:`plan_columns` of the samples (or the samples themselves);
     ``rows``: their whole rows (:class:`SampleRows`; by default taken from ``samples``).
     ``source_of_file[k]`` is the ``input`` entry input file ``k`` came from; ``joined``: the family's kinds
@@ -253,7 +253,7 @@ def encoder_budget(samples: pa.Table, config: BuildConfig, lengths: np.ndarray, 
 def plan_sources(samples: pa.Table, config: BuildConfig, source_of_file: list[int] | None = None, rows=None,
                  joined: tuple[str, ...] = (), row_key: np.ndarray | None = None) -> tuple[Plan, Mix]:
     """:func:`plan_samples`, each group of sources that share a packing policy (their own ``max_length``,
-    ``packing``, ``oversize``, media caps: :class:`packer.mix.Source`) planned apart with its options, so rows never
+    ``packing``, ``oversize``, media caps: :class:`packer.config.sources.Source`) planned apart with its options, so rows never
     mix policies; the groups' rows concatenated (groups in the order of their first source) then put in the build's
     ``order`` together. Without a source of its own policy, exactly :func:`plan_samples`."""
     sources = config.sources()
@@ -310,7 +310,7 @@ CAP_FIELDS = {"total": "max_media", "image": "max_images", "audio": "max_audio",
 
 
 def own_caps(config: BuildConfig, options: dict[str, Any]) -> tuple[int, dict[str, int]]:
-    """``(max_segments, media caps)`` a source with these own ``options`` (:meth:`packer.mix.Source.options`) is
+    """``(max_segments, media caps)`` a source with these own ``options`` (:meth:`packer.config.sources.Source.options`) is
     planned with: its own over the build's (0 / left out: no limit)."""
     caps = {k: int(options.get(f, getattr(config, f))) for k, f in CAP_FIELDS.items()}
     return int(options.get("max_segments", config.max_segments) or 0), {k: v for k, v in caps.items() if v > 0}

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.config import BuildConfig
+from packer.config.fields import BuildConfig
 from packer.pack.plan import Plan
 from packer.shards.manifest import FileAccount
 from packer.stages.planning import own_caps, placed_items, row_bound

@@ -105,7 +105,7 @@ def row_sources(dataset) -> np.ndarray:
 
 def source_names(manifest) -> list[str]:
     """The build's sources by number: each ``input`` entry's pattern (the part before any ``#weight=...``)."""
-    from packer.mix import Source
+    from packer.config.sources import Source
 
     return [Source.parse(spec).pattern for spec in manifest.config.get("input", [])]
 

@@ -1,4 +1,4 @@
-"""Weighted mixing of sources: how many copies of each sample the plan sees.
+"""Source specs: one ``input`` entry, its weight and cap, and its own packing.
 
 A source is one ``--input`` entry (a file or a glob) with an optional weight and cap, and optionally its own
 packing (``max_length``, ``packing``, ``oversize``, media caps: :data:`POLICY`)::
@@ -11,7 +11,8 @@ or, in a pipeline file, ``[[sources]]`` tables (``input``, ``weight``, ``cap``).
 ``w`` gives each sample ``floor(w)`` copies plus one more with probability ``w - floor(w)``
 (InternVL's repeat factor; ms-swift's ``#N`` is a cap); a cap then keeps a seeded random
 subset of the source's copies. Stage 1 encodes every record once; mixing happens when
-planning, from the seed, so the same inputs and settings give the same rows.
+planning, from the seed, so the same inputs and settings give the same rows (the seeded copy:
+:func:`packer.stages.mix.mix`).
 
 Accounting per input file: every record read is packed, quarantined, dropped, or
 *skipped* by the mix (0 copies); extra copies are counted as *repeated*.
@@ -20,26 +21,22 @@ Accounting per input file: every record read is packed, quarantined, dropped, or
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-import numpy as np
-
-from packer.config import FIELDS
 from packer.errors import ConfigError
 
 SEPARATOR = "#"
 # A weight repeats each record up to ceil(weight) times; only the ratios between sources matter to a mix, so a larger
 # repeat factor is better written as smaller weights of the other sources (a weight of 1e7 tried to hold 10^7 copies
-# of every record). The mix's copies together are bounded too (:data:`MAX_COPIES`), once the records are counted.
+# of every record). The mix's copies together are bounded too (:data:`packer.stages.mix.MAX_COPIES`), once the
+# records are counted.
 MAX_WEIGHT = 1000.0
-# The plan holds about 100 bytes a planned sample at its peak (docs/distributed.md, sizing model): 2^31 copies would
-# need over 200 GB for the plan alone.
-MAX_COPIES = 2**31 - 1
 
 
 # A source's own packing policy: these build options, set per input, override the build's for its samples
 POLICY = {"max_length": int, "packing": bool, "oversize": str, "max_media": int, "max_images": int, "max_audio": int,
           "max_videos": int}
-OVERSIZE = FIELDS["oversize"].metadata["choices"]  # the build's own --oversize policies
+OVERSIZE = ("truncate", "drop", "split")  # the build's own --oversize policies (BuildConfig.oversize's choices)
 
 
 @dataclass(frozen=True)
@@ -69,7 +66,7 @@ class Source:
     def parse(cls, spec: str) -> Source:
         """``FILE#key=value,...``: the options after the last ``#``. A file whose name holds a ``#`` is ``FILE#``
         (nothing after the last ``#``: no option), which :class:`packer.config.BuildConfig` writes for an input
-        that names an existing file whole."""
+        that names an existing file whole (:func:`whole_file`)."""
         pattern, sep, params = spec.rpartition(SEPARATOR) if SEPARATOR in spec else (spec, "", "")
         if not sep:
             return cls(spec)
@@ -141,39 +138,16 @@ def _value(key: str, value: str) -> object:
     return value if kind is str else int(value)
 
 
-@dataclass
-class Mix:
-    """What the mix did: ``selection`` lists sample numbers (repeats adjacent, ascending),
-    ``copies[i]`` is sample ``i``'s number of copies."""
-
-    selection: np.ndarray
-    copies: np.ndarray
-
-    @property
-    def skipped(self) -> np.ndarray:
-        return np.flatnonzero(self.copies == 0)
+def whole_file(spec: str) -> str:
+    """An ``input`` entry that names an existing local file whole, though its name holds a ``#`` (``a#b.jsonl``), is
+    that file: written ``a#b.jsonl#`` (no option after the last ``#``), so it reads the same once the file is gone
+    (a manifest's config, a repack). Any other entry is kept: its options follow its last ``#``."""
+    if SEPARATOR not in spec or "://" in spec or not Path(spec).is_file():
+        return spec
+    return spec + SEPARATOR
 
 
-def mix(source_of_sample: np.ndarray, sources: list[Source], seed: int) -> Mix:
-    """Copies of every sample under its source's weight and cap; deterministic in ``seed``."""
-    source_of_sample = np.asarray(source_of_sample, np.int64)
-    copies = np.ones(len(source_of_sample), np.int64)
-    for s, source in enumerate(sources):
-        if not source.mixed:
-            continue
-        members = np.flatnonzero(source_of_sample == s)
-        rng = np.random.default_rng([seed, s])
-        whole, frac = divmod(source.weight, 1.0)
-        n = np.full(len(members), int(whole), np.int64) + (rng.random(len(members)) < frac)
-        if source.cap and n.sum() > source.cap:
-            expanded = np.repeat(np.arange(len(members)), n)
-            keep = rng.choice(len(expanded), size=source.cap, replace=False)
-            n = np.bincount(expanded[keep], minlength=len(members))
-        copies[members] = n
-    total = int(copies.sum())
-    if total > MAX_COPIES:
-        heavy = max((s for s in sources if s.mixed), key=lambda s: s.weight)
-        raise ConfigError(f"the mix plans {total:,} samples ({len(copies):,} records read), over the {MAX_COPIES:,} a "
-                          f"plan can hold: lower the weights (input {heavy.pattern!r} has weight={heavy.weight:g}; only "
-                          f"the ratios between sources matter) or give a source a cap")
-    return Mix(np.repeat(np.arange(len(copies)), copies), copies)
+def settings_text(source) -> str:
+    """A source's weight, cap and own packing as the ``#`` options that set them (``weight=2, packing=false``)."""
+    mixing = {"weight": f"{source.weight:g}", "cap": source.cap} if source.mixed else {}
+    return policy_text({**mixing, **dict(source.policy)}) or "the build's"

@@ -1,4 +1,4 @@
-"""The build configuration: one frozen dataclass, resolved in three layers.
+"""The build configuration's fields: one frozen dataclass, resolved in three layers (:mod:`packer.config.pipeline`).
 
     packer defaults (this file)  <  pipeline TOML (pipelines/*.toml)  <  command-line flags
 
@@ -18,21 +18,24 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packer.config.inputs import expand_inputs
+from packer.config.media import EmbedSpec, FeatureSpec
+from packer.config.sources import OVERSIZE, Source, whole_file
 from packer.errors import ConfigError
-from packer.media.probe import IMAGE_CHECKS
 
-DEFAULT_PIPELINE = Path("pipelines/sample.toml")
 AUTO_ENCODER_SLACK = 0.5  # max_row_encoder = auto: rows of the measured corpora stay at the token lower bound (BENCHMARKS)
 MAX_ENCODER_SLACK = 1000.0  # auto:S: a budget of 1001 mean rows holds back no row of a real corpus (off does that)
 # max_row_encoder = N, in the cost model's units: seconds (packer calibrate; an image costs over 1e-6 s), FLOPs (a
 # model config) or token-equivalents; a smaller budget holds no media sample at all (1e-300 overflowed the planner).
 MIN_ENCODER_BUDGET = 1e-12
 MAX_LENGTH = 2**31 - 1
+MEDIA_KINDS = ("image", "audio", "video")  # the media kinds there are (a media span's ``kind``, ``modalities``' names)
+IMAGE_CHECKS = ("header", "verify", "decode")  # how hard packer.media.probe checks an image
+ROW_LENGTHS_AUTO = 4  # row lengths ``row_lengths = auto`` chooses
 
 
 # Every field is tagged once; the key sets at the bottom are derived from the tags.
@@ -169,7 +172,7 @@ class BuildConfig:
     algorithm: str = _opt("bfd", "Bin-packing algorithm (see packer.pack.ALGORITHMS).", stage="plan", group="packing")
     oversize: str = _opt("truncate", "What to do with a sample longer than max_length. split: pieces of at most max_length, "
                                      "cut before media; a piece that follows a media item it does not hold is left out "
-                                     "(counted as split_lost_media).", choices=("truncate", "drop", "split"),
+                                     "(counted as split_lost_media).", choices=OVERSIZE,
                          stage="plan", group="packing")
     max_segments: int = _opt(0, "Most samples in one packed row (0: no limit).", stage="plan", group="packing")
     max_media: int = _opt(0, "Most media items (images + audio clips) in one packed row (0: no limit).",
@@ -253,7 +256,7 @@ class BuildConfig:
                 # fingerprint) then name the same folder from any current folder, and PackedCollator.for_build finds
                 # the processor from the trainer's
                 object.__setattr__(self, key, os.path.abspath(Path(value).expanduser()))
-        object.__setattr__(self, "input", tuple(_whole_file(spec) for spec in self.input))
+        object.__setattr__(self, "input", tuple(whole_file(spec) for spec in self.input))
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
@@ -283,8 +286,6 @@ class BuildConfig:
             raise ConfigError(f"workers must be 0 (auto) or positive, got {self.workers}")
         if not self.report_ranks or min(self.report_ranks) < 1:
             raise ConfigError(f"report_ranks must be one or more positive rank counts, got {list(self.report_ranks)}")
-        from packer.shards.schema import MEDIA_KINDS  # here, not at import: `packer --help` loads no pyarrow
-
         if any(m not in MEDIA_KINDS for m in self.modalities) or len(set(self.modalities)) != len(self.modalities):
             raise ConfigError(f"modalities = {list(self.modalities)}: name each of image, audio, video at most once "
                               "(an empty list packs text only: modalities = [], or --modalities '')")
@@ -299,29 +300,17 @@ class BuildConfig:
                 raise ConfigError(f"input {source.pattern!r} packs rows of max_length {own:,}, over the build's "
                                   f"max_length {self.max_length:,}: raise max_length to at least {own:,} (the longest "
                                   f"row any source packs) and give the other sources their own")
-        from packer.pack.buckets import parse
-
         try:
-            parse(self.row_lengths, self.max_length)
+            parse_row_lengths(self.row_lengths, self.max_length)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        from packer.encode.render import template_clock
-        from packer.families import FAMILIES, resolve_kinds
-
-        if self.family not in FAMILIES:
-            raise ConfigError(f"family = {self.family!r} is not one of {', '.join(FAMILIES)}")
-        if self.family != "generic":
-            resolve_kinds(self.family, self.modalities)
-        template_clock(self.template_time)  # a malformed time fails here
         _check_policies(self)
         if self.audio_features:
-            from packer.media.features import FeatureSpec
-
             FeatureSpec.parse(self.audio_features)  # the removed log-mel spec fails here, naming its replacement
         if self.image_embeddings:
-            from packer.media.embed import EmbedSpec
-
             EmbedSpec.from_config(self)  # a malformed MODEL[:PRETRAINED] fails here, before any work
+        # The checks that need a higher floor's knowledge (the family, the template clock) are
+        # packer.pipeline.preflight's, run where a build starts, before any record is read.
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
@@ -333,10 +322,8 @@ class BuildConfig:
     def execution_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in EXECUTION_KEYS}
 
-    def sources(self) -> list:
-        """One :class:`packer.mix.Source` per ``input`` entry (its weight and cap, if any)."""
-        from packer.mix import Source
-
+    def sources(self) -> list[Source]:
+        """One :class:`packer.config.sources.Source` per ``input`` entry (its weight and cap, if any)."""
         return [Source.parse(spec) for spec in self.input]
 
     def input_files(self) -> list:
@@ -355,49 +342,7 @@ class BuildConfig:
         return self._expand_inputs()[1]
 
     def _expand_inputs(self) -> tuple[list[tuple], list[tuple]]:
-        from packer.io import fs
-
-        files: list = []
-        sources = self.sources()
-        for k, source in enumerate(sources):
-            pattern = source.pattern
-            if fs.is_url(pattern):
-                fs.check_reachable(pattern)  # a store that cannot be asked is named, not taken for "no file"
-                matched = fs.glob(pattern) if any(c in pattern for c in "*?[") else [pattern] if fs.exists(pattern) else []
-                if not matched:
-                    raise ConfigError(f"input {pattern!r} matches no file")
-                files.extend((f, k) for f in matched)
-                continue
-            p = Path(pattern)
-            if any(c in pattern for c in "*?["):
-                anchor = Path(p.anchor) if p.is_absolute() else Path(".")
-                rel = str(p.relative_to(p.anchor)) if p.is_absolute() else pattern
-                matched = sorted(q for q in anchor.glob(rel) if q.is_file())
-                if not matched:
-                    raise ConfigError(f"input pattern {pattern!r} matches no file")
-                files.extend((f, k) for f in matched)
-            elif p.is_file():
-                files.append((p, k))
-            else:
-                raise ConfigError(f"input file {pattern!r} does not exist")
-        seen: dict = {}
-        unique, duplicates = [], []
-        for f, k in files:  # one file once, however it is spelled (relative, absolute, through a link)
-            key = f if isinstance(f, str) else f.resolve()
-            if key not in seen:
-                seen[key] = (f, k)
-                unique.append((f, k))
-                continue
-            first, j = seen[key]
-            a, b = sources[j], sources[k]
-            if (a.weight, a.cap, a.policy) != (b.weight, b.cap, b.policy):  # read once: one of the two would be lost
-                raise ConfigError(f"input {f} is named by two sources of different settings, {_settings(a)} (input "
-                                  f"{a.pattern!r}) and {_settings(b)} (input {b.pattern!r}); a file is read once, "
-                                  f"under one source's: name it in one source only (narrow the other's pattern)")
-            duplicates.append((first, f))
-        if not unique:
-            raise ConfigError("no input given: set `input` in the pipeline or pass -i FILE.jsonl")
-        return unique, duplicates
+        return expand_inputs(self.sources())
 
     def encoder_budget(self, total: float, rows: int) -> float | None:
         """The row encoder budget ``max_row_encoder`` sets, for samples of ``total`` encoder cost packed in ``rows`` rows
@@ -430,23 +375,31 @@ class BuildConfig:
 FIELDS = {f.name: f for f in dataclasses.fields(BuildConfig)}
 
 
-def _settings(source) -> str:
-    """A source's weight, cap and own packing as the ``#`` options that set them (``weight=2, packing=false``)."""
-    from packer.mix import policy_text
-
-    mixing = {"weight": f"{source.weight:g}", "cap": source.cap} if source.mixed else {}
-    return policy_text({**mixing, **dict(source.policy)}) or "the build's"
-
-
-def _whole_file(spec: str) -> str:
-    """An ``input`` entry that names an existing local file whole, though its name holds a ``#`` (``a#b.jsonl``), is
-    that file: written ``a#b.jsonl#`` (no option after the last ``#``), so it reads the same once the file is gone
-    (a manifest's config, a repack). Any other entry is kept: its options follow its last ``#``."""
-    from packer.mix import SEPARATOR
-
-    if SEPARATOR not in spec or "://" in spec or not Path(spec).is_file():
-        return spec
-    return spec + SEPARATOR
+def parse_row_lengths(spec: str, capacity: int) -> tuple[int | None, list[int] | None]:
+    """``row_lengths``: ``auto`` / ``auto:K`` -> (K, None); ``N,N,...`` -> (None, the lengths sorted, ``capacity``
+    added when the largest is smaller: every row must fit one); empty -> (None, None). A malformed spec is a
+    ValueError naming the setting and what it takes (:func:`packer.pack.buckets.parse` gives the lengths as an array)."""
+    spec = spec.strip()
+    if not spec:
+        return None, None
+    if spec == "auto" or spec.startswith("auto:"):
+        try:
+            k = int(spec.partition(":")[2] or ROW_LENGTHS_AUTO)
+        except ValueError:
+            k = 0
+        if k < 1:
+            raise ValueError(f"row_lengths {spec!r}: auto:K needs a whole number K >= 1")
+        return k, None
+    try:
+        lengths = sorted({int(x) for x in spec.split(",") if x.strip()})
+    except ValueError:  # int("x"): say which setting and what it takes, not int()'s own words
+        lengths = []
+    if not lengths or lengths[0] < 1 or lengths[-1] > capacity:
+        raise ValueError(f"row_lengths {spec!r}: give positive whole lengths up to max_length ({capacity}), comma-separated, "
+                         f"or auto[:K]")
+    if lengths[-1] < capacity:
+        lengths.append(capacity)
+    return None, lengths
 
 
 def _check_policies(config: BuildConfig) -> None:
@@ -473,118 +426,3 @@ EXECUTION_KEYS = _keys("execution")  # out of the manifest's config and the fing
 REPACK_KEYS = tuple(k for k in FIELDS if k not in CONTENT_KEYS)  # what `packer repack` accepts: plan + execution
 
 
-def load_pipeline(path: str | Path) -> dict[str, Any]:
-    """Read a pipeline TOML into a dict of known keys (types checked by :func:`resolve`)."""
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"pipeline file {str(path)!r} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
-    unknown = sorted(set(data) - set(FIELDS) - {"sources"})
-    if unknown:
-        raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(FIELDS)}, sources")
-    if "sources" in data:  # [[sources]] tables: more inputs, each with a weight and a cap
-        tables = data.pop("sources")
-        data["input"] = [*_as_list(data.get("input", [])), *(_source_spec(path, t) for t in tables)]
-    return _relative_to(data, path.parent)
-
-
-def _as_list(value: Any) -> list:
-    return [value] if isinstance(value, str) else list(value)
-
-
-def _source_spec(path: Path, table: Any) -> str:
-    """``{input = "a.jsonl", weight = 3, cap = 1000}`` -> ``"a.jsonl#weight=3.0,cap=1000"``."""
-    from packer.mix import POLICY, SEPARATOR
-
-    known = {"input", "weight", "cap", *POLICY}
-    if not isinstance(table, dict) or not isinstance(table.get("input"), str) or set(table) - known:
-        raise ConfigError(f"{path}: each [[sources]] table needs input = \"FILE\" and may hold weight, cap and its own "
-                          f"packing ({', '.join(POLICY)}), got {table!r}")
-    params = []
-    for k in ("weight", "cap", *POLICY):
-        if k not in table:
-            continue
-        text = str(table[k]).lower() if isinstance(table[k], bool) else str(table[k])
-        if any(c in text for c in ",=#"):  # "split,packing=false" would set packing too: a value is its key's only
-            raise ConfigError(f"{path}: [[sources]] input {table['input']!r}: {k} = {table[k]!r} is not one value of {k} "
-                              f"(',', '=' and '#' separate options); give each option its own key in the table")
-        params.append(f"{k}={text}")
-    if params or SEPARATOR in table["input"]:  # a table's input is a path whole: a '#' in it is the file's name
-        return f"{table['input']}{SEPARATOR}{','.join(params)}"
-    return table["input"]
-
-
-PATH_KEYS = ("input", "output", "media_root", "staging_dir")  # paths in a pipeline file: relative to the file
-
-
-def _relative_to(data: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """Paths written in a pipeline file are relative to the file's folder, wherever packer
-    runs; they are shown relative to the current folder when inside it. ``tokenizer`` is
-    a path only when that folder holds it (else a hub name), and so is ``processor``."""
-
-    def place(value: Any, must_exist: bool = False) -> Any:
-        if not isinstance(value, str) or not value or "://" in value or Path(value).is_absolute():
-            return value
-        joined = folder / value
-        if must_exist and not joined.exists():
-            return value
-        absolute = Path(os.path.abspath(joined))
-        try:
-            return str(absolute.relative_to(Path.cwd()))
-        except ValueError:
-            return str(absolute)
-
-    out = dict(data)
-    for key in PATH_KEYS:
-        if key in out:
-            out[key] = [place(v) for v in out[key]] if isinstance(out[key], list) else place(out[key])
-    for key in ("tokenizer", "processor", "cost_model"):  # a path when the pipeline's folder holds it, else a name
-        if key in out:
-            out[key] = place(out[key], must_exist=True)
-    if isinstance(out.get("chat_template"), str) and out["chat_template"].endswith(".jinja"):
-        out["chat_template"] = place(out["chat_template"])
-    return out
-
-
-def resolve(pipeline: str | Path | None = None, **overrides: Any) -> BuildConfig:
-    """Defaults < pipeline file < overrides (``None`` values in overrides are ignored)."""
-    values: dict[str, Any] = {}
-    if pipeline is not None:
-        values.update(load_pipeline(pipeline))
-    unknown = sorted(set(overrides) - set(FIELDS))
-    if unknown:
-        raise ConfigError(f"unknown option(s) {', '.join(unknown)}")
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return BuildConfig(**{k: _coerce(k, v) for k, v in values.items()})
-
-
-def _coerce(key: str, value: Any) -> Any:
-    default = FIELDS[key].default
-    if FIELDS[key].type == "tuple[int, ...]":
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise ConfigError(f"{key} must be a list of integers, got {value!r}")
-        return tuple(value)
-    if isinstance(default, tuple):
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{key} must be a list of strings, got {value!r}")
-        return tuple(value)
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key} must be true or false, got {value!r}")
-        return value
-    if isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key} must be a number, got {value!r}")
-        return float(value)
-    if isinstance(default, int):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key} must be an integer, got {value!r}")
-        return value
-    if value is not None and not isinstance(value, str):
-        raise ConfigError(f"{key} must be a string, got {value!r}")
-    return value

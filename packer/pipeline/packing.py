@@ -1,0 +1,180 @@
+"""Stages 2 to 4 of a build or a repack: plan, materialize the packed rows, write the report and the manifest.
+
+:class:`Encoded` is what stage 1 leaves for them (rebuilt from a manifest by :mod:`packer.pipeline.repack`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from packer.config.fields import BuildConfig
+from packer.io.files import atomic_open, sha256_file
+from packer.pack import Plan
+from packer.pipeline.accounting import _count_outcomes, _file_of_sample, check_bad_fraction, plan_stats
+from packer.progress import Stage
+from packer.shards.io import read_shards, write_shard
+from packer.shards.manifest import Files, Manifest
+from packer.shards.schema import SAMPLE_SCHEMA, ShardEntry
+from packer.stages import materialize
+from packer.stages.manifest import FileAccount, accounting
+from packer.stages.planning import (
+    CAP_FIELDS,
+    SampleRows,
+    media_counts,
+    own_caps,
+    plan_build,
+    plan_columns,
+    plan_table,
+    preference_responses,
+)
+from packer.stages.sources import quarantined_by_file, source_accounts
+from packer.stages.state import INTERRUPTED, code_identity
+
+
+@dataclass
+class Encoded:
+    """What stage 1 leaves for the later stages (also rebuilt from a manifest by repack)."""
+
+    inputs: list[str]  # the input files in order: a sample's source_index points into it
+    sample_shards: list[ShardEntry]
+    by_file: dict[str, FileAccount]  # records and quarantined filled in
+    quarantined: dict[str, int]
+    quarantine: ShardEntry
+    blank_lines: int
+    input_sources: list[int] = field(default_factory=list)  # the `input` entry each input file came from
+    audio_truncated: int = 0  # clips of the samples cut to the audio encoder's window (--long-audio truncate)
+    content_changed: dict = field(default_factory=dict)  # Encoder.content_changed, summed over the tasks
+    columns: pa.Table | None = None  # planning.plan_columns of every sample, from the stage-1 results (None: read the shards)
+    media: list = field(default_factory=list)  # the media index's rows, one per file, from the stage-1 results
+    cost_model: dict = field(default_factory=dict)  # the samples' cost model (packer.cost.resolve_cost_model's record)
+
+
+def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any], engine, progress, *,
+                  media_root: str = "", sections: dict[str, Any] | None = None,
+                  repacked_from: dict[str, Any] | None = None, tokenizer_files: list[ShardEntry] | None = None,
+                  media_index: ShardEntry | None = None, earlier: str = INTERRUPTED) -> Manifest:
+    """Stages 2-4 over the samples in ``out/samples``: planned from their columns (stage 1's results),
+    whole rows read only for the few samples that need them (over capacity, dropped); ``earlier``: the run a
+    resume reuses finished shards from, named on the pack stage's line."""
+    paths, shas = [out / e.file for e in encoded.sample_shards], [e.sha256 for e in encoded.sample_shards]
+    rows = SampleRows(paths, [e.rows for e in encoded.sample_shards], shas)
+    samples = encoded.columns if encoded.columns is not None else plan_columns(read_shards(paths, SAMPLE_SCHEMA, shas))
+    stage = Stage("plan", "samples", enabled=progress)
+    p, m, keys = plan_build(samples, config, tokenizer, encoded.input_sources, rows)
+    if keys is not None:  # no build writes a row its own loader refuses: each row holds one key at most
+        check_row_keys(p, keys)
+    dropped = {r: len(v) for r, v in p.dropped.items()}
+    bound = f", encoder bound {p.resource_bound:,}" if p.budgets else ""
+    stage.done(f"{samples.num_rows:,} samples -> {p.n_bins:,} rows (lower bound {p.lower_bound:,}{bound}), "
+               f"{sum(dropped.values()):,} dropped")
+    check_bad_fraction(out, config, encoded, tokenizer, dropped, packed=len(p.indices))
+    plan_entry = write_shard(out / "plan.arrow", plan_table(p), out)  # deterministic: same bytes on a resume
+
+    bin_tokens = p.bin_tokens()
+    tasks = materialize.shard_tasks(bin_tokens, np.diff(p.offsets), config.shard_rows, config.shard_bytes)
+    packed, stats, reused = [], [], 0
+    stage = Stage("pack", "rows", total=p.n_bins, enabled=progress)
+    state = (str(out), [e.file for e in encoded.sample_shards], plan_entry.sha256, config.durable,
+             [e.sha256 for e in encoded.sample_shards])
+    # memory maps, cheap: with the local engine this process is a worker too (a Ray driver reads no shard)
+    here = materialize.setup(*state) if engine.in_process else None
+    for res in engine.map(materialize.materialize_task, tasks, materialize.setup, state, in_process_state=here):
+        packed.append(res.shard)
+        stats.append(res.stats)
+        reused += res.reused
+        stage.advance(res.shard.rows)
+    stage.done(f"{p.n_bins:,} rows in {len(packed)} shard(s)"
+               + (f"; {reused} of {len(packed)} shards reused from {earlier}" if reused else ""))
+
+    by_file = {k: dataclasses.replace(v) for k, v in encoded.by_file.items()}
+    _count_outcomes(by_file, encoded.inputs, samples, p, m)
+    quarantine = out / encoded.quarantine.file if encoded.quarantine is not None else None
+    sources = source_accounts(config, encoded.inputs, encoded.input_sources, by_file, _file_of_sample(samples), p,
+                              quarantined_by_file(quarantine), media_counts(samples), preference_responses(samples).sample)
+    manifest = Manifest(
+        config=config.content_dict(), tokenizer=tokenizer, inputs=encoded.inputs, media_root=media_root,
+        input_sources=list(encoded.input_sources),
+        files=Files(samples=encoded.sample_shards, packed=packed, plan=plan_entry, quarantine=encoded.quarantine,
+                    dropped=write_dropped(out, rows, p, file_caps(config, encoded)), tokenizer=list(tokenizer_files or []),
+                    media=media_index),
+        accounting=accounting(by_file, encoded.quarantined, dropped, encoded.blank_lines),
+        stats={**plan_stats(config, samples, p), "audio_truncated": encoded.audio_truncated,
+               "content_changed": encoded.content_changed, "cost_model": encoded.cost_model, "sources": sources},
+        execution=config.execution_dict(), sections=dict(sections or {}), repacked_from=repacked_from, code=code_identity(),
+    )
+    from packer.report import REPORT_FILES, write_report
+
+    stage = Stage("report", "", enabled=progress)
+    keys = lambda indices: rows(indices, ["key"]).column("key").to_pylist()  # noqa: E731
+    # report.json and report.html from the workers' shard stats and the planned columns: no shard read back
+    report = write_report(out, manifest, shard_stats=stats, samples=(samples, keys))
+    manifest.stats["media"] = report["media_counts"]  # items and tokens per kind: inspect of a remote build reads it
+    manifest.execution["report_files"] = [dataclasses.asdict(file_entry(out, name)) for name in REPORT_FILES]
+    manifest.write(out)  # last: the build is done
+    stage.done("report.json, report.html, manifest.json")
+    return manifest
+
+
+def check_row_keys(p: Plan, keys: np.ndarray) -> None:
+    """Raise where a planned row holds samples of two row keys (a planner bug: never a row the loader refuses)."""
+    if not p.n_bins:
+        return
+    k = keys[p.indices]
+    keyed = np.where(k >= 0, k, np.iinfo(np.int64).max)
+    lo = np.minimum.reduceat(keyed, p.offsets[:-1])
+    hi = np.maximum.reduceat(np.where(k >= 0, k, -1), p.offsets[:-1])
+    mixed = np.flatnonzero((hi >= 0) & (lo != hi))
+    if len(mixed):
+        raise AssertionError(f"the plan's row {int(mixed[0])} holds samples of row keys {int(lo[mixed[0]])} and "
+                             f"{int(hi[mixed[0]])}: its family's model class could not take them in one call")
+
+
+def file_entry(out: Path, name: str) -> ShardEntry:
+    path = out / name
+    return ShardEntry(name, 0, path.stat().st_size, sha256_file(path))
+
+
+def write_dropped(out: Path, rows: SampleRows, p: Plan, caps: list[dict[str, int]] | None = None) -> ShardEntry:
+    """``dropped.jsonl``: every sample the plan dropped, with its file, line, id and reason; the detail of an
+    ``over_media_cap`` drop gives its media against the caps of its input file (``caps``: :func:`file_caps`)."""
+    path = out / "dropped.jsonl"
+    n = 0
+    with atomic_open(path, "w") as f:
+        for reason, indices in sorted(p.dropped.items()):
+            if not len(indices):
+                continue
+            columns = ["source_file", "source_line", "key", "length", "source_index", "media"]
+            for r in rows(np.sort(indices), columns).to_pylist():
+                detail = f"{r['length']:,} tokens"
+                if reason == "over_media_cap" and caps is not None:
+                    detail = f"{over_caps(r['media'], caps[r['source_index']])}; {detail}"
+                f.write(json.dumps({"file": r["source_file"], "line": r["source_line"], "id": r["key"], "reason": reason,
+                                    "detail": detail}, ensure_ascii=False, sort_keys=True) + "\n")
+                n += 1
+    return ShardEntry(path.name, n, path.stat().st_size, sha256_file(path))
+
+
+def file_caps(config: BuildConfig, encoded: Encoded) -> list[dict[str, int]]:
+    """Per input file, the media caps its samples were planned with (its source's own, else the build's)."""
+    sources = config.sources()
+    return [own_caps(config, sources[k].options())[1] for k in (encoded.input_sources or [0] * len(encoded.inputs))]
+
+
+def over_caps(media: list[dict[str, Any]], caps: dict[str, int]) -> str:
+    """``3 images > max_images 2``: each cap a sample's media exceed (``total``: its items of every kind)."""
+    held = Counter(m["kind"] for m in media)
+    parts = []
+    for kind, cap in caps.items():
+        n = sum(held.values()) if kind == "total" else held.get(kind, 0)
+        if n > cap:
+            noun = "media items" if kind == "total" else ("audio clips" if kind == "audio" else f"{kind}s")
+            parts.append(f"{n:,} {noun} > {CAP_FIELDS[kind]} {cap:,}")
+    return ", ".join(parts) or f"media {dict(held)} within the caps {caps}"
