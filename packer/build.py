@@ -30,11 +30,11 @@ import pyarrow as pa
 from packer import reasons
 from packer.config import FIELDS, REPACK_KEYS, BuildConfig
 from packer.encode import EncoderSpec
-from packer.encode.encoder import media_base
 from packer.engine import freeze_collector, get_engine, stop_on_signals
 from packer.errors import BuildFailedError, ConfigError
 from packer.io import fs
 from packer.io.files import atomic_open, set_durable, sha256_file
+from packer.media.refs import media_base
 from packer.pack import ALGORITHMS, Plan
 from packer.pack.registry import check_supported
 from packer.progress import Stage
