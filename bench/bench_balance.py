@@ -9,7 +9,7 @@ Costs: attention work alone (Σ seg²), the default ``CostModel()``, and
 ``CostModel.for_model`` of a Qwen2-VL-7B-shaped config (LLM h = 3584, 28 layers, ViT 32 x 1280).
 Figures: mean over steps of max / mean (the issue's measure), averaged over ``--seeds``
 epochs, and Σ max / Σ mean (the epoch's time against perfect balance) in brackets. The
-last column is :func:`~packer.balance.imbalance_floor` of the rows each epoch uses: the best
+last column is :func:`~packer.schedule.balance.imbalance_floor` of the rows each epoch uses: the best
 Σ max / Σ mean any assignment reaches at one row per rank, a lower bound (``≥``) above it.
 """
 
@@ -29,10 +29,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from packer.balance import group_steps, imbalance, imbalance_floor  # noqa: E402
 from packer.build import build  # noqa: E402
 from packer.config import BuildConfig  # noqa: E402
 from packer.cost import CostModel  # noqa: E402
+from packer.schedule.balance import group_steps, imbalance, imbalance_floor  # noqa: E402
 from packer.shards.stats import ROW_FIELDS, ShardStats, shard_stats  # noqa: E402
 
 WORDS = (ROOT / "sample_data" / "docs.jsonl").read_text().split()

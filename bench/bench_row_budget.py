@@ -28,7 +28,7 @@ from bench_steps import MIXES, QWEN3_VL_2B, generate  # noqa: E402
 
 from packer.cost import CostModel  # noqa: E402
 from packer.pack import plan  # noqa: E402
-from packer.steps import measure, plan_steps  # noqa: E402
+from packer.schedule.steps import measure, plan_steps  # noqa: E402
 
 
 def main() -> None:

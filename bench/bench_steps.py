@@ -1,4 +1,4 @@
-"""Step plans balanced on three costs (:mod:`packer.steps`) against random steps and token-only balance
+"""Step plans balanced on three costs (:mod:`packer.schedule.steps`) against random steps and token-only balance
 (:class:`~packer.loader.TokenBalancedSampler`), on generated mixed corpora packed by packer's planner.
 
     python bench/bench_steps.py [--samples N] [--capacity 8192] [--seeds 3]
@@ -26,7 +26,7 @@ A held-out-like set: the video-heavy mix, 12,000 samples packed at 32,768 tokens
 steps at 8 ranks x 1, where one row a rank leaves the planner only the choice of which rows share a step), one
 corpus per seed, packed without and with a row encoder budget (``--max-row-encoder auto:0.2``, as
 ``bench_row_budget.py`` packs). Per corpus, cost model and budget: token-only balance and the plan (seed 0) per
-cost, the slowest cost of the plan, and each cost's floor alone (:func:`packer.balance.imbalance_floor`: the best
+cost, the slowest cost of the plan, and each cost's floor alone (:func:`packer.schedule.balance.imbalance_floor`: the best
 any plan balancing that cost only reaches at one row per rank; no floor of the three at once is known).
 """
 
@@ -42,10 +42,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from packer.balance import imbalance_floor  # noqa: E402
 from packer.cost import CostModel  # noqa: E402
 from packer.pack import plan  # noqa: E402
-from packer.steps import measure, plan_steps, token_only  # noqa: E402
+from packer.schedule.balance import imbalance_floor  # noqa: E402
+from packer.schedule.steps import measure, plan_steps, token_only  # noqa: E402
 
 QWEN3_VL_2B = {
     "text_config": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,

@@ -271,8 +271,9 @@ def _renderers(proc, config):
 def _parse(raw: bytes, file: str, config):
     from packer.ingest.formats import decode_json, parse_record
     from packer.io.fs import parent
+    from packer.media.refs import record_base
 
-    base = Path(config.media_root) if config.media_root else parent(file)
+    base = record_base(config.media_root, parent(file))
     tags = {"image": config.image_tag, "audio": config.audio_tag, "video": config.video_tag}
     return parse_record(decode_json(raw), config.format, base, tags, allow_outside_root=config.allow_outside_media_root)
 

@@ -241,7 +241,7 @@ def calibrate(model, device, dtype, attention, max_tokens, max_image_tokens, rep
     """Fit the cost model to MODEL's measured forward + backward time (a folder holding config.json, or a hub id;
     random weights from its config): text rows of several lengths and segmentations, images of several sizes. Writes
     the coefficients that `packer build --cost-model` and `packer steps --cost-model` read."""
-    from packer.calibrate import calibrate_command, summary_text
+    from packer.cost.calibrate import calibrate_command, summary_text
 
     click.echo(summary_text(_run(calibrate_command, model, output, device=device, dtype=dtype, attention=attention,
                                  max_tokens=max_tokens, max_image_tokens=max_image_tokens, repeats=repeats,

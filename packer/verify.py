@@ -233,7 +233,7 @@ def _check_fingerprint(path: Path, manifest: Manifest) -> list[Problem]:
 def _check_media(out: Path, manifest: Manifest, mode: str, media_root: str | None) -> tuple[list[Problem], int]:
     """Every file of the media index against what the build recorded: ``(problems, files checked)``."""
     from packer.io import fs
-    from packer.media.load import resolve_ref
+    from packer.media.refs import resolve_ref
     from packer.shards.media_index import MediaIndex
     from packer.stages.media_files import file_row
 

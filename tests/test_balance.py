@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from packer.balance import balance, group_steps, imbalance, imbalance_floor
 from packer.cost import CostModel
 from packer.loader import TokenBalancedSampler
 from packer.modeling.masks import allowed, segments_and_positions
+from packer.schedule.balance import balance, group_steps, imbalance, imbalance_floor
 
 TEXT = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=300, max_position_embeddings=4096, tie_word_embeddings=False)

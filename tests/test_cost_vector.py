@@ -220,7 +220,7 @@ def test_a_negative_or_nan_cost_is_a_damaged_shard(one_per_row):
 
 
 def test_nnls_recovers_exact_coefficients_and_keeps_them_non_negative():
-    from packer.calibrate import nnls
+    from packer.cost.calibrate import nnls
 
     rng = np.random.default_rng(0)
     a = rng.uniform(0, 1, (40, 5)) * np.array([1.0, 1e3, 1e6, 1.0, 1e4])  # columns of very different sizes
@@ -238,7 +238,7 @@ def test_nnls_recovers_exact_coefficients_and_keeps_them_non_negative():
 def test_the_calibration_shapes_separate_every_term(max_tokens, max_image_tokens):
     """Times made exactly by known coefficients are fitted back exactly: the shapes vary tokens, attention pairs,
     images, image tokens and Σ image tokens² independently (the design matrix has full rank)."""
-    from packer.calibrate import FEATURES, fit, image_shapes, text_shapes
+    from packer.cost.calibrate import FEATURES, fit, image_shapes, text_shapes
 
     truth = dict(zip(FEATURES, (8e-3, 3e-6, 2e-9, 7e-4, 5e-5, 4e-8), strict=True))
     points = [s.stats(2) for s in text_shapes(max_tokens) + image_shapes(max_image_tokens, 2)]
@@ -248,7 +248,7 @@ def test_the_calibration_shapes_separate_every_term(max_tokens, max_image_tokens
 
 
 def test_a_calibration_shape_has_the_stats_of_the_packed_row_it_times():
-    from packer.calibrate import Shape
+    from packer.cost.calibrate import Shape
 
     assert Shape(4, 32).stats() == {"call": 1.0, "token": 128.0, "attention": 4 * 32.0**2, "image_item": 0.0,
                                     "image_token": 0.0, "image_square": 0.0}
@@ -412,7 +412,7 @@ def test_calibrates_configuration_errors_are_one_line_exit_2_before_the_model_is
 
 
 def test_a_poor_fit_is_said_plainly_with_what_it_means():
-    from packer.calibrate import POOR_FIT, fit_warnings, summary_text
+    from packer.cost.calibrate import POOR_FIT, fit_warnings, summary_text
 
     assert POOR_FIT == 0.25 and fit_warnings({"text_max": 0.25, "image_max": None}) == []  # at the threshold: fine
     warnings = fit_warnings({"text_max": 0.803, "image_max": 0.54})

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from conftest import ROOT
-from packer.balance import imbalance
 from packer.errors import SchemaVersionError
 from packer.loader import (
     PackedCollator,
@@ -24,6 +23,7 @@ from packer.loader import (
     shard_for_sequence_parallel,
 )
 from packer.modeling.masks import allowed, segments_and_positions
+from packer.schedule.balance import imbalance
 
 IGNORE = -100
 

@@ -1,4 +1,4 @@
-"""Step plans balanced on the llm, encoder and supervised cost at once (packer.steps), the sampler that follows
+"""Step plans balanced on the llm, encoder and supervised cost at once (packer.schedule.steps), the sampler that follows
 them (StepPlanSampler: determinism, resume, every row once per epoch over the ranks) and the plan file."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "bench"))
 
 from packer.cost import CostModel  # noqa: E402
-from packer.steps import Stage, check_stages, deal, measure, normalized, plan_stages, plan_steps, token_only  # noqa: E402
+from packer.schedule.steps import Stage, check_stages, deal, measure, normalized, plan_stages, plan_steps, token_only  # noqa: E402
 
 
 def generated(samples: int, mix: str = "video-heavy", seed: int = 0) -> np.ndarray:

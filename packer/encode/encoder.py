@@ -30,9 +30,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import json
-import os
-import posixpath
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,8 +49,8 @@ from packer.families import Expansion, Family, RecordMedia, Run, family_from_sta
 from packer.ingest.formats import decode_json, parse_record, record_id
 from packer.ingest.reader import RawLine
 from packer.ingest.records import Conversation, Document, Preference
-from packer.io.fs import is_url
 from packer.media import bounds as setting_bounds
+from packer.media import refs
 from packer.media.counter import MediaProber, kept_seconds
 from packer.shards.schema import IGNORE, MEDIA_KINDS, MediaSpan, ResponseSpan, Sample
 
@@ -365,8 +362,7 @@ class Encoder:
         if raw.too_long:
             raise BadRecord("line_too_long", f"the line has {raw.too_long:,} bytes, over the max_line_bytes limit")
         obj = decode_json(raw.data)
-        base_dir = Path(self.config.media_root) if self.config.media_root else file_dir
-        record = parse_record(obj, self.config.format, base_dir, self.tags,
+        record = parse_record(obj, self.config.format, refs.record_base(self.config.media_root, file_dir), self.tags,
                               allow_outside_root=self.config.allow_outside_media_root)
         if isinstance(record, Document):
             return obj, record, None
@@ -650,9 +646,7 @@ class Encoder:
         parts = conv.media
         for n, (index, expansion) in enumerate(chat.items):
             part = parts[index]
-            ref = (json.dumps({"frames": [stored_ref(f, self.spec.media_base) for f in part.frames], "fps": part.fps},
-                              ensure_ascii=False)  # a video given as frame images: the frames and the stated rate
-                   if part.frames else stored_ref(part.path, self.spec.media_base))
+            ref = refs.stored_part_ref(part, self.spec.media_base)
             media.append(MediaSpan(segment=0, kind=part.kind, start=int(first[n]), length=int(last[n] - first[n]),
                                    tokens=expansion.tokens, ref=ref, llm_grid=tuple(expansion.llm_grid),
                                    second_per_grid_t=float(expansion.second_per_grid_t)))
@@ -835,48 +829,6 @@ def _shift(pos: int, edits: list[tuple[int, int, int]]) -> int:
             break
         delta += new - old
     return pos + delta
-
-
-def stored_ref(path: str, media_base: str) -> str:
-    """How a media file is named in the shards: relative to the build's media root when
-    inside it (so the build and its media can move together), else absolute, or the URL.
-    A URL under a URL root is stored relative to it too (``s3://data/images/a.jpg`` under
-    ``s3://data`` is ``images/a.jpg``), so ``PackedDataset(build, media_root=NEW)`` moves it.
-    The loader joins it back onto the root the manifest records (or one the user gives)."""
-    if not media_base:
-        return str(path)
-    if is_url(path):
-        url, root = _normal_url(str(path)), _normal_url(media_base) if is_url(media_base) else ""
-        return url[len(root) + 1:] if root and url.startswith(root + "/") else str(path)
-    absolute = os.path.abspath(path)
-    if absolute == media_base or absolute.startswith(media_base.rstrip(os.sep) + os.sep):
-        return Path(os.path.relpath(absolute, media_base)).as_posix()
-    return absolute
-
-
-def _normal_url(url: str) -> str:
-    """``s3://b/x/../y/`` as ``s3://b/y``: one spelling per folder, so a prefix test is a containment test."""
-    protocol, rest = url.split("://", 1)
-    return f"{protocol}://{posixpath.normpath(rest).lstrip('/') if rest.strip('/') else ''}".rstrip("/")
-
-
-def media_base(config, files: list) -> str:
-    """The build's media root: ``--media-root``, else the deepest folder holding every
-    input file (absolute; for URL inputs of one store, the deepest URL folder holding them).
-    Empty when local files and URLs, or URLs of several stores, are mixed."""
-    if config.media_root:
-        return config.media_root if is_url(config.media_root) else os.path.abspath(config.media_root)
-    if not files:
-        return ""
-    urls = [_normal_url(str(f)) for f in files if is_url(f)]
-    if not urls:
-        return os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files])
-    stores = {u.split("://", 1)[0] + "://" + u.split("://", 1)[1].split("/", 1)[0] for u in urls}
-    if len(urls) != len(files) or len(stores) != 1:
-        return ""
-    protocol = urls[0].split("://", 1)[0]
-    common = posixpath.commonpath([posixpath.dirname(u.split("://", 1)[1]) for u in urls])
-    return f"{protocol}://{common}" if common else ""
 
 
 __all__ = ["Encoder", "EncoderSpec", "RenderedChat"]

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from packer.errors import BadRecord
 from packer.families.base import Expansion, Family, RecordMedia, Run
 from packer.families.towers import QWEN_VISION, llava, llava_next, whisper_audio
-from packer.media.policies import Count, parse_policy
+from packer.media.policies import parse_policy, policy_count
 from packer.modeling.towers import Tower
 
 
@@ -61,23 +60,3 @@ class Generic(Family):
     def settings(self) -> dict[str, Any]:
         return {"placeholders": self.placeholders, "wrappers": {k: list(v) for k, v in self.wrappers.items()},
                 "policies": self.specs}
-
-
-def policy_count(policy: Any, kind: str, info: Any, part: Any) -> Count:
-    """``policy``'s count of a probed item; what the policy refuses is ``unsupported_<kind>``, a clip that
-    gives no position ``audio_too_short``. A video given as frame images is counted as a file of those frames
-    at the record's ``fps`` (the HF video processors sample a list of frames handed with its rate as they sample
-    a file); one that states no rate is taken whole, timed at the policy's fps (qwen-vl-utils' convention)."""
-    try:
-        if kind == "image":
-            return policy.count(info.height, info.width)
-        if kind == "audio":
-            count = policy.count(info.frames, info.sample_rate)
-            if count.length < 1:
-                raise BadRecord("audio_too_short", f"{part.ref!r} is {1000 * info.seconds:.1f} ms: the encoder produces "
-                                                   f"0 positions under audio policy {policy.name!r}; drop the clip or pad it")
-            return count
-        return policy.count(info.frames, info.fps, info.height, info.width)
-    except ValueError as e:
-        size = f"{info.width}x{info.height}" if kind == "image" else f"{info.frames} frames"
-        raise BadRecord(f"unsupported_{kind}", f"{part.ref!r} ({size}): {e} ({kind} policy {policy.name!r})") from None

@@ -41,10 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import posixpath
 import re
-import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,7 +50,7 @@ from packer.errors import BadRecord
 from packer.ingest import preference, tools
 from packer.ingest.records import ROLES, Conversation, Document, Part, Preference, Turn
 from packer.ingest.unicode import SURROGATE_ESCAPE, check_strings
-from packer.io import fs
+from packer.media import refs
 from packer.media.limits import check_frame_rate
 from packer.shards.schema import MEDIA_KINDS
 
@@ -141,7 +138,7 @@ def parse_record(obj: dict[str, Any], fmt: str, base_dir: Path, tags: dict[str, 
     ``base_dir`` resolves relative media paths; ``tags`` maps media kind to its tag
     string in text (``{"image": "<image>", "audio": "<audio>"}``). A media path written
     outside ``base_dir`` (``../``, an absolute path elsewhere) is refused unless
-    ``allow_outside_root``; symlinks inside the root are followed (see :func:`resolve_media`).
+    ``allow_outside_root``; symlinks inside the root are followed (see :func:`packer.media.refs.resolve_media`).
     """
     if fmt == "auto":
         fmt = detect_format(obj)
@@ -361,11 +358,11 @@ class _MediaQueue:
                 raise BadRecord("wrong_type", f"{where}: fps must be a positive number, got {fps!r}")
             if fps != 0:  # 0: none stated (the video policy's rate); else finite and plausible (1e308, Infinity: refused)
                 check_frame_rate(fps, f"{where}'s frame list")
-            paths = tuple(str(resolve_media(r, self.base_dir, kind, self.allow_outside_root)) for r in ref)
+            paths = tuple(str(refs.resolve_media(r, self.base_dir, kind, self.allow_outside_root)) for r in ref)
             return Part(kind, ref=json.dumps(ref, ensure_ascii=False), path=paths[0], frames=paths, fps=float(fps))
         if not isinstance(ref, str) or not ref:
             raise BadRecord("wrong_type", f"{where}: {kind} path must be a non-empty string")
-        return Part(kind, ref=ref, path=str(resolve_media(ref, self.base_dir, kind, self.allow_outside_root)))
+        return Part(kind, ref=ref, path=str(refs.resolve_media(ref, self.base_dir, kind, self.allow_outside_root)))
 
     def check_all_used(self) -> None:
         for kind, left in self.pending.items():
@@ -374,66 +371,3 @@ class _MediaQueue:
                     f"{kind}_count_mismatch",
                     f"{len(left)} listed {kind}(s) have no {self.tags.get(kind, 'tag')} tag or part to go to",
                 )
-
-
-def resolve_media(ref: str, base_dir: Path | str, kind: str, allow_outside_root: bool = False) -> Path | str:
-    """The file a record's media ``ref`` names, checked to exist (and to be written inside ``base_dir``).
-
-    The root check is about the path as the record writes it, not about the dataset's
-    layout: ``ref`` is joined onto ``base_dir`` and normalised lexically (``a/../b`` is
-    ``b``, and that normalised path is the one read), and refused when it leaves the root
-    (``../x``, an absolute path elsewhere) -- unless its real path still lies in the real
-    root. Symlinks inside the root (an ``images/`` folder linked to another disk) are the
-    dataset owner's choice and are followed wherever they lead.
-
-    A ref the file system cannot even look up -- a NUL byte, a name over the OS limit, a
-    symlink loop, any other OSError -- is a ``bad_media_path``, not a crashed build."""
-    if "\0" in ref:
-        raise BadRecord("bad_media_path", f"{kind} path {ref!r} holds a NUL byte; no file can have that name")
-    if ref[:5].lower() == "data:":
-        shown = ref if len(ref) <= 48 else ref[:48] + "..."
-        raise BadRecord("unsupported_media_ref", f"{kind} {shown!r} is an inline data: URL ({len(ref):,} characters); "
-                                                 f"packer reads media from files: decode it into a file next to the dataset "
-                                                 f"and give its path")
-    try:
-        return _resolve_media(ref, base_dir, kind, allow_outside_root)
-    except (OSError, ValueError, RuntimeError) as e:  # RuntimeError: pathlib's "Symlink loop" before Python 3.13
-        raise BadRecord("bad_media_path", f"{kind} path {ref!r} cannot be looked up: {type(e).__name__}: {e}") from None
-
-
-def _outside_root(ref: str, kind: str, base_dir: Path | str) -> BadRecord:
-    return BadRecord("media_outside_root", f"{kind} {ref!r} is written as a path outside the dataset root {base_dir}: give it "
-                                           f"relative to the root, set --media-root to a folder holding it, or pass "
-                                           f"--allow-outside-media-root to accept it")
-
-
-def _within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
-def _resolve_media(ref: str, base_dir: Path | str, kind: str, allow_outside_root: bool) -> Path | str:
-    if fs.is_url(base_dir):  # a dataset on an fsspec filesystem: its media live there too
-        if "://" in ref:
-            raise BadRecord("unsupported_media_ref", f"{kind} {ref!r}: give media relative to the dataset")
-        path = posixpath.normpath(posixpath.join(str(base_dir), ref)).replace(":/", "://", 1)
-        if not allow_outside_root and not path.startswith(str(base_dir).rstrip("/") + "/"):
-            raise _outside_root(ref, kind, base_dir)
-        if not fs.exists(path):
-            raise BadRecord(f"missing_{kind}", f"{kind} file {ref!r} not found (looked at {path})")
-        return path
-    if "://" in ref and not ref.startswith("file://"):
-        raise BadRecord("unsupported_media_ref", f"{kind} {ref!r} is a remote URL; packer reads local files only: download "
-                                                 f"it next to the dataset and give its path")
-    path = Path(os.path.normpath(os.path.join(base_dir, ref.removeprefix("file://"))))  # an absolute ref replaces base_dir
-    if not allow_outside_root:
-        root = os.path.abspath(base_dir)
-        if not _within(os.path.abspath(path), root) and not _within(os.path.realpath(path), os.path.realpath(root)):
-            raise _outside_root(ref, kind, base_dir)
-    try:  # not Path.is_file(): it answers False for a symlink loop, which is a bad path, not a missing file
-        mode = path.stat().st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        raise BadRecord(f"missing_{kind}", f"{kind} file {ref!r} not found (looked at {path})") from None
-    if not stat.S_ISREG(mode):  # a folder, a FIFO (reading it would block), a device
-        what = "folder" if stat.S_ISDIR(mode) else "FIFO" if stat.S_ISFIFO(mode) else "special file"
-        raise BadRecord(f"missing_{kind}", f"{kind} file {ref!r} is not a regular file ({path} is a {what})")
-    return path

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import pyarrow as pa
 
 from packer.io.fs import is_remote, location
 from packer.io.fs import stat as fs_stat
-from packer.media.load import resolve_ref
+from packer.media.refs import resolve_ref, stored_frames
 from packer.shards.io import read_shard
 from packer.shards.manifest import Manifest
 from packer.shards.media_index import MediaIndex
@@ -108,11 +107,11 @@ class _ShardedTable:
             if "ids" not in cache:
                 cache["ids"] = np.asarray(input_ids, dtype=np.int64)
             m["runs"] = _runs(cache["ids"][m["start"] : m["start"] + m["length"]] == self._run_ids[m["kind"]])
-        if m["ref"].startswith("{"):  # a video given as frame images: {"frames": [refs], "fps": rate}
-            listed = json.loads(m["ref"])
-            m["frames"] = [resolve_ref(r, self.media_root) for r in listed["frames"]]
-            m["path"], m["fps"] = m["frames"][0], float(listed.get("fps") or 0.0)
-            for ref, path in zip(listed["frames"], m["frames"], strict=True):
+        listed = stored_frames(m["ref"])
+        if listed is not None:  # a video given as frame images: {"frames": [refs], "fps": rate}
+            m["frames"] = [resolve_ref(r, self.media_root) for r in listed[0]]
+            m["path"], m["fps"] = m["frames"][0], listed[1]
+            for ref, path in zip(listed[0], m["frames"], strict=True):
                 self._check_media(ref, path)
         else:
             m["path"] = resolve_ref(m["ref"], self.media_root)

@@ -13,21 +13,24 @@ from collections import OrderedDict
 from typing import Any
 
 from packer.errors import BadRecord
-from packer.ingest.records import Part
 from packer.io import fs
-from packer.media.policies import Count, parse_policy
+from packer.media.policies import Count, parse_policy, policy_count
 from packer.media.probe import probe_audio, probe_image
 
 
 class MediaProber:
-    """``probe(part)``: the header facts of an image (ImageInfo), clip (AudioInfo) or video (VideoInfo)."""
+    """``probe(part)``: the header facts of an image (ImageInfo), clip (AudioInfo) or video (VideoInfo).
+
+    ``part`` is a record's media item as :class:`packer.ingest.records.Part` holds it: ``kind``, ``ref`` (as
+    written), ``path`` (resolved, :func:`packer.media.refs.resolve`), and for a video of frame images its
+    ``frames`` and stated ``fps`` (read by attribute: media sits below the record shapes)."""
 
     def __init__(self, image_check: str = "verify", cache_size: int = 65536, video_check: str = "verify"):
         self.image_check, self.video_check = image_check, video_check
         self.cache: OrderedDict[tuple, Any] = OrderedDict()
         self.cache_size = cache_size
 
-    def probe(self, part: Part) -> Any:
+    def probe(self, part: Any) -> Any:
         try:
             size, mtime = fs.stat(part.path)
         except FileNotFoundError:
@@ -46,7 +49,7 @@ class MediaProber:
             self.cache.popitem(last=False)
         return result
 
-    def _probe(self, part: Part) -> Any:
+    def _probe(self, part: Any) -> Any:
         if part.kind == "video":
             from packer.media.video import probe_frames, probe_video
 
@@ -59,7 +62,8 @@ class MediaProber:
 
 
 class MediaCounter:
-    """The generic family's count of one item: probe, then the kind's token-count policy."""
+    """The generic family's count of one item: probe, then the kind's token-count policy
+    (:func:`packer.media.policies.policy_count`, the arithmetic the generic family's expansion uses too)."""
 
     def __init__(self, image_tokens: str, audio_tokens: str, image_check: str = "verify", cache_size: int = 65536,
                  video_tokens: str = "qwen2vl"):
@@ -67,9 +71,7 @@ class MediaCounter:
                          "video": parse_policy(video_tokens, "video")}
         self.prober = MediaProber(image_check, cache_size)
 
-    def count(self, part: Part) -> Count:
-        from packer.families.generic import policy_count
-
+    def count(self, part: Any) -> Count:
         return policy_count(self.policies[part.kind], part.kind, self.prober.probe(part), part)
 
 

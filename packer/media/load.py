@@ -76,11 +76,3 @@ def load_audio(path: str, sampling_rate: int, max_seconds: float | None = None) 
     if max_seconds is not None:
         wave = wave[: math.ceil(max_seconds * sampling_rate)]
     return np.ascontiguousarray(wave, dtype=np.float32)
-
-
-def resolve_ref(ref: str, media_root: str) -> str:
-    """The file a stored media ``ref`` names: absolute refs and URLs as they are, others
-    joined onto the build's media root (``Manifest.media_root``)."""
-    if "://" in ref or ref.startswith("/") or not media_root:
-        return ref
-    return f"{media_root.rstrip('/')}/{ref}"

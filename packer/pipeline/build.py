@@ -27,11 +27,11 @@ import pyarrow as pa
 
 from packer.config.fields import BuildConfig
 from packer.encode import EncoderSpec
-from packer.encode.encoder import media_base
 from packer.engine import freeze_collector, get_engine, stop_on_signals
 from packer.errors import ConfigError
 from packer.io import fs
 from packer.io.files import atomic_open, set_durable, sha256_file
+from packer.media.refs import media_base
 from packer.pipeline.accounting import check_bad_fraction
 from packer.pipeline.packing import Encoded, plan_and_pack
 from packer.pipeline.preflight import check_output_outside_inputs, preflight

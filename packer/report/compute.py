@@ -49,7 +49,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from packer.balance import group_steps, imbalance, imbalance_floor
 from packer.config import FIELDS, BuildConfig
 from packer.cost import COSTS, CostModel
 from packer.errors import ConfigError
@@ -57,12 +56,13 @@ from packer.io.files import sha256_file, write_text_atomic
 from packer.io.fs import location
 from packer.report.examples import media_section, sample_row
 from packer.report.family import family_section, media_counts, shown_config
+from packer.schedule.balance import imbalance, imbalance_floor, token_balanced
+from packer.schedule.steps import absent_costs, cost_note, measure, plan_steps
 from packer.shards.io import read_shards
 from packer.shards.manifest import REPORT_FILES, Manifest
 from packer.shards.schema import SAMPLE_SCHEMA, ShardEntry
 from packer.shards.stats import ROW_FIELDS, ShardStats, length_edges
 from packer.shards.stats import shard_stats as _shard_stats
-from packer.steps import absent_costs, cost_note, measure, plan_steps
 
 MEGABATCH = 50
 # Training throughput the GPU-hour figures assume: about a 7B dense model (6 x 7e9 FLOP per token) on one
@@ -105,21 +105,20 @@ def rank_imbalance(stats: dict[str, np.ndarray], ranks: int, seed: int, per_rank
     ``per_rank`` rows: in random order (``random``: row k of a step to rank k mod R) and as
     :class:`~packer.loader.TokenBalancedSampler` with this ``window`` deals the rows
     (``sampler``); each as the mean over steps and, ``_weighted``, as Σ slowest / Σ mean (the
-    one that measures ranks waiting). ``best_weighted``: :func:`~packer.balance.imbalance_floor`
+    one that measures ranks waiting). ``best_weighted``: :func:`~packer.schedule.balance.imbalance_floor`
     of the same rows, the optimum at one row per rank and a lower bound above it. ``costs``: per order (and
-    ``plan``, :func:`packer.steps.plan_steps` of the same rows: ``packer steps``, :class:`StepPlanSampler`), Σ
+    ``plan``, :func:`packer.schedule.steps.plan_steps` of the same rows: ``packer steps``, :class:`StepPlanSampler`), Σ
     slowest / Σ mean of each of the three costs under ``cost_model`` (:meth:`CostModel.vector`) and the
-    simulated time (:func:`packer.steps.measure`)."""
+    simulated time (:func:`packer.schedule.steps.measure`)."""
     cost_model = cost_model or CostModel()
     costs = CostModel()(stats)
     per_step = ranks * per_rank
     steps = len(costs) // per_step
     if steps == 0:
         return None
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(costs))[: steps * per_step]
+    order = np.random.default_rng(seed).permutation(len(costs))[: steps * per_step]
     plans = {"random": order.reshape(steps, per_rank, ranks).transpose(0, 2, 1),
-             "sampler": group_steps(order, costs, ranks, per_rank, window, rng)}
+             "sampler": token_balanced(costs, ranks, per_rank, seed=seed, window=window, steps=steps)}  # same order
     vector = cost_model.vector(stats)[order]
     plans["plan"] = plan_steps(vector, ranks, per_rank, seed=seed, drop_last=True)
     return {"steps": int(steps), **{k: imbalance(costs, v) for k, v in plans.items() if k != "plan"},
@@ -134,7 +133,7 @@ def step_balance(stats: dict[str, np.ndarray], manifest: Manifest, seed: int) ->
     ``report_batch``, ``report_window``: report-only settings, kept in the manifest's
     ``execution``), so ``packer report OUT`` shows the same set-up; packer's defaults for a
     build that predates them. ``by_ranks`` holds ``null`` where the rows fill no step. ``absent``: the costs no row
-    has under the build's cost model, with why (:func:`packer.steps.absent_costs`); their figures in ``costs`` are
+    has under the build's cost model, with why (:func:`packer.schedule.steps.absent_costs`); their figures in ``costs`` are
     ``null``, not the 1.0 that would read as a perfect balance."""
     recorded = {k: manifest.execution.get(k, FIELDS[k].default) for k in ("report_ranks", "report_batch", "report_window")}
     ranks = [int(r) for r in recorded["report_ranks"]]

@@ -138,15 +138,15 @@ def _probed(refs: list[str], root: str, measure, edges: list[float], unit: str) 
 
 
 def _image_side(ref: str, root: str) -> float:
-    from packer.media.load import resolve_ref
     from packer.media.probe import probe_image
+    from packer.media.refs import resolve_ref
 
     info = probe_image(resolve_ref(ref, root), "header")
     return float(max(info.width, info.height))
 
 
 def _clip_seconds(ref: str, root: str) -> float:
-    from packer.media.load import resolve_ref
     from packer.media.probe import probe_audio
+    from packer.media.refs import resolve_ref
 
     return float(probe_audio(resolve_ref(ref, root)).seconds)

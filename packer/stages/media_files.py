@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 
 from packer.io import fs
-from packer.media.load import resolve_ref
+from packer.media.refs import resolve_ref
 from packer.shards.io import write_shard
 from packer.shards.media_index import MEDIA_INDEX, MediaFile, media_table, span_refs
 from packer.shards.schema import ShardEntry

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from packer.media.load import resolve_ref
+from packer.media.refs import resolve_ref
 from packer.shards.io import write_shard
 from packer.shards.schema import AUDIO_FEATURE_SCHEMA, FEATURE_SCHEMA, ShardEntry
 

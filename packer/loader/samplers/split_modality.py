@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from packer.balance import balance
 from packer.loader.samplers._dist import ResumableMixin, world
+from packer.schedule.balance import balance
 
 
 class SplitModalitySampler(ResumableMixin, torch.utils.data.Sampler):

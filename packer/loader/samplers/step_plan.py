@@ -1,12 +1,12 @@
 """StepPlanSampler: each rank's rows at every step from a step plan balanced on the llm, encoder and supervised
-cost of the rows at once (:mod:`packer.steps`), written offline (``packer steps OUT``) or computed the same way.
+cost of the rows at once (:mod:`packer.schedule.steps`), written offline (``packer steps OUT``) or computed the same way.
 
     sampler = StepPlanSampler(ds, batch_size=1)                     # plans each epoch itself (seed + epoch)
     sampler = StepPlanSampler(ds, plan="OUT/steps/ranks8-batch1-seed0.arrow")   # follows a written plan
 
 A written plan holds its epochs (or its stages' steps), the ranks and rows per rank it was made for, the seed,
 window and cost model; the sampler refuses one made for another world size, batch size or build, with the fix.
-Without a file, the plan of an epoch is :func:`packer.steps.plan_steps` of the rows' cost vectors under the
+Without a file, the plan of an epoch is :func:`packer.schedule.steps.plan_steps` of the rows' cost vectors under the
 build's cost model, a pure function of (seed, epoch): every rank computes the same plan, and a resumed run
 (``state_dict`` / ``load_state_dict``, as every packer sampler) continues exactly where it stopped.
 """
@@ -21,8 +21,7 @@ import torch
 from packer.cost import COSTS, CostModel
 from packer.errors import ArgumentError
 from packer.loader.samplers._dist import ResumableMixin, world
-from packer.shards.step_plan import PlanFile, read_plan, rows_identity, write
-from packer.steps import (
+from packer.schedule.steps import (
     Stage,
     absent_costs,
     check_settings,
@@ -33,6 +32,7 @@ from packer.steps import (
     plan_steps,
     random_steps,
 )
+from packer.shards.step_plan import PlanFile, read_plan, rows_identity, write
 
 
 class StepPlanSampler(ResumableMixin, torch.utils.data.Sampler):
@@ -57,7 +57,7 @@ class StepPlanSampler(ResumableMixin, torch.utils.data.Sampler):
             check_batches(dataset, batch_size)
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.accumulation = accumulation
-        self.window = window  # None: the whole epoch (packer.steps)
+        self.window = window  # None: the whole epoch (packer.schedule.steps)
         self.file = None
         if plan is not None:
             self.file = read_plan(plan)
@@ -297,7 +297,7 @@ def load_cost_model(path: str) -> CostModel:
 
 def read_stages(path: str | Path) -> list[Stage]:
     """``[[stages]]`` tables of a TOML file: ``start``, ``end`` (steps), ``weights`` (source pattern -> weight); a file
-    that is not that raises :class:`ArgumentError` (the values themselves: :func:`packer.steps.check_stages`)."""
+    that is not that raises :class:`ArgumentError` (the values themselves: :func:`packer.schedule.steps.check_stages`)."""
     import tomllib
 
     form = "[[stages]] tables of start = STEP, end = STEP, weights = {source = weight}"

@@ -3,8 +3,8 @@ at any per-rank batch size including one row.
 
 A step lasts as long as its slowest rank. Balancing within a random step can do nothing
 when each rank gets one row (the usual packed set-up), so the sampler also chooses which
-rows share a step (:func:`packer.balance.group_steps`). Each epoch: shuffle the rows
-(seed + epoch); cut them into windows of ``window`` global steps of
+rows share a step (:func:`packer.schedule.balance.token_balanced`, the plan ``packer steps``
+compares against too). Each epoch: shuffle the rows (seed + epoch); cut them into windows of ``window`` global steps of
 ``num_replicas * batch_size`` rows; sort each window's rows by cost
 (:class:`~packer.cost.CostModel`: tokens, attention work Σ seg², media towers) and cut it
 into consecutive steps, so a step's rows cost about the same; split each step over the
@@ -16,7 +16,7 @@ per-step max / mean of attention work 1.88 in random order, 1.055 with the defau
 at 8 ranks and 270 rows, 1.031 at 2,656 rows (64 ranks: 1.046); under ``CostModel()``
 1.036 -> 1.001..1.005. Weighted by step time (Σ slowest / Σ mean, what the ranks wait) the
 attention figures are 1.022, 1.014 and 1.020. At one row per rank a window of the whole
-epoch is optimal (:func:`packer.balance.imbalance_floor`): 1.022 and 1.020 are the rows'
+epoch is optimal (:func:`packer.schedule.balance.imbalance_floor`): 1.022 and 1.020 are the rows'
 floor, not the sampler's; 1.014 against 1.002 is what the window of 64 steps costs.
 
 Every rank runs the same number of steps: with ``drop_last=False`` the last step is
@@ -31,11 +31,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from packer.balance import group_steps
 from packer.cost import CostModel
 from packer.loader.samplers._dist import ResumableMixin, world
-
-WINDOW = 64  # steps per sorting window: see the module docstring and docs/BENCHMARKS.md ("Step balance")
+from packer.schedule.balance import WINDOW, token_balanced
 
 
 class TokenBalancedSampler(ResumableMixin, torch.utils.data.Sampler):
@@ -62,9 +60,5 @@ class TokenBalancedSampler(ResumableMixin, torch.utils.data.Sampler):
     def assignment(self, epoch: int | None = None) -> np.ndarray:
         """``[steps, num_replicas, batch_size]`` row numbers for an epoch (every rank's view)."""
         epoch = self.epoch if epoch is None else epoch
-        n = len(self.costs)
-        rng = np.random.default_rng(self.seed + epoch)
-        order = rng.permutation(n) if self.shuffle else np.arange(n)
-        order = np.resize(order, self.steps * self.num_replicas * self.batch_size)  # repeats from the start to pad
-        return group_steps(order, self.costs, self.num_replicas, self.batch_size, self.window,
-                           rng if self.shuffle else None)
+        return token_balanced(self.costs, self.num_replicas, self.batch_size, seed=self.seed, epoch=epoch,
+                              window=self.window, steps=self.steps, shuffle=self.shuffle)

@@ -25,7 +25,7 @@ accumulation every micro-step is balanced, so their sums are too):
 
 At one row per rank, step 3 can do nothing (any deal of one row each is as good as another): the
 balance comes from step 2, and from rows that cost alike (:mod:`packer.pack` can cap a row's
-encoder cost). ``window`` trades randomness for balance as in :mod:`packer.balance`; by default it is the
+encoder cost). ``window`` trades randomness for balance as in :mod:`packer.schedule.balance`; by default it is the
 whole epoch: the plan is made offline, so its steps are shuffled over the epoch, but a step's rows are rows of
 alike costs (at one row per rank that is the price of balance; a smaller window mixes them more).
 
@@ -35,7 +35,7 @@ rows of each stage's steps are drawn from each source's rows in proportion to th
 window by window.
 
 :func:`measure` reports a plan per cost: Σ over steps of the slowest rank over Σ of the mean rank
-(what the ranks wait, as :func:`packer.balance.imbalance` weighted), and the simulated step time,
+(what the ranks wait, as :func:`packer.schedule.balance.imbalance` weighted), and the simulated step time,
 Σ over steps of the slowest rank's ``llm + encoder``.
 """
 
@@ -45,8 +45,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packer.balance import group_steps
 from packer.errors import ArgumentError
+from packer.schedule.balance import WINDOW, token_balanced
 
 SWAP_ROUNDS = 8  # improving swaps tried per step (each lowers the step's worst ratio, or the step is done)
 MAX_PASSES = 1000  # a plan names at most this many passes over the build's rows (epochs, or stages' repeats)
@@ -424,10 +424,7 @@ def random_steps(n: int, ranks: int, per_rank: int = 1, seed: int = 0) -> np.nda
 
 
 def token_only(costs: np.ndarray, scalar: np.ndarray, ranks: int, per_rank: int = 1, *, seed: int = 0,
-               epoch: int = 0, window: int = 64) -> np.ndarray:
+               epoch: int = 0, window: int = WINDOW) -> np.ndarray:
     """The plan :class:`~packer.loader.TokenBalancedSampler` makes from one scalar cost per row (tokens and
-    attention): the baseline :func:`measure` compares against."""
-    n, per_step = len(scalar), ranks * per_rank
-    rng = np.random.default_rng(seed + epoch)
-    order = np.resize(rng.permutation(n), -(-n // per_step) * per_step)
-    return group_steps(order, np.asarray(scalar, np.float64), ranks, per_rank, window, rng)
+    attention): the baseline :func:`measure` compares against (:func:`packer.schedule.balance.token_balanced`)."""
+    return token_balanced(np.asarray(scalar, np.float64), ranks, per_rank, seed=seed, epoch=epoch, window=window)

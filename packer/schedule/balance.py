@@ -10,6 +10,7 @@ step: within a window of ``window`` steps of shuffled rows, it sorts the rows by
 cuts them into consecutive steps, so a step's rows cost about the same; then it shuffles
 the window's steps. ``window=1`` is plain random steps; a larger window is more balance
 and less randomness (rows meet rows of similar cost; the order still spans the epoch).
+:func:`token_balanced` is the whole token-only plan of an epoch (shuffle, pad, group, balance).
 :func:`imbalance` measures a plan; :func:`imbalance_floor` is a floor no plan of the same
 rows goes below (the optimum at one row per rank), so what is left above 1 can be told
 apart as the sampler's or the data's.
@@ -66,6 +67,25 @@ def group_steps(order: np.ndarray, costs: np.ndarray, ranks: int, per_rank: int,
             block = [block[k] for k in rng.permutation(len(block))]
         steps.extend(block)
     return np.stack(steps) if steps else np.zeros((0, ranks, per_rank), dtype=order.dtype)
+
+
+WINDOW = 64  # steps per sorting window of the token-only plan: see TokenBalancedSampler and docs/BENCHMARKS.md
+
+
+def token_balanced(costs: np.ndarray, ranks: int, per_rank: int = 1, *, seed: int = 0, epoch: int = 0,
+                   window: int = WINDOW, steps: int | None = None, shuffle: bool = True) -> np.ndarray:
+    """``[steps, ranks, per_rank]`` row numbers: the token-only plan of an epoch from one scalar cost per row,
+    what :class:`~packer.loader.TokenBalancedSampler` follows and ``packer steps`` measures its plan against.
+
+    The rows in a random order (seed + epoch; row order when not ``shuffle``), repeated from the start to fill
+    ``steps`` whole steps (default: every row, the last step padded), then :func:`group_steps` with the same
+    generator shuffling each window's steps. One function for both, so the baseline is the sampler's plan."""
+    n, per_step = len(costs), ranks * per_rank
+    steps = -(-n // per_step) if steps is None else steps
+    rng = np.random.default_rng(seed + epoch)
+    order = rng.permutation(n) if shuffle else np.arange(n)
+    order = np.resize(order, steps * per_step)  # repeats from the start to pad
+    return group_steps(order, costs, ranks, per_rank, window, rng if shuffle else None)
 
 
 def imbalance(costs: np.ndarray, assignment: np.ndarray, weighted: bool = False) -> float:

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.cost import CostModel
+from packer.cost.model import CostModel
 from packer.errors import ConfigError, PackerError
 
 FEATURES = ("call", "token", "attention", "image_item", "image_token", "image_square")  # columns of the fit
