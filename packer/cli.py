@@ -276,7 +276,7 @@ def verify(out, media, processor, sample, media_root, collate, deep):
 
     click.echo(_run(verify_or_raise, out, media=media, media_root=media_root, collate=collate, deep=deep))
     if processor:
-        from packer.against_processor import verify_against_processor_or_raise
+        from packer.verify.against_processor import verify_against_processor_or_raise
 
         click.echo(_run(verify_against_processor_or_raise, out, processor, sample=sample, media_root=media_root))
 

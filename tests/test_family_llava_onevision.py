@@ -192,7 +192,7 @@ def test_refusals(built, tmp_path):
 
 @pytest.mark.slow  # the processor over a sample of the build, twice
 def test_verify_against_processor_passes_on_the_build_and_names_a_changed_setting(built, tmp_path):
-    from packer.against_processor import verify_against_processor
+    from packer.verify.against_processor import verify_against_processor
 
     root = built.root
     mismatches, checked = verify_against_processor(root / "out", str(root / "checkpoint"), sample=8)

@@ -44,8 +44,8 @@ def test_manifest_records_the_family_and_its_settings(built):
 def test_verify_against_processor_passes_on_the_build_and_names_a_changed_setting(built, tmp_path):
     from click.testing import CliRunner
 
-    from packer.against_processor import verify_against_processor
     from packer.cli import main
+    from packer.verify.against_processor import verify_against_processor
 
     root = built.root
     mismatches, checked = verify_against_processor(root / "out", str(root / "checkpoint"), sample=6)
@@ -96,8 +96,8 @@ def test_private_use_markers_typed_in_records_pass_verify_against_the_processor(
     ``verify --against-processor`` finds every id equal (they used to be removed, and verify exited 6)."""
     import json
 
-    from packer.against_processor import verify_against_processor
     from packer.loader import PackedDataset
+    from packer.verify.against_processor import verify_against_processor
 
     typed = "x\U000f0000y\U000f0001z"
     image = str(write_media(tmp_path, ("image",))["plain_300x200.jpg"].relative_to(tmp_path))
@@ -132,7 +132,7 @@ def test_a_tool_calling_record_passes_verify_against_the_processor(tmp_path):
     from test_tool_calls import OPENAI, TOOLS
     from transformers import AutoTokenizer
 
-    from packer.against_processor import verify_against_processor
+    from packer.verify.against_processor import verify_against_processor
 
     processor = ASSETS.processor(tmp_path / "checkpoint")
     processor.chat_template = AutoTokenizer.from_pretrained(QWEN_TOKENIZER).chat_template  # Qwen3's: renders tools

@@ -334,24 +334,24 @@ def test_deep_rederives_the_tokenizer_hash_of_a_build_with_its_own_template(tmp_
 
 @pytest.mark.parametrize("name", ["text", "pairs", "tree"])
 def test_deep_passes_clean_builds_byte_for_byte(builds, name, monkeypatch):
-    import packer.verify_deep
+    import packer.verify.deep
 
     def compared_rows(*args):
         raise AssertionError("the re-derived bytes differ from the stored shard's")
 
-    monkeypatch.setattr(packer.verify_deep, "_first_difference", compared_rows)  # only called when the bytes differ
+    monkeypatch.setattr(packer.verify.deep, "_first_difference", compared_rows)  # only called when the bytes differ
     r = run("verify", builds[name], "--deep")
     assert r.exit_code == 0 and "every packed row re-derived" in r.output, r.output
 
 
 def test_deep_passes_a_media_build_and_names_an_edited_media_span(sample_build, tmp_path, monkeypatch):
-    import packer.verify_deep
+    import packer.verify.deep
 
     src, _ = sample_build
     out = tmp_path / "media"
     shutil.copytree(src, out)
     with monkeypatch.context() as m:  # byte for byte: the rows are never compared
-        m.setattr(packer.verify_deep, "_first_difference", lambda *a: pytest.fail("the re-derived bytes differ"))
+        m.setattr(packer.verify.deep, "_first_difference", lambda *a: pytest.fail("the re-derived bytes differ"))
         assert verify(out, deep=True)[0] == []
     manifest = json.loads((out / "manifest.json").read_text())
     shard = next(e["file"] for e in manifest["files"]["packed"]
@@ -374,7 +374,7 @@ def test_against_processor_compares_the_packed_rows_too(tmp_path):
     from family_harness import build_family
     from media_fixtures import write_images
 
-    from packer.against_processor import verify_against_processor
+    from packer.verify.against_processor import verify_against_processor
 
     images = write_images(tmp_path / "img")
     part = {"type": "image", "image": str(images["photo.webp"].relative_to(tmp_path))}

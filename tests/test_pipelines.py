@@ -85,7 +85,7 @@ def test_pipeline_builds(name, tmp_path, monkeypatch, capsys):
         sources = zip(t.column("source_file").to_pylist(), t.column("source_line").to_pylist(), strict=True)
         assert not {(Path(f).name, line) for f, line in sources} & undeclared
     if config.family != "generic":  # a model family: its ids are checked against its processor on a sample
-        from packer.against_processor import verify_against_processor
+        from packer.verify.against_processor import verify_against_processor
 
         spans = [s for e in m["files"]["packed"]
                  for row in pa.ipc.open_stream(pa.memory_map(str(out / e["file"]))).read_all().to_pylist()

@@ -573,7 +573,7 @@ def test_split_sft_pieces_beside_preference_records_are_the_samples_own_tokens(t
     assert len(pieces["alone"]) > 1 and [s for s, _ in pieces["alone"]] != [0] * len(pieces["alone"])
     assert pieces["mixed"] == pieces["alone"]
     assert verify(tmp_path / "mixed")[0] == []
-    from packer.verify import _check_pieces
+    from packer.verify.rows import check_pieces as _check_pieces
 
     lengths = [len(ids) for _, ids in pieces["alone"]]
     assert _check_pieces({(0, 1): {(s, n) for (s, _), n in zip(pieces["alone"], lengths, strict=True)}}) == []
@@ -682,7 +682,7 @@ def test_verify_finds_a_broken_tree(builds, tmp_path):
     row = next(r for r in rows if any(p >= 0 for p in r["segment_parent"]))
     k = next(k for k, p in enumerate(row["segment_parent"]) if p >= 0)
     row["segment_parent"][k] = k  # its own parent
-    from packer.verify import _check_row
+    from packer.shards.invariants import packed_row_problems as _check_row
 
     problems = _check_row(row, 100, set(), {})
     assert any("not an earlier prompt" in p for p in problems)
@@ -700,8 +700,8 @@ def test_a_family_build_of_preference_records_equals_its_processor_response_by_r
     from family_harness import build_family, hf_inputs
     from media_fixtures import write_images
 
-    from packer.against_processor import verify_against_processor
     from packer.loader import SampleDataset
+    from packer.verify.against_processor import verify_against_processor
 
     images = write_images(tmp_path / "img")
     part = lambda name: {"type": "image", "image": str(images[name].relative_to(tmp_path))}  # noqa: E731

@@ -233,8 +233,8 @@ def test_verify_against_the_processor_renders_a_record_with_tools_with_the_tool_
 
     from transformers import AutoTokenizer
 
-    from packer.against_processor import _renderers
     from packer.config import BuildConfig
+    from packer.verify.against_processor import _renderers
 
     tok = AutoTokenizer.from_pretrained(named_templates)
     default, tool = _renderers(SimpleNamespace(tokenizer=tok, chat_template=None), BuildConfig(tokenizer=named_templates))

@@ -437,9 +437,9 @@ def test_verify_against_processor_passes_on_a_frame_list_without_fps(no_fps_buil
     from mm_models import qwen2vl_processor
     from transformers import Qwen2VLVideoProcessor
 
-    from packer import against_processor
-    from packer.against_processor import verify_against_processor
     from packer.loader import PackedDataset
+    from packer.verify import against_processor
+    from packer.verify.against_processor import verify_against_processor
 
     out, _, policy, (_, _, seconds) = no_fps_build
     proc = qwen2vl_processor(PackedDataset(out).tokenizer(), "2.5")

@@ -9,6 +9,8 @@ through this package only; the build stages write it.
 - :mod:`packer.shards.manifest` -- :class:`Manifest`, ``manifest.json`` typed.
 - :mod:`packer.shards.stats` -- per-shard row statistics (tokens, attention work, media),
   mergeable by addition: the report and the samplers' cost model share them.
+- :mod:`packer.shards.invariants` -- what every packed row, sample and plan entry must hold: asked
+  vectorised on every read (:mod:`packer.shards.integrity`) and row by row by ``packer verify``.
 """
 
 from packer.shards.io import read_shard, read_shards, write_shard, write_shard_batches

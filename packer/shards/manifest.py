@@ -141,7 +141,7 @@ class Manifest:
     def build_config(self, **overrides: Any):
         """The :class:`packer.config.BuildConfig` the build was made with (its content and plan settings; execution
         settings at their defaults), ``overrides`` applied: what ``packer repack`` re-plans with and
-        :mod:`packer.verify_deep` re-derives the plan from. Keys of a build made before they existed take their old
+        :mod:`packer.verify.deep` re-derives the plan from. Keys of a build made before they existed take their old
         behaviour."""
         from packer.config import BuildConfig
 

@@ -291,7 +291,7 @@ def plan_build(samples: pa.Table, config: BuildConfig, tokenizer: dict[str, Any]
                rows=None) -> tuple[Plan, Mix, np.ndarray | None]:
     """Stage 2 of a build: :func:`plan_sources` under the family the build's ``tokenizer`` record names (its joined
     kinds, its row keys: :func:`row_keys`); ``(plan, mix, row keys or None)``. The build plans with it, and the deep
-    check of ``packer verify`` (:mod:`packer.verify_deep`) re-plans with it from the samples' lengths and the manifest's
+    check of ``packer verify`` (:mod:`packer.verify.deep`) re-plans with it from the samples' lengths and the manifest's
     settings."""
     family = tokenizer.get("family") or {}
     joined = tuple(family.get("joined_kinds") or ())

@@ -43,7 +43,7 @@ from packer.io.fs import is_remote
 from packer.shards.io import read_shard
 from packer.shards.manifest import MANIFEST, Manifest
 from packer.shards.schema import PACKED_SCHEMA, PLAN_SCHEMA, SAMPLE_SCHEMA
-from packer.verify import Problem
+from packer.verify.problem import Problem
 
 # the manifest's tokenizer fields OUT/tokenizer re-derives (the others: not_checkable)
 TOKENIZER_FIELDS = ("sha256", "vocab_size", "bos_token_id", "eos_token_id", "placeholders", "chat_template_sha256",
