@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.encode import standard
+import packer.encode.standard as standard
 from packer.encode.chat import RenderedChat, marked_data, render_tools, shift, template_messages
 from packer.encode.labels import Labeller, span_mask
 from packer.encode.preference_encoder import PREFERENCE_BATCH_BYTES, PreferenceEncoder

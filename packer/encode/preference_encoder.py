@@ -10,20 +10,18 @@ tokenizer, renderers and per-chunk memo of tokenized texts.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
-from packer.encode import preference, standard
+import packer.encode.preference as preference
+import packer.encode.standard as standard
 from packer.encode.chat import RenderedChat, marked_data, shift
 from packer.encode.labels import common_chars
 from packer.encode.tokens import Known
 from packer.errors import BadRecord
 from packer.ingest.records import Conversation, Preference
 from packer.shards.schema import ResponseSpan
-
-if TYPE_CHECKING:
-    from packer.encode.encoder import Encoder
 
 PREFERENCE_BATCH_BYTES = 1 << 18  # a preference record whose line times its responses is over this is rendered and
 #   tokenized apart from the chunk's batch, its first response alone then this many bytes of renderings at a time
@@ -33,7 +31,7 @@ PREFERENCE_BATCH_BYTES = 1 << 18  # a preference record whose line times its res
 class PreferenceEncoder:
     """The preference records of one :class:`~packer.encode.encoder.Encoder` (module docstring)."""
 
-    def __init__(self, encoder: Encoder):
+    def __init__(self, encoder: Any):  # the Encoder (not imported: it imports this module)
         self.encoder = encoder
 
     def standard_fits(self, record: Preference) -> None:
