@@ -150,7 +150,8 @@ def inspect(out, row, as_json):
     """Summarise a build (rows, tokens, fill, lower bound, quarantine by reason), or one row."""
     import json
 
-    from packer.summary import row_detail, row_text, summarize, summary_text
+    from packer.loader.row_detail import row_detail, row_text
+    from packer.summary import summarize, summary_text
 
     if row is not None:
         d = _run(row_detail, out, row)

@@ -732,7 +732,7 @@ def test_a_family_build_of_preference_records_equals_its_processor_response_by_r
 
 
 def test_inspect_shows_roles_and_branches_and_batches_encode_as_lines_do(builds, chatml):
-    from packer.summary import row_detail, row_text
+    from packer.loader.row_detail import row_detail, row_text
 
     _, out = builds
     details = [row_detail(out["tree"], k) for k in range(len(packed_rows(out["tree"])))]

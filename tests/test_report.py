@@ -180,7 +180,7 @@ def svgs(page):
 
 
 def test_count_axes_get_integer_ticks_and_percent_axes_nice_ones():
-    from packer.report.html import bar_chart
+    from packer.report.svg import bar_chart
 
     for peak in (1, 2, 3, 5, 7, 10, 13, 55, 99):  # 5 rows used to give 0, 1.25, 2.50, 3.75, 5
         svg = bar_chart(["a", "b"], {"rows": [1, peak]}, log=False)
@@ -192,7 +192,7 @@ def test_count_axes_get_integer_ticks_and_percent_axes_nice_ones():
 
 
 def test_log_axis_when_counts_span_decades_and_value_labels_on_bars():
-    from packer.report.html import bar_chart
+    from packer.report.svg import bar_chart
 
     svg = bar_chart(["a", "b", "c"], {"samples": [2, 0, 3400]}, y_label="samples")
     assert 'data-scale="log"' in svg and "samples (log scale)" in svg
@@ -205,7 +205,7 @@ def test_log_axis_when_counts_span_decades_and_value_labels_on_bars():
 
 
 def test_built_page_axes_and_labels(sample_build):
-    from packer.report.html import log_axis
+    from packer.report.svg import log_axis
 
     out, _ = sample_build
     r = json.loads((out / "report.json").read_text())

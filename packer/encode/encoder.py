@@ -32,18 +32,20 @@ import functools
 import hashlib
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from packer.encode import preference, standard
-from packer.encode.labels import Labeller, common_chars, span_mask
+import packer.encode.standard as standard
+from packer.encode.chat import RenderedChat, marked_data, render_tools, shift, template_messages
+from packer.encode.labels import Labeller, span_mask
+from packer.encode.preference_encoder import PREFERENCE_BATCH_BYTES, PreferenceEncoder
 from packer.encode.render import MARK_START, Renderer, probe_conversations, template_clock, template_source
 from packer.encode.shipped import Shipped, ship, unpack
 from packer.encode.tokenizer import add_tokens, fingerprint, missing_tokens, open_tokenizer, require_tokens
-from packer.encode.tokens import Known, TextTokenizer
+from packer.encode.tokens import TextTokenizer
 from packer.errors import BadRecord, PackerError
 from packer.families import Expansion, Family, RecordMedia, Run, family_from_state, make_family
 from packer.ingest.formats import decode_json, parse_record, record_id
@@ -52,12 +54,9 @@ from packer.ingest.records import Conversation, Document, Preference
 from packer.media import bounds as setting_bounds
 from packer.media import refs
 from packer.media.counter import MediaProber, kept_seconds
-from packer.shards.schema import IGNORE, MEDIA_KINDS, MediaSpan, ResponseSpan, Sample
+from packer.shards.schema import IGNORE, MEDIA_KINDS, MediaSpan, Sample
 
 MEDIA_ORDER = MEDIA_KINDS  # the order a modality name lists its kinds in
-PREFERENCE_BATCH_BYTES = 1 << 18  # a preference record whose line times its responses is over this is rendered and
-#   tokenized apart from the chunk's batch, its first response alone then this many bytes of renderings at a time
-#   (each rendering repeats the prompt: all of them at once would cost the responses times the prompt)
 TOKENIZE_BATCH = 1000  # texts per tokenizer call: the wrapper's cost is paid per call, memory grows with the batch
 TOKENIZE_BATCH_BYTES = 1 << 21  # and characters of text per chunk: the encodings of one call are held together
 #   (~40 bytes a character with offsets: 500 pair records of a 100 KB prompt held 4.3 GB in one chunk)
@@ -127,32 +126,6 @@ class EncoderSpec:
         return {"image": c.image_tag, "audio": c.audio_tag, "video": c.video_tag}
 
 
-@dataclass
-class RenderedChat:
-    """A conversation rendered and expanded, waiting for its tokens (tokenized in a batch with others).
-
-    ``full`` is the template's rendering; ``text`` is ``full`` with each media token replaced by its
-    expansion (runs written as one token): what is tokenized. ``edits`` holds, per media item in
-    text order, (position in ``full``, length of the media token there, length of its replacement)."""
-
-    full: str
-    text: str
-    messages: list[dict[str, Any]]
-    train_on: str
-    assistant: list[int]  # assistant turn indices
-    trained: set[int]  # the assistant turns to train
-    train_on_empty_think: bool
-    items: list[tuple[int, Expansion]] = field(default_factory=list)  # (media item index, expansion) in text order
-    edits: list[tuple[int, int, int]] = field(default_factory=list)
-    spans: list[tuple[int, int]] | None = None  # the trained character spans of ``full``, once labelled
-    clips_cut: int = 0  # audio clips longer than the encoder's window (counted as audio_truncated)
-    prompt: str | None = None  # a string preference record in TRL's standard format: its prompt (``text`` is no
-    #                            rendering but prompt + response + EOS, see packer.encode.standard)
-    completion_start: int = 0  # standard format: the first trained token
-    tools: list[dict[str, Any]] | None = None  # the record's tool schemas, marked: every rendering of it gets them
-    marked: bool = False  # a control token typed in the record was marked: ``text`` is encoded piece by piece
-
-
 class Encoder:
     def __init__(self, spec: EncoderSpec):
         self.spec = spec
@@ -205,6 +178,7 @@ class Encoder:
                 self.tool_renderer.check(probes)
                 self.tool_labeller = Labeller(self.tool_renderer)
         self._memo: dict = {}  # texts tokenized in a batch, for the records of one encode_lines call
+        self.preference = PreferenceEncoder(self)  # records of several responses
 
     @property
     def placeholder_ids(self) -> dict[str, int]:
@@ -327,31 +301,11 @@ class Encoder:
         except Exception:  # noqa: BLE001 -- per record below
             pass
         try:
-            for text, hit in zip(plain, self._standard_encode(plain), strict=True):
+            for text, hit in zip(plain, self.preference.standard_encode(plain), strict=True):
                 memo["standard", text] = hit
         except Exception:  # noqa: BLE001 -- per record below
             pass
         self._memo = memo
-
-    def _standard_encode(self, texts: list[str]) -> list[tuple[np.ndarray, None]]:
-        """``tok(text)`` as TRL calls it on standard-format text: special tokens added, typed ones parsed. Ids only:
-        the labels follow from TRL's token count (:func:`standard.completion_start`), not from characters. At most
-        ``PREFERENCE_BATCH_BYTES`` of text a call: a record of many responses repeats its prompt in each, and one
-        call over all of them held every token's encoding at once (2 GB for a 100 KB prompt and 500 responses)."""
-        out, batch, size = [], [], 0
-        for text in texts:
-            batch.append(text)
-            size += len(text)
-            if size >= PREFERENCE_BATCH_BYTES:
-                out += self.text.encode(batch, special=True, split=self.text.split_default, offsets=False)
-                batch, size = [], 0
-        if batch:
-            out += self.text.encode(batch, special=True, split=self.text.split_default, offsets=False)
-        return out
-
-    def _standard_tokens(self, text: str) -> tuple[np.ndarray, None]:
-        hit = self._memo.get(("standard", text))
-        return hit if hit is not None else self._standard_encode([text])[0]
 
     # ------------------------------------------------------------------ one record
 
@@ -372,7 +326,7 @@ class Encoder:
                                                      f"response(s)); this build packs SFT records only: pass --preference "
                                                      f"pairs or tree to pack it with its roles")
             if record.strings and self.config.preference_strings == "standard":  # TRL's standard format
-                self._standard_fits(record)
+                self.preference.standard_fits(record)
                 prompt, texts = standard.texts(record, self.tok.eos_token)
                 return obj, record, [RenderedChat(t, t, [], "standard", [], set(), False, prompt=prompt) for t in texts]
             self._check_modalities(record.conversation(0))  # the media are the prompt's, the same in every response
@@ -381,16 +335,6 @@ class Encoder:
             return obj, record, [self._render(record.conversation(k)) for k in range(len(record.responses))]
         self._check_modalities(record)
         return obj, record, self._render(record)
-
-    def _standard_fits(self, record: Preference) -> None:
-        """Drop a string record whose prompt alone, with a token for each response, cannot fit ``max_length`` even as a
-        tree, before each response's text (a copy of the prompt each, TRL's way) is made and tokenized."""
-        prompt = "".join(p.text for t in record.prompt for p in t.parts)
-        need = len(self._standard_tokens(prompt)[0]) + len(record.responses)
-        if need > self.config.max_length:
-            raise BadRecord("preference_too_long", f"the prompt and {len(record.responses):,} responses take at least "
-                                                   f"{need:,} tokens as a tree (pairs take more), over max_length "
-                                                   f"{self.config.max_length:,}: dropped before the responses were tokenized")
 
     def _render(self, conv: Conversation) -> RenderedChat:
         if self.renderer is None:
@@ -408,7 +352,7 @@ class Encoder:
                             f"such as a turn's end): transformers keeps typed control tokens as text by wrapping them in "
                             f"those very characters, so no HF encoding keeps both as written; remove the U+F0000 / "
                             f"U+F0001 characters (private-use, invisible) from the source data")
-        full = self._render_tools(renderer, messages, tools) if tools or any("tool_calls" in m for m in messages) \
+        full = render_tools(renderer, messages, tools) if tools or any("tool_calls" in m for m in messages) \
             else renderer.render(messages)
         positions = self._media_positions(full, marked)
         self._record_cut = 0
@@ -432,33 +376,6 @@ class Encoder:
     def _renderer_for(self, tools: Any) -> Renderer:
         """The renderer of a record that has ``tools`` (the template transformers picks for it) or has none."""
         return self.tool_renderer if tools else self.renderer
-
-    def _render_tools(self, renderer: Renderer, messages: list[dict[str, Any]],
-                      tools: list[dict[str, Any]] | None) -> str:
-        """A record with tool calls or tools, rendered with them; refused (``tools_not_rendered``) where the template
-        raises on them or leaves them out (its rendering without them is the same: the tool-call turn would train
-        as an empty turn, or the model would learn calls to tools it was never shown)."""
-        bare = [{k: v for k, v in m.items() if k != "tool_calls"} for m in messages]
-        calls = sum(len(m.get("tool_calls", ())) for m in messages)
-        what = " and ".join(filter(None, [f"{calls} tool call(s)" if calls else "", f"{len(tools)} tool(s)" if tools else ""]))
-        try:
-            full = renderer.render(messages, tools=tools)
-        except BadRecord as e:  # the template's message says what it refused (a tool call id's format, ...)
-            raise BadRecord("tools_not_rendered", f"the chat template cannot render the record's {what}: "
-                                                  f"{e.detail.removeprefix('the chat template refused the conversation: ')}"
-                                                  ) from None
-        for name, without in (("tool calls", (bare, tools)), ("tools", (messages, None))):
-            if (name == "tools" and not tools) or (name == "tool calls" and not calls):
-                continue
-            try:
-                same = renderer.render(without[0], tools=without[1]) == full
-            except BadRecord:  # the template needs them: it renders them
-                same = False
-            if same:
-                raise BadRecord("tools_not_rendered", f"the chat template leaves out the record's {name} ({what}): it "
-                                                      f"renders the record as it renders it without them; use a template "
-                                                      f"that renders tools (chat_template), or drop them from the record")
-        return full
 
     def _messages(self, conv: Conversation, renderer: Renderer) -> list[dict[str, Any]]:
         return template_messages(conv, self.family.structured, self.family.media_token, renderer.mark)
@@ -518,7 +435,7 @@ class Encoder:
         if isinstance(record, Document):
             ids, trained, media = self._encode_document(record)
         elif isinstance(record, Preference):
-            ids, trained, media, responses, prefix = self._encode_preference(record, chat)
+            ids, trained, media, responses, prefix = self.preference.encode(record, chat)
         else:
             ids, trained, media = self._encode_conversation(record, chat)
         labels = ids.copy() if trained is None else np.where(trained, ids, IGNORE).astype(np.int32)
@@ -606,7 +523,7 @@ class Encoder:
 
     def _chat_tokens(self, chat: RenderedChat) -> tuple[np.ndarray, np.ndarray]:
         if chat.prompt is not None:
-            return self._standard_tokens(chat.text)
+            return self.preference.standard_tokens(chat.text)
         hit = self._memo.get(("chat", chat.text))
         if hit is not None:
             return hit
@@ -656,105 +573,6 @@ class Encoder:
             raise BadRecord("incompatible_media", why)
         return np.concatenate(pieces_ids), np.concatenate(pieces_mask), media
 
-    def _encode_preference(self, record: Preference, chats: list[RenderedChat | None]):
-        """Each response as its own conversation (prompt + response), one after the other, and the tokens they
-        share (:mod:`packer.encode.preference`): ``(ids, trained, media, responses, prefix)``.
-
-        The responses go through one at a time (``chats[k]`` is None when the record was too large to render whole
-        in :meth:`_prepare`), keeping only what each does not share with the first; once the responses so far
-        cannot fit ``max_length`` as a tree (the shorter layout), the record is dropped before the rest are
-        rendered (``preference_too_long``)."""
-        roles = [r.role for r in record.responses]
-        n = len(roles)
-        plain = chats[0] is not None and chats[0].prompt is not None  # TRL's standard format (packer.encode.standard)
-        if plain:
-            start = standard.completion_start(self._standard_tokens(chats[0].prompt)[0],
-                                              [self._standard_tokens(c.text)[0] for c in chats])
-            for chat in chats:
-                chat.completion_start = start
-        prompt = self._prompt_rendering(record) if n > 1 and not plain else None
-        shared, media, known = preference.SharedPrefix(), [], None
-        for k, role in enumerate(roles):
-            if chats[k] is None:  # render (and tokenize in one call) the next responses, up to PREFERENCE_BATCH_BYTES
-                known = self._render_batch(record, chats, k, known)
-            chat = chats[k]
-            ids, trained, spans = self._encode_conversation(record.conversation(k), chat)
-            self._memo.pop(("chat", chat.text), None)
-            if not trained[1:].any():
-                raise BadRecord("no_trainable_tokens", f"response {role!r} has no token to train on (no assistant turn, "
-                                                       f"or an empty one)")
-            if k == 0:
-                media = spans
-            end = 0 if n == 1 else len(chat.prompt) if plain else self._prompt_end(chat, prompt)
-            shared.add(ids, trained, chat.text, end, [m.start + m.length for m in spans])
-            chats[k] = chat if k == 0 else None  # the first counts the prompt's clips (_finish); no other is kept
-            if k < n - 1 and shared.tree_lower_bound(n) > self.config.max_length:
-                raise BadRecord("preference_too_long",
-                                f"the first {k + 1:,} of its {n:,} responses already take at least "
-                                f"{shared.tree_lower_bound(n):,} tokens as a tree (pairs take more), over max_length "
-                                f"{self.config.max_length:,}: dropped before the other responses were rendered")
-        prefix = shared.prefix(roles) if n > 1 else 0
-        responses, start, ids_out, trained_out = [], 0, [], []
-        for k, response in enumerate(record.responses):  # stored: the shared prompt once, then each response's rest
-            ids, trained = shared.response(k)
-            responses.append(ResponseSpan(start, len(ids), response.role, response.weight))
-            cut = prefix if k else 0
-            ids_out.append(ids[cut:])
-            trained_out.append(trained[cut:])
-            start += len(ids)
-        return np.concatenate(ids_out), np.concatenate(trained_out), media, responses, prefix
-
-    def _render_batch(self, record: Preference, chats: list[RenderedChat | None], k: int, known: Known | None) -> Known | None:
-        """Render responses ``k``, ``k + 1``, ... of ``record`` into ``chats`` until their texts reach
-        ``PREFERENCE_BATCH_BYTES``, and tokenize them in one call (into the memo): a record's responses are not
-        all held at once, nor tokenized one call each. The first response is tokenized whole and returned
-        (``known``, None where it cannot be cut: a marked text, split special tokens); the others send the
-        tokenizer only what follows the last control token they share with it (``<|im_start|>`` of the response's
-        turn: :meth:`TextTokenizer.encode_sharing`), so a long prompt is tokenized once, not once per response."""
-        size, texts, first = 0, [], k
-        while k < len(chats) and (k == first or (first > 0 and size < PREFERENCE_BATCH_BYTES)):  # the first alone: it
-            #                                                       may show the record cannot fit (_encode_preference)
-            chats[k] = self._render(record.conversation(k))
-            if not chats[k].marked:
-                texts.append(chats[k].text)
-            size += len(chats[k].text)
-            k += 1
-        try:
-            if first > 0 and known is not None:
-                encoded = self.text.encode_sharing(known, texts)
-            else:
-                encoded = self.text.encode(texts, special=False, split=self.text.split_default, offsets=True)
-            for text, hit in zip(texts, encoded, strict=True):
-                self._memo["chat", text] = hit
-        except Exception:  # noqa: BLE001 -- each response tokenizes its own text, as in _pretokenize
-            pass
-        if first == 0:
-            hit = self._memo.get(("chat", chats[0].text)) if not chats[0].marked else None
-            return self.text.known(chats[0].text, *hit) if hit is not None and not self.text.split_default else None
-        return known
-
-    def _prompt_rendering(self, record: Preference) -> str | None:
-        """The prompt's turns rendered alone, where some response does not open with its trained assistant turn (an
-        implicit prompt whose responses go on with a user turn, TRL's ``extract_prompt``); None otherwise."""
-        if all(r.turns and r.turns[0].role == "assistant" and r.turns[0].trained for r in record.responses):
-            return None
-        renderer = self._renderer_for(record.tools)
-        tools = marked_data(list(record.tools), renderer.mark) if record.tools else None
-        return renderer.render(self._messages(Conversation(record.prompt, record.id), renderer), tools=tools) \
-            if record.prompt else ""
-
-    def _prompt_end(self, chat: RenderedChat, prompt: str | None = None) -> int:
-        """Where the prompt ends in ``chat.text``: the header of the first trained turn (its start when the template
-        has no generation prompt), or, where the response opens with other turns, the end of what the conversation
-        shares with the prompt rendered alone (``prompt``)."""
-        full, at = chat.full, min(s for s, _ in chat.spans)
-        header = (self.tool_labeller if chat.tools else self.labeller).header
-        h = full.rfind(header, 0, at) if header else -1
-        end = h if h >= 0 else at
-        if prompt is not None:
-            end = min(end, common_chars(prompt, full))
-        return _shift(end, chat.edits)
-
     def _labels(self, chat: RenderedChat, ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """The bool mask of ``ids`` to train: the assistant spans (mapped from ``full`` onto the expanded text);
         nothing a media expansion inserted is ever trained."""
@@ -767,7 +585,7 @@ class Encoder:
             spans = labeller.trained_spans(chat.messages, chat.full, chat.assistant, chat.trained,
                                                 chat.train_on_empty_think, chat.tools)
             chat.spans = spans
-            mask = span_mask(starts, [(_shift(s, chat.edits), _shift(e, chat.edits)) for s, e in spans], len(chat.text))
+            mask = span_mask(starts, [(shift(s, chat.edits), shift(e, chat.edits)) for s, e in spans], len(chat.text))
         if chat.edits:
             inserted, delta = [], 0
             for at, old, new in chat.edits:
@@ -786,49 +604,6 @@ def _text_size(prepared: tuple) -> int:
     return sum(len(c.text) + len(c.prompt or "") for c in chats if c is not None)
 
 
-def template_messages(conv: Conversation, structured: bool, media_token: Callable[[str], str],
-                      mark: Callable[[str], str]) -> list[dict[str, Any]]:
-    """Messages for the chat template: text marked (typed control tokens stay text); each media part as a
-    ``{"type": kind}`` content part (a structured family, as ``processor.apply_chat_template`` passes it) or as its
-    media token in the text (generic); a turn's reasoning under every name transformers aliases it to."""
-    out = []
-    for t in conv.turns:
-        media = any(p.kind != "text" for p in t.parts)
-        if structured and (media or t.structured):
-            content: Any = [{"type": "text", "text": mark(p.text)} if p.kind == "text" else {"type": p.kind}
-                            for p in t.parts]
-        else:
-            content = "".join(mark(p.text) if p.kind == "text" else media_token(p.kind) for p in t.parts)
-        message: dict[str, Any] = {"role": t.role, "content": content}
-        if t.reasoning:  # transformers' _alias_reasoning_fields: every name a template may read it by
-            key, text = t.reasoning
-            message = {"thinking": mark(text), **message, key: mark(text), "reasoning_content": mark(text)}
-        for key, value in t.fields:  # tool_calls, tool_call_id, name: on the message, as apply_chat_template keeps them
-            message[key] = marked_data(value, mark)
-        out.append(message)
-    return out
-
-
-def marked_data(value: Any, mark: Callable[[str], str]) -> Any:
-    """``value`` (JSON data: a tool call, tool schemas) with every string marked, keys left as they are -- what
-    transformers' ``mark_control_tokens`` does to messages, tools and documents."""
-    if isinstance(value, str):
-        return mark(value)
-    if isinstance(value, dict):
-        return {k: marked_data(v, mark) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [marked_data(v, mark) for v in value]
-    return value
-
-
-def _shift(pos: int, edits: list[tuple[int, int, int]]) -> int:
-    """A position of the rendering in the expanded text (edits: (position, old length, new length), in order)."""
-    delta = 0
-    for at, old, new in edits:
-        if at >= pos:
-            break
-        delta += new - old
-    return pos + delta
 
 
 __all__ = ["Encoder", "EncoderSpec", "RenderedChat"]

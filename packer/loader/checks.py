@@ -7,6 +7,10 @@ attends to all the rows and segments before it and nothing fails (measured: the 
 the third decimal). A bool mask under eager, which *adds* its mask to the scores, leaks the
 same way. These pairs raise, naming the fix; the others (``sdpa``, ``eager``'s additive mask
 under SDPA, ``flex``) are exact.
+
+The model facts these rules read live here too -- its attention implementation and its rope
+(:func:`model_rope`) -- so the batch checks (:mod:`packer.loader.model_fit`) and the collator a
+build implies (:mod:`packer.loader.derive`) both read them from below.
 """
 
 from __future__ import annotations
@@ -21,6 +25,17 @@ def implementation(model) -> str | None:
     config = getattr(model, "config", model)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     return getattr(text, "_attn_implementation", None) or getattr(config, "_attn_implementation", None)
+
+
+def model_rope(model) -> str:
+    """``mrope`` where the model's text config has an ``mrope_section`` (Qwen2-VL-style 3-D positions)."""
+    config = getattr(model, "config", model)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for key in ("rope_parameters", "rope_scaling"):
+        value = getattr(text, key, None)
+        if isinstance(value, dict) and value.get("mrope_section"):
+            return "mrope"
+    return "default"
 
 
 def default_attention(model) -> str:

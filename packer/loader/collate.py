@@ -62,16 +62,12 @@ from typing import Any
 import numpy as np
 import torch
 
+import packer.loader.trees as trees
 from packer.families import MODEL_INPUT_KEYS, Family, families_of_processor, family_from_state
-from packer.loader import trees
-from packer.loader.loss import loss_weights
 from packer.loader.media import MediaStep
-from packer.modeling import masks
+from packer.loader.text_batch import ATTENTION, FLATTENED, concatenate, text_batch
+from packer.loader.text_batch import bounds as segment_bounds
 from packer.modeling.mrope import mrope_positions
-from packer.shards.schema import IGNORE
-
-ATTENTION = ("sdpa", "eager", "flex", "varlen", "position_ids")
-FLATTENED = ("varlen", "position_ids")
 
 
 class PackedCollator:
@@ -191,27 +187,18 @@ class PackedCollator:
             rows, dummy_inputs = self.dummy_media.add(rows)
         n_rows = len(rows)
         if self.attention in FLATTENED:
-            rows = [_concatenate(rows)]
+            rows = [concatenate(rows)]
         length = self._length(max(int(r["n_tokens"]) for r in rows), grow=bool(dummy_inputs),
                               rows=n_rows if self.attention in FLATTENED else 1)
-        cu = [np.asarray(r["cu_seqlens"], dtype=np.int64) for r in rows]
-        batch = len(rows)
-        input_ids = torch.full((batch, length), self.pad_token_id, dtype=torch.long)
-        labels = torch.full((batch, length), IGNORE, dtype=torch.long)
-        for b, r in enumerate(rows):
-            n = int(r["n_tokens"])
-            input_ids[b, :n] = torch.as_tensor(np.asarray(r["input_ids"], dtype=np.int64))
-            labels[b, :n] = torch.as_tensor(np.asarray(r["labels"], dtype=np.int64))
-            labels[b, torch.as_tensor(cu[b][:-1])] = IGNORE  # no segment's first token is a target
-        segment, position = masks.segments_and_positions(cu, length)
-        if tree is not None:
-            position = trees.positions(position, segment, cu, tree)
-        out: dict[str, Any] = {"input_ids": input_ids, "labels": labels, "seq_idx": segment.to(torch.int32)}
+        text = text_batch(rows, length, pad_token_id=self.pad_token_id, attention=self.attention, loss=self.loss,
+                          tree=tree, mask_dtype=self.mask_dtype, device=self.device, row_lengths=self.row_lengths)
+        cu, batch, input_ids, segment, position = text.cu, len(rows), text.input_ids, text.segment, text.position
+        out: dict[str, Any] = {"input_ids": input_ids, "labels": text.labels, "seq_idx": segment.to(torch.int32)}
         if self._family is not None:  # the family it was collated for: model_inputs refuses another family's model
             out["family"] = self._family.name
         if indices is not None:
             out["rows"] = indices  # the dataset rows of this batch (PackedDataset's index)
-        out["loss_weights"] = loss_weights(labels, segment, self.loss, _stored_counts(rows, int(segment.max()) + 1))
+        out["loss_weights"] = text.loss_weights
         if self._family is not None:  # per-token model inputs (mm_token_type_ids, Gemma 3's token_type_ids)
             out.update(self._family.row_inputs(input_ids, self._run_ids))
         out["media"] = [{**m, "batch": b} for b, r in enumerate(rows) for m in r["media"]]
@@ -238,24 +225,7 @@ class PackedCollator:
             out["position_ids"] = position
         if (self.family or {}).get("linear_attention"):
             self._linear_attention(out, cu, length, batch)
-        if self.attention in ("sdpa", "eager"):
-            allowed = masks.allowed(segment) if tree is None else trees.allowed(segment, tree)
-            out["attention_mask"] = allowed if self.attention == "sdpa" else masks.additive(allowed, self.mask_dtype)
-        elif self.attention == "flex":
-            out["attention_mask"] = masks.block_mask(segment, self.device) if tree is None else \
-                trees.block_mask(segment, tree, self.device)
-        elif self.attention == "varlen":
-            bounds = _bounds(cu[0], length)
-            if self.row_lengths is not None:  # padding in pieces of at most a row length: max_seqlen is one of them
-                top = self.row_lengths[-1]
-                bounds = np.concatenate([cu[0], np.arange(int(cu[0][-1]) + top, length, top), [length]]) \
-                    if length > cu[0][-1] else cu[0]
-            cu_t = torch.as_tensor(bounds, dtype=torch.int32)
-            max_len = int(np.diff(bounds).max()) if len(bounds) > 1 else 0
-            if self.row_lengths is not None:
-                max_len = next((x for x in self.row_lengths if x >= max_len), max_len)  # a Python int of a few values
-            out.update(cu_seqlens=cu_t, max_seqlen=max_len, cu_seq_lens_q=cu_t, cu_seq_lens_k=cu_t,
-                       max_length_q=max_len, max_length_k=max_len)
+        out.update(text.attention)  # the attention form's mask or boundaries
         if (self.family or {}).get("linear_attention") and isinstance(out.get("attention_mask"), torch.Tensor):
             # a hybrid model takes one mask per layer type: ours for attention, none for the recurrent layers
             out["attention_mask"] = {"full_attention": out["attention_mask"], "linear_attention": None}
@@ -275,9 +245,9 @@ class PackedCollator:
             raise ValueError(f"family {self.family['name']}: its linear-attention layers take segment boundaries over one "
                              f"flattened row, but the batch holds {batch} rows; use batch_size=1 (one packed row per "
                              f"step: rows are already full) or attention='varlen'")
-        bounds = _bounds(cu[0], length)
-        cu_t = torch.as_tensor(bounds, dtype=torch.int32)
-        max_len = int(np.diff(bounds).max()) if len(bounds) > 1 else 0
+        edges = segment_bounds(cu[0], length)
+        cu_t = torch.as_tensor(edges, dtype=torch.int32)
+        max_len = int(np.diff(edges).max()) if len(edges) > 1 else 0
         out.update(cu_seq_lens_q=cu_t, cu_seq_lens_k=cu_t, max_length_q=max_len, max_length_k=max_len)
 
 
@@ -330,56 +300,6 @@ def _no_media_step(spans: list[dict[str, Any]]) -> str:
             f"would train on placeholder tokens without ever seeing a pixel or a sample. Use "
             f"PackedCollator.for_build(ds, model=model) (the build's processor), or pass processor=... (or stored "
             f"image_embeddings / audio_features)")
-
-
-def _bounds(cu: np.ndarray, length: int) -> np.ndarray:
-    """A row's boundaries with its padding (if any) as one more segment."""
-    return cu if length == cu[-1] else np.append(cu, length)
-
-
-def _stored_counts(rows: list[dict[str, Any]], n_segments: int) -> torch.Tensor | None:
-    """``[B, n_segments]`` supervised tokens per segment as the shards store them (0 for the
-    padding segment), or None when a row lacks them (the weights then count the labels)."""
-    if not all("segment_trained" in r for r in rows):
-        return None
-    counts = torch.zeros(len(rows), n_segments, dtype=torch.long)
-    for b, r in enumerate(rows):
-        stored = torch.as_tensor(np.asarray(r["segment_trained"], dtype=np.int64))
-        if len(stored) != len(r["cu_seqlens"]) - 1:
-            raise ValueError(f"row {b}: segment_trained has {len(stored)} entries for {len(r['cu_seqlens']) - 1} "
-                             "segments; a row cut by hand must cut segment_trained (and n_trained) with it")
-        counts[b, : len(stored)] = stored
-    return counts
-
-
-def _concatenate(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """All rows of a batch as one long row (the flattened forms)."""
-    offsets = np.cumsum([0] + [int(r["n_tokens"]) for r in rows])
-    segments = np.cumsum([0] + [len(r["cu_seqlens"]) - 1 for r in rows])
-    stored = {"segment_trained": np.concatenate([np.asarray(r["segment_trained"], dtype=np.int64) for r in rows])} \
-        if all("segment_trained" in r for r in rows) else {}
-    if rows[-1].get("dummy_segments"):  # a dummy segment stays the last one only where its row is the last
-        stored["dummy_segments"] = rows[-1]["dummy_segments"]
-    roles = {}
-    if all(r.get("segment_role") is not None for r in rows):  # pairs rows: their responses, groups renumbered
-        def column(r: dict[str, Any], key: str, fill) -> list:
-            """The row's ``key`` per segment; segments past it (a dummy media segment) get ``fill(k)``."""
-            given = [] if r.get(key) is None else list(r[key])
-            return given + [fill(k) for k in range(len(given), len(r["cu_seqlens"]) - 1)]
-
-        roles = {"segment_role": [x for r in rows for x in column(r, "segment_role", lambda k: "")],
-                 "segment_ids": [x for r in rows for x in column(r, "segment_ids", lambda k: "")],
-                 "segment_weight": [x for r in rows for x in column(r, "segment_weight", lambda k: None)],
-                 "segment_group": [int(g) + int(s) for r, s in zip(rows, segments, strict=False)
-                                   for g in column(r, "segment_group", lambda k: k)]}
-    return {**stored, **roles,
-        "input_ids": np.concatenate([np.asarray(r["input_ids"]) for r in rows]),
-        "labels": np.concatenate([np.asarray(r["labels"]) for r in rows]),
-        "cu_seqlens": np.concatenate([[0]] + [np.asarray(r["cu_seqlens"][1:]) + o for r, o in zip(rows, offsets, strict=False)]),
-        "n_tokens": int(offsets[-1]),
-        "media": [{**m, "start": int(m["start"] + o), "segment": int(m["segment"] + s), "row": k}
-                  for k, (r, o, s) in enumerate(zip(rows, offsets, segments, strict=False)) for m in r["media"]],
-    }
 
 
 # the text keys, then every registered family's declared model inputs (packer.families.MODEL_INPUT_KEYS)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.families import FAMILIES, family_of_model
+from packer.loader.checks import check_attention, default_attention, model_rope
 
 
 def build_family(ds) -> dict[str, Any] | None:
@@ -42,17 +43,6 @@ def media_kinds(ds) -> list[str]:
         held = {k for modality in held for k in modality.split("+")}
         declared = [k for k in declared if k in held]
     return [k for k in declared if ds.manifest.placeholder_id(k) is not None]
-
-
-def model_rope(model) -> str:
-    """``mrope`` where the model's text config has an ``mrope_section`` (Qwen2-VL-style 3-D positions)."""
-    config = getattr(model, "config", model)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    for key in ("rope_parameters", "rope_scaling"):
-        value = getattr(text, key, None)
-        if isinstance(value, dict) and value.get("mrope_section"):
-            return "mrope"
-    return "default"
 
 
 def load_build_processor(ds) -> Any:
@@ -76,8 +66,6 @@ def load_build_processor(ds) -> Any:
 def collator_for_build(cls, ds, model=None, *, processor=None, **overrides: Any):
     """``cls(...)`` with every argument the build and the model imply (module docstring); ``overrides`` win and are
     checked like a user's collator (:func:`check_collator`)."""
-    from packer.loader.checks import default_attention
-
     family = ds.family
     named = build_family(ds)
     check_model(ds, model)
@@ -97,7 +85,7 @@ def collator_for_build(cls, ds, model=None, *, processor=None, **overrides: Any)
         args.pop("row_lengths")
     args.update(overrides)
     collator = cls(**args)
-    check_collator(collator, ds, model)
+    check_collator(collator, ds, model, model_checked=True)
     return collator
 
 
@@ -164,11 +152,11 @@ def check_model(ds, model) -> None:
                          f"({', '.join(FAMILIES[named['name']].model_types)})")
 
 
-def check_collator(collator, ds, model=None) -> None:
+def check_collator(collator, ds, model=None, *, model_checked: bool = False) -> None:
     """Refuse a collator that contradicts the build (another family, no media step for a media build, another
-    rope) or the model (a mask form its attention ignores, another family, another rope)."""
-    from packer.loader.checks import check_attention
-
+    rope) or the model (a mask form its attention ignores, another family, another rope). ``model_checked``: the
+    caller has run :func:`check_model` on this build and model already (:func:`collator_for_build`, before it
+    loads a processor), so it is not run again."""
     named = build_family(ds)
     kinds = media_kinds(ds)
     if kinds and text_only(model):  # the cause whatever the collator: no tower could take these media
@@ -190,5 +178,6 @@ def check_collator(collator, ds, model=None) -> None:
                          f"takes {expected!r} positions: leave rope out (PackedCollator.for_build(ds, model=model) "
                          f"derives it)")
     if model is not None:
-        check_model(ds, model)
+        if not model_checked:
+            check_model(ds, model)
         check_attention(model, collator.attention)

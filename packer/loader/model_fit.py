@@ -19,6 +19,7 @@ from collections import Counter
 from typing import Any
 
 from packer.families import family_of_model
+from packer.loader.checks import model_rope
 
 
 def check_batch_model(batch: dict[str, Any], model) -> None:
@@ -109,8 +110,6 @@ def _positions(batch: dict[str, Any], model) -> None:
     positions = batch.get("position_ids")
     if positions is None or positions.dim() != 3:
         return
-    from packer.loader.derive import model_rope
-
     of_model = family_of_model(model)
     if model_rope(model) != "mrope" and (of_model is None or of_model.rope != "mrope"):
         raise ValueError(f"the batch's position_ids are 3-D mRoPE positions {tuple(positions.shape)} but {_name(model)} "

@@ -97,15 +97,16 @@ class PackedTrainer(Trainer):
         if train_dataset is not None and not hasattr(train_dataset, "row_stats"):
             raise TypeError(f"PackedTrainer trains on a PackedDataset (its rows' costs balance the ranks), got "
                             f"{type(train_dataset).__name__}; for other datasets use transformers.Trainer")
-        if data_collator is None and train_dataset is not None:
+        derived = data_collator is None and train_dataset is not None
+        if derived:  # checked against the build and the model as it is made
             collator = PackedCollator.for_build(train_dataset, model, dummy_media=False)  # dummies: below, by world size
         else:
             collator = data_collator if data_collator is not None else PackedCollator(attention=default_attention(model))
         if not isinstance(collator, PackedCollator):
             raise TypeError(f"data_collator must be a PackedCollator, got {type(collator).__name__}")
-        if train_dataset is not None:
+        if train_dataset is not None and not derived:
             collator.check_build(train_dataset, model)
-        elif model is not None:
+        elif model is not None and train_dataset is None:
             check_attention(model, collator.attention)
         super().__init__(model=model, args=args, train_dataset=train_dataset, data_collator=collator, **kwargs)
         self.cost, self.window = cost, window

@@ -1,16 +1,19 @@
-"""One self-contained HTML page for a report: inline SVG charts, no script, no URL."""
+"""One self-contained HTML page for a report: inline SVG charts, no script, no URL.
+
+The page's sections, tables and cards from the computed report (:mod:`packer.report.compute`); the charts
+themselves are drawn by :mod:`packer.report.svg`.
+"""
 
 from __future__ import annotations
 
 import html
 import json
-import math
 from typing import Any
 
 from packer.config.sources import capacity_text, policy_text
 from packer.cost import COSTS
+from packer.report.svg import COLORS, bar_chart, number
 
-COLORS = ["#3b6fb6", "#e07b39", "#5aa469", "#b5475b", "#8a6bbe", "#7f7f7f"]
 CSS = """
 body{font:14px/1.45 -apple-system,'Segoe UI',Helvetica,Arial,sans-serif;color:#1d2733;margin:0;background:#f4f6f9}
 main{max-width:1080px;margin:0 auto;padding:28px}
@@ -38,20 +41,6 @@ code{font:12px ui-monospace,Menlo,Consolas,monospace;color:#34495e}
 """
 
 
-def _n(x: float) -> str:
-    return f"{x:,.0f}" if abs(x) >= 100 or float(x).is_integer() else f"{x:,.2f}"
-
-
-def _compact(x: float) -> str:
-    """A count in at most 4-5 characters: 950, 1.2k, 12k, 3.4M."""
-    x = float(x)
-    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= div:
-            v = x / div
-            text = f"{v:.1f}" if abs(v) < 10 else f"{v:.0f}"
-            return text.removesuffix(".0") + unit
-    return f"{x:.0f}" if x.is_integer() else f"{x:.2g}"
-
 
 def _hours(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
@@ -69,111 +58,6 @@ def _gpu_unit(hours: float) -> tuple[str, float]:
 def _gpu_time(hours: float) -> str:
     unit, factor = _gpu_unit(hours)
     return f"{_hours(hours * factor)} {unit}"
-
-
-def nice_step(span: float, target: int = 5, integer: bool = False) -> float:
-    """The 1 / 2 / 5 x 10^k step that cuts ``span`` into about ``target`` intervals
-    (at least 1 on an integer axis, so a count axis never shows 1.25)."""
-    if span <= 0:
-        return 1.0
-    raw = span / target
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-    return max(1.0, float(round(step))) if integer else step
-
-
-LOG_SPAN = 30  # a count axis goes logarithmic when largest / smallest non-zero value exceeds this (~1.5 decades)
-
-
-def log_axis(values: list[float]) -> bool:
-    """Whether a count axis should be logarithmic: its non-zero values span more than
-    :data:`LOG_SPAN` (on a linear axis a bar of 1 next to one of 84 is a hairline)."""
-    positive = [v for v in values if v > 0]
-    return bool(positive) and max(positive) / min(positive) > LOG_SPAN
-
-
-def bar_chart(categories: list[str], series: dict[str, list[float]], *, width: int = 500, height: int = 220,
-              y_label: str = "", percent: bool = False, log: bool | None = None) -> str:
-    """Grouped vertical bars, one group per category, one bar per series; inline SVG.
-
-    Counts (``percent=False``) get integer ticks, and a log scale (log 1+n, so 0 stays
-    the baseline and 1 is visible) when ``log`` is True, or when ``log`` is None and the
-    values span more than two decades; the axis label says so. Every non-zero bar carries
-    its value (rotated when the bar is too narrow for it)."""
-    values = [v for vals in series.values() for v in vals]
-    log = (not percent) and (log_axis(values) if log is None else log)
-    peak = max(values + [0.0])
-    if log:
-        top_exp = max(0, math.ceil(math.log10(max(peak, 1))))
-        ticks = [0.0] + [10.0**k for k in range(top_exp + 1)]
-        scale = lambda v: math.log10(1 + max(v, 0)) / math.log10(1 + ticks[-1])  # noqa: E731
-        tick_text = [_compact(t) for t in ticks]
-    else:
-        unit = 100 if percent else 1
-        step = nice_step(peak * unit, 4, integer=not percent)
-        n_steps = max(1, math.ceil(peak * unit / step - 1e-9))
-        ticks = [k * step / unit for k in range(n_steps + 1)]
-        scale = lambda v: v / ticks[-1]  # noqa: E731
-        if percent:
-            decimals = max(0, -math.floor(math.log10(step)))
-            tick_text = [f"{100 * t:.{decimals}f}%" for t in ticks]
-        else:
-            tick_text = [f"{t:,.0f}" for t in ticks]
-    labels = {}
-    for name, vals in series.items():
-        for c_idx, v in enumerate(vals):
-            if v > 0:
-                labels[name, c_idx] = (f"{100 * v:.1f}%" if percent else _compact(v))
-    left, bottom = 56, 34
-    n_cat, n_ser = max(1, len(categories)), max(1, len(series))
-    group_w = (width - left - 10) / n_cat
-    bar_w = max(1.0, group_w * 0.8 / n_ser)
-    longest = max([len(t) for t in labels.values()] + [0])
-    rotate = longest * 5.6 + 2 > bar_w + group_w * 0.2 / n_ser
-    top = 12 + (longest * 5.6 if rotate else 12)
-    plot_h = height - bottom - top
-    scale_name = "log" if log else "linear"
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-             f'style="max-width:100%;height:auto" role="img" data-scale="{scale_name}" '
-             f'data-kind="{"percent" if percent else "count"}">']
-    last_y = math.inf
-    for t, text in zip(ticks, tick_text, strict=True):
-        y = top + plot_h * (1 - scale(t))
-        if last_y - y < 11:  # log 1+n: 0 and 1 are close on a tall axis; keep the labels apart
-            continue
-        last_y = y
-        parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e4e8ee"/>'
-                     f'<text class="tick" x="{left - 6}" y="{y + 4:.1f}" font-size="10" text-anchor="end" '
-                     f'fill="#5b6675">{text}</text>')
-    for s_idx, (name, vals) in enumerate(series.items()):
-        for c_idx, v in enumerate(vals):
-            h = plot_h * scale(v)
-            x = left + c_idx * group_w + group_w * 0.1 + s_idx * bar_w
-            y = top + plot_h - h
-            tip = f"{html.escape(name)} {html.escape(categories[c_idx])}: {_n(100 * v) + '%' if percent else _n(v)}"
-            parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" height="{h:.1f}" '
-                         f'fill="{COLORS[s_idx % len(COLORS)]}"><title>{tip}</title></rect>')
-            if (name, c_idx) in labels:
-                cx = x + bar_w / 2
-                if rotate:
-                    parts.append(f'<text class="value" x="{cx + 3:.1f}" y="{y - 3:.1f}" font-size="9" fill="#33404f" '
-                                 f'transform="rotate(-90 {cx + 3:.1f} {y - 3:.1f})">{labels[name, c_idx]}</text>')
-                else:
-                    parts.append(f'<text class="value" x="{cx:.1f}" y="{y - 3:.1f}" font-size="9" fill="#33404f" '
-                                 f'text-anchor="middle">{labels[name, c_idx]}</text>')
-    parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{top + plot_h:.1f}" y2="{top + plot_h:.1f}" stroke="#9aa5b1"/>')
-    step = max(1, math.ceil((max([len(c) for c in categories] + [1]) * 5.6 + 4) / group_w))  # x labels that fit
-    for c_idx, cat in enumerate(categories):
-        if c_idx % step == 0:
-            x = left + (c_idx + 0.5) * group_w
-            parts.append(f'<text x="{x:.1f}" y="{height - bottom + 14}" font-size="10" text-anchor="middle" '
-                         f'fill="#5b6675">{html.escape(cat)}</text>')
-    axis = y_label + (" (log scale)" if log else "")
-    if axis:
-        parts.append(f'<text x="12" y="{top + plot_h / 2}" font-size="10" fill="#5b6675" '
-                     f'transform="rotate(-90 12 {top + plot_h / 2})" text-anchor="middle">{html.escape(axis)}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
 
 
 def _legend(names: list[str]) -> str:
@@ -215,12 +99,13 @@ def padding_section(r: dict[str, Any]) -> str:
     rows = []
     for k, label in names.items():
         saved = pad["saved_by_packing"].get(k)
-        rows.append([html.escape(label), _n(b[k]["computed"]), f"{100 * b[k]['real_share']:.1f}%", _n(pad["padding_tokens"][k]),
-                     _hours(factor * pad["padding_gpu_hours"][k]), _n(saved["tokens"]) if saved else "&ndash;",
+        rows.append([html.escape(label), number(b[k]["computed"]), f"{100 * b[k]['real_share']:.1f}%",
+                     number(pad["padding_tokens"][k]),
+                     _hours(factor * pad["padding_gpu_hours"][k]), number(saved["tokens"]) if saved else "&ndash;",
                      _hours(factor * saved["gpu_hours"]) if saved else "&ndash;"])
     table = _table(["batching", "tokens computed", "real share", "padding tokens", f"padding ({unit})",
                     "saved by packing (tokens)", f"saved by packing ({unit})"], rows, {1, 2, 3, 4, 5, 6})
-    return (f"{table}<p class='sub'>One pass over the {_n(b['real_tokens'])} real tokens, batches of {b['batch_size']}. "
+    return (f"{table}<p class='sub'>One pass over the {number(b['real_tokens'])} real tokens, batches of {b['batch_size']}. "
             f"GPU-hours = tokens / {pad['tokens_per_gpu_second']:,.0f} tokens/s per GPU / 3600: about a 7B dense model "
             f"on one H100-class GPU at ~40% MFU; a linear cost per token (attention's quadratic term left out). "
             f"<code>report(..., tokens_per_gpu_second=...)</code> states another.</p>")
@@ -251,7 +136,7 @@ def step_balance_section(b: dict[str, Any]) -> str:
             rows.append([_setup(b, k), "0", "too few rows for one step", "", "", "", ""])
             continue
         best = ("&ge; " if b["best_is_bound"] else "") + f"{v['best_weighted']:.3f}"
-        rows.append([_setup(b, k), _n(v["steps"]), f"{v['random']:.3f}", f"{v['random_weighted']:.3f}", f"{v['sampler']:.3f}",
+        rows.append([_setup(b, k), number(v["steps"]), f"{v['random']:.3f}", f"{v['random_weighted']:.3f}", f"{v['sampler']:.3f}",
                      f"{v['sampler_weighted']:.3f}", best])
     table = _table(["ranks x rows", "steps", "random order: mean over steps", "random order: Σmax/Σmean",
                     f"sampler (window {b['window']}): mean over steps", "sampler: Σmax/Σmean", "best possible: Σmax/Σmean"],
@@ -290,7 +175,7 @@ def truncated_section(r: dict[str, Any]) -> str:
              f"(<code>--long-audio drop</code> quarantines such records instead).</p>" if clips else "")
     if not t["count"]:
         return audio + "<p>No sample was truncated.</p>"
-    rows = [[_where(e), f"<code>{html.escape(str(e['id']))}</code>", _n(e["kept_tokens"]), _n(e["cut_tokens"])]
+    rows = [[_where(e), f"<code>{html.escape(str(e['id']))}</code>", number(e["kept_tokens"]), number(e["cut_tokens"])]
             for e in t["listed"]]
     return audio + (f"<p>{t['count']:,} sample(s) longer than {r['max_length']:,} tokens were truncated; "
             f"{t['tokens_cut']:,} tokens cut.</p>"
@@ -318,7 +203,7 @@ def quarantine_section(r: dict[str, Any]) -> str:
                                        for e in q["examples"]]
         for k, e in enumerate(entries):
             first = k == 0
-            rows.append([html.escape(q["reason"]) if first else "", _n(q["count"]) if first else "", _where(e),
+            rows.append([html.escape(q["reason"]) if first else "", number(q["count"]) if first else "", _where(e),
                          f"<code>{html.escape(str(e['id']))}</code>" if e.get("id") is not None else "",
                          html.escape(e.get("detail") or "")])
     return ("<p>Every quarantined record, with its raw line, is in <code>quarantine.jsonl</code>; the first examples "
@@ -330,12 +215,12 @@ def preference_section(r: dict[str, Any]) -> str:
     p = r.get("preference")
     if not p:
         return ""
-    saved = f"{_n(p['saved_against_pairs'])} ({100 * p['saved_share']:.1f}%)"
-    rows = [["layout", html.escape(p["layout"])], ["records", _n(p["records"])], ["responses", _n(p["responses"])],
-            ["tokens as pairs", _n(p["pairs_tokens"])], ["tokens as trees", _n(p["tree_tokens"])],
+    saved = f"{number(p['saved_against_pairs'])} ({100 * p['saved_share']:.1f}%)"
+    rows = [["layout", html.escape(p["layout"])], ["records", number(p["records"])], ["responses", number(p["responses"])],
+            ["tokens as pairs", number(p["pairs_tokens"])], ["tokens as trees", number(p["tree_tokens"])],
             ["tokens the tree saves against pairs", saved]]
     if p["layout"] == "tree":
-        rows.append(["trees in the rows (prompts / branches)", f"{_n(p['tree_prompts'])} / {_n(p['tree_branches'])}"])
+        rows.append(["trees in the rows (prompts / branches)", f"{number(p['tree_prompts'])} / {number(p['tree_branches'])}"])
     return "<h2>Preference records</h2>" + _table(["", "value"], rows, {1})
 
 
@@ -357,7 +242,7 @@ def headline(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             if r.get("row_budget") else "")),
         ("speedup", "speed-up vs padding", f"{b['speedup_vs_padded_random']:.2f}x", f"random batches of {b['batch_size']}"),
         ("padding_saved", "padding saved", _gpu_time(saved["gpu_hours"]),
-         f"{_n(saved['tokens'])} tokens per pass, at {pad['tokens_per_gpu_second']:,.0f} tokens/s/GPU"),
+         f"{number(saved['tokens'])} tokens per pass, at {pad['tokens_per_gpu_second']:,.0f} tokens/s/GPU"),
         ("attention", "attention work", f"{100 * r['attention']['ratio']:.1f}%", "of dense L x L masks"),
         ("truncated", "samples truncated", f"{over['truncated_samples']:,}", f"{over['truncated_tokens']:,} tokens cut"),
         ("audio_truncated", "audio clips cut", f"{over.get('audio_truncated', 0):,}", "to the audio encoder's window"),
@@ -430,7 +315,7 @@ def family_html(r: dict[str, Any]) -> str:
                                              for k, v in sorted((f.get("settings") or {}).items())])
     counts = r.get("media_counts") or {}
     media = _table(["media", "items", "placeholder tokens"],
-                   [[html.escape(k), _n(v["items"]), _n(v["tokens"])] for k, v in counts.items()], {1, 2})
+                   [[html.escape(k), number(v["items"]), number(v["tokens"])] for k, v in counts.items()], {1, 2})
     return (f"<h2>Model family</h2><div class='grid'><div>{_table(['', ''], about)}{media}</div>"
             f"<div>{settings}</div></div>")
 
@@ -442,7 +327,7 @@ def _policy(policy: dict[str, Any]) -> str:
 def _reasons(n: int, by_reason: dict[str, int]) -> str:
     """``3 (missing_image 2, malformed_json 1)``."""
     named = ", ".join(f"{html.escape(k)} {v:,}" for k, v in sorted(by_reason.items(), key=lambda kv: -kv[1]))
-    return _n(n) + (f" ({named})" if named else "")
+    return number(n) + (f" ({named})" if named else "")
 
 
 def render(r: dict[str, Any]) -> str:
@@ -452,34 +337,37 @@ def render(r: dict[str, Any]) -> str:
     card_html = "".join(_card(*c) for c in headline(r))
     acc = r["accounting"]
     accounting = _table(["", "count"], [
-        ["records read", _n(acc["records_read"])], ["packed samples", _n(acc["samples_packed"])],
-        ["quarantined", _n(acc["quarantined"])], ["dropped", _n(acc["dropped"])],
-        ["truncated samples", _n(r["oversize"]["truncated_samples"])], ["split samples", _n(r["oversize"]["split_samples"])],
-        ["audio clips cut to the encoder's window", _n(r["oversize"].get("audio_truncated", 0))],
-        *[[f"dropped: {html.escape(k)}", _n(v)] for k, v in acc["dropped_by_reason"].items()],
+        ["records read", number(acc["records_read"])], ["packed samples", number(acc["samples_packed"])],
+        ["quarantined", number(acc["quarantined"])], ["dropped", number(acc["dropped"])],
+        ["truncated samples", number(r["oversize"]["truncated_samples"])],
+        ["split samples", number(r["oversize"]["split_samples"])],
+        ["audio clips cut to the encoder's window", number(r["oversize"].get("audio_truncated", 0))],
+        *[[f"dropped: {html.escape(k)}", number(v)] for k, v in acc["dropped_by_reason"].items()],
     ], {1})
     by_file = _table(["input file", "records", "packed", "quarantined", "dropped"], [
-        [f"<code>{html.escape(k)}</code>", _n(v["records"]), _n(v["packed"]), _n(v["quarantined"]), _n(v["dropped"])]
+        [f"<code>{html.escape(k)}</code>", number(v["records"]), number(v["packed"]), number(v["quarantined"]),
+         number(v["dropped"])]
         for k, v in acc["by_file"].items()], {1, 2, 3, 4})
     sources = r.get("sources") or []
     if any(a["policy"] for a in sources):  # per input entry, each at its own capacity (none own: the build's say it)
         by_file += _table(["source", "own packing", "records", "packed", "quarantined", "dropped", "rows",
                            "max_length", "lower bound", "tokens", "fill"], [
-            [f"<code>{html.escape(a['input'])}</code>", _policy(a["policy"]), _n(a["records"]), _n(a["packed"]),
+            [f"<code>{html.escape(a['input'])}</code>", _policy(a["policy"]), number(a["records"]), number(a["packed"]),
              _reasons(a["quarantined"], a["quarantined_by_reason"]), _reasons(a["dropped"], a["dropped_by_reason"]),
-             _n(a["rows"]) + (f" ({_n(a['shared_rows'])} shared)" if a["shared_rows"] else ""), _n(a["capacity"]),
+             number(a["rows"]) + (f" ({number(a['shared_rows'])} shared)" if a["shared_rows"] else ""), number(a["capacity"]),
              # rows shared with another source: the bound and fill are the group's (the table below)
-             "see its group" if a["shared_rows"] else _n(a["lower_bound"]), _n(a["tokens"]),
+             "see its group" if a["shared_rows"] else number(a["lower_bound"]), number(a["tokens"]),
              "see its group" if a["shared_rows"] else f"{100 * a['fill']:.2f}%"]
             for a in sources], set(range(2, 11)))
     shared = [g for g in r.get("policy_groups") or [] if len(g["sources"]) > 1]
     if shared:  # sources of one policy share rows: the group's rows, bound and fill
         by_file += _table(["sources sharing rows", "own packing", "max_length", "rows", "lower bound", "tokens", "fill"], [
             ["<br>".join(f"<code>{html.escape(x)}</code>" for x in g["sources"]), _policy(g["policy"]),
-             _n(g["capacity"]), _n(g["rows"]), _n(g["lower_bound"]), _n(g["tokens"]), f"{100 * g['fill']:.2f}%"]
+             number(g["capacity"]), number(g["rows"]), number(g["lower_bound"]), number(g["tokens"]), f"{100 * g['fill']:.2f}%"]
             for g in shared], {2, 3, 4, 5, 6})
     modal = _table(["modality", "samples", "tokens", "trained tokens", "media items", "media tokens"], [
-        [html.escape(m), _n(v["samples"]), _n(v["tokens"]), _n(v["trained_tokens"]), _n(v["media_items"]), _n(v["media_tokens"])]
+        [html.escape(m), number(v["samples"]), number(v["tokens"]), number(v["trained_tokens"]), number(v["media_items"]),
+         number(v["media_tokens"])]
         for m, v in r["per_modality"].items()], {1, 2, 3, 4, 5})
     mods = list(h["sample_lengths"])
     fill = h["fill_edges"]

@@ -282,7 +282,7 @@ def _processor_ids(proc, renderers, conv, config, family: dict, placeholders: di
                    root: str, untimed: float | None = None) -> tuple[list[int], list[float] | None]:
     """The processor's ids of the conversation, and its ``second_per_grid_ts`` where it gives them (None else);
     ``untimed``: the rate a frame list stating none was timed at (:func:`_untimed_fps`)."""
-    from packer.encode.encoder import marked_data, template_messages
+    from packer.encode.chat import marked_data, template_messages
 
     if not hasattr(conv, "turns"):  # a document: the tokenizer alone
         ids = proc.tokenizer(conv.text, add_special_tokens=True, split_special_tokens=True)["input_ids"]
