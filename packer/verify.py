@@ -155,13 +155,13 @@ def verify(out: str | Path, *, media: str | None = None, media_root: str | None 
 
 
 def _row_problem(manifest: Manifest):
-    """The build family's :meth:`~packer.families.Family.row_problem` (None for a generic build)."""
-    family = manifest.tokenizer.get("family") or {}
-    if isinstance(family, dict) and family.get("name", "generic") == "generic":
-        return None
-    from packer.families import family_from_state
+    """The build family's :meth:`~packer.families.Family.row_problem`; None where its rows all collate (a family
+    without a row key, the generic one among them)."""
+    from packer.families import Family
 
-    return family_from_state(family, None).row_problem
+    record = manifest.tokenizer.get("family")
+    family = Family.from_record(record) if record else None
+    return family.row_problem if family is not None and family.keys_rows else None
 
 
 STEPS_DIR = "steps"  # packer.shards.step_plan.FOLDER: step plans written after the build
