@@ -16,6 +16,7 @@ from family_assets import FAMILY_ASSETS  # noqa: E402
 from family_harness import build_family  # noqa: E402
 from media_fixtures import write_images  # noqa: E402
 
+from packer.families import Family  # noqa: E402
 from packer.loader import PackedCollator, PackedDataset, model_inputs  # noqa: E402
 
 QWEN3VL = FAMILY_ASSETS["qwen3vl"]
@@ -45,7 +46,7 @@ def qwen3vl(tmp_path_factory):
 def test_for_build_derives_family_rope_processor_and_attention(qwen3vl):
     ds, processor, model = qwen3vl
     collate = PackedCollator.for_build(ds, model)  # the build's --processor loaded: nothing else given
-    assert collate.family["name"] == "qwen3vl" and collate.rope == "mrope" and collate.attention == "sdpa"
+    assert collate.family.name == "qwen3vl" and collate.rope == "mrope" and collate.attention == "sdpa"
     assert type(collate.media_step.image_processor).__name__ == type(processor.image_processor).__name__
     batch = collate([ds[i] for i in range(len(ds))])
     assert {"pixel_values", "image_grid_thw", "mm_token_type_ids"} <= set(batch) and batch["position_ids"].shape[0] == 3
@@ -123,7 +124,7 @@ def test_a_family_processor_without_the_family_or_with_another_rope_is_refused(q
         PackedCollator(rope="mrope", processor=processor)  # the old README snippet
     with pytest.raises(ValueError, match="rope='default' contradicts family qwen3vl.*leave rope out"):
         PackedCollator(rope="default", family=ds.family, processor=processor)
-    llama = {**ds.family, "name": "llama4", "rope": "default", "settings": None}
+    llama = Family.from_record({"name": "llama4", "modalities": ["image"], "settings": {}})
     with pytest.raises(ValueError, match="the collator's family is 'llama4' but the build's is 'qwen3vl'"):
         from packer.loader.derive import check_collator
 
@@ -152,7 +153,7 @@ def test_packed_trainer_defaults_to_the_builds_collator_and_refuses_one_without_
                              use_cpu=True)
     trainer = PackedTrainer(model=model, args=args, train_dataset=ds)
     batch = trainer.data_collator([ds[0]])
-    assert trainer.data_collator.family["name"] == "qwen3vl" and "pixel_values" in batch
+    assert trainer.data_collator.family.name == "qwen3vl" and "pixel_values" in batch
     with pytest.raises(ValueError, match="the build holds image but the collator loads no media"):
         PackedTrainer(model=model, args=args, train_dataset=ds, data_collator=PackedCollator(family=ds.family))
 

@@ -230,14 +230,14 @@ def test_families_whose_own_masks_or_positions_cannot_hold_a_tree_refuse_tree_ro
                                       **hooks})(())
 
     collate = Collator(attention="sdpa")
-    collate._family, collate.family = declared("gemma3", layer_masks=True), {"name": "gemma3"}
+    collate.family = declared("gemma3", layer_masks=True)
     with pytest.raises(ValueError, match="family gemma3: its masks per layer type"):
         collate(rows)
-    collate._family, collate.family = declared("qwen3omni", own_positions=True, rope="mrope"), {"name": "qwen3omni"}
+    collate.family = declared("qwen3omni", own_positions=True, rope="mrope")
     collate.rope = "mrope"
     with pytest.raises(ValueError, match="family qwen3omni: its own positions"):
         collate(rows)
-    collate.family = {"name": "qwen35", "linear_attention": True}
+    collate.family = declared("qwen35", linear_attention=True)
     with pytest.raises(ValueError, match="linear-attention layers carry one state"):
         collate(rows)
 

@@ -94,7 +94,7 @@ def test_a_vision_language_model(tmp_path, monkeypatch):
                 {'Qwen3VLForConditionalGeneration.from_pretrained("Qwen/Qwen3-VL-8B-Instruct")': "vl_model()", **STEPS},
                 {"vl_model": lambda: assets.model(processor, "sdpa")})
     assert names["loss"].isfinite()
-    assert names["collate"].family["name"] == "qwen3vl" and names["collate"].media_step is not None
+    assert names["collate"].family.name == "qwen3vl" and names["collate"].media_step is not None
 
 
 def test_preference_data(tmp_path, monkeypatch):

@@ -47,7 +47,7 @@ from packer.encode.shipped import Shipped, ship, unpack
 from packer.encode.tokenizer import add_tokens, fingerprint, missing_tokens, open_tokenizer, require_tokens
 from packer.encode.tokens import TextTokenizer
 from packer.errors import BadRecord, PackerError
-from packer.families import Expansion, Family, RecordMedia, Run, family_from_state, make_family
+from packer.families import Expansion, Family, RecordMedia, Run, make_family
 from packer.ingest.formats import decode_json, parse_record, record_id
 from packer.ingest.reader import RawLine
 from packer.ingest.records import Conversation, Document, Preference
@@ -93,7 +93,7 @@ class EncoderSpec:
 
     config: Any  # packer.config.BuildConfig
     media_base: str = ""
-    family: dict[str, Any] | None = None
+    family: dict[str, Any] | None = None  # its Family.record(): what the manifest records
     shipped: Shipped | None = None  # the tokenizer's files (and a template file), read on the driver
     cost_model: dict[str, Any] | None = None  # packer.cost.resolve_cost_model's record (None: resolved from the config)
 
@@ -104,7 +104,7 @@ class EncoderSpec:
         is resolved here, on the driver: workers get its coefficients, never its files."""
         from packer.cost import resolve_cost_model
 
-        spec = cls(config, media_base, make_family(config).describe(),
+        spec = cls(config, media_base, make_family(config).record(),
                    cost_model=resolve_cost_model(config.cost_model, (config.processor, config.tokenizer)))
         return dataclasses.replace(spec, shipped=ship(spec.tokenizer, config.chat_template)) if ship_files else spec
 
@@ -131,7 +131,7 @@ class Encoder:
         self.spec = spec
         config = spec.config
         self.config = config
-        self.family: Family = family_from_state(spec.family, config) if spec.family else make_family(config)
+        self.family: Family = Family.from_record(spec.family) if spec.family else make_family(config)
         self.tags = spec.tags
         folder, template = unpack(spec.shipped) if spec.shipped is not None else (None, None)
         self.tok = open_tokenizer(folder or spec.tokenizer)
@@ -215,7 +215,7 @@ class Encoder:
         """The manifest's ``tokenizer`` record. Its ``sha256`` covers the tokenizer as shipped (the template rendered
         with, not templates it left unused), so ``packer verify --deep`` re-derives it from ``OUT/tokenizer``."""
         out = fingerprint(self.shipped_tokenizer(), self.spec.tokenizer, self.family.special_tokens(), self.serialized)
-        out["family"] = self.family.describe()
+        out["family"] = self.family.record()
         out["chat_template"] = self.config.chat_template
         out["template_time"] = template_clock(self.config.template_time).isoformat()
         out["fast_render"] = bool(self.renderer and self.renderer.compiled is not None

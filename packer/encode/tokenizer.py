@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from packer.errors import PackerError
-from packer.io.pretrained import check_name, load_pretrained
+from packer.io.pretrained import check_name, hub_unreachable, load_pretrained
 
-HUB_TIMEOUT_S = 5.0  # the one reachability check before a hub download
 _GENERIC = {"TokenizersBackend", "PreTrainedTokenizer", "PythonBackend"}  # after removesuffix("Fast")
 
 
@@ -97,25 +96,12 @@ def _load_hub(name: str) -> Any:
             return _load(name, cached, local_files_only=True)
         except PackerError:
             pass  # an incomplete cache entry: download what is missing below, if the hub answers
-    unreachable = _hub_unreachable()
+    unreachable = hub_unreachable()
     if unreachable:
         raise PackerError(f"cannot load tokenizer {name!r}: not in the local hub cache and the hub is unreachable "
                           f"({unreachable}; offline?). Pass a local folder with tokenizer.json "
                           f"(e.g. one saved with save_pretrained, or OUT/tokenizer of an earlier build).")
     return _load(name, lambda _filename: None)
-
-
-def _hub_unreachable() -> str:
-    """Why the hub cannot be reached now ('' if it answers), in at most HUB_TIMEOUT_S seconds, no retries."""
-    from huggingface_hub import constants, get_session, is_offline_mode
-
-    if is_offline_mode():
-        return "HF_HUB_OFFLINE is set"
-    try:
-        get_session().head(constants.ENDPOINT, timeout=HUB_TIMEOUT_S)
-    except Exception as e:  # DNS failure, refused, timed out, proxy error: all mean "no hub"
-        return f"{constants.ENDPOINT}: {type(e).__name__}: {e}"
-    return ""
 
 
 # A finder maps a file name to its path, False where the file is known to be absent, None where unknown.

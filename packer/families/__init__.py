@@ -5,21 +5,20 @@ processor checkpoint named by ``--processor`` (:mod:`packer.families.checkpoint`
 defaults otherwise, and ``--processor-options key=value,...`` last. ``generic`` (the default) is
 the configurable placeholder family of the 2024 pipelines.
 
-The driver resolves the family once (:func:`make_family`) and ships its :meth:`Family.describe`
-to the workers, which rebuild it without reading the checkpoint again (:func:`family_from_state`),
+The driver resolves the family once (:func:`make_family`) and ships its :meth:`Family.record`
+to the workers, which rebuild it without reading the checkpoint again (:meth:`Family.from_record`),
 so every worker counts with the settings the manifest records.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-from packer.errors import ConfigError, PackerError
-from packer.families.base import Expansion, Family, RecordMedia, Run
+from packer.errors import ConfigError
+from packer.families.base import KINDS, Expansion, Family, FamilyStateError, RecordMedia, Run
 from packer.families.gemma3 import Gemma3
 from packer.families.gemma4 import Gemma4
-from packer.families.generic import Generic
+from packer.families.generic import Generic, GenericSettings
 from packer.families.hf import HFProcessor
 from packer.families.internvl import InternVL
 from packer.families.llama4 import Llama4
@@ -28,7 +27,7 @@ from packer.families.qwen3omni import Qwen3Omni
 from packer.families.qwen3vl import Qwen3VL
 from packer.families.qwen35 import Qwen35
 
-ALL_KINDS = ("image", "audio", "video")
+ALL_KINDS = KINDS
 
 # The registry: adding a family is its file and one line here (docs/families.md). Every other list of families
 # below is derived from it.
@@ -92,7 +91,7 @@ def make_family(config: Any) -> Family:
         if config.processor_options:
             raise ConfigError("processor_options apply to a named family (--family); the generic family takes "
                               "--image-tokens / --audio-tokens / --video-tokens")
-        return Generic(config)
+        return Generic(tuple(config.modalities), GenericSettings.of_keys(config))
     from packer.families.checkpoint import family_checkpoint
 
     kinds = resolve_kinds(name, tuple(config.modalities))
@@ -111,35 +110,5 @@ def make_family(config: Any) -> Family:
     return cls(kinds, settings)
 
 
-class FamilyStateError(PackerError, ValueError):
-    """A recorded family (a manifest's ``tokenizer.family``) that no build writes: an unknown name, no settings, a
-    setting the family lacks. The message names the field (``family.settings``) and what it holds."""
-
-
-def family_from_state(state: dict[str, Any], config: Any) -> Family:
-    """The family :meth:`Family.describe` described (in a worker: no checkpoint read). A state no build writes (an
-    edited or damaged manifest) raises :class:`FamilyStateError` naming the field, not a KeyError from deep inside."""
-    if not isinstance(state, dict):
-        raise FamilyStateError(f"family = {state!r} is not an object of name, modalities and settings")
-    cls = FAMILIES.get(state.get("name")) if isinstance(state.get("name"), str) else None
-    if cls is None:
-        raise FamilyStateError(f"family.name = {state.get('name')!r} is not one of {', '.join(FAMILIES)}")
-    if cls is Generic:
-        return Generic(config)
-    modalities, settings = state.get("modalities"), state.get("settings")
-    if not isinstance(modalities, list) or not set(modalities) <= set(ALL_KINDS):
-        raise FamilyStateError(f"family.modalities = {modalities!r} is not a list of {', '.join(ALL_KINDS)}")
-    if not isinstance(settings, dict):
-        raise FamilyStateError(f"family.settings = {settings!r} is not an object of {cls.name}'s settings")
-    fields = dataclasses.fields(cls.settings_class)
-    unknown = sorted(set(settings) - {f.name for f in fields})
-    missing = [f.name for f in fields if f.name not in settings and f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING]
-    if unknown or missing:
-        what = f"names {', '.join(unknown)}, which {cls.name} lacks" if unknown else f"lacks {', '.join(missing)}"
-        raise FamilyStateError(f"family.settings {what} (its settings: {', '.join(f.name for f in fields)})")
-    return cls(tuple(modalities), cls.settings_class(**settings))
-
-
 __all__ = ["FAMILIES", "MODEL_INPUT_KEYS", "MODEL_TYPES", "PER_TOKEN_KEYS", "Expansion", "Family", "FamilyStateError",
-           "RecordMedia", "Run", "family_from_state", "family_names", "family_of_model", "families_of_processor", "make_family"]
+           "GenericSettings", "RecordMedia", "Run", "family_names", "family_of_model", "families_of_processor", "make_family"]

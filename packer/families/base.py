@@ -27,12 +27,16 @@ Worked example, Qwen3-VL, a 4-frame video sampled to 2 temporal groups of 2 x 3 
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from packer.errors import PackerError
 from packer.modeling.towers import Tower
+
+KINDS = ("image", "audio", "video")  # every media kind, in the order a family lists them
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,13 @@ class Family(ABC):
     ``linear_attention``  the text model has linear-attention layers (Qwen3.5): segment boundaries flattened
     ``routed``            the ``hf`` route sends its processor class here (False for the configurable families)
     ``tiled_tower``       its vision tower sees fixed tiles (InternVL, Llama 4): the cost model's per-tile cost
+    ``is_generic``        the configurable placeholder family: its counts are the pipeline's policies, not a
+                          processor's, so the loader takes rope, processor and model inputs from the model, not
+                          from the family
+
+    The family crosses the build once as an object: the driver resolves it (:func:`packer.families.make_family`),
+    the manifest records :meth:`record`, and the workers, ``packer verify``, the planner, the collator and the
+    loader's derivations rebuild it from that record alone (:meth:`from_record`: no checkpoint, no build config).
     """
 
     name: ClassVar[str] = ""
@@ -130,6 +141,7 @@ class Family(ABC):
     linear_attention: ClassVar[bool] = False
     routed: ClassVar[bool] = True
     tiled_tower: ClassVar[bool] = False
+    is_generic: ClassVar[bool] = False
 
     def __init__(self, kinds: tuple[str, ...]):
         self.kinds = kinds
@@ -236,11 +248,53 @@ class Family(ABC):
         image blocks), from the real segments' boundaries ``cu`` (a trailing dummy segment left out)."""
         return {}
 
-    # ---------------------------------------------------------------- description
+    # ---------------------------------------------------------------- the record
 
-    def describe(self) -> dict[str, Any]:
-        """What the manifest records and the workers and the loader rebuild the family from."""
+    @property
+    def keys_rows(self) -> bool:
+        """The family declares a :meth:`row_key` (its model takes some items together only when they agree): the
+        planner groups rows by it and ``packer verify --collate`` judges rows by it; False: any row collates."""
+        return type(self).row_key is not Family.row_key
+
+    def record(self) -> dict[str, Any]:
+        """What the manifest records (``tokenizer.family``) and the workers and the loader rebuild the family from
+        (:meth:`from_record`)."""
         return {"name": self.name, "processor_class": self.processor_class, "modalities": list(self.kinds),
                 "runs": {k: v for k, v in self.run_tokens().items() if k in self.kinds}, "rope": self.rope,
                 "model_inputs": list(self.model_inputs), "joined_kinds": list(self.joined_kinds()),
                 "settings": self.settings(), **({"linear_attention": True} if self.linear_attention else {})}
+
+    describe = record  # the name tests and notebooks call
+
+    @staticmethod
+    def from_record(record: Any) -> Family:
+        """The family :meth:`record` recorded (the manifest's ``tokenizer.family``, a dataset's ``family``), by its
+        name in the registry and its settings; no checkpoint is read. A record no build writes (an edited or damaged
+        manifest) raises :class:`~packer.families.FamilyStateError` naming the field, not a KeyError from deep
+        inside. Keys beyond name, modalities and settings (``runs``, ``rope``, a dataset's ``run_ids``) are derived
+        from these, or the build's, and are not read."""
+        from packer.families import FAMILIES
+
+        if not isinstance(record, dict):
+            raise FamilyStateError(f"family = {record!r} is not an object of name, modalities and settings")
+        cls = FAMILIES.get(record.get("name")) if isinstance(record.get("name"), str) else None
+        if cls is None:
+            raise FamilyStateError(f"family.name = {record.get('name')!r} is not one of {', '.join(FAMILIES)}")
+        modalities, settings = record.get("modalities"), record.get("settings")
+        if not isinstance(modalities, list) or not set(modalities) <= set(KINDS):
+            raise FamilyStateError(f"family.modalities = {modalities!r} is not a list of {', '.join(KINDS)}")
+        if not isinstance(settings, dict):
+            raise FamilyStateError(f"family.settings = {settings!r} is not an object of {cls.name}'s settings")
+        fields = dataclasses.fields(cls.settings_class)
+        unknown = sorted(set(settings) - {f.name for f in fields})
+        missing = [f.name for f in fields if f.name not in settings and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        if unknown or missing:
+            what = f"names {', '.join(unknown)}, which {cls.name} lacks" if unknown else f"lacks {', '.join(missing)}"
+            raise FamilyStateError(f"family.settings {what} (its settings: {', '.join(f.name for f in fields)})")
+        return cls(tuple(modalities), cls.settings_class(**settings))
+
+
+class FamilyStateError(PackerError, ValueError):
+    """A recorded family (a manifest's ``tokenizer.family``) that no build writes: an unknown name, no settings, a
+    setting the family lacks. The message names the field (``family.settings``) and what it holds."""

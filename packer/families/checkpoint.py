@@ -152,9 +152,9 @@ def _find_files(name_or_path: str) -> dict[str, str]:
             found[f] = hit
     if found:
         return found
-    from packer.encode.tokenizer import _hub_unreachable
+    from packer.io.pretrained import hub_unreachable
 
-    unreachable = _hub_unreachable()
+    unreachable = hub_unreachable()
     if unreachable:
         raise ConfigError(f"processor {name_or_path!r}: no such folder, not in the local hub cache, and the hub is "
                           f"unreachable ({unreachable}); pass a folder written by processor.save_pretrained")

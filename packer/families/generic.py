@@ -11,12 +11,34 @@ the templates these pipelines are used with render string content), and the expa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from packer.families.base import Expansion, Family, RecordMedia, Run
+from packer.families.base import KINDS, Expansion, Family, RecordMedia, Run
 from packer.families.towers import QWEN_VISION, llava, llava_next, whisper_audio
 from packer.media.policies import parse_policy, policy_count
 from packer.modeling.towers import Tower
+
+
+@dataclass(frozen=True)
+class GenericSettings:
+    """The generic family's settings, per media kind: its placeholder token, the ``[begin, end]`` tokens around
+    its placeholders ("" for none) and its token-count policy spec (``fixed:...``, ``dynamic:...``). The pipeline's
+    ``image_token`` / ``image_begin`` / ``image_end`` / ``image_tokens`` keys (and audio's, video's) give them
+    (:meth:`of_keys`: the family takes these few settings, never the whole build config); the manifest records
+    them as they are here, so a worker or a reader rebuilds the family from the record alone."""
+
+    placeholders: dict[str, str]
+    wrappers: dict[str, Any]  # kind -> (begin, end); a list in the recorded JSON
+    policies: dict[str, str]
+
+    @classmethod
+    def of_keys(cls, keys: Any) -> GenericSettings:
+        """The settings an object carrying the pipeline's ``<kind>_token`` / ``_begin`` / ``_end`` / ``_tokens`` keys
+        (a build config) names."""
+        return cls({k: getattr(keys, f"{k}_token") for k in KINDS},
+                   {k: (getattr(keys, f"{k}_begin"), getattr(keys, f"{k}_end")) for k in KINDS},
+                   {k: getattr(keys, f"{k}_tokens") for k in KINDS})
 
 
 class Generic(Family):
@@ -34,15 +56,16 @@ class Generic(Family):
     model_inputs = ("pixel_values", "image_grid_thw", "image_sizes", "pixel_values_videos", "video_grid_thw",
                     "second_per_grid_ts", "input_features", "feature_attention_mask")
 
-    def __init__(self, config: Any):
-        super().__init__(tuple(config.modalities))
-        self.placeholders = {"image": config.image_token, "audio": config.audio_token, "video": config.video_token}
-        self.wrappers = {"image": (config.image_begin, config.image_end), "audio": (config.audio_begin, config.audio_end),
-                         "video": (config.video_begin, config.video_end)}
-        self.policies = {"image": parse_policy(config.image_tokens, "image"),
-                         "audio": parse_policy(config.audio_tokens, "audio"),
-                         "video": parse_policy(config.video_tokens, "video")}
-        self.specs = {"image": config.image_tokens, "audio": config.audio_tokens, "video": config.video_tokens}
+    is_generic = True
+    settings_class = GenericSettings
+
+    def __init__(self, kinds: tuple[str, ...], settings: GenericSettings):
+        super().__init__(kinds)
+        self.s = settings
+        self.placeholders = dict(settings.placeholders)
+        self.wrappers = {k: tuple(v) for k, v in settings.wrappers.items()}
+        self.policies = {k: parse_policy(spec, k) for k, spec in settings.policies.items()}
+        self.specs = dict(settings.policies)
 
     def run_tokens(self) -> dict[str, str]:
         return dict(self.placeholders)
@@ -58,5 +81,5 @@ class Generic(Family):
         return Expansion(pieces, tuple(count.grid), float(getattr(count, "second_per_grid_t", 0.0)))
 
     def settings(self) -> dict[str, Any]:
-        return {"placeholders": self.placeholders, "wrappers": {k: list(v) for k, v in self.wrappers.items()},
-                "policies": self.specs}
+        return {"placeholders": dict(self.placeholders), "wrappers": {k: list(v) for k, v in self.wrappers.items()},
+                "policies": dict(self.specs)}

@@ -32,6 +32,7 @@ from typing import Any
 
 from packer.errors import ConfigError
 
+HUB_TIMEOUT_S = 5.0  # the one reachability check before a hub download
 REMOTE_CODE_MARKERS = ("trust_remote_code", "contains custom code", "references custom code")
 FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json",
          "video_preprocessor_config.json")
@@ -168,3 +169,17 @@ def load_pretrained(cls: Any, name: str, what: str = "checkpoint", **kwargs: Any
 
 
 __all__ = ["check_name", "declared_remote_code", "load_pretrained", "needs_remote_code", "no_stdin", "remote_code_error"]
+
+
+def hub_unreachable() -> str:
+    """Why the hub cannot be reached now ('' if it answers), in at most HUB_TIMEOUT_S seconds, no retries: asked once
+    before a download, by the tokenizer's loader and the processor checkpoint's reader alike."""
+    from huggingface_hub import constants, get_session, is_offline_mode
+
+    if is_offline_mode():
+        return "HF_HUB_OFFLINE is set"
+    try:
+        get_session().head(constants.ENDPOINT, timeout=HUB_TIMEOUT_S)
+    except Exception as e:  # DNS failure, refused, timed out, proxy error: all mean "no hub"
+        return f"{constants.ENDPOINT}: {type(e).__name__}: {e}"
+    return ""

@@ -63,7 +63,7 @@ import numpy as np
 import torch
 
 import packer.loader.trees as trees
-from packer.families import MODEL_INPUT_KEYS, Family, families_of_processor, family_from_state
+from packer.families import MODEL_INPUT_KEYS, Family, families_of_processor
 from packer.loader.media import MediaStep
 from packer.loader.text_batch import ATTENTION, FLATTENED, concatenate, text_batch
 from packer.loader.text_batch import bounds as segment_bounds
@@ -79,18 +79,18 @@ class PackedCollator:
                  model_config: Any = None, dummy_media=None, row_lengths: list[int] | None = None):
         if attention not in ATTENTION:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
-        family_obj: Family | None = None
-        if family is not None and family.get("name", "generic") != "generic":
-            family_obj = family_from_state(family, None)
-            if rope is not None and rope != family_obj.rope:
-                raise ValueError(f"rope={rope!r} contradicts family {family_obj.name}, whose model takes {family_obj.rope!r} "
+        # the build's family (ds.family: its manifest record and placeholder ids), rebuilt once; a generic build's
+        # leaves rope, processor and model inputs to the caller and the model (``named`` None)
+        self.family: Family | None = Family.from_record(family) if family else None
+        named = self.family if self.family is not None and not self.family.is_generic else None
+        if named is not None:
+            if rope is not None and rope != named.rope:
+                raise ValueError(f"rope={rope!r} contradicts family {named.name}, whose model takes {named.rope!r} "
                                  f"positions: leave rope out (the family decides it)")
-            rope = family_obj.rope
+            rope = named.rope
         rope = rope or "default"
-        _check_processor(processor, family_obj)
-        self.family = family
+        _check_processor(processor, named)
         self.model_config = model_config  # the model's config, for a family whose masks depend on it (Llama 4)
-        self._family = family_obj
         self._run_ids = {k: v for k, v in (family or {}).get("run_ids", {}).items() if v is not None}
         if rope not in ("default", "mrope"):
             raise ValueError(f"rope must be default or mrope, got {rope!r}")
@@ -101,7 +101,7 @@ class PackedCollator:
                                  f"use it with rope='mrope' (Qwen2.5-VL)")
             if tokens_per_second <= 0:
                 raise ValueError(f"tokens_per_second must be positive, got {tokens_per_second}")
-            if processor is not None and not timed_processor and not (family_obj and family_obj.own_positions):
+            if processor is not None and not timed_processor and not (named and named.own_positions):
                 raise ValueError(f"tokens_per_second is Qwen2.5-VL's time-scaled mRoPE, but {type(processor).__name__} "
                                  f"takes no second_per_grid_ts: leave tokens_per_second out for Qwen2-VL")
         if loss not in ("token", "sample", "sqrt"):
@@ -124,14 +124,15 @@ class PackedCollator:
         self.mask_dtype, self.device = mask_dtype, device
         self.tokens_per_second = tokens_per_second
         # 3-D positions: the family's (Qwen3-Omni's TMRoPE), Qwen2-VL's mRoPE by default
-        self._positions = family_obj.positions if family_obj is not None else mrope_positions
+        self._positions = named.positions if named is not None else mrope_positions
         self._untimed = timed_processor and tokens_per_second is None and rope == "mrope"
         step = MediaStep(image_processor=image_processor, feature_extractor=feature_extractor, processor=processor,
                          patch_size=patch_size, image_embeddings=image_embeddings, audio_features=audio_features,
                          video_processor=video_processor, video_policy=video_policy, timed=tokens_per_second is not None,
-                         family=family_obj)
+                         family=named)
         self.media_step = step if step.enabled else None
-        self.dummy_media = _dummies(dummy_media, family, model_config)  # every tower runs on every data-parallel rank
+        # every tower runs on every data-parallel rank
+        self.dummy_media = _dummies(dummy_media, self.family, self._run_ids, model_config)
 
     @classmethod
     def for_build(cls, ds, model=None, *, processor=None, **overrides: Any) -> PackedCollator:
@@ -167,15 +168,16 @@ class PackedCollator:
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         tree = trees.parents(rows)
-        if tree is not None and (self.attention in FLATTENED or (self.family or {}).get("linear_attention")):
+        family = self.family
+        if tree is not None and (self.attention in FLATTENED or (family is not None and family.linear_attention)):
             raise ValueError(trees.VARLEN_REFUSAL if self.attention in FLATTENED else
-                             f"family {self.family['name']}: its linear-attention layers carry one state along a segment, "
+                             f"family {family.name}: its linear-attention layers carry one state along a segment, "
                              f"so a branch cannot restart from its prompt; build with --preference pairs")
-        if tree is not None and self.rope == "mrope" and self._family is not None and self._family.own_positions:
-            raise ValueError(f"family {self.family['name']}: its own positions (a family hook) do not position a "
+        if tree is not None and self.rope == "mrope" and family is not None and family.own_positions:
+            raise ValueError(f"family {family.name}: its own positions (a family hook) do not position a "
                              f"preference tree's branches after their prompt; build with --preference pairs")
-        if tree is not None and self._family is not None and self._family.layer_masks:
-            raise ValueError(f"family {self.family['name']}: its masks per layer type (sliding windows, image blocks) are "
+        if tree is not None and family is not None and family.layer_masks:
+            raise ValueError(f"family {family.name}: its masks per layer type (sliding windows, image blocks) are "
                              f"built from the segments alone and would not let a tree's branch see its prompt; build "
                              f"with --preference pairs")
         dummy_inputs: dict[str, Any] = {}
@@ -194,13 +196,13 @@ class PackedCollator:
                           tree=tree, mask_dtype=self.mask_dtype, device=self.device, row_lengths=self.row_lengths)
         cu, batch, input_ids, segment, position = text.cu, len(rows), text.input_ids, text.segment, text.position
         out: dict[str, Any] = {"input_ids": input_ids, "labels": text.labels, "seq_idx": segment.to(torch.int32)}
-        if self._family is not None:  # the family it was collated for: model_inputs refuses another family's model
-            out["family"] = self._family.name
+        if family is not None and not family.is_generic:  # what it was collated for: model_inputs refuses another's model
+            out["family"] = family.name
         if indices is not None:
             out["rows"] = indices  # the dataset rows of this batch (PackedDataset's index)
         out["loss_weights"] = text.loss_weights
-        if self._family is not None:  # per-token model inputs (mm_token_type_ids, Gemma 3's token_type_ids)
-            out.update(self._family.row_inputs(input_ids, self._run_ids))
+        if family is not None:  # per-token model inputs (mm_token_type_ids, Gemma 3's token_type_ids)
+            out.update(family.row_inputs(input_ids, self._run_ids))
         out["media"] = [{**m, "batch": b} for b, r in enumerate(rows) for m in r["media"]]
         real = [m for m in out["media"] if not m.get("dummy")]
         if any(r.get("segment_role") is not None for r in rows):
@@ -223,16 +225,16 @@ class PackedCollator:
             out["position_ids"][:, pad] = position[pad].to(out["position_ids"].dtype)
         else:
             out["position_ids"] = position
-        if (self.family or {}).get("linear_attention"):
+        if family is not None and family.linear_attention:
             self._linear_attention(out, cu, length, batch)
         out.update(text.attention)  # the attention form's mask or boundaries
-        if (self.family or {}).get("linear_attention") and isinstance(out.get("attention_mask"), torch.Tensor):
+        if family is not None and family.linear_attention and isinstance(out.get("attention_mask"), torch.Tensor):
             # a hybrid model takes one mask per layer type: ours for attention, none for the recurrent layers
             out["attention_mask"] = {"full_attention": out["attention_mask"], "linear_attention": None}
-        if self._family is not None and self._family.layer_masks:  # a mask per layer type (Llama 4, Gemma)
+        if family is not None and family.layer_masks:  # a mask per layer type (Llama 4, Gemma)
             # cu without a trailing dummy segment (packer.loader.dummy): its results are unused
             bounds = [c[: len(c) - int(r.get("dummy_segments", 0))] for c, r in zip(cu, rows, strict=True)]
-            out.update(self._family.attention_masks(bounds, segment, position, self.attention, base=out.get("attention_mask"),
+            out.update(family.attention_masks(bounds, segment, position, self.attention, base=out.get("attention_mask"),
                                                     mask_dtype=self.mask_dtype, device=self.device,
                                                     model_config=self.model_config, input_ids=input_ids,
                                                     run_ids=self._run_ids))
@@ -242,7 +244,7 @@ class PackedCollator:
         """Boundaries for the linear-attention layers of a hybrid model (Qwen3.5): the kernels take them
         flattened, so one row per batch (or a flattened form)."""
         if batch > 1:
-            raise ValueError(f"family {self.family['name']}: its linear-attention layers take segment boundaries over one "
+            raise ValueError(f"family {self.family.name}: its linear-attention layers take segment boundaries over one "
                              f"flattened row, but the batch holds {batch} rows; use batch_size=1 (one packed row per "
                              f"step: rows are already full) or attention='varlen'")
         edges = segment_bounds(cu[0], length)
@@ -267,7 +269,7 @@ def _check_processor(processor: Any, family: Family | None) -> None:
                          f"({family.processor_class}), or rebuild with --family {owners[0]}")
 
 
-def _dummies(dummy_media: Any, family: dict[str, Any] | None, model_config: Any) -> Any:
+def _dummies(dummy_media: Any, family: Family | None, run_ids: dict[str, int], model_config: Any) -> Any:
     """The collator's dummy media: as given; ``False``: none; ``None`` (the default): on where
     ``torch.distributed`` runs more than one rank and the build declares media (a rank whose batch lacks an image
     never runs the vision tower: DDP fails, FSDP hangs), built from ``model_config``; ``True``: on."""
@@ -275,12 +277,12 @@ def _dummies(dummy_media: Any, family: dict[str, Any] | None, model_config: Any)
         return None
     if dummy_media is not None and dummy_media is not True:
         return dummy_media  # a packer.loader.dummy.MediaDummies
-    kinds = [k for k in (family or {}).get("modalities", ()) if k in (family or {}).get("run_ids", {})]
+    kinds = [k for k in (family.kinds if family is not None else ()) if k in run_ids]
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized() \
         and torch.distributed.get_world_size() > 1
     if dummy_media is None and not (distributed and kinds):
         return None
-    if dummy_media is None and model_config is None and (family or {}).get("name", "generic") == "generic":
+    if dummy_media is None and model_config is None and (family is None or family.is_generic):
         return None  # a generic build declares every kind, text-only ones too: PackedCollator.for_build decides
     if model_config is None or not kinds:
         why = (f"torch.distributed runs {torch.distributed.get_world_size()} ranks and the build declares "
@@ -291,7 +293,7 @@ def _dummies(dummy_media: Any, family: dict[str, Any] | None, model_config: Any)
                          f"model_config=model.config (dummy_media=False: none, at your own risk)")
     from packer.loader.dummy import media_dummies
 
-    return media_dummies(model_config, kinds=kinds, placeholders={k: family["run_ids"][k] for k in kinds})
+    return media_dummies(model_config, kinds=kinds, placeholders={k: run_ids[k] for k in kinds})
 
 
 def _no_media_step(spans: list[dict[str, Any]]) -> str:

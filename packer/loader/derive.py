@@ -25,13 +25,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from packer.families import FAMILIES, family_of_model
+from packer.families import Family, family_of_model
 from packer.loader.checks import check_attention, default_attention, model_rope
 
 
-def build_family(ds) -> dict[str, Any] | None:
-    family = ds.family
-    return family if family and family.get("name", "generic") != "generic" else None
+def build_family(ds) -> Family | None:
+    """The build's named family, rebuilt from its manifest record (:meth:`Family.from_record`); None for a generic
+    build (the model, not the family, then decides rope and model inputs) or one that records none."""
+    family = Family.from_record(ds.family) if ds.family else None
+    return None if family is None or family.is_generic else family
 
 
 def media_kinds(ds) -> list[str]:
@@ -48,10 +50,10 @@ def media_kinds(ds) -> list[str]:
 def load_build_processor(ds) -> Any:
     """The processor the build was counted with (its ``--processor``), loaded without running checkpoint code."""
     name = ds.manifest.config.get("processor") or ""
-    family = build_family(ds) or {}
+    family = build_family(ds)
     if not name:
         raise ValueError(f"{ds.out}: the build records no --processor to load (its {', '.join(media_kinds(ds))} were "
-                         f"counted by {'family ' + family['name'] if family else 'the generic policies'}): pass "
+                         f"counted by {'family ' + family.name if family else 'the generic policies'}): pass "
                          f"PackedCollator.for_build(ds, model=model, processor=AutoProcessor.from_pretrained(CHECKPOINT))")
     from transformers import AutoProcessor
 
@@ -66,13 +68,12 @@ def load_build_processor(ds) -> Any:
 def collator_for_build(cls, ds, model=None, *, processor=None, **overrides: Any):
     """``cls(...)`` with every argument the build and the model imply (module docstring); ``overrides`` win and are
     checked like a user's collator (:func:`check_collator`)."""
-    family = ds.family
     named = build_family(ds)
-    check_model(ds, model)
+    check_model(ds, model, named)
     kinds = media_kinds(ds)
     if processor is None and kinds:
         processor = load_build_processor(ds)
-    args: dict[str, Any] = {"family": family, "processor": processor, "row_lengths": getattr(ds, "row_lengths", None)}
+    args: dict[str, Any] = {"family": ds.family, "processor": processor, "row_lengths": getattr(ds, "row_lengths", None)}
     if model is not None:
         args["attention"] = default_attention(model)
         args["model_config"] = model.config
@@ -89,16 +90,10 @@ def collator_for_build(cls, ds, model=None, *, processor=None, **overrides: Any)
     return collator
 
 
-def row_keys(ds) -> list:
-    """Each packed row's key under its family's row constraint (:meth:`packer.families.Family.row_key`; None for a
+def row_keys(ds, family: Family | None) -> list:
+    """Each packed row's key under ``family``'s row constraint (:meth:`packer.families.Family.row_key`; None for a
     row that mixes with anything), from the stored spans (no pixel loaded); [] where the family has none."""
-    from packer.families import Family, family_from_state
-
-    named = build_family(ds)
-    if named is None:
-        return []
-    family = family_from_state(named, None)
-    if type(family).row_key is Family.row_key:
+    if family is None or not family.keys_rows:
         return []
     out = []
     for spans in ds.column("media").to_pylist():
@@ -113,11 +108,10 @@ def check_batches(ds, batch_size: int, fix: str = "use batch_size=1 (per_device_
     takes a batch's items in one call: LLaVA-OneVision's videos of one frame count); ``fix`` ends the message."""
     if batch_size < 2:
         return
-    keys = {k for k in row_keys(ds) if k is not None}
+    family = build_family(ds)
+    keys = {k for k in row_keys(ds, family) if k is not None}
     if len(keys) > 1:
-        from packer.families import family_from_state
-
-        reason = family_from_state(build_family(ds), None).row_key_reason(sorted(keys, key=str))
+        reason = family.row_key_reason(sorted(keys, key=str))
         raise ValueError(f"batch_size={batch_size}: the build's rows hold {reason}, so rows of two keys cannot share a "
                          f"batch: {fix}")
 
@@ -131,25 +125,26 @@ def text_only(model) -> bool:
     return not towers(model)
 
 
-def check_model(ds, model) -> None:
-    """Refuse a model of another family than the build's, or without the towers its media need."""
+def check_model(ds, model, named: Family | None = None) -> None:
+    """Refuse a model of another family than the build's (``named``: :func:`build_family`, where the caller has
+    it), or without the towers its media need."""
     if model is None:
         return
-    named = build_family(ds)
+    named = named or build_family(ds)
     of_model = family_of_model(model)
     model_type = getattr(model.config, "model_type", "?")
-    if named is not None and of_model is not None and of_model.name != named["name"] and named["name"] != "hf":
+    if named is not None and of_model is not None and of_model.name != named.name and named.name != "hf":
         raise ValueError(f"{type(model).__name__} ({model_type}) is family {of_model.name}'s model, but the build was made "
-                         f"for family {named['name']} ({named.get('processor_class')}): load a {named['name']} model, or "
+                         f"for family {named.name} ({named.processor_class}): load a {named.name} model, or "
                          f"rebuild with --family {of_model.name} and its processor")
-    if named is None and of_model is not None and of_model.name != "generic" and media_kinds(ds):
+    if named is None and of_model is not None and not of_model.is_generic and media_kinds(ds):
         raise ValueError(f"{type(model).__name__} ({model_type}) is family {of_model.name}'s model, but the build counted "
                          f"its media with the generic policies: rebuild with --family {of_model.name} --processor "
                          f"CHECKPOINT so its counts are the processor's")
-    if media_kinds(ds) and of_model is None and named is not None and named["name"] != "hf":
+    if media_kinds(ds) and of_model is None and named is not None and named.name != "hf":
         raise ValueError(f"{type(model).__name__} ({model_type}) has no media towers packer knows, but the build holds "
-                         f"{', '.join(media_kinds(ds))} for family {named['name']}: load the family's model class "
-                         f"({', '.join(FAMILIES[named['name']].model_types)})")
+                         f"{', '.join(media_kinds(ds))} for family {named.name}: load the family's model class "
+                         f"({', '.join(named.model_types)})")
 
 
 def check_collator(collator, ds, model=None, *, model_checked: bool = False) -> None:
@@ -164,20 +159,20 @@ def check_collator(collator, ds, model=None, *, model_checked: bool = False) -> 
                          f"({getattr(model.config, 'model_type', '?')}) has no media tower: it would train on their "
                          f"placeholder ids as text, with no pixel or feature. Load the model class the build was made "
                          f"for, or rebuild text only (modalities = [] or --modalities '', media records quarantined)")
-    have = (collator.family or {}).get("name", "generic") if collator.family else None
-    if named is not None and have != named["name"]:
-        raise ValueError(f"the collator's family is {have!r} but the build's is {named['name']!r}: use "
+    have = collator.family.name if collator.family is not None else None
+    if named is not None and have != named.name:
+        raise ValueError(f"the collator's family is {have!r} but the build's is {named.name!r}: use "
                          f"PackedCollator.for_build(ds, model=model), or pass family=ds.family")
     if kinds and collator.media_step is None:
         raise ValueError(f"the build holds {', '.join(kinds)} but the collator loads no media (no processor): the model "
                          f"would train on placeholders without pixels. Use PackedCollator.for_build(ds, model=model), or "
                          f"pass processor=... (the checkpoint the build was made from)")
-    expected = named["rope"] if named is not None else (model_rope(model) if model is not None else None)
+    expected = named.rope if named is not None else (model_rope(model) if model is not None else None)
     if expected is not None and collator.rope != expected:
         raise ValueError(f"the collator's rope is {collator.rope!r} but {'the build family' if named else 'the model'} "
                          f"takes {expected!r} positions: leave rope out (PackedCollator.for_build(ds, model=model) "
                          f"derives it)")
     if model is not None:
         if not model_checked:
-            check_model(ds, model)
+            check_model(ds, model, named)
         check_attention(model, collator.attention)

@@ -123,9 +123,7 @@ def row_keys(samples: pa.Table, rows, family: Any) -> np.ndarray | None:
     """Each sample's row key under ``family``'s row constraint (:meth:`packer.families.Family.row_key`), coded
     0, 1, ... in the keys' sorted order, -1 for a sample that mixes with anything; None when the family has no
     such constraint. Only the rows holding media are read (their ``media`` column)."""
-    from packer.families import Family
-
-    if family is None or type(family).row_key is Family.row_key:
+    if family is None or not family.keys_rows:
         return None
     codes = np.full(samples.num_rows, -1, np.int64)
     counts = media_counts(samples)
@@ -293,15 +291,16 @@ def plan_build(samples: pa.Table, config: BuildConfig, tokenizer: dict[str, Any]
     kinds, its row keys: :func:`row_keys`); ``(plan, mix, row keys or None)``. The build plans with it, and the deep
     check of ``packer verify`` (:mod:`packer.verify.deep`) re-plans with it from the samples' lengths and the manifest's
     settings."""
-    family = tokenizer.get("family") or {}
-    joined = tuple(family.get("joined_kinds") or ())
-    keys = None
-    if family.get("name", "generic") != "generic":
-        from packer.families import family_from_state
+    from packer.families import Family
 
+    record = tokenizer.get("family")
+    family = Family.from_record(record) if record else None
+    joined = family.joined_kinds() if family is not None else ()
+    keys = None
+    if family is not None and family.keys_rows:
         if rows is None:
             rows = lambda indices, columns: samples.select(columns).take(pa.array(indices))  # noqa: E731
-        keys = row_keys(samples, rows, family_from_state(family, config))
+        keys = row_keys(samples, rows, family)
     p, m = plan_sources(samples, config, source_of_file, rows, joined, keys)
     return p, m, keys
 

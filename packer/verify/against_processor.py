@@ -37,11 +37,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from packer.errors import BadRecord, PackerError
+
+if TYPE_CHECKING:
+    from packer.families import Family
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
     """(mismatching records, records checked): ``sample`` records of the build at ``out`` re-run through
     ``processor`` (a folder or hub id)."""
     from packer.config import BuildConfig
+    from packer.families import Family
     from packer.io import fs
     from packer.shards.io import read_shards
     from packer.shards.manifest import Manifest
@@ -79,7 +83,8 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
     samples = read_shards([out / e.file for e in manifest.files.samples], SAMPLE_SCHEMA)
     chosen = _choose(samples, sample, seed)
     config = BuildConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in manifest.config.items()})
-    family = manifest.tokenizer.get("family") or {"name": "generic"}
+    record = manifest.tokenizer.get("family")
+    family = Family.from_record(record) if record else None
     placeholders = manifest.placeholders
     root = media_root or manifest.media_root
     rows = samples.take(chosen).select(["source_index", "source_line", "key", "input_ids", "media", "responses",
@@ -179,15 +184,21 @@ def _timing_mismatches(file: str, line: int, key: str, n: int, media: list[dict]
     return out
 
 
-def _untimed_fps(config, family: dict) -> float | None:
+def _untimed_fps(config, family: Family | None) -> float | None:
     """The rate the build timed a frame list that states none at: the generic family's video policy's ``fps`` (it
     takes such a list whole at that rate, :func:`packer.families.generic.policy_count`); None for a named family,
     which counts such a list at transformers' own assumption (its processor's default)."""
-    if family.get("name", "generic") != "generic" or "video" not in config.modalities:
+    if _named(family) or "video" not in config.modalities:
         return None
     from packer.media.policies import parse_policy
 
     return getattr(parse_policy(config.video_tokens, "video"), "fps", None)
+
+
+def _named(family: Family | None) -> bool:
+    """The build's family is a named one (its processor's chat template sees structured media parts); False for the
+    generic family, or a build that records none."""
+    return family is not None and not family.is_generic
 
 
 def _response_row(row: dict, k: int) -> dict:
@@ -278,7 +289,7 @@ def _parse(raw: bytes, file: str, config):
     return parse_record(decode_json(raw), config.format, base, tags, allow_outside_root=config.allow_outside_media_root)
 
 
-def _processor_ids(proc, renderers, conv, config, family: dict, placeholders: dict[str, int], row: dict,
+def _processor_ids(proc, renderers, conv, config, family: Family | None, placeholders: dict[str, int], row: dict,
                    root: str, untimed: float | None = None) -> tuple[list[int], list[float] | None]:
     """The processor's ids of the conversation, and its ``second_per_grid_ts`` where it gives them (None else);
     ``untimed``: the rate a frame list stating none was timed at (:func:`_untimed_fps`)."""
@@ -293,7 +304,7 @@ def _processor_ids(proc, renderers, conv, config, family: dict, placeholders: di
         raise PackerError(f"{type(proc).__name__} has no chat template to render the build's conversations with")
     renderer = renderers[1] if conv.tools else renderers[0]
     sanitized = renderer.sanitized
-    if family.get("name", "generic") == "generic":
+    if not _named(family):
         text = _collapsed_text(tok, row, placeholders)
     else:
         messages = template_messages(conv, True, lambda kind: "", renderer.mark)
@@ -302,7 +313,7 @@ def _processor_ids(proc, renderers, conv, config, family: dict, placeholders: di
             text = renderer.render(messages, tools=tools)
         else:
             text = proc.apply_chat_template(messages, tokenize=False, chat_template=renderer.source, tools=tools)
-    kwargs = _media_kwargs(proc, conv.media, nest=family.get("name", "generic") != "generic", untimed=untimed)
+    kwargs = _media_kwargs(proc, conv.media, nest=_named(family), untimed=untimed)
     # sanitized only where packer marked a typed control token: U+F0000 / U+F0001 typed in a record that marks none
     # are its text, which transformers' sanitizing would strip (packer keeps them, as apply_chat_template does)
     enc = proc(text=[text], sanitize_control_tokens=renderer.sanitized > sanitized, **kwargs)

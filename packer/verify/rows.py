@@ -17,13 +17,13 @@ from packer.verify.problem import Problem
 
 
 def family_row_problem(manifest: Manifest):
-    """The build family's :meth:`~packer.families.Family.row_problem` (None for a generic build)."""
-    family = manifest.tokenizer.get("family") or {}
-    if isinstance(family, dict) and family.get("name", "generic") == "generic":
-        return None
-    from packer.families import family_from_state
+    """The build family's :meth:`~packer.families.Family.row_problem`; None where its rows all collate (a family
+    without a row key, the generic one among them)."""
+    from packer.families import Family
 
-    return family_from_state(family, None).row_problem
+    record = manifest.tokenizer.get("family")
+    family = Family.from_record(record) if record else None
+    return family.row_problem if family is not None and family.keys_rows else None
 
 
 def _source_rules(manifest: Manifest) -> tuple[list[str], list[int], list[int], list[bool]] | None:
