@@ -4,7 +4,7 @@
   :data:`COSTS`), loading a cost model JSON, and the build's ``cost_model`` setting resolved
   (:func:`resolve_cost_model`).
 - :mod:`packer.cost.flops` -- the coefficients in FLOPs for a model config (``CostModel.for_model``), with the
-  derivation; a tower the ViT formula misses declares its own (:data:`~packer.cost.flops.TOWER_FLOPS`).
+  derivation; a tower the ViT formula misses is told by what its config declares (:data:`~packer.cost.flops.TOWER_FLOPS`).
 - :mod:`packer.cost.calibrate` -- ``packer calibrate``: coefficients fitted to a model's measured step.
 """
 

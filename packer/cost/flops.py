@@ -57,7 +57,7 @@ the projector 2·d·h per pooled token (P / 2): the ``audio_item`` coefficient.
 Training runs forward + backward: 3x the forward FLOPs for the parts that get gradients.
 A frozen tower at the input needs no backward at all: ``frozen=("vision",)`` counts it once.
 
-A tower the ViT and Whisper formulas miss declares its own FLOPs by model type in :data:`TOWER_FLOPS`
+A tower the ViT and Whisper formulas miss is told by what its config declares, in :data:`TOWER_FLOPS`
 (:func:`register_tower_flops`): today the tiled towers of InternVL and Llama 4.
 """
 
@@ -104,7 +104,7 @@ def flop_coefficients(config: Any, *, causal: bool = True, training: bool = True
            "attention": llm * (pair / 2 if causal else pair)}
     tower = lambda name: 1 if (not training or name in frozen) else 3  # noqa: E731
     if cfg.get("vision_config"):
-        tiled = TOWER_FLOPS.get(cfg.get("model_type"))
+        tiled = tower_flops(cfg)
         item, token, square = tiled(cfg, h) if tiled else _vision(cfg["vision_config"], h)
         for kind in ("image", "video"):  # one tower, the same cost per merged patch (module doc)
             out |= {f"{kind}_item": tower("vision") * item, f"{kind}_token": tower("vision") * token,
@@ -211,17 +211,33 @@ def llama4_tiles(cfg: dict, llm_hidden: int) -> tuple[float, float, float]:
 
 TowerFlops = Callable[[dict, int], tuple[float, float, float]]
 
-# HF model_type -> (per image, per placeholder token, per placeholder token²) forward FLOPs of its vision tower and
-# projector, for the towers :func:`_vision`'s ViT formula does not fit (fixed tiles: no square term). The family
-# that feeds such a model declares its tower here (:func:`register_tower_flops`); every other vision config is
-# costed by :func:`_vision`.
-TOWER_FLOPS: dict[str, TowerFlops] = {"internvl": internvl_tiles, "llama4": llama4_tiles}
+
+def _tiled_by_downsample(cfg: dict) -> bool:
+    return "downsample_ratio" in cfg  # InternVL: the pixel shuffle's ratio is the top config's
 
 
-def register_tower_flops(model_type: str, fn: TowerFlops) -> None:
-    """Declare the vision tower FLOPs of ``model_type``'s configs: ``fn(config dict, LLM hidden size)`` gives
-    (per image, per placeholder token, per placeholder token²) forward FLOPs, as :func:`internvl_tiles` does."""
-    TOWER_FLOPS[model_type] = fn
+def _tiled_by_shuffle(cfg: dict) -> bool:
+    return "pixel_shuffle_ratio" in cfg["vision_config"] and "projector_input_dim" in cfg["vision_config"]  # Llama 4
+
+
+# (the config declares such a tower, its (per image, per placeholder token, per placeholder token²) forward FLOPs of
+# the vision tower and projector): the towers :func:`_vision`'s ViT formula does not fit (fixed tiles: no square
+# term), told apart by what their configs declare (a pixel shuffle after fixed tiles), not by a list of model
+# names; every other vision config is costed by :func:`_vision`. :func:`register_tower_flops` adds one.
+TOWER_FLOPS: list[tuple[Callable[[dict], bool], TowerFlops]] = [(_tiled_by_downsample, internvl_tiles),
+                                                                 (_tiled_by_shuffle, llama4_tiles)]
+
+
+def register_tower_flops(declares: Callable[[dict], bool], fn: TowerFlops) -> None:
+    """Declare the vision tower FLOPs of the configs ``declares(config dict)`` holds true for: ``fn(config dict, LLM
+    hidden size)`` gives (per image, per placeholder token, per placeholder token²) forward FLOPs, as
+    :func:`internvl_tiles` does. Checked before the ones already declared."""
+    TOWER_FLOPS.insert(0, (declares, fn))
+
+
+def tower_flops(cfg: dict) -> TowerFlops | None:
+    """The declared FLOPs of ``cfg``'s vision tower (:data:`TOWER_FLOPS`), or None: the ViT formula's."""
+    return next((fn for declares, fn in TOWER_FLOPS if declares(cfg)), None)
 
 
 def _audio(a: dict, llm_hidden: int) -> float:

@@ -115,7 +115,6 @@ class Family(ABC):
     ``layer_masks``       :meth:`attention_masks` builds a mask per layer type (Llama 4, Gemma 3 / 4)
     ``linear_attention``  the text model has linear-attention layers (Qwen3.5): segment boundaries flattened
     ``routed``            the ``hf`` route sends its processor class here (False for the configurable families)
-    ``tiled_tower``       its vision tower sees fixed tiles (InternVL, Llama 4): the cost model's per-tile cost
     ``is_generic``        the configurable placeholder family: its counts are the pipeline's policies, not a
                           processor's, so the loader takes rope, processor and model inputs from the model, not
                           from the family
@@ -140,7 +139,6 @@ class Family(ABC):
     layer_masks: ClassVar[bool] = False
     linear_attention: ClassVar[bool] = False
     routed: ClassVar[bool] = True
-    tiled_tower: ClassVar[bool] = False
     is_generic: ClassVar[bool] = False
 
     def __init__(self, kinds: tuple[str, ...]):

@@ -195,7 +195,6 @@ class InternVL(Family):
     towers = {"internvl": (Tower("model.vision_tower", ("image", "video"), internvl_dummy, joint=True),)}
     model_inputs = ("pixel_values",)
     own_loading = ("image", "video")
-    tiled_tower = True
     settings_class: ClassVar[type] = InternVLSettings
 
     def __init__(self, kinds: tuple[str, ...], settings: InternVLSettings):

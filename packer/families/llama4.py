@@ -171,7 +171,6 @@ class Llama4(Family):
     model_inputs = ("pixel_values",)
     own_loading = ("image",)
     layer_masks = True
-    tiled_tower = True
     settings_class: ClassVar[type] = Llama4Settings
 
     def __init__(self, kinds: tuple[str, ...], settings: Llama4Settings):
