@@ -26,6 +26,7 @@ from packer.loader.media import MediaMismatchError  # noqa: E402
 FAMILY = "gemma3"
 TestConformance = conformance(FAMILY)  # the packed == alone check on the pan and scan build
 
+
 @pytest.fixture
 def scan(alone):
     """The same records built with pan and scan on (the family's declared packed == alone build)."""
