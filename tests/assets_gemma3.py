@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from family_assets import QWEN_TOKENIZER, TEMPLATES, FamilyAssets, _init, _save_and_load
+from family_assets import QWEN_TOKENIZER, TEMPLATES, Alone, FamilyAssets, _init, _save_and_load
 
 TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
 IMAGE_SEQ_LENGTH = 4
 SLIDING_WINDOW = 3  # shorter than an image's 4 tokens: the window cuts into the bidirectional blocks
+SCAN_CALL = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 8}
+SCAN_OPTIONS = "do_pan_and_scan=true,pan_and_scan_min_crop_size=8"
 
 
 def gemma3_tokenizer():
@@ -57,4 +59,9 @@ def gemma3_model(processor, impl: str, seed: int = 0):
     return _init(Gemma3ForConditionalGeneration(gemma3_config(processor, impl)), seed)
 
 
-ASSETS = FamilyAssets("gemma3", ("image",), gemma3_processor, gemma3_model)
+# the packed == alone check on the records built with pan and scan on (an image's runs split by its crops' text), as
+# training would call processor(..., do_pan_and_scan=True, pan_and_scan_min_crop_size=8)
+ASSETS = FamilyAssets("gemma3", ("image",), gemma3_processor, gemma3_model,
+                      alone=Alone("scan", build={"processor_options": SCAN_OPTIONS}, call=SCAN_CALL),
+                      split_runs=True,  # an image's crops, text between them
+                      sample_segments=10, dummy_eager=False)

@@ -54,4 +54,8 @@ def internvl_model(processor, impl: str, seed: int = 0):
     return _init(InternVLForConditionalGeneration(cfg), seed)
 
 
-ASSETS = FamilyAssets("internvl", ("image", "video"), internvl_processor, internvl_model)
+# the packed == alone check leaves out the row of the 30-image record (1,200 tokens of 151k-wide logits; its ids are
+# checked); under sequence parallelism the images' tiles and the videos' frames share one placeholder (<IMG_CONTEXT>)
+ASSETS = FamilyAssets("internvl", ("image", "video"), internvl_processor, internvl_model,
+                      towers=("vision_tower", "multi_modal_projector"), max_images=3, sp_modes=("ulysses", "ring"),
+                      sample_segments=10)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from family_assets import QWEN_TOKENIZER, TEMPLATES, FamilyAssets, _init, _save_and_load
+from family_assets import QWEN_TOKENIZER, TEMPLATES, FamilyAssets, Verify, _init, _save_and_load
 
 TILE, PATCH = 32, 8
 PINPOINTS = [[32 * a, 32 * b] for a in range(1, 4) for b in range(1, 4)]
@@ -57,4 +57,17 @@ def model(processor, impl: str, seed: int = 0):
     return _init(LlavaOnevisionForConditionalGeneration(cfg), seed)
 
 
-ASSETS = FamilyAssets("llava_onevision", ("image", "video"), processor, model)
+def alone_rows(ds, records, impl) -> list[int]:
+    """The row of r0: a tiled image (anyres), a record of two images (base + newline each), videos."""
+    rows = [i for i in range(len(ds)) if "r0" in ds[i]["segment_ids"]]
+    spans = ds[rows[0]]["media"]
+    assert {m["tokens"] for m in spans if m["kind"] == "image"} >= {17, 72} and any(m["kind"] == "video" for m in spans)
+    return rows
+
+
+# a record's images reach the processor as one list (apply_chat_template's way); verify: another anyres cap (a 3 x 3
+# grid no longer interpolated) and another frame count
+ASSETS = FamilyAssets("llava_onevision", ("image", "video"), processor, model, nest_images=True, alone_rows=alone_rows,
+                      verify=Verify(sample=8, other={"aspect": "anyres_max_9", "num_frames": 2}, other_sample=14,
+                                    other_image_size=None),
+                      dummy_settings={"num_image_tokens": 16})

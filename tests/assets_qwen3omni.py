@@ -10,9 +10,11 @@ processor imposes on every call (128 to 768 tokens a frame pair); audio at 16 kH
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from family_assets import QWEN_TOKENIZER, TEMPLATES, FamilyAssets, _init, _save_and_load
+import numpy as np
+from family_assets import QWEN_TOKENIZER, TEMPLATES, Alone, FamilyAssets, Verify, _init, _save_and_load
 
 SPECIAL = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "audio_token": "<|audio_pad|>",
            "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>",
@@ -62,4 +64,41 @@ def model(processor, impl: str, seed: int = 0, position_id_per_seconds: int = 13
     return _init(Qwen3OmniMoeThinkerForConditionalGeneration(cfg), seed)
 
 
-ASSETS = FamilyAssets("qwen3omni", ("image", "audio", "video"), processor, model, rope="mrope")
+REFUSED = {"5ms_16k.wav": "audio_too_short", '["img/plain_300x200.jpg", "img/plain_300x200.jpg", "img/plain_300x200.'
+           'jpg", "img/plain_300x200.jpg", "img/plain_300x200.jpg"]': "unsupported_video"}
+
+
+def refused_for(record: dict) -> str | None:
+    """Why the processor refuses a harness record (None: it takes it)."""
+    text = json.dumps(record)
+    return next((reason for key, reason in REFUSED.items() if key in text and '"fps"' not in text), None)
+
+
+def extra_records(root: Path) -> list[dict]:
+    """The short clip alone and beside a longer one; an image, a video and two clips in one record."""
+    import soundfile as sf
+
+    rng = np.random.default_rng(0)
+    sf.write(root / "aud" / "short_1300.wav", rng.uniform(-0.5, 0.5, 1300).astype(np.float32), 16000)
+    clip = lambda name: {"type": "audio", "audio": f"aud/{name}"}  # noqa: E731
+    users = [[clip("short_1300.wav")], [clip("1s_48k_stereo.wav"), clip("short_1300.wav")],
+             [{"type": "image", "image": "img/photo.webp"}, clip("2s_44k.mp3"), {"type": "video", "video": "vid/odd_17f.mp4"},
+              clip("short_1300.wav")]]
+    return [{"id": f"x{k}", "messages": [{"role": "user", "content": [*u, {"type": "text", "text": "What is it?"}]},
+                                         {"role": "assistant", "content": "Noise and a gradient."}]}
+            for k, u in enumerate(users)]
+
+
+def records(root: Path, written: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The harness's records the processor takes, and the extra ones; the two it refuses apart (left out)."""
+    refused = [r for r in written if refused_for(r)]
+    assert sorted(refused_for(r) for r in refused) == sorted(REFUSED.values())
+    return [r for r in written if not refused_for(r)] + extra_records(root), refused
+
+
+# the packed == alone check on a second build of a few records (an image alone; the short clip alone and beside a
+# longer one; an image, a video and two clips in one record), each alone given the processor's attention_mask (the
+# thinker computes its 3-D positions only when given one); verify: fewer frames of a long clip, another max_pixels
+ASSETS = FamilyAssets("qwen3omni", ("image", "audio", "video"), processor, model, rope="mrope", records=records,
+                      alone=Alone("small", keep=lambda r: r["id"] in ("x0", "x1", "x2", "r0"), build={"max_segments": 3}),
+                      reference_mask=True, verify=Verify(sample=10, other={"max_frames": 4}, other_sample=24))

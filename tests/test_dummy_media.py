@@ -29,12 +29,6 @@ class _Ids:  # what tests/family_assets' model builders read of a processor: its
     tokenizer = tokenizer()
 
 
-def _qwen3(name):
-    from family_assets import qwen3vl_model, qwen35_model
-
-    return (qwen3vl_model if name == "qwen3_vl" else qwen35_model)(_Ids, "sdpa")
-
-
 class _Tokenizer:
     """The tokenizer the later families' model builders (tests/assets_*.py) read: a vocabulary of 128, and an id
     from 90 up for each special token, given in the order asked (the same token, the same id)."""
@@ -71,19 +65,16 @@ class _Processor:
         return self.tokenizer.convert_tokens_to_ids("<|video|>")
 
 
-def _family(builder: str, family: str, kinds: tuple[str, ...], **settings):
+def _family(builder, family: str, kinds: tuple[str, ...], **settings):
     """A later family: its tests' tiny model (tests/assets_*.py) over the stub tokenizer, and the collator arguments
     its tests give (``family=``: Gemma's masks per layer type, Llama 4's chunked masks, Qwen3-Omni's positions;
     ``model_config=``). The placeholders: the family's run tokens."""
 
     def make(attention):
-        import importlib
-
         from packer.families import FAMILIES as PACKER_FAMILIES
 
-        module, name = builder.split(":")
         processor = _Processor()
-        model = getattr(importlib.import_module(module), name)(processor, attention)
+        model = builder(processor, attention)
         cls = PACKER_FAMILIES[family]
         fam = cls(kinds, cls.settings_class(**settings))
         run_ids = {k: processor.tokenizer.convert_tokens_to_ids(t) for k, t in fam.run_tokens().items() if k in kinds}
@@ -109,17 +100,31 @@ CASES = {  # attention -> (model, placeholders, PackedCollator arguments)
     "qwen2_audio": _plain(lambda a: qwen2audio_model(IDS, VOCAB, a), {"audio": 94}, "default"),
     "qwen2_5_omni_thinker": _plain(lambda a: qwen25omni_model(IDS, VOCAB, a), {"image": 90, "video": 95, "audio": 94},
                                    "mrope"),
-    "qwen3_vl": _plain(lambda a: _qwen3("qwen3_vl"), {"image": 90, "video": 95}, "mrope"),
-    "qwen3_5": _plain(lambda a: _qwen3("qwen3_5"), {"image": 90, "video": 95}, "mrope"),
-    # the later families: each its family tests' model and collator arguments
-    "internvl": _family("assets_internvl:internvl_model", "internvl", ("image", "video")),
-    "llama4": _family("assets_llama4:llama4_model", "llama4", ("image",)),
-    "llava_onevision": _family("assets_llava_onevision:model", "llava_onevision", ("image", "video"),
-                               num_image_tokens=16),
-    "qwen3_omni_moe_thinker": _family("assets_qwen3omni:model", "qwen3omni", ("image", "video", "audio")),
-    "gemma3": _family("assets_gemma3:gemma3_model", "gemma3", ("image",)),
-    "gemma4": _family("assets_gemma4:gemma4_model", "gemma4", ("image", "video", "audio")),
 }
+
+
+def _declared() -> dict[str, tuple]:
+    """Every registered family's case, by its first model type, from its declared test assets (tests/assets_*.py):
+    ``dummy="plain"`` (Qwen3-VL, Qwen3.5) its tiny model with the plain mRoPE collator over the stub ids, else its
+    tests' model and its collator arguments (``family=``, ``model_config=``); the later ones with the flag whether
+    eager runs too."""
+    from family_assets import FAMILY_ASSETS
+
+    from packer.families import FAMILIES as PACKER_FAMILIES
+
+    cases = {}
+    for name, assets in FAMILY_ASSETS.items():
+        model_type = PACKER_FAMILIES[name].model_types[0]
+        if assets.dummy == "plain":
+            cases[model_type] = (_plain(lambda a, make=assets.model: make(_Ids, "sdpa"), {"image": 90, "video": 95},
+                                        assets.rope), None)
+        else:
+            kinds = tuple(k for k in ("image", "video", "audio") if k in assets.kinds)
+            cases[model_type] = (_family(assets.model, name, kinds, **assets.dummy_settings), assets.dummy_eager)
+    return cases
+
+
+CASES.update({t: case for t, (case, _) in _declared().items()})
 
 
 # Parameters a real item leaves without a gradient too: LLaVA's tower after vision_feature_layer -2, and
@@ -152,11 +157,11 @@ def grads(model, batch):
 # Where a tower's parameters live (the projector and the newline embeddings with it)
 TOWER_PARTS = ("visual", "vision_tower", "vision_model", "audio_tower", "projector", "image_newline", "embed_vision",
                "embed_audio")
-LATER = ("internvl", "llama4", "llava_onevision", "qwen3_omni_moe_thinker", "gemma3", "gemma4")
+LATER = tuple(t for t, (_, eager) in _declared().items() if eager is not None)
 # eager for the later families only where the mask form matters: Llama 4 and Gemma 4 take one mask per layer type
 # (chunked / sliding window, Gemma 4's image blocks both ways), additive under eager; the others' eager path is
 # their text model's, already run for the 2024 families.
-EAGER = ("llama4", "gemma4")
+EAGER = tuple(t for t, (_, eager) in _declared().items() if eager)
 # MoE layers that gather each expert's tokens in routing order (Qwen3-Omni: by top-k rank, then token): a dummy token
 # routed unlike the padding it replaces reorders an expert's tokens, so that expert's weight gradient sums the same
 # terms in another order (the last bits: 5e-8 relative here). Every other gradient exactly equal.

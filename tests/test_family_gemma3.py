@@ -10,57 +10,32 @@ shorter than an image, so the masks' window and bidirectional blocks both matter
 from __future__ import annotations
 
 import inspect
-from dataclasses import replace
-from functools import partial
 
 import pytest
 
 pytest.importorskip("torchvision")
 
-from assets_gemma3 import ASSETS, IMAGE_SEQ_LENGTH, gemma3_config  # noqa: E402
-from family_harness import (  # noqa: E402
-    Built,
-    FamilyConformance,
-    build_family,
-    check_flex_forward,
-    check_ids,
-    check_pipeline_ids,
-    hf_inputs,
-    segments,
-    write_media,
-    write_records,
-)
+from assets_gemma3 import IMAGE_SEQ_LENGTH, SCAN_CALL, gemma3_config  # noqa: E402
+from family_harness import check_flex_forward, check_ids, conformance, hf_inputs, segments  # noqa: E402
 
 from packer.families.checkpoint import read_checkpoint  # noqa: E402
 from packer.families.gemma3 import Gemma3Settings  # noqa: E402
 from packer.loader import PackedCollator, PackedDataset  # noqa: E402
 from packer.loader.media import MediaMismatchError  # noqa: E402
 
-SCAN_CALL = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 8}
-SCAN_OPTIONS = "do_pan_and_scan=true,pan_and_scan_min_crop_size=8"
+FAMILY = "gemma3"
+TestConformance = conformance(FAMILY)  # the packed == alone check on the pan and scan build
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gemma3")
-    files = write_media(root, ASSETS.kinds)
-    source, records = write_records(root, ASSETS.kinds, files)
-    processor = ASSETS.processor(root / "checkpoint")
-    plain = build_family("gemma3", root / "checkpoint", source, root / "plain", max_segments=4)
-    build_family("gemma3", root / "checkpoint", source, root / "scan", max_segments=4, processor_options=SCAN_OPTIONS)
-    return Built("gemma3", root / "plain", root, records, processor, partial(ASSETS.model, processor), plain)
-
-
-@pytest.fixture(scope="module")
-def scan(built):
-    """The same records built with pan and scan on."""
-    return replace(built, out=built.root / "scan", call=SCAN_CALL)
+@pytest.fixture
+def scan(alone):
+    """The same records built with pan and scan on (the family's declared packed == alone build)."""
+    return alone
 
 
 def test_settings_equal_the_processor(built):
     processor = built.processor
     family = built.manifest["tokenizer"]["family"]
-    assert family["name"] == "gemma3" and family["processor_class"] == "Gemma3Processor"
     settings = family["settings"]
     assert settings["image_seq_length"] == processor.image_seq_length == IMAGE_SEQ_LENGTH  # from the checkpoint
     tok = processor.tokenizer
@@ -152,20 +127,3 @@ def test_crop_counts_equal_transformers():
             assert pan_and_scan_crops(h, w, s) == len(crops), (h, w, min_crop, max_crops, ratio)
 
 
-@pytest.mark.slow  # builds the sample pipeline
-def test_sample_pipeline_ids_equal_its_processor(tmp_path):
-    """``pipelines/gemma3.toml`` over sample_data: its records' ids equal the sample processor folder's processor's."""
-    from conftest import ROOT
-
-    assert check_pipeline_ids(ROOT / "pipelines" / "gemma3.toml", tmp_path / "out") >= 10
-
-
-class TestConformance(FamilyConformance):
-    """The packed == alone check on the pan and scan build: an image's runs split by its crops' text."""
-
-    family = "gemma3"
-    split_runs = True  # an image's crops, text between them
-
-    @pytest.fixture
-    def alone(self, scan):
-        return scan

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import inspect
 import json
-from dataclasses import replace
-from functools import partial
 
 import numpy as np
 import pytest
@@ -24,59 +22,27 @@ import pytest
 pytest.importorskip("av")
 pytest.importorskip("torchvision")
 
-from assets_gemma4 import ASSETS, gemma4_config  # noqa: E402
-from family_harness import (  # noqa: E402
-    Built,
-    FamilyConformance,
-    build_family,
-    check_flex_forward,
-    check_ids,
-    check_pipeline_ids,
-    hf_inputs,
-    segments,
-    write_media,
-    write_records,
-)
+from assets_gemma4 import ASSETS, covering, gemma4_config  # noqa: E402
+from assets_gemma4 import media_parts as _media  # noqa: E402
+from family_harness import build_family, check_flex_forward, check_ids, conformance, hf_inputs, segments  # noqa: E402
 
 from packer.families.gemma4 import Gemma4, Gemma4Settings  # noqa: E402
 from packer.loader import PackedCollator, PackedDataset  # noqa: E402
 from packer.media.video import probe_video  # noqa: E402
 
-QUARANTINED = {"r13": "audio_too_short"}  # aud/5ms_16k.wav
-HEAVY_AUDIO = ("29.99s_16k.flac", "31s_24k.flac")
+FAMILY = "gemma4"
+TestConformance = conformance(FAMILY)  # packed == alone on the records without the longest; rows of every kind with eager
 
 
-def _media(record: dict) -> list[dict]:
-    return [p for m in record["messages"] if isinstance(m["content"], list) for p in m["content"] if p["type"] != "text"]
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gemma4")
-    files = write_media(root, ASSETS.kinds)
-    source, records = write_records(root, ASSETS.kinds, files)
-    processor = ASSETS.processor(root / "checkpoint")
-    manifest = build_family("gemma4", root / "checkpoint", source, root / "out", quarantined=QUARANTINED, max_segments=4)
-    return Built("gemma4", root / "out", root, [r for r in records if r["id"] not in QUARANTINED], processor,
-                 partial(ASSETS.model, processor), manifest)
-
-
-@pytest.fixture(scope="module")
-def small(built):
+@pytest.fixture
+def small(alone):
     """The records without the longest ones, in rows of at most 1,024 tokens (see the module docstring)."""
-    kept = [r for r in built.records if len(_media(r)) < 30 and not any(str(p.get("audio", "")).endswith(HEAVY_AUDIO)
-                                                                         for p in _media(r))]
-    source = built.root / "small.jsonl"
-    source.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    manifest = build_family("gemma4", built.root / "checkpoint", source, built.root / "small", max_segments=4,
-                            max_length=1024)
-    return replace(built, out=built.root / "small", records=kept, manifest=manifest)
+    return alone
 
 
 def test_settings_equal_the_processor(built):
     processor = built.processor
     family = built.manifest["tokenizer"]["family"]
-    assert family["name"] == "gemma4" and family["processor_class"] == "Gemma4Processor"
     s = family["settings"]
     ip, vp, fe, tok = processor.image_processor, processor.video_processor, processor.feature_extractor, processor.tokenizer
     assert (s["image_patch_size"], s["image_max_soft_tokens"], s["image_pooling_kernel_size"]) == \
@@ -173,23 +139,11 @@ def test_fps_sampling_ids_equal_the_hf_processor(tmp_path, built):
     check_ids(PackedDataset(tmp_path / "out"), processor, [r for r in videos if r["id"] not in no_rate], root)
 
 
-def _covering(ds: PackedDataset) -> list[int]:
-    """Short rows that between them hold an image, a video and an audio clip."""
-    chosen, seen = [], set()
-    for i in sorted(range(len(ds)), key=lambda i: ds[i]["n_tokens"]):
-        kinds = {m["kind"] for m in ds[i]["media"]}
-        if kinds - seen:
-            chosen.append(i)
-            seen |= kinds
-    assert seen == {"image", "video", "audio"}
-    return chosen
-
-
 @pytest.mark.slow  # FlexAttention compiles its kernel on the CPU (forward only there)
 def test_flex_rows_equal_each_record_alone(small):
     ds = PackedDataset(small.out)
     flex = small.model("flex_attention")
-    check_flex_forward(flex, small.model("sdpa"), ds, small.processor, small.records, small.root, rows=_covering(ds)[:2],
+    check_flex_forward(flex, small.model("sdpa"), ds, small.processor, small.records, small.root, rows=covering(ds)[:2],
                        model_config=flex.config)
 
 
@@ -252,24 +206,3 @@ def test_audio_counts_equal_the_processors():
     assert audio_tokens(720_000, settings) == 750
 
 
-@pytest.mark.slow  # builds the sample pipeline
-def test_sample_pipeline_ids_equal_its_processor(tmp_path):
-    """``pipelines/gemma4.toml`` over sample_data: its records' ids equal the sample processor folder's processor's."""
-    from conftest import ROOT
-
-    assert check_pipeline_ids(ROOT / "pipelines" / "gemma4.toml", tmp_path / "out") >= 10
-
-
-class TestConformance(FamilyConformance):
-    """The packed == alone check on the records without the longest (``small``): every row with sdpa, rows holding
-    every kind with eager."""
-
-    family = "gemma4"
-    split_runs = True  # a clip's frames, timestamps between them
-
-    @pytest.fixture
-    def alone(self, small):
-        return small
-
-    def alone_rows(self, ds, records, impl):
-        return list(range(len(ds))) if impl == "sdpa" else _covering(ds)

@@ -98,11 +98,68 @@ def test_a_model_type_declared_twice_is_refused(monkeypatch):
 
 
 def test_every_named_family_runs_the_conformance_suite():
-    """Each family's test module subclasses tests/family_harness.FamilyConformance for its name."""
+    """Each routed family runs tests/family_harness.FamilyConformance: in its own test module
+    (``FAMILY = "<name>"`` and ``TestConformance = conformance(FAMILY)``) or, without one, in
+    tests/test_family_conformance.py; each declares its test assets."""
+    from family_assets import assets_for
+    from family_harness import unowned_conformance
+
     found = set()
     for path in sorted(Path(__file__).parent.glob("test_family_*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ClassDef) and any(getattr(b, "id", "") == "FamilyConformance" for b in node.bases):
-                found |= {s.value.value for s in node.body if isinstance(s, ast.Assign) and isinstance(s.value, ast.Constant)
-                          and any(getattr(t, "id", "") == "family" for t in s.targets)}
-    assert found == {n for n, cls in FAMILIES.items() if cls.routed}
+        assigned = {t.id: node.value for node in ast.parse(path.read_text()).body if isinstance(node, ast.Assign)
+                    for t in node.targets if isinstance(t, ast.Name)}
+        family, suite = assigned.get("FAMILY"), assigned.get("TestConformance")
+        if isinstance(family, ast.Constant) and isinstance(suite, ast.Call) and getattr(suite.func, "id", "") == "conformance":
+            assert [getattr(a, "id", "") for a in suite.args] == ["FAMILY"], path.name
+            assert path.name == f"test_family_{family.value}.py"
+            found.add(family.value)
+    found |= {cls.family for cls in unowned_conformance().values()}
+    routed = {n for n, cls in FAMILIES.items() if cls.routed}
+    assert found == routed
+    assert {assets_for(n).name for n in routed} == routed
+
+
+def _twin():
+    """A throwaway family: Qwen3-VL's class registered under another name (its test assets inherited)."""
+    return type("Twin", (FAMILIES["qwen3vl"],), {"name": "twin", "__module__": "twin_family"})
+
+
+def test_a_registered_family_is_collected_by_the_harness(monkeypatch):
+    """Registering a family is enough: the harness finds its assets through its class and makes its suite, with
+    its base's declared differences, run from tests/test_family_conformance.py."""
+    from family_harness import FamilyConformance, unowned_conformance
+
+    assert unowned_conformance() == {}  # every family today has a module of its own
+    monkeypatch.setitem(FAMILIES, "twin", _twin())
+    suites = unowned_conformance()
+    assert list(suites) == ["TestConformance_twin"]
+    suite = suites["TestConformance_twin"]
+    assert issubclass(suite, FamilyConformance) and suite.family == "twin"
+    assert suite.sp_modes == ("ulysses", "ring") and suite.split_runs  # Qwen3-VL's, declared in assets_qwen3vl
+
+
+TWIN_PLUGIN = """
+from packer.families import FAMILIES
+
+FAMILIES["twin"] = type("Twin", (FAMILIES["qwen3vl"],), {"name": "twin", "__module__": "twin_family"})
+"""
+
+
+@pytest.mark.slow  # a pytest run in a subprocess: a build of the harness's records for the new family
+def test_a_registered_family_runs_its_conformance_tests(tmp_path):
+    """A pytest run with a throwaway family registered (a plugin) collects its conformance suite from
+    tests/test_family_conformance.py, and its ids check passes on a build of the harness's records under its name."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "twin_family.py").write_text(TWIN_PLUGIN)
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(tests.parent), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "twin_family",
+                          str(tests / "test_family_conformance.py"), "-k", "twin and (ids or manifest)", "-rA"],
+                         capture_output=True, text=True, env=env, cwd=tests.parent, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    for test in ("test_ids_equal_the_hf_processor", "test_the_manifest_names_the_family_and_its_processor_class"):
+        assert f"PASSED tests/test_family_conformance.py::TestConformance_twin::{test}" in run.stdout, run.stdout[-3000:]
+    assert "2 passed" in run.stdout, run.stdout[-3000:]

@@ -10,7 +10,6 @@ grids of sizes, and the per-record tile cap (``total_max_patches``) with the pro
 from __future__ import annotations
 
 import json
-from functools import partial
 
 import numpy as np
 import pytest
@@ -18,36 +17,20 @@ import pytest
 pytest.importorskip("av")
 pytest.importorskip("torchvision")
 
-from assets_internvl import ASSETS, SEQ, internvl_processor  # noqa: E402
-from family_harness import (  # noqa: E402
-    Built,
-    FamilyConformance,
-    build_family,
-    check_ids,
-    check_pipeline_ids,
-    write_media,
-    write_records,
-)
+from assets_internvl import SEQ, internvl_processor  # noqa: E402
+from family_harness import build_family, check_ids, conformance  # noqa: E402
 
 from packer.families.checkpoint import read_checkpoint  # noqa: E402
 from packer.families.internvl import InternVLSettings, number_of_tiles, record_max_patches, video_indices  # noqa: E402
 from packer.loader import MediaMismatchError, PackedCollator, PackedDataset  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("internvl")
-    files = write_media(root, ASSETS.kinds)
-    source, records = write_records(root, ASSETS.kinds, files)
-    processor = ASSETS.processor(root / "checkpoint")
-    manifest = build_family("internvl", root / "checkpoint", source, root / "out", max_segments=4)
-    return Built("internvl", root / "out", root, records, processor, partial(ASSETS.model, processor), manifest)
+FAMILY = "internvl"
+TestConformance = conformance(FAMILY)  # without the 30-image row; tiles and frames share <IMG_CONTEXT>
 
 
 def test_settings_equal_the_saved_processor(built):
     processor = built.processor
     family = built.manifest["tokenizer"]["family"]
-    assert family["name"] == "internvl" and family["processor_class"] == "InternVLProcessor"
     s = InternVLSettings(**family["settings"])
     ip, vp, tok = processor.image_processor, processor.video_processor, processor.tokenizer
     assert s.image_seq_length == processor.image_seq_length == SEQ
@@ -202,20 +185,3 @@ def test_loader_merges_tiles_and_frames_in_placeholder_order(built):
     assert got.shape == expected.shape and np.allclose(got.numpy(), expected.numpy(), atol=1e-6)
 
 
-@pytest.mark.slow  # builds the sample pipeline
-def test_sample_pipeline_ids_equal_its_processor(tmp_path):
-    """``pipelines/internvl3.toml`` over sample_data: its records' ids equal the sample processor folder's processor's."""
-    from conftest import ROOT
-
-    assert check_pipeline_ids(ROOT / "pipelines" / "internvl3.toml", tmp_path / "out") >= 10
-
-
-class TestConformance(FamilyConformance):
-    """The packed == alone check leaves out the row of the 30-image record (1,200 tokens of 151k-wide logits; its ids
-    are checked): images tiled and not, sampled videos, frame lists, a video beside an image. Under sequence
-    parallelism the images' tiles and the videos' frames share one placeholder (``<IMG_CONTEXT>``)."""
-
-    family = "internvl"
-    towers = ("vision_tower", "multi_modal_projector")
-    max_images = 3
-    sp_modes = ("ulysses", "ring")

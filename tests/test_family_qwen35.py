@@ -9,8 +9,6 @@ kernels need (per-layer-type masks, flattened boundaries) so that the check pass
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 import pytest
 import torch
@@ -18,25 +16,13 @@ import torch
 pytest.importorskip("av")
 pytest.importorskip("torchvision")
 
-from family_assets import FAMILY_ASSETS  # noqa: E402
-from family_harness import Built, FamilyConformance, build_family, write_media, write_records  # noqa: E402
+from family_harness import conformance  # noqa: E402
 
 from packer.loader import PackedCollator, PackedDataset  # noqa: E402
 from packer.loader.isolation import PackingUnsupportedError, check_packed_isolation  # noqa: E402
 
-ASSETS = FAMILY_ASSETS["qwen35"]
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen35")
-    files = write_media(root, ("image",))  # the video path is Qwen3-VL's, tested there
-    source, records = write_records(root, ("image",), files)
-    processor = ASSETS.processor(root / "checkpoint")
-    manifest = build_family("qwen35", root / "checkpoint", source, root / "out", max_segments=4)
-    # the model's attention layers only (the exact part of the class); forward=False: rows do not run through it
-    return Built("qwen35", root / "out", root, records, processor, partial(ASSETS.model, processor), manifest,
-                 forward=False)
+FAMILY = "qwen35"
+TestConformance = conformance(FAMILY)  # one row a batch (a hybrid family's boundaries); SP of linear attention refused
 
 
 def test_the_manifest_declares_linear_attention(built):
@@ -77,11 +63,3 @@ def test_the_isolation_check_passes_layers_that_isolate():
     assert check_packed_isolation(model) == ["FakeGatedDeltaNet"]
 
 
-class TestConformance(FamilyConformance):
-    """Attention layers and the tower are exact under packing; the packed == alone check takes one row at a time
-    (the collator's boundaries for a hybrid family), and sequence parallelism of the linear-attention layers is
-    refused."""
-
-    family = "qwen35"
-    rows_per_batch = 1
-    sp_refused = "linear-attention layers .* not supported"

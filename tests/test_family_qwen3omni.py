@@ -12,71 +12,20 @@ them: a 5 ms clip (0 mel frames: no position) and a frame list without a rate (t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
-from functools import partial
 
-import numpy as np
 import pytest
 
 pytest.importorskip("av")
 pytest.importorskip("torchvision")
 
 from assets_qwen3omni import ASSETS  # noqa: E402
-from family_harness import (  # noqa: E402
-    Built,
-    FamilyConformance,
-    build_family,
-    hf_inputs,
-    segments,
-    write_media,
-    write_records,
-)
+from assets_qwen3omni import refused_for as _refused  # noqa: E402
+from family_harness import conformance, hf_inputs, segments  # noqa: E402
 
 from packer.loader import PackedCollator, PackedDataset  # noqa: E402
 
-REFUSED = {"5ms_16k.wav": "audio_too_short", '["img/plain_300x200.jpg", "img/plain_300x200.jpg", "img/plain_300x200.'
-           'jpg", "img/plain_300x200.jpg", "img/plain_300x200.jpg"]': "unsupported_video"}
-
-
-def _refused(record: dict) -> str | None:
-    """Why the processor refuses a harness record (None: it takes it)."""
-    text = json.dumps(record)
-    return next((reason for key, reason in REFUSED.items() if key in text and '"fps"' not in text), None)
-
-
-def _extra(root) -> list[dict]:
-    """The short clip alone and beside a longer one; an image, a video and two clips in one record."""
-    import soundfile as sf
-
-    rng = np.random.default_rng(0)
-    sf.write(root / "aud" / "short_1300.wav", rng.uniform(-0.5, 0.5, 1300).astype(np.float32), 16000)
-    clip = lambda name: {"type": "audio", "audio": f"aud/{name}"}  # noqa: E731
-    users = [[clip("short_1300.wav")], [clip("1s_48k_stereo.wav"), clip("short_1300.wav")],
-             [{"type": "image", "image": "img/photo.webp"}, clip("2s_44k.mp3"), {"type": "video", "video": "vid/odd_17f.mp4"},
-              clip("short_1300.wav")]]
-    return [{"id": f"x{k}", "messages": [{"role": "user", "content": [*u, {"type": "text", "text": "What is it?"}]},
-                                         {"role": "assistant", "content": "Noise and a gradient."}]}
-            for k, u in enumerate(users)]
-
-
-@dataclass(frozen=True)
-class OmniBuilt(Built):
-    refused: list[dict] = field(default_factory=list)  # the harness records the processor refuses (left out)
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen3omni")
-    files = write_media(root, ASSETS.kinds)
-    source, records = write_records(root, ASSETS.kinds, files)
-    refused = [r for r in records if _refused(r)]
-    assert sorted(_refused(r) for r in refused) == sorted(REFUSED.values())
-    records = [r for r in records if not _refused(r)] + _extra(root)
-    source.write_text("".join(json.dumps(r) + "\n" for r in records))
-    processor = ASSETS.processor(root / "checkpoint")
-    manifest = build_family("qwen3omni", root / "checkpoint", source, root / "out", max_segments=4)
-    return OmniBuilt("qwen3omni", root / "out", root, records, processor, partial(ASSETS.model, processor), manifest,
-                     refused=refused)
+FAMILY = "qwen3omni"
+TestConformance = conformance(FAMILY)  # packed == alone on a few records, each alone given the processor's mask
 
 
 def test_a_clips_count_depends_on_the_records_longest(built):
@@ -160,7 +109,6 @@ def assert_settings(s: dict, processor) -> None:
 def test_settings_are_the_checkpoints(built):
     processor = built.processor
     family = built.manifest["tokenizer"]["family"]
-    assert family["name"] == "qwen3omni" and family["processor_class"] == "Qwen3OmniMoeProcessor"
     assert_settings(family["settings"], processor)
     assert family["settings"]["video_fps"] == 2 and family["settings"]["image_patch_size"] == 16
 
@@ -221,17 +169,6 @@ def test_audio_counts_equal_the_processor():
     assert audio_output_length(100) == 13 and audio_output_length(6000) == 780  # 13 a second, 60 s -> 780
 
 
-@pytest.fixture(scope="module")
-def small(built):
-    """A second build of a few records (an image alone; the short clip alone and beside a longer one; an image, a
-    video and two clips in one record): short rows for the model checks."""
-    picked = [r for r in built.records if r["id"] in ("x0", "x1", "x2", "r0")]
-    source = built.root / "small.jsonl"
-    source.write_text("".join(json.dumps(r) + "\n" for r in picked))
-    manifest = build_family("qwen3omni", built.root / "checkpoint", source, built.root / "small", max_segments=3)
-    return replace(built, out=built.root / "small", records=picked, manifest=manifest)
-
-
 def test_refusals(built, tmp_path):
     """Audio inside a video is refused at start-up; the two harness records the processor cannot take are quarantined:
     the 5 ms clip (0 mel frames, no position; the feature extractor's STFT raises on it) and the frame list without a
@@ -258,27 +195,3 @@ def test_refusals(built, tmp_path):
             hf_inputs(processor, record, root)
 
 
-@pytest.mark.slow  # the processor over a sample of the build, twice
-def test_verify_against_processor_passes_on_the_build_and_names_a_changed_setting(built, tmp_path):
-    from packer.verify.against_processor import verify_against_processor
-
-    root = built.root
-    mismatches, checked = verify_against_processor(root / "out", str(root / "checkpoint"), sample=10)
-    assert checked == 10 and mismatches == [], [str(m) for m in mismatches]
-    other = ASSETS.processor(tmp_path / "other", max_frames=4)  # fewer frames of a long clip
-    other.image_processor.size = {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 24}  # another max_pixels
-    other.save_pretrained(str(tmp_path / "other"))
-    mismatches, checked = verify_against_processor(root / "out", str(tmp_path / "other"), sample=24)
-    assert {"image", "video"} <= {k for m in mismatches for k in ("image", "video") if k in m.detail}
-
-
-class TestConformance(FamilyConformance):
-    """The packed == alone check on a second build of a few records (``small``), each alone given the processor's
-    attention_mask (the thinker computes its 3-D positions only when given one)."""
-
-    family = "qwen3omni"
-    reference_mask = True
-
-    @pytest.fixture
-    def alone(self, small):
-        return small

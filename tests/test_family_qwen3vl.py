@@ -7,62 +7,25 @@ Qwen3-VL-style fixture. Records hold the awkward media of the family harness.
 
 from __future__ import annotations
 
-from functools import partial
-
 import pytest
 
 pytest.importorskip("av")
 pytest.importorskip("torchvision")
 
-from family_assets import FAMILY_ASSETS  # noqa: E402
-from family_harness import Built, FamilyConformance, build_family, write_media, write_records  # noqa: E402
+from assets_qwen3vl import ASSETS  # noqa: E402
+from family_harness import build_family, conformance, write_media  # noqa: E402
 
-ASSETS = FAMILY_ASSETS["qwen3vl"]
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen3vl")
-    files = write_media(root, ASSETS.kinds)
-    source, records = write_records(root, ASSETS.kinds, files)
-    processor = ASSETS.processor(root / "checkpoint")
-    manifest = build_family("qwen3vl", root / "checkpoint", source, root / "out", max_segments=4)
-    return Built("qwen3vl", root / "out", root, records, processor, partial(ASSETS.model, processor), manifest)
+FAMILY = "qwen3vl"
+TestConformance = conformance(FAMILY)  # ulysses and ring; a clip's runs, timestamps between them
 
 
 def test_manifest_records_the_family_and_its_settings(built):
     processor = built.processor
     family = built.manifest["tokenizer"]["family"]
-    assert family["name"] == "qwen3vl" and family["processor_class"] == "Qwen3VLProcessor"
     settings = family["settings"]
     assert settings["image_patch_size"] == processor.image_processor.patch_size == 16
     assert settings["video_max_pixels"] == processor.video_processor.size.longest_edge
     assert settings["video_fps"] == processor.video_processor.fps and settings["video_max_frames"] == 12
-
-
-@pytest.mark.slow  # the real processor on ~20 records, videos decoded
-def test_verify_against_processor_passes_on_the_build_and_names_a_changed_setting(built, tmp_path):
-    from click.testing import CliRunner
-
-    from packer.cli import main
-    from packer.verify.against_processor import verify_against_processor
-
-    root = built.root
-    mismatches, checked = verify_against_processor(root / "out", str(root / "checkpoint"), sample=6)
-    assert checked == 6 and mismatches == [], [str(m) for m in mismatches]
-    ok = CliRunner().invoke(main, ["verify", str(root / "out"), "--against-processor", str(root / "checkpoint"),
-                                   "--sample", "3"])
-    assert ok.exit_code == 0 and "ids equal" in ok.output, ok.output
-
-    other = ASSETS.processor(tmp_path / "other", fps=2)  # another sampling rate: other frames, other timestamps
-    other.image_processor.size = {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 24}  # another max_pixels
-    other.save_pretrained(str(tmp_path / "other"))
-    mismatches, checked = verify_against_processor(root / "out", str(tmp_path / "other"), sample=12)
-    assert mismatches and all(m.packer_tokens != m.processor_tokens or m.first_difference >= 0 for m in mismatches)
-    assert {"image", "video"} <= {k for m in mismatches for k in ("image", "video") if k in m.detail}
-    bad = CliRunner().invoke(main, ["verify", str(root / "out"), "--against-processor", str(tmp_path / "other"),
-                                    "--sample", "12"])
-    assert bad.exit_code == 6 and "differ from" in bad.output and "first difference at token" in bad.output, bad.output
 
 
 def test_video_defaults_are_the_video_processors_and_image_defaults_the_published_checkpoints():
@@ -81,12 +44,6 @@ def test_video_defaults_are_the_video_processors_and_image_defaults_the_publishe
                                                                                          vp.max_frames, vp.max_video_tokens)
     assert s.video_sample == vp.do_sample_frames and s.cap_pixels_per_frame == bool(vp.cap_pixels_per_frame)
     assert (s.image_patch_size, s.image_merge_size) == (16, 2)
-
-
-class TestConformance(FamilyConformance):
-    family = "qwen3vl"
-    sp_modes = ("ulysses", "ring")
-    split_runs = True  # a clip's runs, timestamps between them
 
 
 @pytest.mark.slow  # the real processor, a build and verify (~13 s)
