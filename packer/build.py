@@ -6,7 +6,8 @@ import path the docs and users know.
 
 from packer.pipeline.accounting import _count_outcomes, _stats, check_bad_fraction, plan_stats
 from packer.pipeline.build import SMALL_INPUT_BYTES, auto_workers, build, encode_inputs, media_models, save_tokenizer
-from packer.pipeline.packing import Encoded, check_row_keys, plan_and_pack, write_dropped
+from packer.pipeline.encoded import Encoded
+from packer.pipeline.packing import check_row_keys, plan_and_pack, write_dropped
 from packer.pipeline.preflight import check_output_outside_inputs, check_plan_options, preflight
 from packer.pipeline.repack import _link_or_copy, _repack_into, repack
 

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from packer.config.inputs import expand_inputs
-from packer.config.media import EmbedSpec, FeatureSpec
 from packer.config.sources import OVERSIZE, Source, whole_file
 from packer.errors import ConfigError
+from packer.media.feature_specs import EmbedSpec, FeatureSpec
 
 AUTO_ENCODER_SLACK = 0.5  # max_row_encoder = auto: rows of the measured corpora stay at the token lower bound (BENCHMARKS)
 MAX_ENCODER_SLACK = 1000.0  # auto:S: a budget of 1001 mean rows holds back no row of a real corpus (off does that)

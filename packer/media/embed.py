@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from packer.config.media import EmbedSpec
 from packer.errors import ConfigError, PackerError
+from packer.media.feature_specs import EmbedSpec
 
 
 class ImageEmbedder:

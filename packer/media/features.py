@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from packer.config.media import FeatureSpec
 from packer.errors import PackerError
+from packer.media.feature_specs import FeatureSpec
 
 SAMPLING_RATE = 16000
 HOP_LENGTH = 160

@@ -7,7 +7,7 @@ Every record read is packed, quarantined, dropped, or skipped by the mix; :func:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -15,12 +15,10 @@ from packer import reasons
 from packer.config.fields import BuildConfig
 from packer.errors import BuildFailedError
 from packer.pack import Plan
+from packer.pipeline.encoded import Encoded
 from packer.shards.manifest import Files, Manifest
 from packer.stages.manifest import FileAccount, accounting
 from packer.stages.planning import modality_codes, preference_responses
-
-if TYPE_CHECKING:
-    from packer.pipeline.packing import Encoded
 
 
 def _count_outcomes(by_file: dict[str, FileAccount], inputs: list[str], samples, p: Plan, m) -> None:

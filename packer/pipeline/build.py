@@ -33,7 +33,8 @@ from packer.io import fs
 from packer.io.files import atomic_open, set_durable, sha256_file
 from packer.media.refs import media_base
 from packer.pipeline.accounting import check_bad_fraction
-from packer.pipeline.packing import Encoded, plan_and_pack
+from packer.pipeline.encoded import Encoded
+from packer.pipeline.packing import plan_and_pack
 from packer.pipeline.preflight import check_output_outside_inputs, preflight
 from packer.progress import Stage
 from packer.shards.io import read_shards

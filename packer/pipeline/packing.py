@@ -8,23 +8,22 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from packer.config.fields import BuildConfig
 from packer.io.files import atomic_open, sha256_file
 from packer.pack import Plan
 from packer.pipeline.accounting import _count_outcomes, _file_of_sample, check_bad_fraction, plan_stats
+from packer.pipeline.encoded import Encoded
 from packer.progress import Stage
 from packer.shards.io import read_shards, write_shard
 from packer.shards.manifest import Files, Manifest
 from packer.shards.schema import SAMPLE_SCHEMA, ShardEntry
 from packer.stages import materialize
-from packer.stages.manifest import FileAccount, accounting
+from packer.stages.manifest import accounting
 from packer.stages.planning import (
     CAP_FIELDS,
     SampleRows,
@@ -37,24 +36,6 @@ from packer.stages.planning import (
 )
 from packer.stages.sources import quarantined_by_file, source_accounts
 from packer.stages.state import INTERRUPTED, code_identity
-
-
-@dataclass
-class Encoded:
-    """What stage 1 leaves for the later stages (also rebuilt from a manifest by repack)."""
-
-    inputs: list[str]  # the input files in order: a sample's source_index points into it
-    sample_shards: list[ShardEntry]
-    by_file: dict[str, FileAccount]  # records and quarantined filled in
-    quarantined: dict[str, int]
-    quarantine: ShardEntry
-    blank_lines: int
-    input_sources: list[int] = field(default_factory=list)  # the `input` entry each input file came from
-    audio_truncated: int = 0  # clips of the samples cut to the audio encoder's window (--long-audio truncate)
-    content_changed: dict = field(default_factory=dict)  # Encoder.content_changed, summed over the tasks
-    columns: pa.Table | None = None  # planning.plan_columns of every sample, from the stage-1 results (None: read the shards)
-    media: list = field(default_factory=list)  # the media index's rows, one per file, from the stage-1 results
-    cost_model: dict = field(default_factory=dict)  # the samples' cost model (packer.cost.resolve_cost_model's record)
 
 
 def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any], engine, progress, *,

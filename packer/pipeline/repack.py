@@ -16,7 +16,8 @@ from packer.config.fields import FIELDS, REPACK_KEYS, BuildConfig
 from packer.engine import get_engine, stop_on_signals
 from packer.errors import ConfigError
 from packer.io.files import sha256_file
-from packer.pipeline.packing import Encoded, plan_and_pack
+from packer.pipeline.encoded import Encoded
+from packer.pipeline.packing import plan_and_pack
 from packer.pipeline.preflight import preflight
 from packer.shards.manifest import SECTIONS, Manifest
 from packer.stages.manifest import FileAccount

@@ -1,8 +1,9 @@
 """The specs of the optional media passes, as the config states them: checked when the config is made.
 
 ``audio_features = "whisper[:feature_size=N]"`` is a :class:`FeatureSpec` and ``image_embeddings =
-"MODEL[:PRETRAINED]"`` (with ``embed_output``, ``embed_device``, ...) an :class:`EmbedSpec`. They live with the
-config, so a malformed one fails when the config is made, without media or model code;
+"MODEL[:PRETRAINED]"`` (with ``embed_output``, ``embed_device``, ...) an :class:`EmbedSpec`. They sit on media's
+floor, below the config that checks them, so a malformed one fails when the config is made, without media or model
+code;
 :mod:`packer.media.features` and :mod:`packer.media.embed` run them.
 """
 
