@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from packer import reasons
 from packer.config.sources import capacity_text, policy_text
 from packer.io.fs import is_remote, location
+from packer.pack.plan import groups_bound_and_fill
 from packer.report.family import GENERIC, family_line, family_section, media_counts, settings_line
 from packer.shards.io import read_shard
 from packer.shards.manifest import Manifest
@@ -44,14 +45,14 @@ def summarize(out: str | Path) -> dict[str, Any]:
     acc, stats = manifest.accounting, manifest.stats
     groups = stats.get("policy_groups") or []  # sources planned apart, each group at its own capacity
     lower_bound = manifest.lower_bound(tokens)
-    room = sum(g["rows"] * g["capacity"] for g in groups) if groups else rows * max_length
+    fill = groups_bound_and_fill(groups, tokens)[1] if groups else tokens / max(1, rows * max_length)
     return {
         "output": str(out),
         "rows": rows,
         "segments": segments,
         "tokens": tokens,
         "max_length": max_length,
-        "fill": tokens / max(1, room),
+        "fill": fill,
         "policy_groups": groups,
         "sources": stats.get("sources") or [],
         "lower_bound": lower_bound,

@@ -143,6 +143,35 @@ def test_auto_without_a_model_config_is_the_default_model_and_says_why(tmp_path)
                                              "coefficients": CostModel().coefficients()}
 
 
+def test_a_worker_is_handed_the_cost_model_and_never_resolves_it(tmp_path, monkeypatch):
+    """The driver resolves the cost model once (EncoderSpec.from_config) and ships it in the spec: a stage-1 worker's
+    setup (local or Ray) builds its CostModel from the spec's record, never from the setting; a spec without one is
+    refused, not resolved on the worker."""
+    import dataclasses
+
+    import packer.cost
+    import packer.cost.model
+    from packer.config import resolve
+    from packer.encode import EncoderSpec
+    from packer.stages import encode
+
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps({"token": 3.0}))
+    spec = EncoderSpec.from_config(resolve(None, tokenizer=str(SAMPLE / "tokenizer"), cost_model=str(path)))
+    assert spec.cost_model["coefficients"]["token"] == 3.0
+
+    def resolved(*args, **kwargs):
+        raise AssertionError("a worker resolved the cost model")
+
+    monkeypatch.setattr(packer.cost, "resolve_cost_model", resolved)
+    monkeypatch.setattr(packer.cost.model, "resolve_cost_model", resolved)
+    path.unlink()  # the file the setting names is not on the worker's machine
+    state = encode.setup(spec, str(tmp_path / "out"), False, durable=False)
+    assert state.cost == CostModel(**spec.cost_model["coefficients"]) and state.cost.token == 3.0
+    with pytest.raises(ValueError, match="resolved on the driver"):
+        encode.setup(dataclasses.replace(spec, cost_model=None), str(tmp_path / "out"), False, durable=False)
+
+
 def test_a_changed_cost_model_changes_the_fingerprint(tmp_path):
     path = tmp_path / "cost.json"
     path.write_text(json.dumps({"token": 1.0}))

@@ -88,7 +88,7 @@ class Plan:
         ``max_segments`` or a media cap needs more (``cap_bound``: 10 images at ``max_media={"image": 2}`` take 5
         rows however short); summed over the ``groups`` of a plan by source policy, each at its own capacity."""
         if self.groups:
-            return sum(g["lower_bound"] for g in self.groups)
+            return groups_bound_and_fill(self.groups, self.tokens)[0]
         return max(-(-self.tokens // self.capacity), self.cap_bound)
 
     @property
@@ -100,7 +100,7 @@ class Plan:
     def efficiency(self) -> float:
         """Placed tokens / (bins x capacity), each group's rows at its own capacity."""
         if self.groups:
-            return self.tokens / max(1, sum(g["rows"] * g["capacity"] for g in self.groups))
+            return groups_bound_and_fill(self.groups, self.tokens)[1]
         return self.tokens / max(1, self.n_bins * self.capacity)
 
     def bin(self, b: int) -> np.ndarray:
@@ -317,6 +317,14 @@ def _resource_needs(n: int, resources: dict[str, np.ndarray] | None, budgets: di
         bound = max(bound, resource_bound(cost, budget))
     return (np.stack(columns, axis=1), np.full(len(columns), RESOURCE_UNITS, np.int64), tuple(names),
             {k: v for k, v in over.items() if len(v)}, bound)
+
+
+def groups_bound_and_fill(groups: tuple[dict, ...] | list[dict], tokens: int) -> tuple[int, float]:
+    """``(lower bound, fill)`` of rows planned apart by policy group (:attr:`Plan.groups`, the manifest's
+    ``stats.policy_groups``): the groups' bounds summed, and ``tokens`` over the rows' room, each group's rows at its
+    own capacity. The plan, the manifest and the summary all state them from here."""
+    room = sum(int(g["rows"]) * int(g["capacity"]) for g in groups)
+    return sum(int(g["lower_bound"]) for g in groups), tokens / max(1, room)
 
 
 def cap_bound(items: int, max_segments: int, held: dict[str, int], caps: dict[str, int]) -> int:

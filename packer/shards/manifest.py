@@ -135,7 +135,9 @@ class Manifest:
         (a build whose stats lack it). The summary and report state the rows against it."""
         groups = self.stats.get("policy_groups") or []  # sources planned apart, each group at its own capacity
         if groups:
-            return sum(int(g["lower_bound"]) for g in groups)
+            from packer.pack.plan import groups_bound_and_fill
+
+            return groups_bound_and_fill(groups, tokens)[0]
         return max(int(self.stats.get("lower_bound", 0)), -(-int(tokens) // self.max_length))
 
     def build_config(self, **overrides: Any):

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from packer.cost import COSTS, CostModel, resolve_cost_model
+from packer.cost import COSTS, CostModel
 from packer.encode import Encoder, EncoderSpec
 from packer.errors import BadRecord, PackerError, StrictModeError
 from packer.ingest.reader import MAX_LINE_BYTES, RawLine, read_lines, scan_lines
@@ -125,10 +125,16 @@ class EncodeState:
 
 
 def setup(spec: EncoderSpec, out: str, strict: bool, durable: bool = True, on_internal_error: str = "stop") -> EncodeState:
+    """A stage-1 worker's state (the driver's too). The cost model comes resolved in ``spec`` (the driver resolved it
+    once: :meth:`EncoderSpec.from_config`): a worker on another machine may not see the checkpoint or cost model
+    file the setting names, and every worker must charge the samples alike, so none resolves it again."""
+    if spec.cost_model is None:
+        raise ValueError("stage 1 needs the build's cost model resolved on the driver: make the spec with "
+                         "EncoderSpec.from_config or EncoderSpec.of")
     set_durable(durable)
     where = location(out)  # a local folder, or a URL the worker writes directly
-    record = spec.cost_model or resolve_cost_model(spec.config.cost_model, (spec.config.processor, spec.config.tokenizer))
-    return EncodeState(Encoder(spec), where, strict, Journal(where), on_internal_error, CostModel(**record["coefficients"]))
+    return EncodeState(Encoder(spec), where, strict, Journal(where), on_internal_error,
+                       CostModel(**spec.cost_model["coefficients"]))
 
 
 def with_costs(table: pa.Table, cost: CostModel) -> pa.Table:

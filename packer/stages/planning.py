@@ -273,11 +273,12 @@ def plan_sources(samples: pa.Table, config: BuildConfig, source_of_file: list[in
         items = placed_items(p, len(idx), {k: v[idx] for k, v in counts.items()}, preference_responses(
             samples.take(pa.array(idx))).sample)
         max_segments, caps = own_caps(config, sources[members[0]].options())
-        bound = row_bound(p.tokens, len(items["sample"]), {k: int(v.sum()) for k, v in items.items() if k != "sample"},
-                          own.max_length, max_segments, caps)  # its media caps too (packing = false: a row an item)
+        bound, fill = bound_and_fill(p.tokens, len(items["sample"]),
+                                     {k: int(v.sum()) for k, v in items.items() if k != "sample"}, p.n_bins,
+                                     own.max_length, max_segments, caps)  # its media caps too (packing = false: a row an item)
         groups.append({"sources": [sources[k].pattern for k in members], "policy": dict(policy),
                        "capacity": own.max_length, "rows": p.n_bins, "tokens": p.tokens,
-                       "lower_bound": bound, "fill": p.efficiency,
+                       "lower_bound": bound, "fill": fill,
                        **({"budgets": dict(p.budgets)} if p.budgets else {})})
     merged = _concat(plans, config.max_length, tuple(groups))
     from packer.pack.plan import _ordered
@@ -334,6 +335,15 @@ def row_bound(tokens: int, items: int, media: dict[str, int], capacity: int, max
     the planner's own)."""
     held = {**media, "total": sum(media.values())}
     return max(-(-tokens // capacity), cap_bound(items, max_segments, held, caps))
+
+
+def bound_and_fill(tokens: int, items: int, media: dict[str, int], rows: int, capacity: int, max_segments: int,
+                   caps: dict[str, int]) -> tuple[int, float]:
+    """``(lower bound, fill)`` of the rows holding a policy group's (or one source's) segments: :func:`row_bound` of
+    its ``tokens``, ``items`` and ``media`` at its own ``capacity``, ``max_segments`` and media caps, and ``tokens``
+    over its ``rows`` x ``capacity``. The plan's groups (:func:`plan_sources`) and the per-source accounts
+    (:func:`packer.stages.sources.source_accounts`) are both stated from here."""
+    return row_bound(tokens, items, media, capacity, max_segments, caps), tokens / max(1, rows * capacity)
 
 
 def policy_groups(config: BuildConfig) -> list[tuple[tuple, list[int], BuildConfig]]:

@@ -26,7 +26,7 @@ import numpy as np
 from packer.config.fields import BuildConfig
 from packer.pack.plan import Plan
 from packer.shards.manifest import FileAccount
-from packer.stages.planning import own_caps, placed_items, row_bound
+from packer.stages.planning import bound_and_fill, own_caps, placed_items
 
 
 def quarantined_by_file(path: Path | None) -> dict[str, Counter]:
@@ -73,14 +73,14 @@ def source_accounts(config: BuildConfig, inputs: list[str], input_sources: list[
         acc = {key: sum(getattr(by_file[f], key) for f in files)
                for key in ("records", "packed", "quarantined", "dropped", "skipped", "repeated")}
         reasons = sum((quarantined.get(f, Counter()) for f in files), Counter())
-        bound = row_bound(int(tokens[k]), int(items[k]), {kind: int(c[k]) for kind, c in kinds.items()}, capacity,
-                          max_segments, caps)  # its media caps and packing = false (a row an item) too
+        bound, fill = bound_and_fill(int(tokens[k]), int(items[k]), {kind: int(c[k]) for kind, c in kinds.items()},
+                                     int(rows[k]), capacity, max_segments, caps)  # media caps, packing = false too
         out.append({
             "input": source.pattern, "policy": dict(source.policy), "files": len(files), **acc,
             "quarantined_by_reason": dict(sorted(reasons.items())),
             "dropped_by_reason": {r: int(c[k]) for r, c in dropped.items() if c[k]},
             "capacity": capacity, "segments": int(segments[k]), "tokens": int(tokens[k]), "rows": int(rows[k]),
             "shared_rows": int(shared[k]), "lower_bound": bound, "gap_to_lower_bound": int(rows[k]) - bound,
-            "fill": int(tokens[k]) / max(1, int(rows[k]) * capacity),
+            "fill": fill,
         })
     return out
