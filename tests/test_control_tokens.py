@@ -19,7 +19,7 @@ import pytest
 
 from conftest import SAMPLE, TOKENIZER
 from packer.encode import Encoder, EncoderSpec
-from packer.encode.render import markup_tokens
+from packer.encode.control import markup_tokens
 from packer.ingest.reader import RawLine
 
 IGNORE = -100

@@ -1,7 +1,7 @@
 """Encode raw JSONL lines into :class:`~packer.shards.schema.Sample` rows, or BadRecord.
 
 The :class:`Encoder` is built once per worker process from a small picklable
-:class:`EncoderSpec` (the build config, the media root and the resolved model family), so the
+:class:`~packer.encode.spec.EncoderSpec` (the build config, the media root and the resolved model family), so the
 local and the Ray engine construct it the same way.
 
 A conversation goes through the steps its model's processor takes:
@@ -10,11 +10,11 @@ A conversation goes through the steps its model's processor takes:
    tokens typed in the data marked so they stay text; media parts as ``{"type": "image"}``
    content parts (a structured family) or as their placeholder token in the text (generic);
 2. expand: every media token the rendering holds becomes the family's expansion of that item
-   (:mod:`packer.families`: probed from the file's header), its runs of placeholders written
-   as one token each;
+   (:mod:`packer.encode.expand`, :mod:`packer.families`: probed from the file's header), its runs of
+   placeholders written as one token each;
 3. tokenize: a whole chunk of records in one call (:mod:`packer.encode.tokens`);
 4. finish: labels from the assistant spans (:mod:`packer.encode.labels`), every run widened to
-   its count, media spans recorded, checks.
+   its count, media spans recorded, checks (:mod:`packer.encode.expand`).
 
 Per record the HF tokenizer call costs ~160 µs of wrapper on top of the Rust encode (Qwen2
 vocabulary, ~160-token chats, measured on 2 shared cores); batched, that overhead is paid once
@@ -27,12 +27,9 @@ chunk's records are tokenized one by one instead. The tokens are the same either
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
-import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,42 +37,25 @@ import numpy as np
 
 import packer.encode.standard as standard
 from packer.encode.chat import RenderedChat, marked_data, render_tools, shift, template_messages
+from packer.encode.expand import MEDIA_ORDER, MediaExpander, defaults
 from packer.encode.labels import Labeller, span_mask
 from packer.encode.preference_encoder import PREFERENCE_BATCH_BYTES, PreferenceEncoder
-from packer.encode.render import MARK_START, Renderer, probe_conversations, template_clock, template_source
-from packer.encode.shipped import Shipped, ship, unpack
+from packer.encode.render import Renderer, probe_conversations, template_clock, template_source
+from packer.encode.shipped import unpack
+from packer.encode.spec import EncoderSpec
 from packer.encode.tokenizer import add_tokens, fingerprint, missing_tokens, open_tokenizer, require_tokens
 from packer.encode.tokens import TextTokenizer
 from packer.errors import BadRecord, PackerError
-from packer.families import Expansion, Family, RecordMedia, Run, make_family
+from packer.families import Family, Run, make_family
 from packer.ingest.formats import decode_json, parse_record, record_id
 from packer.ingest.reader import RawLine
 from packer.ingest.records import Conversation, Document, Preference
-from packer.media import bounds as setting_bounds
 from packer.media import refs
-from packer.media.counter import MediaProber, kept_seconds
-from packer.shards.schema import IGNORE, MEDIA_KINDS, MediaSpan, Sample
+from packer.shards.schema import IGNORE, MediaSpan, Sample
 
-MEDIA_ORDER = MEDIA_KINDS  # the order a modality name lists its kinds in
 TOKENIZE_BATCH = 1000  # texts per tokenizer call: the wrapper's cost is paid per call, memory grows with the batch
 TOKENIZE_BATCH_BYTES = 1 << 21  # and characters of text per chunk: the encodings of one call are held together
 #   (~40 bytes a character with offsets: 500 pair records of a 100 KB prompt held 4.3 GB in one chunk)
-
-
-def _isin(a: np.ndarray, values: list[int]) -> np.ndarray:
-    """``np.isin`` for a handful of values: ~3 µs instead of ~50 µs per call (it sorts and sets up every call)."""
-    hit = np.zeros(a.shape, dtype=bool)
-    for v in values:
-        hit |= a == v
-    return hit
-
-
-def _defaults(config: Any, kind: str) -> bool:
-    """Are ``kind``'s generic settings (placeholder token, begin / end, count policy) all the defaults?"""
-    from packer.config import FIELDS
-
-    return all(getattr(config, key) == FIELDS[key].default
-               for key in (f"{kind}_token", f"{kind}_tokens", f"{kind}_begin", f"{kind}_end"))
 
 
 def _reraise(e: Exception) -> BadRecord:
@@ -84,55 +64,6 @@ def _reraise(e: Exception) -> BadRecord:
 
 LOAD_ONLY_KWARGS = ("local_files_only", "is_local")  # how this copy was loaded (HF_HUB_OFFLINE=1 sets the first):
 #   from_pretrained sets both anew on every load, so they say nothing of the tokenizer
-
-
-@dataclass(frozen=True)
-class EncoderSpec:
-    """What a worker needs to build its :class:`Encoder`: the build config, the folder stored media refs
-    are relative to, and the family as the driver resolved it (None: resolved from the config here)."""
-
-    config: Any  # packer.config.BuildConfig
-    media_base: str = ""
-    family: dict[str, Any] | None = None  # its Family.record(): what the manifest records
-    shipped: Shipped | None = None  # the tokenizer's files (and a template file), read on the driver
-    # packer.cost.resolve_cost_model's record, resolved once on the driver (from_config, of) and shipped to every
-    # worker, which never resolves it itself; None: an Encoder alone, which needs none (stage 1 refuses it)
-    cost_model: dict[str, Any] | None = None
-
-    @classmethod
-    def from_config(cls, config: Any, media_base: str = "", *, ship_files: bool = False) -> EncoderSpec:
-        """``ship_files``: carry the tokenizer folder and a ``.jinja`` template file in the spec (workers on
-        other machines, or in another folder, load them from there: :mod:`packer.encode.shipped`). The cost model
-        is resolved here, on the driver: workers get its coefficients, never its files."""
-        spec = cls(config, media_base, make_family(config).record(), cost_model=_cost_model(config))
-        return dataclasses.replace(spec, shipped=ship(spec.tokenizer, config.chat_template)) if ship_files else spec
-
-    @classmethod
-    def of(cls, media_base: str = "", **settings: Any) -> EncoderSpec:
-        """A spec from config keys (tests, notebooks): ``EncoderSpec.of(tokenizer=PATH, train_on="all")``; its cost
-        model resolved here, as :meth:`from_config` does (the family is left to the :class:`Encoder`)."""
-        from packer.config import BuildConfig
-
-        config = BuildConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()})
-        return cls(config, media_base, cost_model=_cost_model(config))
-
-    @property
-    def tokenizer(self) -> str:
-        return self.config.tokenizer or self.config.processor
-
-    @property
-    def tags(self) -> dict[str, str]:
-        """Media markers in the input text (LLaVA's ``<image>``)."""
-        c = self.config
-        return {"image": c.image_tag, "audio": c.audio_tag, "video": c.video_tag}
-
-
-def _cost_model(config: Any) -> dict[str, Any]:
-    """The build's ``cost_model`` setting resolved (:func:`packer.cost.resolve_cost_model`), against its processor then
-    its tokenizer: on the driver only, when the spec is made."""
-    from packer.cost import resolve_cost_model
-
-    return resolve_cost_model(config.cost_model, (config.processor, config.tokenizer))
 
 
 class Encoder:
@@ -150,24 +81,12 @@ class Encoder:
         else:
             wanted = self.family.special_tokens()
             if len(missing_tokens(self.tok, wanted)) == len(wanted):  # not one media token: a text-only tokenizer
-                self.unchosen = {k for k in self.family.run_tokens() if _defaults(config, k)}
+                self.unchosen = {k for k in self.family.run_tokens() if defaults(config, k)}
             add_tokens(self.tok, self.family.special_tokens())  # what the pipeline chose: its tokens join the tokenizer
         self.serialized = self.tok.backend_tokenizer.to_str()
         self.text = TextTokenizer(self.tok, self.serialized)
-        self.run_tokens = self.family.run_tokens()
-        self.run_ids = {t: self.tok.convert_tokens_to_ids(t) for t in self.run_tokens.values()}
-        self.reserved_ids = {self.tok.convert_tokens_to_ids(t): t for t in self.family.special_tokens()}
-        self.reserved_list = list(self.reserved_ids)
-        self.run_id_list = list(dict.fromkeys(self.run_ids.values()))
-        self.prober = MediaProber(config.image_check, video_check=getattr(config, "video_check", "verify"))
-        self.kept_audio = kept_seconds(self.family)  # seconds of a clip the audio encoder sees (None: all)
-        self.clips_cut = 0  # clips of the encoded samples cut to that window (audio_truncated)
-        self._record_cut = 0
-        tokens = {self.family.media_token(k): k for k in self.family.kinds}
-        alternatives = "(" + "|".join(map(re.escape, sorted(tokens, key=len, reverse=True))) + ")"
-        # a typed media token, marked, is text; a record that marked nothing may hold U+F0000 of its own before one
-        self._media_re = (re.compile(f"(?<!{MARK_START}){alternatives}"), re.compile(alternatives)) if tokens else None
-        self._media_kind = tokens
+        self.media = MediaExpander(config, self.family, self.tok, spec.tokenizer, self.unchosen, spec.media_base)
+        self.clips_cut = 0  # clips of the encoded samples cut to the audio encoder's window (audio_truncated)
         self.renderer: Renderer | None = None
         self.labeller: Labeller | None = None
         # a record with tools: the template transformers picks for it (a tokenizer's ``tool_use``; else the same)
@@ -192,7 +111,7 @@ class Encoder:
     @property
     def placeholder_ids(self) -> dict[str, int]:
         """kind -> the id its placeholder runs are made of."""
-        return {k: self.run_ids[t] for k, t in self.run_tokens.items() if k in self.family.kinds}
+        return self.media.placeholder_ids
 
     def content_changed(self) -> dict[str, int]:
         """Counts of text encoded otherwise than it was written (report.json ``accounting.content_changed``):
@@ -338,11 +257,11 @@ class Encoder:
                 self.preference.standard_fits(record)
                 prompt, texts = standard.texts(record, self.tok.eos_token)
                 return obj, record, [RenderedChat(t, t, [], "standard", [], set(), False, prompt=prompt) for t in texts]
-            self._check_modalities(record.conversation(0))  # the media are the prompt's, the same in every response
+            self.media.check_modalities(record.conversation(0))  # the media are the prompt's, the same in every response
             if len(raw.data) * len(record.responses) > PREFERENCE_BATCH_BYTES:  # rendered one by one, when encoded
                 return obj, record, [None] * len(record.responses)
             return obj, record, [self._render(record.conversation(k)) for k in range(len(record.responses))]
-        self._check_modalities(record)
+        self.media.check_modalities(record)
         return obj, record, self._render(record)
 
     def _render(self, conv: Conversation) -> RenderedChat:
@@ -363,9 +282,8 @@ class Encoder:
                             f"U+F0001 characters (private-use, invisible) from the source data")
         full = render_tools(renderer, messages, tools) if tools or any("tool_calls" in m for m in messages) \
             else renderer.render(messages)
-        positions = self._media_positions(full, marked)
-        self._record_cut = 0
-        items = self._expand_media(conv, [self._media_kind[token] for _, token in positions])
+        positions = self.media.positions(full, marked)
+        items, cut = self.media.expand(conv, [self.media.kind[token] for _, token in positions])
         text, edits = full, []
         if items:
             pieces, cursor = [], 0
@@ -379,7 +297,7 @@ class Encoder:
         assistant = [i for i, t in enumerate(conv.turns) if t.role == "assistant"]
         trained = {i for i in assistant if conv.turns[i].trained}  # a TRL prompt's assistant turns: context
         return RenderedChat(full, text, messages, self.config.train_on, assistant, trained,
-                            self.config.train_on_empty_think, items, edits, clips_cut=self._record_cut, tools=tools,
+                            self.config.train_on_empty_think, items, edits, clips_cut=cut, tools=tools,
                             marked=marked)
 
     def _renderer_for(self, tools: Any) -> Renderer:
@@ -388,54 +306,6 @@ class Encoder:
 
     def _messages(self, conv: Conversation, renderer: Renderer) -> list[dict[str, Any]]:
         return template_messages(conv, self.family.structured, self.family.media_token, renderer.mark)
-
-    def _media_positions(self, full: str, marked: bool) -> list[tuple[int, str]]:
-        if self._media_re is None:
-            return []
-        return [(m.start(), m.group(1)) for m in self._media_re[0 if marked else 1].finditer(full)]
-
-    def _expand_media(self, conv: Conversation, found: list[str]) -> list[tuple[int, Expansion]]:
-        """(media item index, expansion) for each media token of the rendering, in order (``found``: their
-        kinds): the i-th token of a kind is the record's i-th item of that kind, as the processor pairs them."""
-        media = conv.media
-        if sorted(found) != sorted(p.kind for p in media):
-            raise BadRecord("media_placeholder_mismatch",
-                            f"the rendered conversation holds media tokens for {found} where the record has media "
-                            f"{[p.kind for p in media]} (a template that drops or repeats a media part)")
-        if not media:
-            return []
-        record = RecordMedia({k: sum(p.kind == k for p in media) for k in MEDIA_ORDER}, tuple(media), self.prober.probe)
-        by_kind = {k: [i for i, p in enumerate(media) if p.kind == k] for k in MEDIA_ORDER}
-        taken = dict.fromkeys(MEDIA_ORDER, 0)
-        out, collate = [], 0  # bytes the record's media need at collate time (estimated: packer.media.bounds)
-        for kind in found:
-            index = by_kind[kind][taken[kind]]
-            taken[kind] += 1
-            part = media[index]
-            info = self.prober.probe(part)
-            if kind == "audio" and self.kept_audio is not None and info.frames > self.kept_audio * info.sample_rate:
-                if getattr(self.config, "long_audio", "truncate") == "drop":  # the model would see only the window
-                    raise BadRecord("audio_too_long", f"{part.ref!r} is {info.seconds:.1f} s; the audio encoder sees "
-                                                      f"{self.kept_audio:g} s (--long-audio drop)")
-                self._record_cut += 1
-            if kind == "audio":
-                kept = info.seconds if self.kept_audio is None else min(info.seconds, self.kept_audio)
-                collate += setting_bounds.audio_collate_bytes(kept)
-                if collate > setting_bounds.COLLATE_BYTES:
-                    raise BadRecord("media_over_memory",
-                                    f"{part.ref!r} ({info.seconds / 60:,.1f} min of audio, all of it encoded by family "
-                                    f"{self.family.name}) brings the record's media to about {collate / 2**30:.1f} GiB "
-                                    f"when its row is collated, over the {setting_bounds.COLLATE_BYTES / 2**30:g} GiB a "
-                                    f"row's media may need: cut it into shorter clips")
-            try:
-                expansion = self.family.expand(kind, info, part, record)
-            except ValueError as e:
-                raise BadRecord(f"unsupported_{kind}", f"{part.ref!r}: {e} (family {self.family.name})") from None
-            if expansion.tokens < 1:
-                raise BadRecord(f"{kind}_too_short" if kind == "audio" else f"unsupported_{kind}",
-                                f"{part.ref!r} gives the encoder no position (family {self.family.name})")
-            out.append((index, expansion))
-        return out
 
     def _finish(self, raw: RawLine, file: str, source_index: int, obj: dict, record: Conversation | Document,
                 chat: RenderedChat | None) -> Sample:
@@ -450,7 +320,7 @@ class Encoder:
         labels = ids.copy() if trained is None else np.where(trained, ids, IGNORE).astype(np.int32)
         if len(labels):  # a segment's first token is never the target of the previous one (every response's: token 0)
             labels[0] = IGNORE
-        self._check_reserved_untrained(labels)
+        self.media.check_reserved_untrained(labels)
         n_trained = int(np.count_nonzero(labels != IGNORE))
         if n_trained == 0:
             raise BadRecord("no_trainable_tokens", "the record has no token to train on (no assistant turn?)")
@@ -472,53 +342,6 @@ class Encoder:
             responses=tuple(responses),
             prefix=prefix,
         )
-
-    def _check_modalities(self, conv: Conversation) -> None:
-        """Refuse media the model has no encoder for, before any file is probed; stop the build at the first
-        media record when the generic family would count it for a text-only tokenizer (:meth:`_refuse_text_tokenizer`)."""
-        counts = {kind: sum(p.kind == kind for p in conv.media) for kind in MEDIA_ORDER}
-        for kind, n in counts.items():
-            if n and kind in self.unchosen and kind in self.family.kinds:
-                self._refuse_text_tokenizer(kind)
-        missing = {kind: n for kind, n in counts.items() if n and kind not in self.family.kinds}
-        if missing:
-            kinds = " and ".join(missing)
-            raise BadRecord(
-                "no_encoder",
-                f"the record holds {' and '.join(f'{n} {k} item(s)' for k, n in missing.items())} but this "
-                f"pipeline's modalities are {list(self.family.kinds)} (no {kinds} encoder): pack it with a pipeline "
-                f"that declares {kinds}, or add {' and '.join(map(repr, missing))} to modalities if the model "
-                f"encodes it",
-            )
-
-    def _refuse_text_tokenizer(self, kind: str) -> None:
-        """A record with media under the generic family's default media settings (nobody chose a placeholder or a
-        policy) and a tokenizer holding none of the pipeline's media tokens: a text-only model's tokenizer, where
-        packer would add ``<image>`` and count each image by the default policy (576 tokens, LLaVA-1.5's CLIP at
-        336 px) -- a build for no model. Stops the build (a configuration error, not a bad record)."""
-        from packer.errors import ConfigError
-        from packer.families import family_names
-
-        token = self.family.run_tokens()[kind]
-        policy = getattr(self.config, f"{kind}_tokens")
-        named = ", ".join(n for n in family_names() if n != "generic")
-        raise ConfigError(f"the records hold {kind} items, but tokenizer {self.spec.tokenizer!r} has no {token} (nor "
-                          f"any of {', '.join(self.family.special_tokens())}) and no {kind} setting was chosen: packer "
-                          f"would add {token} to a text-only tokenizer and count each "
-                          f"{kind} by the generic default {policy!r}, which is no model's. Expected: a vision/audio "
-                          f"model's tokenizer and its counting. For a released model pass --family NAME --processor "
-                          f"CHECKPOINT ({named}); for a placeholder pipeline (LLaVA-1.5 style) choose its "
-                          f"--{kind}-token / --{kind}-tokens (a pipeline file, e.g. pipelines/llava15.toml), or give "
-                          f"--tokenizer the model's tokenizer holding {token}")
-
-    def _check_reserved_untrained(self, labels: np.ndarray) -> None:
-        """The invariant ``packer verify`` checks: no placeholder / begin / end id is a label."""
-        hit = _isin(labels, self.reserved_list)
-        if hit.any():
-            token = self.reserved_ids[int(labels[np.argmax(hit)])]
-            raise BadRecord("reserved_token_in_text",
-                            f"the record's text encodes to {token!r}, a token packer reserves for media, at a trained "
-                            f"position; remove it from the text in the source data")
 
     def _encode_document(self, doc: Document) -> tuple[np.ndarray, np.ndarray | None, list[MediaSpan]]:
         ids = self._memo.get(("doc", doc.text))
@@ -547,40 +370,7 @@ class Encoder:
     def _encode_conversation(self, conv: Conversation, chat: RenderedChat) -> tuple[np.ndarray, np.ndarray, list[MediaSpan]]:
         ids, starts = self._chat_tokens(chat)
         trained = self._labels(chat, ids, starts)
-        runs = np.flatnonzero(_isin(ids, self.run_id_list))
-        expected = [(n, run) for n, (_, expansion) in enumerate(chat.items) for run in expansion.runs]
-        if len(runs) != len(expected) or any(int(ids[p]) != self.run_ids[run.token]
-                                             for p, (_, run) in zip(runs, expected, strict=True)):
-            raise BadRecord("media_placeholder_mismatch",
-                            f"the tokens hold {len(runs)} placeholder run(s) where the expansions of the record's media "
-                            f"give {len(expected)} (a tokenizer that splits a placeholder, or a template that writes one)")
-        if not len(runs):
-            return ids, trained, []
-        pieces_ids, pieces_mask, first, last = [], [], {}, {}
-        cursor, out_pos = 0, 0
-        for p, (n, run) in zip(runs.tolist(), expected, strict=True):
-            pieces_ids += [ids[cursor:p], np.full(run.count, ids[p], dtype=np.int32)]
-            pieces_mask += [trained[cursor:p], np.zeros(run.count, dtype=bool)]
-            out_pos += p - cursor
-            first.setdefault(n, out_pos)
-            out_pos += run.count
-            last[n] = out_pos
-            cursor = p + 1
-        pieces_ids.append(ids[cursor:])
-        pieces_mask.append(trained[cursor:])
-        media = []
-        parts = conv.media
-        for n, (index, expansion) in enumerate(chat.items):
-            part = parts[index]
-            ref = refs.stored_part_ref(part, self.spec.media_base)
-            media.append(MediaSpan(segment=0, kind=part.kind, start=int(first[n]), length=int(last[n] - first[n]),
-                                   tokens=expansion.tokens, ref=ref, llm_grid=tuple(expansion.llm_grid),
-                                   second_per_grid_t=float(expansion.second_per_grid_t)))
-        media.sort(key=lambda m: m.start)
-        why = self.family.row_problem([span_fields(m) for m in media])
-        if why:  # the model class cannot take the record's own items in one call (its processor neither)
-            raise BadRecord("incompatible_media", why)
-        return np.concatenate(pieces_ids), np.concatenate(pieces_mask), media
+        return self.media.widen(ids, trained, chat.items, conv.media)
 
     def _labels(self, chat: RenderedChat, ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """The bool mask of ``ids`` to train: the assistant spans (mapped from ``full`` onto the expanded text);
@@ -616,8 +406,3 @@ def _text_size(prepared: tuple) -> int:
 
 
 __all__ = ["Encoder", "EncoderSpec", "RenderedChat"]
-
-
-def span_fields(m: MediaSpan) -> dict[str, Any]:
-    """A span as the loader and :meth:`packer.families.Family.row_key` see it (a stored ``media`` entry)."""
-    return {"kind": m.kind, "start": m.start, "length": m.length, "tokens": m.tokens, "llm_grid": list(m.llm_grid)}

@@ -7,7 +7,8 @@ picks it: :func:`template_source`), and a rendering is
 ``tok.apply_chat_template(messages, chat_template=source, tokenize=False)``.
 That call re-checks its arguments and copies the messages every time (~40 µs of a ~160 µs
 Qwen3 render, measured), so the template is also compiled once here, in an overlay of
-transformers' own jinja environment whose attribute check is memoised (:func:`_compile`).
+transformers' own jinja environment whose attribute check is memoised
+(:func:`packer.encode.compiled.compile_template`).
 The fast path is used only when it renders a set of probe conversations exactly as the
 public call does (:meth:`Renderer.check`, once per template at start-up); otherwise, or
 when transformers' private compiler is gone, every render goes through the public call.
@@ -53,11 +54,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from packer.encode.sandbox import Budget, bound
+from packer.encode.compiled import compile_template
+from packer.encode.control import control_tokens, normalizing_backend, uses_chance
+from packer.encode.sandbox import Budget
 from packer.errors import BadRecord, ConfigError, PackerError
 
 MARK_START, MARK_END = "\U000f0000", "\U000f0001"  # transformers' markers (chat_template_utils._CONTROL_TOKEN_*)
-_JSON = (str, dict, list, tuple, int, float, bool, type(None))  # what messages and special tokens are made of
 MAX_STEPS = 1_000_000  # template_max_steps' default: ~1 s of loop on one shared core (docs/reliability.md)
 MAX_CHARS = 64 * 2**20  # template_max_chars' default: 8x the default max_line_bytes
 
@@ -131,11 +133,11 @@ class Renderer:
         self.moment = clock or template_clock()
         self.variables: dict[str, Any] = {**tok.special_tokens_map, "strftime_now": strftime_at(self.moment)}
         self.budget = Budget(max_steps, max_chars)
-        self.compiled = _compile(self.source, self.budget)
+        self.compiled = compile_template(self.source, self.budget)
         self.randomized = uses_chance(self.source)
         self.control = control_tokens(tok, self.source)
         self._control_re = re.compile("|".join(map(re.escape, sorted(self.control, key=len, reverse=True))) or "(?!)")
-        self._normalizing = _normalizing_backend(tok, self.control)  # None: control tokens match the raw text only
+        self._normalizing = normalizing_backend(tok, self.control)  # None: control tokens match the raw text only
         self.sanitized = 0  # control tokens typed in the data and encoded as text (raw or after normalization)
         self.markers_typed = 0  # U+F0000 / U+F0001 characters met in the data (kept: see the module docstring)
         self.fast_checked = False
@@ -304,165 +306,6 @@ class Renderer:
             yield
         finally:
             shared["strftime_now"] = before
-
-
-def _normalizing_backend(tok: Any, control: tuple[str, ...]):
-    """(a private copy of the Rust tokenizer, the control ids, a pattern of the control tokens) when the tokenizer
-    has a normalizer and matches some control token after normalizing (``normalized=True``); else None."""
-    backend = tok.backend_tokenizer
-    if backend.normalizer is None:
-        return None
-    chosen = set(control)
-    normalized = [t.content for t in tok.added_tokens_decoder.values() if t.content in chosen and t.normalized]
-    if not normalized:
-        return None
-    from tokenizers import Tokenizer
-
-    own = Tokenizer.from_str(backend.to_str())
-    own.no_truncation()
-    own.no_padding()
-    own.encode_special_tokens = False
-    ids = {own.token_to_id(t) for t in control} - {None}
-    pattern = re.compile("|".join(re.escape(own.normalizer.normalize_str(t)) for t in sorted(normalized, key=len,
-                                                                                              reverse=True)))
-    return own, ids, pattern
-
-
-def control_tokens(tok: Any, source: str) -> tuple[str, ...]:
-    """The tokens encoded as text when a message holds them.
-
-    transformers' rule (``_get_control_tokens``): the special added tokens, plus the added tokens the
-    tokenizer lists in ``chat_control_tokens`` or, when it lists none, the added tokens the template's
-    literal text holds (whitespace tokens aside). One exception, for training data: paired XML-style
-    markup tokens that are not special (``<think>`` / ``</think>``, ``<tool_call>`` / ``</tool_call>``)
-    are the *content* of reasoning and tool-calling turns, which a model is trained to emit as those
-    tokens (``apply_chat_template`` without sanitizing gives them as tokens); they stay tokens. Role and
-    turn tokens (``<|im_start|>``, ``<|eot_id|>``, DeepSeek's ``<｜User｜>``) are never markup."""
-    added = list(tok.added_tokens_decoder.values())
-    listed = getattr(tok, "chat_control_tokens", None)
-    if listed is not None:
-        chosen = set(listed)
-        return tuple(t.content for t in added if t.special or t.content in chosen)
-    literal = template_literals(source)
-    markup = markup_tokens([t.content for t in added if not t.special])
-    return tuple(t.content for t in added
-                 if t.special or (t.content in literal and not t.content.isspace() and t.content not in markup))
-
-
-_TAG = re.compile(r"<(/?)([A-Za-z_][\w.-]*)>")
-
-
-def markup_tokens(contents: list[str]) -> set[str]:
-    """The tokens among ``contents`` that are one of an XML-style pair ``<x>`` / ``</x>`` both present."""
-    tags = {(m.group(1), m.group(2)): c for c in contents if (m := _TAG.fullmatch(c))}
-    return {c for (slash, name), c in tags.items() if ("" if slash else "/", name) in tags}
-
-
-def template_literals(source: str) -> str:
-    """The template's raw text and string constants, joined by NUL (so no match spans two)."""
-    from jinja2 import nodes
-
-    ast = _parse(source)
-    literals = {n.data for n in ast.find_all(nodes.TemplateData)}
-    literals |= {n.value for n in ast.find_all(nodes.Const) if isinstance(n.value, str)}
-    return "\0".join(sorted(literals))
-
-
-def uses_chance(source: str) -> bool:
-    """Whether the template draws at random: jinja's ``|random`` filter or its ``lipsum()`` global."""
-    from jinja2 import nodes
-
-    ast = _parse(source)
-    return (any(n.name == "random" for n in ast.find_all(nodes.Filter))
-            or any(n.name == "lipsum" for n in ast.find_all(nodes.Name)))
-
-
-def _parse(source: str):
-    """The template's syntax tree (``{% generation %}`` understood)."""
-    import jinja2
-    from jinja2 import nodes
-    from jinja2.ext import Extension
-
-    class Generation(Extension):  # only so that {% generation %} parses
-        tags = {"generation"}
-
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
-            return nodes.CallBlock(self.call_method("_pass"), [], [], body).set_lineno(lineno)
-
-        def _pass(self, caller):
-            return caller()
-
-    env = jinja2.Environment(extensions=[Generation, "jinja2.ext.loopcontrols"])
-    return env.parse(source)
-
-
-def _compile(source: str, budget: Budget | None = None):
-    """The template as transformers compiles it (its sandbox, filters and globals), in an overlay
-    of that environment whose attribute check is memoised for plain values; None when
-    transformers' private compiler is not there (every render then takes the public path).
-
-    The immutable sandbox asks ``is_safe_attribute(obj, attr, value)`` at every attribute a
-    template reads (``message.content``, ``content.startswith``, ...): ~10 µs each, a third of
-    a Qwen3 render. Its answer is a function of ``type(obj)`` and ``attr`` alone for the builtin
-    types messages are made of and jinja's own loop and namespace objects, so it is computed
-    once per (type, attribute) for those; anything else is asked every time. The overlay is
-    this module's own: transformers' cached environment is left as it is."""
-    try:
-        from jinja2.runtime import LoopContext
-        from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
-        from jinja2.utils import Namespace
-        from transformers.utils.chat_template_utils import _compile_jinja_template
-    except ImportError:
-        return None
-    budget = budget or Budget(MAX_STEPS, MAX_CHARS)
-    # transformers' environment, as it builds one for every template: taken from the empty template's, so the
-    # user's template is never compiled by its optimizer, which folds constants ('%999999999d' % 1) unchecked
-    shared = _compile_jinja_template("").environment
-    known = (SandboxedEnvironment.is_safe_attribute, ImmutableSandboxedEnvironment.is_safe_attribute)
-    if type(shared).is_safe_attribute not in known:
-        return bound(shared.overlay(), source, budget)  # a sandbox whose check may depend on the value: not memoised
-    namespace = shared.globals.get("namespace")  # transformers' own Namespace subclass
-    plain = frozenset({*_JSON, LoopContext, Namespace, *([namespace] if isinstance(namespace, type) else [])})
-    env = shared.overlay()
-    check: Callable = env.is_safe_attribute
-    memo: dict = {}
-
-    def is_safe_attribute(obj: Any, attr: str, value: Any) -> bool:
-        kind = type(obj)
-        if kind not in plain:
-            return check(obj, attr, value)
-        hit = memo.get((kind, attr))
-        if hit is None:
-            hit = memo[kind, attr] = check(obj, attr, value)
-        return hit
-
-    env.is_safe_attribute = is_safe_attribute
-    if type(shared).getattr is SandboxedEnvironment.getattr:
-        env.getattr = _dict_getattr(env)
-    return bound(env, source, budget)
-
-
-_DICT_NAMES = frozenset(dir(dict))
-
-
-def _dict_getattr(env: Any) -> Callable:
-    """The sandbox's ``getattr`` (``message.role``), with a message's key read directly: for a plain dict, Python's
-    ``getattr`` fails (raising and catching an AttributeError, ~1 µs, at each of a render's ~25 reads) for every
-    name that is not a dict method, and the sandbox then returns the item, or undefined. The same answer here,
-    without the exception; every other object goes through the sandbox as before."""
-    base = env.getattr
-    undefined = env.undefined
-
-    def getattr_(obj: Any, attribute: str) -> Any:
-        if type(obj) is dict and attribute not in _DICT_NAMES:
-            try:
-                return obj[attribute]
-            except (TypeError, LookupError):
-                return undefined(obj=obj, name=attribute)
-        return base(obj, attribute)
-    return getattr_
 
 
 def probe_conversations(media_kinds: tuple[str, ...] = ()) -> list[list[dict[str, Any]]]:

@@ -5,7 +5,7 @@ folder: a pipeline's ``tokenizer = "../sample_data/tokenizer"`` resolves to a fo
 driver's, a hub name to the driver's hub cache, a ``--chat-template`` file to the driver's disk. The
 driver reads those files once (:func:`ship`: the tokenizer's folder, or the hub cache snapshot it loads
 from, its tokenizer files only -- never weights -- and the template file) and they travel inside the
-:class:`~packer.encode.encoder.EncoderSpec` the workers are set up with (through Ray's object store).
+:class:`~packer.encode.spec.EncoderSpec` the workers are set up with (through Ray's object store).
 A worker writes them into ``$PACKER_CACHE/shipped/<sha256>/`` once per machine (:func:`unpack`) and
 loads from there: the same bytes as on the driver, so the same tokenizer, in whatever folder its
 ``ray start`` ran. The manifest still names the tokenizer as the user gave it.
