@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -287,186 +288,47 @@ def video_files() -> list[str]:
     return [json.dumps(r) for r in records]
 
 
-TEMPLATES = ROOT.parent / "tests" / "fixtures" / "templates"
+TESTS = ROOT.parent / "tests"
 
 
-def processor_folder(name: str, processor: dict, extra_special: list[str], template: str) -> Path:
-    """``processors/<name>/``: a processor checkpoint as ``save_pretrained`` writes one (``processor_config.json``
-    with each sub-processor's settings), around the sample tokenizer with the family's special tokens, and the
-    family's chat template: what ``--processor`` reads, no model code needed to write it."""
+def processor_folder(sample) -> Path:
+    """``processors/<folder>/`` for a family's declared :class:`Sample` (``tests/family_assets.py``): a processor
+    checkpoint as ``save_pretrained`` writes one (``processor_config.json`` with each sub-processor's settings),
+    around the sample tokenizer with the family's special tokens (those it names also named in
+    ``tokenizer_config.json``), and the family's chat template: what ``--processor`` reads, no model code needed to
+    write it. A sample declared as a callable is the real processor around the sample tokenizer, saved by
+    ``save_pretrained`` (the folder then also loads as the processor, named tokens and all)."""
+    folder = ROOT / "processors" / sample.folder
+    template = (TESTS / "fixtures" / "templates" / sample.template).read_text()
+    if callable(sample.processor):
+        sample.processor(str(ROOT / "tokenizer"), template).save_pretrained(str(folder))
+        return folder
     from tokenizers import AddedToken, Tokenizer
 
-    folder = ROOT / "processors" / name
+    extra_special = [*sample.named.values(), *sample.tokens]
     folder.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer.from_file(str(ROOT / "tokenizer" / "tokenizer.json"))
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in extra_special])
     tok.save(str(folder / "tokenizer.json"))
     config = json.loads((ROOT / "tokenizer" / "tokenizer_config.json").read_text())
     config["extra_special_tokens"] = list(dict.fromkeys([*config.get("extra_special_tokens", []), *extra_special]))
+    if sample.named:
+        config.update(sample.named, model_specific_special_tokens=sample.named)
+    config.update(sample.tokenizer)
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    (folder / "processor_config.json").write_text(json.dumps(processor, indent=2, sort_keys=True) + "\n")
+    (folder / "processor_config.json").write_text(json.dumps(sample.processor, indent=2, sort_keys=True) + "\n")
     (folder / "chat_template.jinja").write_text(template)
     return folder
 
 
-QWEN3VL_PROCESSOR = {  # Qwen3-VL's published budgets (patch 16 x merge 2 = 32 px per token); the video processor's defaults
-    "processor_class": "Qwen3VLProcessor",
-    "image_processor": {"image_processor_type": "Qwen2VLImageProcessor", "patch_size": 16, "merge_size": 2,
-                        "temporal_patch_size": 2, "size": {"shortest_edge": 65536, "longest_edge": 16777216},
-                        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True,
-                        "do_normalize": True, "do_rescale": True, "do_resize": True, "resample": 3},
-    "video_processor": {"video_processor_type": "Qwen3VLVideoProcessor", "patch_size": 16, "merge_size": 2,
-                        "temporal_patch_size": 2, "size": {"shortest_edge": 131072, "longest_edge": 786432},
-                        "fps": 2, "min_frames": 4, "max_frames": 768, "do_sample_frames": True,
-                        "cap_pixels_per_frame": False, "max_video_tokens": 768,
-                        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
-}
-QWEN_VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
-
-
-# InternVL3's published settings (448-px tiles of 256 features, 1-12 tiles and a thumbnail, ImageNet normalisation);
-# the video processor's class defaults (every frame one tile)
-IMAGENET = {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
-INTERNVL3_PROCESSOR = {
-    "processor_class": "InternVLProcessor", "image_seq_length": 256,
-    "image_processor": {"image_processor_type": "GotOcr2ImageProcessor", "size": {"height": 448, "width": 448},
-                        "crop_to_patches": False, "min_patches": 1, "max_patches": 12, "do_convert_rgb": True,
-                        "do_normalize": True, "do_rescale": True, "do_resize": True, "resample": 3,
-                        "rescale_factor": 1 / 255, **IMAGENET},
-    "video_processor": {"video_processor_type": "InternVLVideoProcessor", "size": {"height": 448, "width": 448},
-                        "do_sample_frames": False, "initial_shift": True, "do_convert_rgb": True, "do_normalize": True,
-                        "do_rescale": True, "do_resize": True, "resample": 3, "rescale_factor": 1 / 255,
-                        "return_metadata": False, **IMAGENET},
-}
-# InternVL's tokenizer names its image tokens (InternVLProcessor reads tokenizer.start_image_token, ...)
-INTERNVL_NAMED = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
-                  "video_token": "<video>"}
-# Llama4Processor's and Llama4ImageProcessor's defaults (336-px tiles of 144 features, up to 16 tiles + a global one)
-LLAMA4_PROCESSOR = {
-    "processor_class": "Llama4Processor", "patch_size": 14, "image_token": "<|image|>", "fake_image_token": "<|image|>",
-    "image_processor": {"image_processor_type": "Llama4ImageProcessor", "size": {"height": 336, "width": 336},
-                        "max_patches": 16, "resize_to_max_canvas": False, "do_convert_rgb": True, "do_normalize": True,
-                        "do_rescale": True, "do_resize": True, "resample": 2, "rescale_factor": 1 / 255,
-                        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
-}
-LLAMA4_TOKENS = ["<|begin_of_text|>", "<|image_start|>", "<|image_end|>", "<|image|>", "<|patch|>", "<|tile_x_separator|>",
-                 "<|tile_y_separator|>", "<|header_start|>", "<|header_end|>", "<|eot|>"]
-
-
-def internvl3_processor() -> Path:
-    """``processors/internvl3/`` (``pipelines/internvl3.toml``): the sample tokenizer with InternVL's named image tokens."""
-    folder = processor_folder("internvl3", INTERNVL3_PROCESSOR, list(INTERNVL_NAMED.values()),
-                              (TEMPLATES / "internvl.jinja").read_text())
-    path = folder / "tokenizer_config.json"
-    config = {**json.loads(path.read_text()), **INTERNVL_NAMED, "model_specific_special_tokens": INTERNVL_NAMED}
-    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return folder
-
-
-def llama4_processor() -> Path:
-    """``processors/llama4/`` (``pipelines/llama4.toml``): the sample tokenizer with Llama 4's image, tile and header
-    tokens, ``<|begin_of_text|>`` as bos."""
-    folder = processor_folder("llama4", LLAMA4_PROCESSOR, LLAMA4_TOKENS, (TEMPLATES / "llama4.jinja").read_text())
-    path = folder / "tokenizer_config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "bos_token": "<|begin_of_text|>"}, indent=2,
-                               sort_keys=True) + "\n")
-    return folder
-
-
-# Gemma3Processor's and Gemma3ImageProcessor's published settings (896-px images, 256 soft tokens an image)
-GEMMA3_PROCESSOR = {
-    "processor_class": "Gemma3Processor", "image_seq_length": 256,
-    "image_processor": {"image_processor_type": "Gemma3ImageProcessor", "size": {"height": 896, "width": 896},
-                        "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True, "resample": 2,
-                        "rescale_factor": 1 / 255, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
-}
-# Gemma 4's processor classes' defaults (280-token images, 70-token video frames, 16 kHz audio), but 4 frames a video:
-# the class default, 32, is more than any sample clip holds (the processor refuses such clips, and so does packer)
-GEMMA4_PROCESSOR = {
-    "processor_class": "Gemma4Processor", "image_seq_length": 280, "audio_seq_length": 750, "audio_ms_per_token": 40,
-    "image_processor": {"image_processor_type": "Gemma4ImageProcessor", "patch_size": 16, "max_soft_tokens": 280,
-                        "pooling_kernel_size": 3, "do_convert_rgb": True, "do_normalize": False, "do_rescale": True,
-                        "do_resize": True, "resample": 3, "rescale_factor": 1 / 255, "image_mean": [0.0, 0.0, 0.0],
-                        "image_std": [1.0, 1.0, 1.0]},
-    "video_processor": {"video_processor_type": "Gemma4VideoProcessor", "patch_size": 16, "max_soft_tokens": 70,
-                        "pooling_kernel_size": 3, "num_frames": 4, "do_sample_frames": True, "do_convert_rgb": True,
-                        "do_normalize": True, "do_rescale": True, "do_resize": True, "resample": 3,
-                        "rescale_factor": 1 / 255, "image_mean": [0.0, 0.0, 0.0], "image_std": [1.0, 1.0, 1.0],
-                        "return_metadata": False},
-    "feature_extractor": {"feature_extractor_type": "Gemma4AudioFeatureExtractor", "feature_size": 128,
-                          "sampling_rate": 16000, "padding_value": 0.0, "return_attention_mask": True,
-                          "frame_length": 320, "hop_length": 160, "min_frequency": 0.0, "max_frequency": 8000.0,
-                          "preemphasis": 0.0, "preemphasis_htk_flavor": True, "fft_overdrive": False, "dither": 0.0,
-                          "input_scale_factor": 1.0, "mel_floor": 0.001, "per_bin_mean": None, "per_bin_stddev": None},
-}
-# the tokens Gemma's tokenizers name (the processors read tokenizer.boi_token, ...), their turn tokens and <bos>
-GEMMA3_NAMED = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
-GEMMA4_NAMED = {"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>", "audio_token": "<|audio|>",
-                "boa_token": "<|audio>", "eoa_token": "<audio|>"}
-
-
-def gemma_processor(name: str, processor: dict, named: dict[str, str], other: list[str]) -> Path:
-    """``processors/gemma3|gemma4/`` (``pipelines/gemma3|4.toml``): the sample tokenizer with the family's named
-    media tokens, its turn tokens and ``<bos>``; the template the tests' fixture."""
-    folder = processor_folder(name, processor, [*named.values(), *other], (TEMPLATES / f"{name}.jinja").read_text())
-    path = folder / "tokenizer_config.json"
-    config = {**json.loads(path.read_text()), **named, "model_specific_special_tokens": named, "bos_token": "<bos>"}
-    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return folder
-
-
 def family_processors() -> list[Path]:
-    return [processor_folder("qwen3vl", QWEN3VL_PROCESSOR, QWEN_VISION_TOKENS, (TEMPLATES / "qwen3vl.jinja").read_text()),
-            internvl3_processor(), llama4_processor(),
-            gemma_processor("gemma3", GEMMA3_PROCESSOR, GEMMA3_NAMED, ["<bos>", "<start_of_turn>", "<end_of_turn>"]),
-            gemma_processor("gemma4", GEMMA4_PROCESSOR, GEMMA4_NAMED, ["<bos>", "<|turn>", "<turn|>", "<|video|>"]),
-            llava_onevision_processor(), qwen3omni_processor()]
+    """Every registered family's sample processor, as its test assets declare it (``ASSETS.sample`` in
+    ``tests/assets_<module>.py``; a family sharing another's processor declares none): no list of families here."""
+    sys.path.insert(0, str(TESTS))
+    from family_assets import FAMILY_ASSETS
 
-
-# LLaVA-OneVision and Qwen3-Omni: the real processors built at their classes' defaults and saved with
-# save_pretrained, so that the folder also loads as the processor (AutoProcessor) with named tokens.
-
-
-def llava_onevision_processor() -> Path:
-    """processors/llava_onevision/: LlavaOnevisionProcessor at its classes' defaults (384 px tiles, 36 grid
-    pinpoints, anyres_max_9, every video frame) with SigLIP's 729 features a tile, around the sample tokenizer
-    (``<image>`` / ``<video>`` added), saved by save_pretrained."""
-    from transformers import AutoTokenizer, LlavaOnevisionImageProcessor, LlavaOnevisionProcessor, LlavaOnevisionVideoProcessor
-
-    tok = AutoTokenizer.from_pretrained(str(ROOT / "tokenizer"),
-                                        extra_special_tokens={"image_token": "<image>", "video_token": "<video>"})
-    proc = LlavaOnevisionProcessor(image_processor=LlavaOnevisionImageProcessor(), tokenizer=tok,
-                                   video_processor=LlavaOnevisionVideoProcessor(), num_image_tokens=729,
-                                   vision_feature_select_strategy="full",
-                                   chat_template=(TEMPLATES / "llava_onevision.jinja").read_text())
-    folder = ROOT / "processors" / "llava_onevision"
-    proc.save_pretrained(str(folder))
-    return folder
-
-
-def qwen3omni_processor() -> Path:
-    """processors/qwen3omni/: Qwen3OmniMoeProcessor at its classes' defaults but Qwen3-Omni's 16 px patches
-    (Qwen2-VL image and video processors, a 128-bin Whisper feature extractor), around the sample tokenizer with
-    the thinker's tokens added, saved by save_pretrained."""
-    from transformers import (
-        AutoTokenizer,
-        Qwen2VLImageProcessor,
-        Qwen2VLVideoProcessor,
-        Qwen3OmniMoeProcessor,
-        WhisperFeatureExtractor,
-    )
-
-    special = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "audio_token": "<|audio_pad|>",
-               "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>",
-               "audio_bos_token": "<|audio_start|>", "audio_eos_token": "<|audio_end|>"}
-    tok = AutoTokenizer.from_pretrained(str(ROOT / "tokenizer"), extra_special_tokens=special)
-    proc = Qwen3OmniMoeProcessor(image_processor=Qwen2VLImageProcessor(patch_size=16),
-                                 video_processor=Qwen2VLVideoProcessor(patch_size=16, cap_pixels_per_frame=False),
-                                 feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tok,
-                                 chat_template=(TEMPLATES / "qwen3omni.jinja").read_text())
-    folder = ROOT / "processors" / "qwen3omni"
-    proc.save_pretrained(str(folder))
-    return folder
+    samples = {a.sample.folder: a.sample for a in FAMILY_ASSETS.values() if a.sample is not None}
+    return [processor_folder(sample) for sample in samples.values()]
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from family_assets import QWEN_TOKENIZER, TEMPLATES, Alone, FamilyAssets, _init, _save_and_load
+from family_assets import QWEN_TOKENIZER, TEMPLATES, Alone, FamilyAssets, Sample, _init, _save_and_load
 
 TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
 IMAGE_SEQ_LENGTH = 4
@@ -59,9 +59,20 @@ def gemma3_model(processor, impl: str, seed: int = 0):
     return _init(Gemma3ForConditionalGeneration(gemma3_config(processor, impl)), seed)
 
 
+# processors/gemma3 (pipelines/gemma3.toml): Gemma3Processor's and Gemma3ImageProcessor's published settings (896-px
+# images, 256 soft tokens an image), Gemma's named image tokens, its turn tokens and <bos>
+SAMPLE_PROCESSOR = {
+    "processor_class": "Gemma3Processor", "image_seq_length": 256,
+    "image_processor": {"image_processor_type": "Gemma3ImageProcessor", "size": {"height": 896, "width": 896},
+                        "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True, "resample": 2,
+                        "rescale_factor": 1 / 255, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
+}
+SAMPLE = Sample("gemma3", SAMPLE_PROCESSOR, "gemma3.jinja", named=TOKENS, tokens=("<bos>", "<start_of_turn>", "<end_of_turn>"),
+                tokenizer={"bos_token": "<bos>"})
+
 # the packed == alone check on the records built with pan and scan on (an image's runs split by its crops' text), as
 # training would call processor(..., do_pan_and_scan=True, pan_and_scan_min_crop_size=8)
 ASSETS = FamilyAssets("gemma3", ("image",), gemma3_processor, gemma3_model,
                       alone=Alone("scan", build={"processor_options": SCAN_OPTIONS}, call=SCAN_CALL),
                       split_runs=True,  # an image's crops, text between them
-                      sample_segments=10, dummy_eager=False)
+                      sample_segments=10, dummy_eager=False, sample=SAMPLE)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from family_assets import QWEN_TOKENIZER, TEMPLATES, Alone, FamilyAssets, _init, _save_and_load
+from family_assets import QWEN_TOKENIZER, TEMPLATES, Alone, FamilyAssets, Sample, _init, _save_and_load
 
 TOKENS = {"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>", "audio_token": "<|audio|>",
           "boa_token": "<|audio>", "eoa_token": "<audio|>", "sot_token": "<|turn>", "eot_token": "<turn|>"}
@@ -99,7 +99,31 @@ def alone_rows(ds, records, impl) -> list[int]:
     return list(range(len(ds))) if impl == "sdpa" else covering(ds)
 
 
+# processors/gemma4 (pipelines/gemma4.toml): Gemma 4's processor classes' defaults (280-token images, 70-token video
+# frames, 16 kHz audio), but 4 frames a video: the class default, 32, is more than any sample clip holds (the processor
+# refuses such clips, and so does packer); Gemma's named media tokens, its turn tokens and <bos>
+SAMPLE_PROCESSOR = {
+    "processor_class": "Gemma4Processor", "image_seq_length": 280, "audio_seq_length": 750, "audio_ms_per_token": 40,
+    "image_processor": {"image_processor_type": "Gemma4ImageProcessor", "patch_size": 16, "max_soft_tokens": 280,
+                        "pooling_kernel_size": 3, "do_convert_rgb": True, "do_normalize": False, "do_rescale": True,
+                        "do_resize": True, "resample": 3, "rescale_factor": 1 / 255, "image_mean": [0.0, 0.0, 0.0],
+                        "image_std": [1.0, 1.0, 1.0]},
+    "video_processor": {"video_processor_type": "Gemma4VideoProcessor", "patch_size": 16, "max_soft_tokens": 70,
+                        "pooling_kernel_size": 3, "num_frames": 4, "do_sample_frames": True, "do_convert_rgb": True,
+                        "do_normalize": True, "do_rescale": True, "do_resize": True, "resample": 3,
+                        "rescale_factor": 1 / 255, "image_mean": [0.0, 0.0, 0.0], "image_std": [1.0, 1.0, 1.0],
+                        "return_metadata": False},
+    "feature_extractor": {"feature_extractor_type": "Gemma4AudioFeatureExtractor", "feature_size": 128,
+                          "sampling_rate": 16000, "padding_value": 0.0, "return_attention_mask": True,
+                          "frame_length": 320, "hop_length": 160, "min_frequency": 0.0, "max_frequency": 8000.0,
+                          "preemphasis": 0.0, "preemphasis_htk_flavor": True, "fft_overdrive": False, "dither": 0.0,
+                          "input_scale_factor": 1.0, "mel_floor": 0.001, "per_bin_mean": None, "per_bin_stddev": None},
+}
+SAMPLE_NAMED = {k: TOKENS[k] for k in ("image_token", "boi_token", "eoi_token", "audio_token", "boa_token", "eoa_token")}
+SAMPLE = Sample("gemma4", SAMPLE_PROCESSOR, "gemma4.jinja", named=SAMPLE_NAMED,
+                tokens=("<bos>", "<|turn>", "<turn|>", "<|video|>"), tokenizer={"bos_token": "<bos>"})
+
 ASSETS = FamilyAssets("gemma4", ("image", "video", "audio"), gemma4_processor, gemma4_model, quarantined=QUARANTINED,
                       alone=Alone("small", keep=light, build={"max_length": 1024}), alone_rows=alone_rows,
                       split_runs=True,  # a clip's frames, timestamps between them
-                      sample_segments=10, dummy_eager=True)
+                      sample_segments=10, dummy_eager=True, sample=SAMPLE)

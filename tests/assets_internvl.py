@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from family_assets import QWEN_TOKENIZER, TEMPLATES, FamilyAssets, _init, _save_and_load
+from family_assets import QWEN_TOKENIZER, TEMPLATES, FamilyAssets, Sample, _init, _save_and_load
 
 TILE = 56
 SEQ = 4  # (56 / 14)² x 0.5²
@@ -54,8 +54,23 @@ def internvl_model(processor, impl: str, seed: int = 0):
     return _init(InternVLForConditionalGeneration(cfg), seed)
 
 
+# processors/internvl3 (pipelines/internvl3.toml): InternVL3's published settings (448-px tiles of 256 features,
+# 1-12 tiles and a thumbnail, ImageNet normalisation); the video processor's class defaults (every frame one tile)
+IMAGENET = {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
+SAMPLE_PROCESSOR = {
+    "processor_class": "InternVLProcessor", "image_seq_length": 256,
+    "image_processor": {"image_processor_type": "GotOcr2ImageProcessor", "size": {"height": 448, "width": 448},
+                        "crop_to_patches": False, "min_patches": 1, "max_patches": 12, "do_convert_rgb": True,
+                        "do_normalize": True, "do_rescale": True, "do_resize": True, "resample": 3,
+                        "rescale_factor": 1 / 255, **IMAGENET},
+    "video_processor": {"video_processor_type": "InternVLVideoProcessor", "size": {"height": 448, "width": 448},
+                        "do_sample_frames": False, "initial_shift": True, "do_convert_rgb": True, "do_normalize": True,
+                        "do_rescale": True, "do_resize": True, "resample": 3, "rescale_factor": 1 / 255,
+                        "return_metadata": False, **IMAGENET},
+}
+
 # the packed == alone check leaves out the row of the 30-image record (1,200 tokens of 151k-wide logits; its ids are
 # checked); under sequence parallelism the images' tiles and the videos' frames share one placeholder (<IMG_CONTEXT>)
 ASSETS = FamilyAssets("internvl", ("image", "video"), internvl_processor, internvl_model,
                       towers=("vision_tower", "multi_modal_projector"), max_images=3, sp_modes=("ulysses", "ring"),
-                      sample_segments=10)
+                      sample_segments=10, sample=Sample("internvl3", SAMPLE_PROCESSOR, "internvl.jinja", named=SPECIAL))

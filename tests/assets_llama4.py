@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from family_assets import QWEN_TOKENIZER, TEMPLATES, FamilyAssets, _init, _save_and_load
+from family_assets import QWEN_TOKENIZER, TEMPLATES, FamilyAssets, Sample, _init, _save_and_load
 
 TILE = 56
 PER_TILE = 4  # (56 / 14)² / 4
@@ -81,8 +81,20 @@ def llama4_model(processor, impl: str, seed: int = 0, **text: Any):
     return model
 
 
+# processors/llama4 (pipelines/llama4.toml): Llama4Processor's and Llama4ImageProcessor's defaults (336-px tiles of 144
+# features, up to 16 tiles + a global one), the image, tile and header tokens, <|begin_of_text|> as bos
+SAMPLE_PROCESSOR = {
+    "processor_class": "Llama4Processor", "patch_size": 14, "image_token": "<|image|>", "fake_image_token": "<|image|>",
+    "image_processor": {"image_processor_type": "Llama4ImageProcessor", "size": {"height": 336, "width": 336},
+                        "max_patches": 16, "resize_to_max_canvas": False, "do_convert_rgb": True, "do_normalize": True,
+                        "do_rescale": True, "do_resize": True, "resample": 2, "rescale_factor": 1 / 255,
+                        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
+}
+SAMPLE = Sample("llama4", SAMPLE_PROCESSOR, "llama4.jinja", tokens=("<|begin_of_text|>", *IMAGE_TOKENS, *CHAT_TOKENS),
+                tokenizer={"bos_token": "<|begin_of_text|>"})
+
 # the packed == alone check leaves out the row of the 30-image record (1,200 tokens of vocabulary-wide logits; its
 # ids are checked); under sequence parallelism a tiled image's <|patch|> runs (separators between them) are cut
 # anywhere, and the per-layer-type masks stay global
 ASSETS = FamilyAssets("llama4", ("image",), llama4_processor, llama4_model, towers=("vision_model", "multi_modal_projector"),
-                      max_images=3, split_runs=True, sample_segments=10, dummy_eager=True)
+                      max_images=3, split_runs=True, sample_segments=10, dummy_eager=True, sample=SAMPLE)

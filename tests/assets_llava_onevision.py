@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from family_assets import QWEN_TOKENIZER, TEMPLATES, FamilyAssets, Verify, _init, _save_and_load
+from family_assets import QWEN_TOKENIZER, TEMPLATES, FamilyAssets, Sample, Verify, _init, _save_and_load
 
 TILE, PATCH = 32, 8
 PINPOINTS = [[32 * a, 32 * b] for a in range(1, 4) for b in range(1, 4)]
@@ -65,9 +65,22 @@ def alone_rows(ds, records, impl) -> list[int]:
     return rows
 
 
+def sample_processor(tokenizer_folder: str, chat_template: str):
+    """processors/llava_onevision (pipelines/llava_onevision.toml): LlavaOnevisionProcessor at its classes' defaults
+    (384 px tiles, 36 grid pinpoints, anyres_max_9, every video frame) with SigLIP's 729 features a tile, around the
+    sample tokenizer (``<image>`` / ``<video>`` added)."""
+    from transformers import AutoTokenizer, LlavaOnevisionImageProcessor, LlavaOnevisionProcessor, LlavaOnevisionVideoProcessor
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_folder, extra_special_tokens=dict(SPECIAL))
+    return LlavaOnevisionProcessor(image_processor=LlavaOnevisionImageProcessor(), tokenizer=tok,
+                                   video_processor=LlavaOnevisionVideoProcessor(), num_image_tokens=729,
+                                   vision_feature_select_strategy="full", chat_template=chat_template)
+
+
 # a record's images reach the processor as one list (apply_chat_template's way); verify: another anyres cap (a 3 x 3
 # grid no longer interpolated) and another frame count
 ASSETS = FamilyAssets("llava_onevision", ("image", "video"), processor, model, nest_images=True, alone_rows=alone_rows,
                       verify=Verify(sample=8, other={"aspect": "anyres_max_9", "num_frames": 2}, other_sample=14,
                                     other_image_size=None),
-                      dummy_settings={"num_image_tokens": 16})
+                      dummy_settings={"num_image_tokens": 16},
+                      sample=Sample("llava_onevision", sample_processor, "llava_onevision.jinja"))

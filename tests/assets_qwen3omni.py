@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from family_assets import QWEN_TOKENIZER, TEMPLATES, Alone, FamilyAssets, Verify, _init, _save_and_load
+from family_assets import QWEN_TOKENIZER, TEMPLATES, Alone, FamilyAssets, Sample, Verify, _init, _save_and_load
 
 SPECIAL = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "audio_token": "<|audio_pad|>",
            "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>",
@@ -96,9 +96,29 @@ def records(root: Path, written: list[dict]) -> tuple[list[dict], list[dict]]:
     return [r for r in written if not refused_for(r)] + extra_records(root), refused
 
 
+def sample_processor(tokenizer_folder: str, chat_template: str):
+    """processors/qwen3omni (pipelines/qwen3omni.toml): Qwen3OmniMoeProcessor at its classes' defaults but Qwen3-Omni's
+    16 px patches (Qwen2-VL image and video processors, a 128-bin Whisper feature extractor), around the sample
+    tokenizer with the thinker's tokens added."""
+    from transformers import (
+        AutoTokenizer,
+        Qwen2VLImageProcessor,
+        Qwen2VLVideoProcessor,
+        Qwen3OmniMoeProcessor,
+        WhisperFeatureExtractor,
+    )
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_folder, extra_special_tokens=dict(SPECIAL))
+    return Qwen3OmniMoeProcessor(image_processor=Qwen2VLImageProcessor(patch_size=16),
+                                 video_processor=Qwen2VLVideoProcessor(patch_size=16, cap_pixels_per_frame=False),
+                                 feature_extractor=WhisperFeatureExtractor(feature_size=128), tokenizer=tok,
+                                 chat_template=chat_template)
+
+
 # the packed == alone check on a second build of a few records (an image alone; the short clip alone and beside a
 # longer one; an image, a video and two clips in one record), each alone given the processor's attention_mask (the
 # thinker computes its 3-D positions only when given one); verify: fewer frames of a long clip, another max_pixels
 ASSETS = FamilyAssets("qwen3omni", ("image", "audio", "video"), processor, model, rope="mrope", records=records,
                       alone=Alone("small", keep=lambda r: r["id"] in ("x0", "x1", "x2", "r0"), build={"max_segments": 3}),
-                      reference_mask=True, verify=Verify(sample=10, other={"max_frames": 4}, other_sample=24))
+                      reference_mask=True, verify=Verify(sample=10, other={"max_frames": 4}, other_sample=24),
+                      sample=Sample("qwen3omni", sample_processor, "qwen3omni.jinja"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from family_assets import QWEN_TOKENIZER, TEMPLATES, FamilyAssets, Verify, _init, _save_and_load
+from family_assets import QWEN_TOKENIZER, TEMPLATES, FamilyAssets, Sample, Verify, _init, _save_and_load
 
 QWEN3VL_IMAGE = {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 48}  # at most 48 tokens an image
 QWEN3VL_VIDEO = {"shortest_edge": 32 * 32 * 8, "longest_edge": 32 * 32 * 240}  # one t*h*w budget a clip
@@ -43,6 +43,23 @@ def qwen3vl_model(processor, impl: str, seed: int = 0):
     return _init(Qwen3VLForConditionalGeneration(cfg), seed)
 
 
+SAMPLE_PROCESSOR = {  # Qwen3-VL's published budgets (patch 16 x merge 2 = 32 px per token); the video processor's defaults
+    "processor_class": "Qwen3VLProcessor",
+    "image_processor": {"image_processor_type": "Qwen2VLImageProcessor", "patch_size": 16, "merge_size": 2,
+                        "temporal_patch_size": 2, "size": {"shortest_edge": 65536, "longest_edge": 16777216},
+                        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True,
+                        "do_normalize": True, "do_rescale": True, "do_resize": True, "resample": 3},
+    "video_processor": {"video_processor_type": "Qwen3VLVideoProcessor", "patch_size": 16, "merge_size": 2,
+                        "temporal_patch_size": 2, "size": {"shortest_edge": 131072, "longest_edge": 786432},
+                        "fps": 2, "min_frames": 4, "max_frames": 768, "do_sample_frames": True,
+                        "cap_pixels_per_frame": False, "max_video_tokens": 768,
+                        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
+}
+# processors/qwen3vl (pipelines/qwen3vl.toml, and qwen35.toml: Qwen3.5 takes Qwen3-VL's processor)
+SAMPLE = Sample("qwen3vl", SAMPLE_PROCESSOR, "qwen3vl.jinja",
+                tokens=("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"))
+
 ASSETS = FamilyAssets("qwen3vl", ("image", "video"), qwen3vl_processor, qwen3vl_model, rope="mrope", dummy="plain",
                       sp_modes=("ulysses", "ring"), split_runs=True,  # a clip's runs, timestamps between them
-                      verify=Verify(sample=6, other={"fps": 2}, other_sample=12, cli=True))  # fps 2: other frames
+                      verify=Verify(sample=6, other={"fps": 2}, other_sample=12, cli=True),  # fps 2: other frames
+                      sample=SAMPLE)

