@@ -70,7 +70,7 @@ def write_jsonl(tmp_path):
     return write
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")  # module-scoped fixtures of a family's module build on it (Llama 4's small_rows)
 def built(request, tmp_path_factory):
     """A family's test module's (``FAMILY = "<name>"``) build of the family harness's records, once a session
     (``family_harness.family_build``), shared with its conformance suite."""
@@ -79,7 +79,7 @@ def built(request, tmp_path_factory):
     return family_build(request.module.FAMILY, tmp_path_factory)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def alone(request, tmp_path_factory):
     """The family's packed == alone build (``family_harness.alone_build``): ``built`` where it declares none."""
     from family_harness import alone_build
