@@ -25,7 +25,7 @@ CHILD = """
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
 from packer.encode import Encoder, EncoderSpec
-from packer.ingest.reader import RawLine
+from packer.records import RawLine
 from packer.stages.encode import encode_records
 enc = Encoder(EncoderSpec.of(tokenizer={tok!r}))
 encode_records(enc, [RawLine(1, json.dumps({{"text": "warm up " * 200}}).encode())], "f", ".")

@@ -23,8 +23,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from packer.ingest.records import Part  # noqa: E402
 from packer.media.counter import MediaCounter  # noqa: E402
+from packer.records import Part  # noqa: E402
 
 
 def make_images(folder: Path, n: int) -> list[Path]:

@@ -12,7 +12,7 @@ PACKER = Path(__file__).resolve().parents[1] / "packer"
 
 # bottom first; a part may import its own floor and the floors below it
 FLOORS = [
-    ("errors", "reasons", "_ranges", "specs", "progress"),
+    ("errors", "reasons", "_ranges", "specs", "progress", "records"),  # records: the typed records that cross floors
     ("io", "engine"),
     ("media", "modeling"),  # probes, token policies, media refs; mRoPE and masks over them
     ("config", "families"),  # the options (and the policies they name); what each model's processor writes

@@ -15,7 +15,7 @@ from typing import Any
 from packer.encode.render import Renderer
 from packer.errors import BadRecord
 from packer.families import Expansion
-from packer.ingest.records import Conversation
+from packer.records import Conversation
 
 
 @dataclass

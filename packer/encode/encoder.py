@@ -48,9 +48,8 @@ from packer.encode.tokens import TextTokenizer
 from packer.errors import BadRecord, PackerError
 from packer.families import Family, Run, make_family
 from packer.ingest.formats import decode_json, parse_record, record_id
-from packer.ingest.reader import RawLine
-from packer.ingest.records import Conversation, Document, Preference
 from packer.media import refs
+from packer.records import Conversation, Document, Preference, RawLine
 from packer.shards.schema import IGNORE, MediaSpan, Sample
 
 TOKENIZE_BATCH = 1000  # texts per tokenizer call: the wrapper's cost is paid per call, memory grows with the batch

@@ -17,10 +17,10 @@ import numpy as np
 from packer.encode.render import MARK_START
 from packer.errors import BadRecord
 from packer.families import Expansion, Family, RecordMedia
-from packer.ingest.records import Conversation
 from packer.media import bounds as setting_bounds
 from packer.media import refs
 from packer.media.counter import MediaProber, kept_seconds
+from packer.records import Conversation
 from packer.shards.schema import MEDIA_KINDS, MediaSpan
 
 MEDIA_ORDER = MEDIA_KINDS  # the order a modality name lists its kinds in

@@ -20,7 +20,7 @@ from packer.encode.chat import RenderedChat, marked_data, shift
 from packer.encode.labels import common_chars
 from packer.encode.tokens import Known
 from packer.errors import BadRecord
-from packer.ingest.records import Conversation, Preference
+from packer.records import Conversation, Preference
 from packer.shards.schema import ResponseSpan
 
 PREFERENCE_BATCH_BYTES = 1 << 18  # a preference record whose line times its responses is over this is rendered and

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from packer.errors import BadRecord
-from packer.ingest.records import Preference
+from packer.records import Preference
 
 
 def texts(record: Preference, eos_token: str | None) -> tuple[str, list[str]]:

@@ -28,7 +28,7 @@ Shapes (auto-detected per line by their key fields, in this order, or forced wit
 - ``text``:     ``{"text": "..."}`` (last, so an Alpaca record's rendered ``text`` column is ignored)
 - ``preference`` / ``unpaired_preference`` / ``responses``: one prompt and several responses
   (TRL ``prompt`` / ``chosen`` / ``rejected``, ``prompt`` / ``completion`` / ``label``, a list of
-  ``responses``), parsed into a :class:`~packer.ingest.records.Preference` by
+  ``responses``), parsed into a :class:`~packer.records.Preference` by
   :mod:`packer.ingest.preference`; detected before ``prompt_completion``.
 
 Media positions: an ``<image>`` / ``<audio>`` tag in text, or a media part without a
@@ -48,10 +48,10 @@ from typing import Any
 
 from packer.errors import BadRecord
 from packer.ingest import preference, tools
-from packer.ingest.records import ROLES, Conversation, Document, Part, Preference, Turn
 from packer.ingest.unicode import SURROGATE_ESCAPE, check_strings
 from packer.media import refs
 from packer.media.limits import check_frame_rate
+from packer.records import ROLES, Conversation, Document, Part, Preference, Turn
 from packer.shards.schema import MEDIA_KINDS
 
 FORMATS = ("llava", "sharegpt", "messages", "prompt_completion", "alpaca", "text", *preference.FORMATS)

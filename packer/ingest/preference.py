@@ -34,7 +34,7 @@ import struct
 from typing import Any
 
 from packer.errors import BadRecord
-from packer.ingest.records import Preference, Response
+from packer.records import Preference, Response
 
 FORMATS = ("preference", "unpaired_preference", "responses")
 NEEDS = {"preference": (("chosen",), ("rejected",)), "unpaired_preference": (("prompt",), ("completion",), ("label",)),

@@ -10,25 +10,17 @@ quarantine) and the rest is skipped in chunks, so one huge line cannot exhaust m
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from packer.records import RawLine
 
 BOM = b"\xef\xbb\xbf"
 
 
 MAX_LINE_BYTES = 64 * 2**20
 SKIP_CHUNK = 1 << 20
-
-
-@dataclass(frozen=True)
-class RawLine:
-    line: int  # 1-based line number in the file
-    data: bytes  # the line without its line ending (only its start if too_long)
-    too_long: int = 0  # the line's length in bytes when it exceeded the limit
-    offset: int = 0  # byte offset of the line's start in the file
-    end: int = 0  # byte offset just past the line (its newline included)
 
 
 def read_lines(path: str | Path, counts: dict[str, int] | None = None, max_line_bytes: int = MAX_LINE_BYTES, *,

@@ -21,7 +21,7 @@ from packer.media.probe import probe_audio, probe_image
 class MediaProber:
     """``probe(part)``: the header facts of an image (ImageInfo), clip (AudioInfo) or video (VideoInfo).
 
-    ``part`` is a record's media item as :class:`packer.ingest.records.Part` holds it: ``kind``, ``ref`` (as
+    ``part`` is a record's media item as :class:`packer.records.Part` holds it: ``kind``, ``ref`` (as
     written), ``path`` (resolved, :func:`packer.media.refs.resolve`), and for a video of frame images its
     ``frames`` and stated ``fps`` (read by attribute: media sits below the record shapes)."""
 

@@ -29,9 +29,10 @@ import pyarrow as pa
 from packer.cost import COSTS, CostModel
 from packer.encode import Encoder, EncoderSpec
 from packer.errors import BadRecord, PackerError, StrictModeError
-from packer.ingest.reader import MAX_LINE_BYTES, RawLine, read_lines, scan_lines
+from packer.ingest.reader import MAX_LINE_BYTES, read_lines, scan_lines
 from packer.io.files import set_durable, write_text_atomic
 from packer.io.fs import location, parent
+from packer.records import RawLine
 from packer.shards.io import read_shard, write_shard
 from packer.shards.schema import SAMPLE_SCHEMA, QuarantineEntry, Sample, ShardEntry, to_table
 from packer.shards.stats import sample_stats
