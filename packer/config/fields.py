@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.config.inputs import expand_inputs
-from packer.config.sources import OVERSIZE, Source, whole_file
+from packer.config.sources import LEAST, OVERSIZE, Source, whole_file
 from packer.errors import ConfigError
 from packer.media.feature_specs import EmbedSpec, FeatureSpec
 
@@ -262,13 +262,15 @@ class BuildConfig:
             value = getattr(self, f.name)
             if choices and value not in choices:
                 raise ConfigError(f"{f.name} = {value!r} is not one of {', '.join(choices)}")
-        for key in ("max_length", "chunk_records", "shard_rows", "shard_bytes", "embed_batch_size", "max_line_bytes",
-                    "report_batch", "report_window", "template_max_steps", "template_max_chars"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{key} must be at least 1, got {getattr(self, key)}")
-        for key in ("max_segments", "max_media", "max_images", "max_audio", "max_videos"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"{key} must be 0 (no limit) or positive, got {getattr(self, key)}")
+        # the packing options a source may set too take their least value from LEAST (its Source.parse check's)
+        least = {"max_length": LEAST["max_length"], **dict.fromkeys(
+            ("chunk_records", "shard_rows", "shard_bytes", "embed_batch_size", "max_line_bytes", "report_batch",
+             "report_window", "template_max_steps", "template_max_chars"), 1),
+            "max_segments": 0, **{k: n for k, n in LEAST.items() if k != "max_length"}}
+        for key, n in least.items():
+            if getattr(self, key) < n:
+                raise ConfigError(f"{key} must be at least {n}, got {getattr(self, key)}" if n else
+                                  f"{key} must be 0 (no limit) or positive, got {getattr(self, key)}")
         if self.max_length > MAX_LENGTH:
             raise ConfigError(f"max_length = {self.max_length:,} is over {MAX_LENGTH:,} (2^31 - 1: positions and "
                               f"cu_seqlens are int32)")

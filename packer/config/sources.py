@@ -37,6 +37,10 @@ MAX_WEIGHT = 1000.0
 POLICY = {"max_length": int, "packing": bool, "oversize": str, "max_media": int, "max_images": int, "max_audio": int,
           "max_videos": int}
 OVERSIZE = ("truncate", "drop", "split")  # the build's own --oversize policies (BuildConfig.oversize's choices)
+# The least value of each whole-number packing option, the build's and a source's own alike: stated once, checked for
+# the build's by BuildConfig.__post_init__ and for a source's by Source.parse (a row holds a token; a media cap of 0 is
+# no limit)
+LEAST = {"max_length": 1, **{k: 0 for k in POLICY if k.startswith("max_") and k != "max_length"}}
 
 
 @dataclass(frozen=True)
@@ -95,9 +99,9 @@ class Source:
 # algorithm's constraints, are BuildConfig's and check_plan_options')
 ALLOWED = {"weight": f"a number from 0 to {MAX_WEIGHT:g} (only the ratios between sources matter: lower the other "
                      f"sources' weights instead)", "cap": "a whole number >= 0 (0: no cap)",
-           "max_length": "a whole number >= 1 (at most the build's max_length)", "packing": "true or false",
-           "oversize": f"one of {', '.join(OVERSIZE)}",
-           **{k: "a whole number >= 0 (0: no limit)" for k in POLICY if k.startswith("max_") and k != "max_length"}}
+           "max_length": f"a whole number >= {LEAST['max_length']} (at most the build's max_length)",
+           "packing": "true or false", "oversize": f"one of {', '.join(OVERSIZE)}",
+           **{k: f"a whole number >= {n} (0: no limit)" for k, n in LEAST.items() if k != "max_length"}}
 
 
 def _allowed(key: str, value: object) -> bool:
@@ -107,7 +111,7 @@ def _allowed(key: str, value: object) -> bool:
         return isinstance(value, bool)
     if key == "weight":
         return 0 <= value <= MAX_WEIGHT  # type: ignore[operator]  # nan and inf fail too
-    return value >= (1 if key == "max_length" else 0)  # type: ignore[operator]
+    return value >= LEAST.get(key, 0)  # type: ignore[operator]  # cap: 0 or more
 
 
 def policy_text(policy: dict[str, object]) -> str:
