@@ -4,16 +4,16 @@
 belong to three pieces, which it builds and composes (``PackedCollator.of``; ``PackedCollator.for_build`` derives
 each from the build and the model):
 
-==================  =========================================================================================
-:class:`TextOptions`   the pure text batch (:func:`packer.loader.text_batch.text_batch`): ``attention``,
-                       ``pad_to``, ``pad_to_multiple_of``, ``pad_token_id``, ``loss``, ``mask_dtype``,
-                       ``device``, ``row_lengths``
-:class:`FamilyOptions` what the build's family decides: ``family``, ``rope``, ``tokens_per_second``,
-                       ``model_config`` (masks per layer type, dummy media), checked against the ``processor``
-:class:`MediaOptions`  the media step (:class:`packer.loader.media.MediaStep`): ``processor``,
-                       ``image_processor``, ``feature_extractor``, ``video_processor``, ``patch_size``,
-                       ``image_embeddings``, ``audio_features``, ``video_policy``
-==================  =========================================================================================
+==========================  ===============================================================================
+:class:`TextOptions`        the pure text batch (:func:`packer.loader.text_batch.text_batch`): ``attention``,
+                            ``pad_to``, ``pad_to_multiple_of``, ``pad_token_id``, ``loss``, ``mask_dtype``,
+                            ``device``, ``row_lengths``
+:class:`FamilyOptions`      what the build's family decides: ``family``, ``rope``, ``tokens_per_second``,
+                            ``model_config`` (masks per layer type, dummy media), checked against ``processor``
+:class:`MediaOptions`       the media step (:class:`packer.loader.media.MediaStep`): ``processor``,
+                            ``image_processor``, ``feature_extractor``, ``video_processor``, ``patch_size``,
+                            ``image_embeddings``, ``audio_features``, ``video_policy``
+==========================  ===============================================================================
 
 ``dummy_media`` (every tower runs on every data-parallel rank) is resolved from the family piece by the collator.
 Kept apart so a piece can be read and tested on its own, and the text batch never sees a family or a processor.
