@@ -9,7 +9,7 @@
         loss = packed_loss(model(**model_inputs(batch)).logits, batch)
 """
 
-from packer.loader.collate import ATTENTION, PackedCollator, model_inputs
+from packer.loader.collate import PackedCollator, model_inputs
 from packer.loader.dataset import MediaChangedError, PackedDataset, SampleDataset
 from packer.loader.dummy import MediaDummies, media_dummies
 from packer.loader.logps import ResponseLogps, all_reduce_logps, dpo_loss, packed_logps, token_logps
@@ -18,6 +18,7 @@ from packer.loader.media import MediaMismatchError
 from packer.loader.samplers import CostModel, SplitModalitySampler, StepPlanSampler, TokenBalancedSampler
 from packer.loader.sequence_parallel import local_media_rows, shard_for_sequence_parallel
 from packer.loader.stored import StoredFeatures
+from packer.loader.text_batch import ATTENTION
 from packer.media.load import MediaLoadError
 from packer.modeling.mrope import mrope_positions
 

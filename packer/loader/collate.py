@@ -63,76 +63,81 @@ import numpy as np
 import torch
 
 import packer.loader.trees as trees
-from packer.families import MODEL_INPUT_KEYS, Family, families_of_processor
-from packer.loader.media import MediaStep
-from packer.loader.text_batch import ATTENTION, FLATTENED, concatenate, text_batch
+from packer.families import MODEL_INPUT_KEYS, Family
+from packer.loader.options import FamilyOptions, MediaOptions, TextOptions
+from packer.loader.text_batch import FLATTENED, concatenate
 from packer.loader.text_batch import bounds as segment_bounds
-from packer.modeling.mrope import mrope_positions
 
 
 class PackedCollator:
+    """Packed rows -> a batch (module docstring). Its arguments form three pieces, each validating its own
+    (:mod:`packer.loader.options`): the text batch's (:class:`TextOptions`), the family's (:class:`FamilyOptions`)
+    and the media step's (:class:`MediaOptions`), plus ``dummy_media``. ``PackedCollator(...)`` takes them flat;
+    :meth:`of` composes built pieces; :meth:`for_build` derives them from a build and a model."""
+
     def __init__(self, *, attention: str = "sdpa", pad_to: int | None = None, pad_to_multiple_of: int | None = None,
                  pad_token_id: int = 0, rope: str | None = None, loss: str = "token", mask_dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", image_processor=None, feature_extractor=None, processor=None,
                  patch_size: int | None = None, image_embeddings=None, audio_features=None, video_processor=None,
                  video_policy=None, tokens_per_second: float | None = None, family: dict[str, Any] | None = None,
                  model_config: Any = None, dummy_media=None, row_lengths: list[int] | None = None):
-        if attention not in ATTENTION:
-            raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
-        # the build's family (ds.family: its manifest record and placeholder ids), rebuilt once; a generic build's
-        # leaves rope, processor and model inputs to the caller and the model (``named`` None)
-        self.family: Family | None = Family.from_record(family) if family else None
-        named = self.family if self.family is not None and not self.family.is_generic else None
-        if named is not None:
-            if rope is not None and rope != named.rope:
-                raise ValueError(f"rope={rope!r} contradicts family {named.name}, whose model takes {named.rope!r} "
-                                 f"positions: leave rope out (the family decides it)")
-            rope = named.rope
-        rope = rope or "default"
-        _check_processor(processor, named)
-        self.model_config = model_config  # the model's config, for a family whose masks depend on it (Llama 4)
-        self._run_ids = {k: v for k, v in (family or {}).get("run_ids", {}).items() if v is not None}
-        if rope not in ("default", "mrope"):
-            raise ValueError(f"rope must be default or mrope, got {rope!r}")
-        timed_processor = "second_per_grid_ts" in (getattr(processor, "model_input_names", None) or ())
-        if tokens_per_second is not None:
-            if rope != "mrope":
-                raise ValueError(f"tokens_per_second={tokens_per_second} time-scales mRoPE video positions: "
-                                 f"use it with rope='mrope' (Qwen2.5-VL)")
-            if tokens_per_second <= 0:
-                raise ValueError(f"tokens_per_second must be positive, got {tokens_per_second}")
-            if processor is not None and not timed_processor and not (named and named.own_positions):
-                raise ValueError(f"tokens_per_second is Qwen2.5-VL's time-scaled mRoPE, but {type(processor).__name__} "
-                                 f"takes no second_per_grid_ts: leave tokens_per_second out for Qwen2-VL")
-        if loss not in ("token", "sample", "sqrt"):
-            raise ValueError(f"loss must be token, sample or sqrt, got {loss!r}")
-        for name, value in (("pad_to", pad_to), ("pad_to_multiple_of", pad_to_multiple_of)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be positive, got {value}")
-        if row_lengths is not None and (pad_to is not None or pad_to_multiple_of is not None):
-            raise ValueError("row_lengths fixes the padded lengths: give it without pad_to / pad_to_multiple_of")
-        # A build's fixed row lengths (--row-lengths): each batch padded to the smallest that holds it, so a
-        # compiled model sees a few shapes; flattened batches to one of them times the rows.
-        self.row_lengths = sorted(int(x) for x in row_lengths) if row_lengths else None
-        if attention == "position_ids":
-            warnings.warn(
-                "attention='position_ids' isolates packed segments only under flash-attention kernels "
-                "(flash_attention_2/3); under sdpa or eager the segments attend to each other. "
-                "Use attention='sdpa', 'eager' or 'flex' there.", stacklevel=2)
-        self.attention, self.pad_to, self.multiple = attention, pad_to, pad_to_multiple_of
-        self.pad_token_id, self.rope, self.loss = pad_token_id, rope, loss
-        self.mask_dtype, self.device = mask_dtype, device
-        self.tokens_per_second = tokens_per_second
-        # 3-D positions: the family's (Qwen3-Omni's TMRoPE), Qwen2-VL's mRoPE by default
-        self._positions = named.positions if named is not None else mrope_positions
-        self._untimed = timed_processor and tokens_per_second is None and rope == "mrope"
-        step = MediaStep(image_processor=image_processor, feature_extractor=feature_extractor, processor=processor,
-                         patch_size=patch_size, image_embeddings=image_embeddings, audio_features=audio_features,
-                         video_processor=video_processor, video_policy=video_policy, timed=tokens_per_second is not None,
-                         family=named)
-        self.media_step = step if step.enabled else None
+        text = TextOptions(attention=attention, pad_to=pad_to, pad_to_multiple_of=pad_to_multiple_of,
+                           pad_token_id=pad_token_id, loss=loss, mask_dtype=mask_dtype, device=device,
+                           row_lengths=row_lengths)
+        fam = FamilyOptions.of(family, rope=rope, tokens_per_second=tokens_per_second, model_config=model_config,
+                               processor=processor)
+        _warn_position_ids(text)
+        media = MediaOptions(processor=processor, image_processor=image_processor, feature_extractor=feature_extractor,
+                             video_processor=video_processor, patch_size=patch_size, image_embeddings=image_embeddings,
+                             audio_features=audio_features, video_policy=video_policy)
+        self._compose(text, fam, media, dummy_media)
+
+    @classmethod
+    def of(cls, text: TextOptions | None = None, family: FamilyOptions | None = None, media: MediaOptions | None = None,
+           dummy_media=None) -> PackedCollator:
+        """The collator composed of its pieces (each already validated by its own constructor); a piece left out
+        takes its defaults. ``dummy_media`` as in the constructor."""
+        text = text if text is not None else TextOptions()
+        _warn_position_ids(text)
+        self = cls.__new__(cls)
+        self._compose(text, family if family is not None else FamilyOptions(), media if media is not None else MediaOptions(),
+                      dummy_media)
+        return self
+
+    def _compose(self, text: TextOptions, family: FamilyOptions, media: MediaOptions, dummy_media) -> None:
+        self.text, self.family_options, self.media_options = text, family, media
+        self.media_step = media.step(family)
         # every tower runs on every data-parallel rank
-        self.dummy_media = _dummies(dummy_media, self.family, self._run_ids, model_config)
+        self.dummy_media = _dummies(dummy_media, family.family, family.run_ids, family.model_config)
+
+    # the pieces' values, under the constructor's names (family and rope settable: a test's stand-in family)
+    attention = property(lambda self: self.text.attention)
+    pad_to = property(lambda self: self.text.pad_to)
+    pad_to_multiple_of = property(lambda self: self.text.pad_to_multiple_of)
+    pad_token_id = property(lambda self: self.text.pad_token_id)
+    loss = property(lambda self: self.text.loss)
+    mask_dtype = property(lambda self: self.text.mask_dtype)
+    device = property(lambda self: self.text.device)
+    row_lengths = property(lambda self: self.text.row_lengths)
+    tokens_per_second = property(lambda self: self.family_options.tokens_per_second)
+    model_config = property(lambda self: self.family_options.model_config)
+
+    @property
+    def family(self) -> Family | None:
+        """The build's family (ds.family's record, rebuilt once); None where none was given."""
+        return self.family_options.family
+
+    @family.setter
+    def family(self, value: Family | None) -> None:
+        self.family_options = self.family_options.replace(family=value)
+
+    @property
+    def rope(self) -> str:
+        return self.family_options.rope
+
+    @rope.setter
+    def rope(self, value: str) -> None:
+        self.family_options = self.family_options.replace(rope=value)
 
     @classmethod
     def for_build(cls, ds, model=None, *, processor=None, **overrides: Any) -> PackedCollator:
@@ -148,23 +153,6 @@ class PackedCollator:
         from packer.loader.derive import check_collator
 
         check_collator(self, ds, model)
-
-    def _length(self, n: int, grow: bool = False, rows: int = 1) -> int:
-        if self.row_lengths is not None:
-            fits = [x * rows for x in self.row_lengths if x * rows >= n]
-            if fits:
-                return fits[0]
-            if not grow:
-                raise ValueError(f"a batch needs {n} positions, more than the longest row length {self.row_lengths[-1]} "
-                                 f"x {rows} row(s): these rows are not from the build whose row_lengths these are")
-            return n
-        if self.pad_to is not None:
-            if n > self.pad_to and not grow:
-                raise ValueError(f"a batch needs {n} positions but pad_to is {self.pad_to}; raise pad_to")
-            n = max(n, self.pad_to)
-        if self.multiple:
-            n = -(-n // self.multiple) * self.multiple
-        return n
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         tree = trees.parents(rows)
@@ -185,15 +173,14 @@ class PackedCollator:
         if self.dummy_media is not None:  # may grow one row past pad_to by its few positions
             sizes = [int(r["n_tokens"]) for r in rows]
             flat = self.attention in FLATTENED
-            self._length(sum(sizes) if flat else max(sizes), rows=len(rows) if flat else 1)  # the real rows must fit
+            self.text.length(sum(sizes) if flat else max(sizes), rows=len(rows) if flat else 1)  # the real rows must fit
             rows, dummy_inputs = self.dummy_media.add(rows)
         n_rows = len(rows)
         if self.attention in FLATTENED:
             rows = [concatenate(rows)]
-        length = self._length(max(int(r["n_tokens"]) for r in rows), grow=bool(dummy_inputs),
+        length = self.text.length(max(int(r["n_tokens"]) for r in rows), grow=bool(dummy_inputs),
                               rows=n_rows if self.attention in FLATTENED else 1)
-        text = text_batch(rows, length, pad_token_id=self.pad_token_id, attention=self.attention, loss=self.loss,
-                          tree=tree, mask_dtype=self.mask_dtype, device=self.device, row_lengths=self.row_lengths)
+        text = self.text.batch(rows, length, tree)
         cu, batch, input_ids, segment, position = text.cu, len(rows), text.input_ids, text.segment, text.position
         out: dict[str, Any] = {"input_ids": input_ids, "labels": text.labels, "seq_idx": segment.to(torch.int32)}
         if family is not None and not family.is_generic:  # what it was collated for: model_inputs refuses another's model
@@ -202,14 +189,14 @@ class PackedCollator:
             out["rows"] = indices  # the dataset rows of this batch (PackedDataset's index)
         out["loss_weights"] = text.loss_weights
         if family is not None:  # per-token model inputs (mm_token_type_ids, Gemma 3's token_type_ids)
-            out.update(family.row_inputs(input_ids, self._run_ids))
+            out.update(family.row_inputs(input_ids, self.family_options.run_ids))
         out["media"] = [{**m, "batch": b} for b, r in enumerate(rows) for m in r["media"]]
         real = [m for m in out["media"] if not m.get("dummy")]
         if any(r.get("segment_role") is not None for r in rows):
             out["responses"] = trees.responses(rows)
         if tree is not None:
             out["segment_parent"] = [p.tolist() for p in tree]
-        if self._untimed and any(m["kind"] == "video" and not m.get("dummy") for m in out["media"]):
+        if self.family_options.untimed and any(m["kind"] == "video" and not m.get("dummy") for m in out["media"]):
             raise ValueError("the batch holds a video and the processor is a Qwen2.5-VL one (time-scaled mRoPE), but the "
                              "collator has no tokens_per_second: pass PackedCollator(rope='mrope', "
                              "tokens_per_second=model.config.vision_config.tokens_per_second, ...)")
@@ -218,7 +205,7 @@ class PackedCollator:
         out.update(dummy_inputs)
         if self.rope == "mrope":
             out["position_ids"] = torch.stack([
-                self._positions(length, list(zip(c[:-1].tolist(), c[1:].tolist(), strict=True)), r["media"],
+                self.family_options.positions(length, list(zip(c[:-1].tolist(), c[1:].tolist(), strict=True)), r["media"],
                                 self.tokens_per_second, **({} if tree is None else {"parents": tree[b].tolist()}))
                 for b, (c, r) in enumerate(zip(cu, rows, strict=True))], dim=1)
             pad = segment == torch.as_tensor([len(c) - 1 for c in cu])[:, None]
@@ -237,7 +224,7 @@ class PackedCollator:
             out.update(family.attention_masks(bounds, segment, position, self.attention, base=out.get("attention_mask"),
                                                     mask_dtype=self.mask_dtype, device=self.device,
                                                     model_config=self.model_config, input_ids=input_ids,
-                                                    run_ids=self._run_ids))
+                                                    run_ids=self.family_options.run_ids))
         return out
 
     def _linear_attention(self, out: dict[str, Any], cu: list[np.ndarray], length: int, batch: int) -> None:
@@ -251,22 +238,6 @@ class PackedCollator:
         cu_t = torch.as_tensor(edges, dtype=torch.int32)
         max_len = int(np.diff(edges).max()) if len(edges) > 1 else 0
         out.update(cu_seq_lens_q=cu_t, cu_seq_lens_k=cu_t, max_length_q=max_len, max_length_k=max_len)
-
-
-def _check_processor(processor: Any, family: Family | None) -> None:
-    """Refuse a processor of a named family without that family (the README's old snippet: a Qwen3-VL processor
-    and no ``family=`` gives no ``mm_token_type_ids`` and Qwen2-VL's video positions) or with another family."""
-    if processor is None:
-        return
-    owners = families_of_processor(processor)
-    if family is None and owners:
-        raise ValueError(f"processor {type(processor).__name__} is family {' / '.join(owners)}'s, but the collator has no "
-                         f"family: its model inputs and positions would be Qwen2-VL's generic ones. Use "
-                         f"PackedCollator.for_build(ds, model=model) (the build's family), or pass family=ds.family")
-    if family is not None and owners and family.name not in owners and family.name != "hf":
-        raise ValueError(f"processor {type(processor).__name__} is family {' / '.join(owners)}'s, but family is "
-                         f"{family.name!r} (the build's): give the processor of the checkpoint the build was made from "
-                         f"({family.processor_class}), or rebuild with --family {owners[0]}")
 
 
 def _dummies(dummy_media: Any, family: Family | None, run_ids: dict[str, int], model_config: Any) -> Any:
@@ -294,6 +265,16 @@ def _dummies(dummy_media: Any, family: Family | None, run_ids: dict[str, int], m
     from packer.loader.dummy import media_dummies
 
     return media_dummies(model_config, kinds=kinds, placeholders={k: run_ids[k] for k in kinds})
+
+
+def _warn_position_ids(text: TextOptions) -> None:
+    """Warn (at the caller of the collator's constructor or :meth:`PackedCollator.of`) of a mask form that
+    isolates segments under flash-attention kernels only."""
+    if text.attention == "position_ids":
+        warnings.warn(
+            "attention='position_ids' isolates packed segments only under flash-attention kernels "
+            "(flash_attention_2/3); under sdpa or eager the segments attend to each other. "
+            "Use attention='sdpa', 'eager' or 'flex' there.", stacklevel=3)
 
 
 def _no_media_step(spans: list[dict[str, Any]]) -> str:

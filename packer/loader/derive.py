@@ -66,7 +66,7 @@ def load_build_processor(ds) -> Any:
 
 
 def collator_for_build(cls, ds, model=None, *, processor=None, **overrides: Any):
-    """``cls(...)`` with every argument the build and the model imply (module docstring); ``overrides`` win and are
+    """``cls.of(...)`` with every argument the build and the model imply (module docstring); ``overrides`` win and are
     checked like a user's collator (:func:`check_collator`)."""
     named = build_family(ds)
     check_model(ds, model, named)
@@ -85,9 +85,23 @@ def collator_for_build(cls, ds, model=None, *, processor=None, **overrides: Any)
     if overrides.get("pad_to") is not None or overrides.get("pad_to_multiple_of") is not None:
         args.pop("row_lengths")
     args.update(overrides)
-    collator = cls(**args)
+    collator = compose(cls, args)
     check_collator(collator, ds, model, model_checked=True)
     return collator
+
+
+def compose(cls, args: dict[str, Any]):
+    """``cls.of(...)``: the collator's pieces (:mod:`packer.loader.options`) built from ``args``, the constructor's
+    keyword arguments, each piece validating its own (in the constructor's order: text, family, media)."""
+    from packer.loader.options import FAMILY_ARGS, MEDIA_ARGS, TEXT_ARGS, FamilyOptions, MediaOptions, TextOptions
+
+    unknown = sorted(set(args) - {*TEXT_ARGS, *FAMILY_ARGS, *MEDIA_ARGS, "dummy_media"})
+    if unknown:
+        raise TypeError(f"{cls.__name__}.for_build() got an unexpected keyword argument {unknown[0]!r}")
+    text = TextOptions(**{k: args[k] for k in TEXT_ARGS if k in args})
+    family = FamilyOptions.of(**{k: args[k] for k in FAMILY_ARGS if k in args}, processor=args.get("processor"))
+    media = MediaOptions(**{k: args[k] for k in MEDIA_ARGS if k in args})
+    return cls.of(text, family, media, dummy_media=args.get("dummy_media"))
 
 
 def row_keys(ds, family: Family | None) -> list:
