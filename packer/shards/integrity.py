@@ -29,7 +29,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from packer.errors import DamagedShardError
-from packer.shards.invariants import BATCH_CHECKS, batch_problem
+from packer.shards.invariants import RULES, batch_problem
 from packer.shards.schema import KIND_KEY
 
 
@@ -43,7 +43,7 @@ def check_table(table: pa.Table, where: str, vocab_size: int | None = None, *, r
     if not rows:
         return
     kind = (table.schema.metadata or {}).get(KIND_KEY, b"").decode(errors="replace")
-    if kind not in BATCH_CHECKS:
+    if kind not in RULES:
         return
     first = 0
     for batch in table.to_batches():

@@ -1,28 +1,35 @@
 """The invariants of a build's rows, in one place: what a packed row, a sample and a plan entry must hold.
 
-Two readers ask them, each in the form it needs:
+Each rule is stated once, in a table per shard kind (:data:`RULES`): a vectorised check over rows (the first row
+that breaks it) and the words each reader uses for a break. Two readers run the same table, each in its form:
 
-- every read of a shard (:func:`packer.shards.integrity.check_table`, before any row is used): :func:`batch_problem`,
-  vectorised over a whole record batch, the first problem only (a damaged shard is refused on one line); it
-  needs nothing but the shard (and the vocabulary size where known);
-- ``packer verify``, row by row, naming every problem of a packed row: :func:`packed_row_problems` (the row's
-  own structure, with the build's ``max_length``, placeholder ids and media kinds) and :func:`source_problems`
-  (a row of sources with their own packing: one policy, its capacity, ``packing = false``).
+- every read of a shard (:func:`packer.shards.integrity.check_table`, before any row is used): :func:`batch_problem`
+  runs the rules over a whole record batch and stops at the first problem (a damaged shard is refused on one line);
+  it needs nothing but the shard (and the vocabulary size where known), so the rules that need the manifest
+  (``max_length``, placeholder ids, media kinds) are not asked;
+- ``packer verify``, row by row, naming every problem of a packed row: :func:`packed_row_problems` runs every rule
+  on one row (a rule whose break leaves the rest unreadable stops there), with the build's ``max_length``,
+  placeholder ids and media kinds; and :func:`source_problems` (a row of sources with their own packing: one
+  policy, its capacity, ``packing = false``).
 
-What a packed row must hold (``packer verify``'s list; the per-read check holds the part that needs no
-manifest): ``cu_seqlens`` starts at 0, increases, ends at ``n_tokens`` = the number of ids and labels;
-``n_tokens <= max_length``; ids in ``[0, vocab_size)``, labels -100 or such an id; ``segment_trained`` /
-``n_trained`` the labels' own counts; one entry per segment in each ``segment_*`` list; labels -100 at every
-segment start and on every placeholder / begin / end token; media spans inside their segment, starting and ending
-with their kind's placeholder id and holding ``tokens`` of them, and no placeholder id outside a span; and the
+A rule's two wordings differ where the readers differ: the per-read one names the first row of a batch in a few
+words, verify's names the values of the row it reads.
+
+What a packed row must hold: ``cu_seqlens`` starts at 0, increases, ends at ``n_tokens`` = the number of ids and
+labels; ``n_tokens <= max_length``; ids in ``[0, vocab_size)``, labels -100 or such an id; one entry per segment in
+each ``segment_*`` list; ``segment_trained`` / ``n_trained`` the labels' own counts; labels -100 at every segment
+start and on every placeholder / begin / end token; media spans inside their segment, starting and ending with
+their kind's placeholder id and holding ``tokens`` of them, and no placeholder id outside a span; and the
 preference structure: a record's segments consecutive (its group), of one input line; a parent an earlier
 segment of the group, a tree's ``prompt`` (untrained, holding the record's media: no media in a branch), its
 branches starting with one same token; a ``chosen`` with exactly one ``rejected`` in its group.
-
-The helpers both forms use (the token id range, the labels' supervised counts per segment) are written once here.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -30,37 +37,31 @@ import pyarrow as pa
 from packer.shards.schema import IGNORE
 
 
-def batch_problem(batch: pa.RecordBatch, kind: str, vocab_size: int | None) -> tuple[int | None, str] | None:
-    """The first problem of ``batch`` (a record batch of a shard of ``kind``: ``packed``, ``samples`` or ``plan``)
-    as ``(row in the batch or None, what)``, or None. Raises on shapes no build writes (the caller names them)."""
-    return _nulls(batch) or BATCH_CHECKS[kind](batch, vocab_size)
+class _Lists:
+    """A list column over rows: per-row starts and lengths in its flat values, and those values (an Arrow array of
+    a record batch's column, or the numpy array of one row's list)."""
+
+    def __init__(self, offsets: np.ndarray, values):
+        self.lengths = np.diff(offsets)
+        self.starts = offsets[:-1] - offsets[0]
+        self.values = values
+
+    @classmethod
+    def of_array(cls, array: pa.ListArray) -> _Lists:
+        offsets = array.offsets.to_numpy().astype(np.int64)
+        return cls(offsets, array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])))
+
+    @classmethod
+    def of_row(cls, values: list) -> _Lists:
+        return cls(np.array([0, len(values)], np.int64), np.asarray(values))
+
+    def numbers(self) -> np.ndarray:
+        return self.values if isinstance(self.values, np.ndarray) else self.values.to_numpy(zero_copy_only=False)
 
 
 def _top(vocab_size: int | None) -> int:
     """The first value past the token ids: ``vocab_size``, or no bound where it is not known."""
     return np.iinfo(np.int64).max if vocab_size is None else vocab_size
-
-
-def _nulls(batch: pa.RecordBatch) -> tuple[None, str] | None:
-    """A build writes no null: one in a column (or in a list's values) is a damaged validity bitmap."""
-    for field, column in zip(batch.schema, batch.columns, strict=True):
-        values = column.values if pa.types.is_list(field.type) else None
-        if not field.nullable and (column.null_count or (values is not None and values.null_count)):
-            return None, f"nulls in {field.name}"
-    return None
-
-
-class _Lists:
-    """A list column of one record batch: per-row starts and lengths in its flat values, and those values."""
-
-    def __init__(self, array: pa.ListArray):
-        offsets = array.offsets.to_numpy().astype(np.int64)
-        self.lengths = np.diff(offsets)
-        self.starts = offsets[:-1] - offsets[0]
-        self.values = array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-
-    def numbers(self) -> np.ndarray:
-        return self.values.to_numpy(zero_copy_only=False)
 
 
 def _first(bad: np.ndarray, lists: _Lists | None = None) -> int | None:
@@ -80,221 +81,358 @@ def _sums(flags: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndar
     return out
 
 
-def _tokens(batch: pa.RecordBatch, n: np.ndarray, vocab_size: int | None) -> tuple[tuple[int, str] | None, _Lists, np.ndarray]:
-    """ids and labels: one per token, ids in range, labels -100 or an id; (problem, labels, supervised per token).
-    Reductions first (min, max, counts): the row of a bad value is looked for only when there is one."""
-    ids, labels = _Lists(batch.column("input_ids")), _Lists(batch.column("labels"))
-    for name, lists in (("input_ids", ids), ("labels", labels)):
-        row = _first(lists.lengths != n)
-        if row is not None:
-            return (row, f"{lists.lengths[row]} {name} for {n[row]} tokens"), labels, np.zeros(0, np.int8)
-    top = _top(vocab_size)
-    values = ids.numbers()
+def _ints(column) -> np.ndarray:
+    return np.asarray(column.to_numpy(zero_copy_only=False) if isinstance(column, pa.Array) else column).astype(np.int64)
+
+
+class _Rows:
+    """Rows as the rules read them: a record batch (the per-read check), or one row as ``to_pylist`` gives it
+    (``packer verify``, with what the manifest says). Columns are read when a rule first asks for them."""
+
+    def __init__(self, kind: str, batch: pa.RecordBatch | None = None, row: dict | None = None, vocab: int | None = None,
+                 max_length: int | None = None, placeholders: set[int] | None = None,
+                 kind_ids: dict[str, int | None] | None = None):
+        self.kind, self.batch, self.row, self.vocab = kind, batch, row, vocab
+        self.max_length, self.placeholders, self.kind_ids = max_length, placeholders, kind_ids
+        self.names = list(batch.schema.names) if batch is not None else list(row)
+        self._lists: dict[str, _Lists] = {}
+
+    @property
+    def top(self) -> int:
+        return _top(self.vocab)
+
+    def lists(self, name: str) -> _Lists:
+        if name not in self._lists:
+            self._lists[name] = (_Lists.of_array(self.batch.column(name)) if self.batch is not None
+                                 else _Lists.of_row(self.row[name]))
+        return self._lists[name]
+
+    def column(self, name: str) -> np.ndarray:
+        """A scalar column, one value per row."""
+        return np.asarray(self.batch.column(name).to_numpy(zero_copy_only=False) if self.batch is not None
+                          else [self.row[name]])
+
+    @cached_property
+    def stored(self) -> np.ndarray:
+        """The length each row stores ids and labels for: ``n_tokens``; a sample's ``length`` less its shared prompt
+        stored once (``prefix x (responses - 1)``, :mod:`packer.pack.trees`)."""
+        if self.kind == "packed":
+            return self.column("n_tokens").astype(np.int64)
+        return self.length - self.prefix * np.maximum(self.lists("responses").lengths - 1, 0)
+
+    @cached_property
+    def length(self) -> np.ndarray:
+        return self.column("n_tokens" if self.kind == "packed" else "length").astype(np.int64)
+
+    @cached_property
+    def prefix(self) -> np.ndarray:
+        return self.column("prefix").astype(np.int64)
+
+    @cached_property
+    def supervised(self) -> np.ndarray:
+        """Per flat label: 1 where supervised (int8, for sums)."""
+        return (self.lists("labels").numbers() != IGNORE).view(np.int8)
+
+    @cached_property
+    def cu(self) -> np.ndarray:
+        return self.lists("cu_seqlens").numbers().astype(np.int64)
+
+    @cached_property
+    def segments(self) -> np.ndarray | None:
+        return self.lists("cu_seqlens").lengths - 1 if "cu_seqlens" in self.names else None
+
+    @cached_property
+    def counts(self) -> np.ndarray:
+        """The labels' supervised tokens per segment, over all rows' segments in order."""
+        cu, labels = self.lists("cu_seqlens"), self.lists("labels")
+        bounds = np.repeat(labels.starts, cu.lengths) + self.cu  # segment boundaries in the flat labels
+        seg_start = np.delete(bounds, cu.starts + cu.lengths - 1)
+        return _sums(self.supervised, seg_start, np.delete(bounds, cu.starts) - seg_start)
+
+    @cached_property
+    def stores_trained(self) -> bool:
+        """Whether the rows store their supervised counts (a build that stored none: the loader derives them); one
+        row read by verify stores them where it has the key."""
+        if self.batch is None:
+            return "segment_trained" in self.row
+        return "segment_trained" in self.names and self.batch.column("segment_trained").offsets.to_numpy()[-1] > 0
+
+    @cached_property
+    def spans(self) -> tuple[_Lists, dict[str, np.ndarray]]:
+        """The media spans (their list, and each field over the flat spans)."""
+        media = self.lists("media") if self.batch is not None else _Lists.of_row(self.row["media"])
+        if self.batch is not None:
+            fields = dict(zip([f.name for f in media.values.type], media.values.flatten(), strict=True))
+            return media, {k: v.to_numpy(zero_copy_only=False) for k, v in fields.items()}
+        spans = self.row["media"]
+        return media, {k: np.asarray([m[k] for m in spans]) for k in ("start", "length", "tokens", "segment")}
+
+    @cached_property
+    def span_bad(self) -> np.ndarray:
+        """Per span: outside its row (and, in a packed row, outside its segment)."""
+        media, fields = self.spans
+        start, length, tokens = (fields[k].astype(np.int64) for k in ("start", "length", "tokens"))
+        of = np.repeat(np.arange(len(media.lengths)), media.lengths)  # each span's row (few: one per media item)
+        bad = (start < 0) | (length < 1) | (tokens < 0) | (tokens > length) | (start + length > self.stored[of])
+        if self.segments is not None:
+            seg = fields["segment"].astype(np.int64)
+            bad |= (seg < 0) | (seg >= self.segments[of])
+            at = self.lists("cu_seqlens").starts[of] + np.where(bad, 0, seg)  # each span's segment start in the flat cu
+            bad |= ~bad & ((start < self.cu[at]) | (start + length > self.cu[np.minimum(at + 1, len(self.cu) - 1)]))
+        return bad
+
+
+@dataclass(frozen=True)
+class Check:
+    """One vectorised test: ``first(rows)`` the first row that breaks it (or None); ``batch`` the per-read wording
+    of that row (None: verify asks it only, it needs the manifest); ``row``: whether verify asks it."""
+    first: Callable[[_Rows], int | None]
+    batch: Callable[[_Rows, int], str] | None
+    row: bool = True
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One invariant: its checks (in order: a later one may read what an earlier one holds) and verify's wording
+    of a break of one row (a list: a rule over spans names each; None where verify does not ask it; a rule
+    without a check verify asks words its problems itself). ``stop``: the rules after it cannot read a row that
+    breaks it (verify's list ends there)."""
+    what: str
+    checks: Callable[[_Rows], Iterator[Check]]
+    row: Callable[[_Rows], list[str]] | None = None
+    stop: bool = False
+
+
+def _fixed(*checks: Check) -> Callable[[_Rows], Iterator[Check]]:
+    return lambda rows: iter(checks)
+
+
+def _said(text: str) -> Callable[[_Rows, int], str]:
+    return lambda rows, row: text
+
+
+# ------------------------------------------------------------------ the rules over every kind's tokens
+
+
+def _lengths(name: str) -> Check:
+    def first(rows: _Rows) -> int | None:
+        return _first(rows.lists(name).lengths != rows.stored)
+    return Check(first, lambda rows, row: f"{rows.lists(name).lengths[row]} {name} for {rows.stored[row]} tokens")
+
+
+TOKENS = Rule("one id and one label per token", _fixed(_lengths("input_ids"), _lengths("labels")), stop=True,
+              row=lambda rows: [f"{len(rows.row['input_ids'])} ids and {len(rows.row['labels'])} labels for n_tokens "
+                                f"{rows.row['n_tokens']}"])
+
+
+def _ids_in_range(rows: _Rows) -> int | None:
+    """Reductions first (min, max): the row of a bad value is looked for only when there is one."""
+    values, top = rows.lists("input_ids").numbers(), rows.top
     if len(values) and (values.min() < 0 or values.max() >= top):
-        return (_first((values < 0) | (values >= top), ids), f"a token id outside [0, {top})"), labels, np.zeros(0, np.int8)
-    lab = labels.numbers()
-    supervised = lab != IGNORE
-    if len(lab) and (lab.max() >= top or np.count_nonzero(lab < 0) != len(lab) - np.count_nonzero(supervised)):
-        row = _first(supervised & ((lab < 0) | (lab >= top)), labels)
-        return (row, f"a label that is neither {IGNORE} nor a token id"), labels, supervised.view(np.int8)
-    return None, labels, supervised.view(np.int8)
-
-
-def _packed(batch: pa.RecordBatch, vocab_size: int | None) -> tuple[int | None, str] | None:
-    n = batch.column("n_tokens").to_numpy(zero_copy_only=False).astype(np.int64)
-    row = _first(n < 0)
-    if row is not None:
-        return row, "a negative n_tokens"
-    problem, labels, supervised = _tokens(batch, n, vocab_size)
-    if problem is not None:
-        return problem
-    cu = _Lists(batch.column("cu_seqlens"))
-    segments = cu.lengths - 1
-    row = _first(segments < 1)
-    if row is not None:
-        return row, "cu_seqlens with fewer than 2 entries"
-    values = cu.numbers().astype(np.int64)
-    first, last = values[cu.starts], values[cu.starts + cu.lengths - 1]
-    step = np.diff(values)
-    inside = np.ones(len(step), bool)
-    inside[(cu.starts + cu.lengths - 1)[:-1]] = False  # a row's last entry and the next row's first
-    row = _first((first != 0) | (last != n))
-    if row is None:
-        row = _first(inside & (step <= 0), cu)
-    if row is not None:
-        return row, "cu_seqlens that do not run from 0 up to n_tokens"
-    names = [f.name for f in batch.schema if f.name.startswith("segment_")]
-    for name in names:
-        lists = _Lists(batch.column(name))
-        if name == "segment_trained" and not lists.lengths.any():
-            continue  # a build that stored no counts: the loader derives them
-        row = _first(lists.lengths != segments)
-        if row is not None:
-            return row, f"{name} does not hold one entry per segment"
-        if name in ("segment_source", "segment_line", "segment_start", "segment_trained"):
-            row = _first(lists.numbers() < 0, lists)
-        elif name in ("segment_parent", "segment_group"):
-            own = np.arange(len(lists.values)) - np.repeat(lists.starts, lists.lengths)  # each segment's number in its row
-            v = lists.numbers()
-            row = _first((v < -1) | (v > own) | (v == own) if name == "segment_parent" else (v < 0) | (v > own), lists)
-        if row is not None:
-            return row, f"{name} holds a value no build writes"
-    if "segment_trained" in names and batch.column("segment_trained").offsets.to_numpy()[-1] > 0:
-        trained = _Lists(batch.column("segment_trained")).numbers().astype(np.int64)
-        bounds = np.repeat(labels.starts, cu.lengths) + values  # segment boundaries in the flat labels
-        last = cu.starts + cu.lengths - 1
-        seg_start = np.delete(bounds, last)
-        seg_len = np.delete(bounds, cu.starts) - seg_start
-        per_segment = _sums(supervised, seg_start, seg_len)
-        bad = np.flatnonzero(per_segment != trained)
-        row = int(np.searchsorted(np.cumsum(segments), bad[0], side="right")) if len(bad) else None
-        if row is None and "n_trained" in batch.schema.names:
-            stored = batch.column("n_trained").to_numpy(zero_copy_only=False).astype(np.int64)
-            row = _first(stored != _sums(supervised, labels.starts, labels.lengths))
-        if row is not None:
-            return row, "segment_trained / n_trained differ from the labels' supervised tokens"
-    return _media(batch, n, segments)
-
-
-def _media(batch: pa.RecordBatch, n: np.ndarray, segments: np.ndarray | None) -> tuple[int, str] | None:
-    media = _Lists(batch.column("media"))
-    if not len(media.values):
-        return None
-    fields = dict(zip([f.name for f in media.values.type], media.values.flatten(), strict=True))
-    start, length, tokens = (fields[k].to_numpy(zero_copy_only=False).astype(np.int64) for k in ("start", "length", "tokens"))
-    of = np.repeat(np.arange(len(media.lengths)), media.lengths)  # each span's row (few: one per media item)
-    bad = (start < 0) | (length < 1) | (tokens < 0) | (tokens > length) | (start + length > n[of])
-    if segments is not None:
-        seg = fields["segment"].to_numpy(zero_copy_only=False)
-        bad |= (seg < 0) | (seg >= segments[of])
-    row = _first(bad, media)
-    return None if row is None else (row, "a media span outside its row")
-
-
-def _samples(batch: pa.RecordBatch, vocab_size: int | None) -> tuple[int, str] | None:
-    n = batch.column("length").to_numpy(zero_copy_only=False).astype(np.int64)
-    row = _first(n < 0)
-    if row is not None:
-        return row, "a negative length"
-    prefix = batch.column("prefix").to_numpy(zero_copy_only=False).astype(np.int64)
-    responses = _Lists(batch.column("responses"))
-    # a preference sample stores its shared prompt once: length counts it once per response (packer.pack.trees)
-    held = n - prefix * np.maximum(responses.lengths - 1, 0)
-    problem, labels, supervised = _tokens(batch, held, vocab_size)
-    if problem is not None:
-        return problem
-    stored = batch.column("n_trained").to_numpy(zero_copy_only=False).astype(np.int64)
-    row = _first(stored != _sums(supervised, labels.starts, labels.lengths))
-    if row is not None:
-        return row, "n_trained differs from the labels' supervised tokens"
-    for name in ("source_index", "source_line"):
-        row = _first(batch.column(name).to_numpy(zero_copy_only=False) < 0)
-        if row is not None:
-            return row, f"a negative {name}"
-    row = _first((prefix < 0) | (prefix > n))
-    if row is not None:
-        return row, "a prefix outside the sample"
-    for name in ("cost_llm", "cost_encoder", "cost_supervised"):
-        row = _first(~(batch.column(name).to_numpy(zero_copy_only=False) >= 0))  # NaN too
-        if row is not None:
-            return row, f"a negative or NaN {name}"
-    if len(responses.values):
-        fields = dict(zip([f.name for f in responses.values.type], responses.values.flatten(), strict=True))
-        start, length = (fields[k].to_numpy(zero_copy_only=False).astype(np.int64) for k in ("start", "length"))
-        of = np.repeat(np.arange(len(responses.lengths)), responses.lengths)
-        row = _first((start < 0) | (length < 1) | (start + length > n[of]), responses)
-        if row is not None:
-            return row, "a response span outside the sample"
-    return _media(batch, held, None)
-
-
-def _plan(batch: pa.RecordBatch, vocab_size: int | None) -> tuple[int, str] | None:
-    samples, starts, lengths = (_Lists(batch.column(k)) for k in ("samples", "starts", "lengths"))
-    row = _first((starts.lengths != samples.lengths) | (lengths.lengths != samples.lengths))
-    if row is not None:
-        return row, "samples / starts / lengths do not have one entry per segment"
-    for name, lists, low in (("samples", samples, 0), ("starts", starts, 0), ("lengths", lengths, 1)):
-        row = _first(lists.numbers() < low, lists)
-        if row is not None:
-            return row, f"a {name} entry no plan holds"
+        return _first((values < 0) | (values >= top), rows.lists("input_ids"))
     return None
 
 
-BATCH_CHECKS = {"packed": _packed, "samples": _samples, "plan": _plan}  # per packer.kind of the schema metadata
+def _labels_in_range(rows: _Rows) -> int | None:
+    lab, top = rows.lists("labels").numbers(), rows.top
+    supervised = rows.supervised.view(bool)
+    if len(lab) and (lab.max() >= top or np.count_nonzero(lab < 0) != len(lab) - np.count_nonzero(supervised)):
+        return _first(supervised & ((lab < 0) | (lab >= top)), rows.lists("labels"))
+    return None
 
 
-def source_problems(row: dict, inputs: list[str], group: list[int], capacity: list[int], unpacked: list[bool]) -> list[str]:
-    """A row of sources with their own packing: one policy's sources only, within its capacity, one sample when
-    unpacked (a preference record's segments or a split sample's piece are one)."""
-    out = []
-    files = row["segment_source"]
-    if len({group[f] for f in files}) > 1:
-        named = sorted({inputs[f] for f in files})
-        out.append(f"segments of sources packed by different policies in one row ({', '.join(named)})")
-    first = files[0]
-    if row["n_tokens"] > capacity[first]:
-        out.append(f"n_tokens {row['n_tokens']} > max_length {capacity[first]} of its source {inputs[first]!r}")
-    samples = len(set(zip(files, row["segment_line"], strict=True)))
-    if unpacked[first] and samples > 1:
-        out.append(f"{samples} samples in a row of source {inputs[first]!r}, whose packing = false")
+RANGE = Rule("ids in [0, vocab_size), labels -100 or an id",
+             _fixed(Check(_ids_in_range, lambda rows, row: f"a token id outside [0, {rows.top})"),
+                    Check(_labels_in_range, _said(f"a label that is neither {IGNORE} nor a token id"))),
+             row=lambda rows: [f"a token id or label outside [0, {rows.top}) (labels: or {IGNORE})"])
+
+
+def _negative(name: str, what: str) -> Rule:
+    return Rule(f"{name} not negative", _fixed(Check(lambda rows: _first(rows.column(name) < 0), _said(what), row=False)))
+
+
+def _spans_first(rows: _Rows) -> int | None:
+    media, _ = rows.spans
+    return _first(rows.span_bad, media) if len(rows.span_bad) else None
+
+
+def _spans_outside(rows: _Rows) -> list[str]:
+    return [f"media span {m['ref']} at {m['start']}+{m['length']} lies outside segment {m['segment']}"
+            for m, bad in zip(rows.row["media"], rows.span_bad, strict=True) if bad]
+
+
+SPANS = Rule("media spans inside their row (a packed row's: inside their segment)",
+             _fixed(Check(_spans_first, _said("a media span outside its row"))), row=_spans_outside)
+
+
+# ------------------------------------------------------------------ packed rows
+
+
+def _cu_entries(rows: _Rows) -> int | None:
+    return _first(rows.segments < 1)
+
+
+def _cu_runs(rows: _Rows) -> int | None:
+    cu, values, n = rows.lists("cu_seqlens"), rows.cu, rows.length
+    first, last = values[cu.starts], values[cu.starts + cu.lengths - 1]
+    inside = np.ones(len(values) - 1, bool)
+    inside[(cu.starts + cu.lengths - 1)[:-1]] = False  # a row's last entry and the next row's first
+    row = _first((first != 0) | (last != n))
+    return _first(inside & (np.diff(values) <= 0), cu) if row is None else row
+
+
+_CU = (Check(_cu_entries, _said("cu_seqlens with fewer than 2 entries")),
+       Check(_cu_runs, _said("cu_seqlens that do not run from 0 up to n_tokens")))
+
+
+def _shape_words(rows: _Rows) -> list[str]:
+    """verify names a row's cu_seqlens first: the ids and labels are counted against what they bound."""
+    if any(check.first(rows) is not None for check in _CU):
+        return [f"cu_seqlens {rows.cu.tolist()[:8]}... must start at 0, increase and end at n_tokens {rows.row['n_tokens']}"]
+    return TOKENS.row(rows)
+
+
+SHAPE = Rule("one id and one label per token; cu_seqlens from 0, increasing, to n_tokens",
+             _fixed(_lengths("input_ids"), _lengths("labels"), *_CU), row=_shape_words, stop=True)
+
+MAX_LENGTH = Rule("n_tokens <= max_length", _fixed(Check(lambda rows: _first(rows.length > rows.max_length), None)),
+                  row=lambda rows: [f"n_tokens {rows.row['n_tokens']} > max_length {rows.max_length}"])
+
+# segment_* lists: each column's values a build writes (parents and groups earlier segments of the row)
+# (segment_trained's: the rule over the stored counts)
+_VALUES = {"segment_source": "count", "segment_line": "count", "segment_start": "count", "segment_parent": "parent",
+           "segment_group": "group"}
+
+
+def _entries(names: tuple[str, ...] | None, asked: tuple[str, ...]) -> Callable[[_Rows], Iterator[Check]]:
+    """One entry per segment in each list of ``names`` (verify's, for a row; None: every ``segment_*`` column the
+    rows hold, each with the values a build writes, the per-read check's), verify asking those of ``asked``."""
+
+    def checks(rows: _Rows) -> Iterator[Check]:
+        if names is not None and rows.batch is not None:
+            return  # the per-read check asks every column in the rule over them all
+        for name in [n for n in rows.names if n.startswith("segment_")] if names is None else names:
+            if name not in rows.names:
+                yield Check(lambda rows: 0, None)  # a row without the list: none of its entries
+                continue
+            if name == "segment_trained" and rows.batch is not None and not rows.lists(name).lengths.any():
+                continue  # a build that stored no counts: the loader derives them
+            yield Check(lambda rows, name=name: _first(rows.lists(name).lengths != rows.segments),
+                        _said(f"{name} does not hold one entry per segment"), row=name in asked)
+            if name in _VALUES and rows.batch is not None:
+                yield Check(lambda rows, name=name: _bad_value(rows, name), _said(f"{name} holds a value no build writes"),
+                            row=False)
+
+    return checks
+
+
+def _bad_value(rows: _Rows, name: str) -> int | None:
+    lists = rows.lists(name)
+    v = lists.numbers()
+    if _VALUES.get(name, "count") == "count":
+        return _first(v < 0, lists)
+    own = np.arange(len(lists.values)) - np.repeat(lists.starts, lists.lengths)  # each segment's number in its row
+    return _first((v < -1) | (v > own) | (v == own) if _VALUES[name] == "parent" else (v < 0) | (v > own), lists)
+
+
+SEGMENT_LISTS = Rule("one entry per segment in each segment_* list", _entries(None, ("segment_ids", "segment_modality")),
+                     row=lambda rows: ["segment_ids / segment_modality do not have one entry per segment"])
+
+
+def _counted(rows: _Rows) -> bool:
+    """Whether the stored counts can be compared: over a batch, every row's list one entry per segment (else the
+    rule over the segment lists names it); one row read by verify is compared as it is."""
+    if not rows.stores_trained:
+        return False
+    return rows.batch is None or not np.any(rows.lists("segment_trained").lengths != rows.segments)
+
+
+def _trained_segments(rows: _Rows) -> int | None:
+    if not _counted(rows):
+        return None
+    stored = rows.lists("segment_trained")
+    if rows.batch is None and stored.lengths[0] != rows.segments[0]:
+        return 0
+    bad = np.flatnonzero(rows.counts != stored.numbers().astype(np.int64))
+    return int(np.searchsorted(np.cumsum(rows.segments), bad[0], side="right")) if len(bad) else None
+
+
+def _trained_rows(rows: _Rows) -> int | None:
+    if not _counted(rows) or "n_trained" not in rows.names:
+        return None if rows.batch is not None or not rows.stores_trained else 0
+    labels = rows.lists("labels")
+    stored = rows.column("n_trained")
+    if rows.batch is None and stored[0] is None:
+        return 0
+    return _first(stored.astype(np.int64) != _sums(rows.supervised, labels.starts, labels.lengths))
+
+
+def _trained_words(rows: _Rows) -> list[str]:
+    row, counts = rows.row, rows.counts.tolist()
+    return [f"segment_trained {list(row['segment_trained'])[:8]} / n_trained {row.get('n_trained')} differ from "
+            f"the labels' supervised tokens {counts[:8]} / {sum(counts)} (the loss would be normalised wrong)"]
+
+
+TRAINED = Rule("segment_trained / n_trained the labels' own counts (the loss denominators the collator reads)",
+               _fixed(Check(lambda rows: _bad_value(rows, "segment_trained") if rows.stores_trained else None,
+                            _said("segment_trained holds a value no build writes"), row=False),
+                      Check(_trained_segments, _said("segment_trained / n_trained differ from the labels' supervised tokens")),
+                      Check(_trained_rows, _said("segment_trained / n_trained differ from the labels' supervised tokens"))),
+               row=_trained_words)
+
+
+def _verify_only(what: str, problems: Callable[[_Rows], list[str]]) -> Rule:
+    """A rule of the manifest's (placeholder ids, media kinds) or of the preference structure: verify asks it, row
+    by row, and it words its problems itself (none where it holds); the per-read check does not."""
+    return Rule(what, _fixed(), row=problems)
+
+
+def _first_labels(rows: _Rows) -> list[str]:
+    labels = rows.lists("labels").numbers()
+    return (["a segment's first token has a label (it would be trained on the previous segment)"]
+            if np.any(labels[rows.cu[:-1]] != IGNORE) else [])
+
+
+def _placeholders_trained(rows: _Rows) -> list[str]:
+    ids, labels = rows.lists("input_ids").numbers(), rows.lists("labels").numbers()
+    return (["a placeholder / begin / end token is trained"]
+            if np.any(labels[np.isin(ids, list(rows.placeholders))] != IGNORE) else [])
+
+
+def _span_contents(rows: _Rows) -> list[str]:
+    ids, out = rows.lists("input_ids").numbers(), []
+    for m, bad in zip(rows.row["media"], rows.span_bad, strict=True):
+        span = ids[m["start"] : m["start"] + m["length"]]
+        pad = rows.kind_ids.get(m["kind"])
+        if not bad and (pad is None or not len(span) or span[0] != pad or span[-1] != pad
+                        or int((span == pad).sum()) != m["tokens"]):
+            out.append(f"media span {m['ref']} does not start and end with the {m['kind']} placeholder or does not hold "
+                       f"its {m['tokens']} placeholders")
     return out
 
 
-def packed_row_problems(row: dict, max_length: int, placeholders: set[int], kind_ids: dict[str, int | None],
-                        vocab: int | None = None) -> list[str]:
-    """Every problem of one packed row (a dict, as ``to_pylist`` gives it), each a message (see the module docstring):
-    ``placeholders`` every placeholder / begin / end id, ``kind_ids`` each media kind's placeholder id."""
-    out = []
-    cu = np.asarray(row["cu_seqlens"], dtype=np.int64)
-    ids = np.asarray(row["input_ids"], dtype=np.int64)
-    labels = np.asarray(row["labels"], dtype=np.int64)
-    n = row["n_tokens"]
-    if len(cu) < 2 or cu[0] != 0 or np.any(np.diff(cu) <= 0) or cu[-1] != n:
-        return [f"cu_seqlens {cu.tolist()[:8]}... must start at 0, increase and end at n_tokens {n}"]
-    if len(ids) != n or len(labels) != n:
-        out.append(f"{len(ids)} ids and {len(labels)} labels for n_tokens {n}")
-        return out
-    if n > max_length:
-        out.append(f"n_tokens {n} > max_length {max_length}")
-    top = _top(vocab)
-    if np.any((ids < 0) | (ids >= top)) or np.any((labels != IGNORE) & ((labels < 0) | (labels >= top))):
-        out.append(f"a token id or label outside [0, {top}) (labels: or {IGNORE})")
-    if "segment_trained" in row:  # the loss denominators the collator reads: they must be the labels' own counts
-        counts = _sums((labels != IGNORE).view(np.int8), cu[:-1], np.diff(cu)).tolist()
-        if list(row["segment_trained"]) != counts or row.get("n_trained") != sum(counts):
-            out.append(f"segment_trained {list(row['segment_trained'])[:8]} / n_trained {row.get('n_trained')} differ from "
-                       f"the labels' supervised tokens {counts[:8]} / {sum(counts)} (the loss would be normalised wrong)")
-    if not len(row["segment_ids"]) == len(row["segment_modality"]) == len(cu) - 1:
-        out.append("segment_ids / segment_modality do not have one entry per segment")
-    if np.any(labels[cu[:-1]] != IGNORE):
-        out.append("a segment's first token has a label (it would be trained on the previous segment)")
-    special = np.isin(ids, list(placeholders))
-    if np.any(labels[special] != IGNORE):
-        out.append("a placeholder / begin / end token is trained")
-    covered = np.zeros(n, dtype=bool)
-    for m in row["media"]:
-        seg = m["segment"]
-        if not 0 <= seg < len(cu) - 1 or m["start"] < cu[seg] or m["start"] + m["length"] > cu[seg + 1]:
-            out.append(f"media span {m['ref']} at {m['start']}+{m['length']} lies outside segment {seg}")
-            continue
-        span = ids[m["start"] : m["start"] + m["length"]]
-        pad = kind_ids.get(m["kind"])
-        if pad is None or not len(span) or span[0] != pad or span[-1] != pad or int((span == pad).sum()) != m["tokens"]:
-            out.append(f"media span {m['ref']} does not start and end with the {m['kind']} placeholder or does not hold "
-                       f"its {m['tokens']} placeholders")
-        covered[m["start"] : m["start"] + m["length"]] = True
-    pads = np.isin(ids, [v for v in kind_ids.values() if v is not None])
-    if np.any(pads & ~covered):
-        out.append("a placeholder id lies outside every media span")
-    return out + _tree_problems(row, cu, ids, labels)
+def _pads_covered(rows: _Rows) -> list[str]:
+    ids = rows.lists("input_ids").numbers()
+    covered = np.zeros(len(ids), dtype=bool)
+    for m, bad in zip(rows.row["media"], rows.span_bad, strict=True):
+        if not bad:
+            covered[m["start"] : m["start"] + m["length"]] = True
+    pads = np.isin(ids, [v for v in rows.kind_ids.values() if v is not None])
+    return ["a placeholder id lies outside every media span"] if np.any(pads & ~covered) else []
 
 
-def _tree_problems(row: dict, cu: np.ndarray, ids: np.ndarray, labels: np.ndarray) -> list[str]:
+_TREE = ("segment_parent", "segment_group", "segment_role", "segment_weight")
+TREE_LISTS = Rule("one entry per segment in each preference list", _entries(_TREE, _TREE), stop=True,
+                  row=lambda rows: ["segment_parent / segment_group / segment_role / segment_weight do not have one "
+                                    "entry per segment"])
+
+
+def _tree_problems(rows: _Rows) -> list[str]:
     """The preference structure of a packed row (see the module docstring)."""
+    row, cu = rows.row, rows.cu
+    ids, labels = rows.lists("input_ids").numbers(), rows.lists("labels").numbers()
     n = len(cu) - 1
-    parent, group, role, weight = (row.get(k) for k in ("segment_parent", "segment_group", "segment_role", "segment_weight"))
-    if any(v is None or len(v) != n for v in (parent, group, role, weight)):
-        return ["segment_parent / segment_group / segment_role / segment_weight do not have one entry per segment"]
+    parent, group, role = (row[k] for k in ("segment_parent", "segment_group", "segment_role"))
     out = []
     identity = list(zip(row["segment_source"], row["segment_line"], strict=True))
     media_segments = {m["segment"] for m in row["media"]}
@@ -327,3 +465,128 @@ def _tree_problems(row: dict, cu: np.ndarray, ids: np.ndarray, labels: np.ndarra
     return out
 
 
+# ------------------------------------------------------------------ samples and plan entries (the per-read check only)
+
+
+def _sample_trained(rows: _Rows) -> int | None:
+    labels = rows.lists("labels")
+    return _first(rows.column("n_trained").astype(np.int64) != _sums(rows.supervised, labels.starts, labels.lengths))
+
+
+def _not_negative_or_nan(name: str) -> Rule:
+    return Rule(f"{name} >= 0", _fixed(Check(lambda rows: _first(~(rows.column(name) >= 0)),  # NaN too
+                                             _said(f"a negative or NaN {name}"), row=False)))
+
+
+def _responses_first(rows: _Rows) -> int | None:
+    responses = rows.lists("responses")
+    if not len(responses.values):
+        return None
+    fields = dict(zip([f.name for f in responses.values.type], responses.values.flatten(), strict=True))
+    start, length = (_ints(fields[k]) for k in ("start", "length"))
+    of = np.repeat(np.arange(len(responses.lengths)), responses.lengths)
+    return _first((start < 0) | (length < 1) | (start + length > rows.length[of]), responses)
+
+
+def _plan_entries(rows: _Rows) -> int | None:
+    samples, starts, lengths = (rows.lists(k) for k in ("samples", "starts", "lengths"))
+    return _first((starts.lengths != samples.lengths) | (lengths.lengths != samples.lengths))
+
+
+def _plan_values(rows: _Rows) -> Iterator[Check]:
+    for name, low in (("samples", 0), ("starts", 0), ("lengths", 1)):
+        yield Check(lambda rows, name=name, low=low: _first(rows.lists(name).numbers() < low, rows.lists(name)),
+                    _said(f"a {name} entry no plan holds"), row=False)
+
+
+RULES: dict[str, list[Rule]] = {  # per packer.kind of the schema metadata, in the order they are asked
+    "packed": [
+        _negative("n_tokens", "a negative n_tokens"), SHAPE, MAX_LENGTH, RANGE, TRAINED, SEGMENT_LISTS,
+        _verify_only("labels -100 at every segment start", _first_labels),
+        _verify_only("labels -100 on every placeholder / begin / end token", _placeholders_trained),
+        SPANS,
+        _verify_only("a media span starts and ends with its kind's placeholder and holds its tokens", _span_contents),
+        _verify_only("no placeholder id outside a media span", _pads_covered),
+        TREE_LISTS,
+        _verify_only("the preference structure", _tree_problems),
+    ],
+    "samples": [
+        _negative("length", "a negative length"), TOKENS, RANGE,
+        Rule("n_trained the labels' own count",
+             _fixed(Check(_sample_trained, _said("n_trained differs from the labels' supervised tokens"), row=False))),
+        _negative("source_index", "a negative source_index"), _negative("source_line", "a negative source_line"),
+        Rule("prefix inside the sample", _fixed(Check(lambda rows: _first((rows.prefix < 0) | (rows.prefix > rows.length)),
+                                                      _said("a prefix outside the sample"), row=False))),
+        *(_not_negative_or_nan(name) for name in ("cost_llm", "cost_encoder", "cost_supervised")),
+        Rule("response spans inside the sample",
+             _fixed(Check(_responses_first, _said("a response span outside the sample"), row=False))),
+        SPANS,
+    ],
+    "plan": [
+        Rule("one sample, start and length per segment",
+             _fixed(Check(_plan_entries, _said("samples / starts / lengths do not have one entry per segment"), row=False))),
+        Rule("no negative sample or start, no empty length", _plan_values),
+    ],
+}
+
+
+def _nulls(batch: pa.RecordBatch) -> tuple[None, str] | None:
+    """A build writes no null: one in a column (or in a list's values) is a damaged validity bitmap."""
+    for field, column in zip(batch.schema, batch.columns, strict=True):
+        values = column.values if pa.types.is_list(field.type) else None
+        if not field.nullable and (column.null_count or (values is not None and values.null_count)):
+            return None, f"nulls in {field.name}"
+    return None
+
+
+def batch_problem(batch: pa.RecordBatch, kind: str, vocab_size: int | None) -> tuple[int | None, str] | None:
+    """The first problem of ``batch`` (a record batch of a shard of ``kind``: ``packed``, ``samples`` or ``plan``)
+    as ``(row in the batch or None, what)``, or None: the rules of :data:`RULES` over the batch, in order, stopping at
+    the first. Raises on shapes no build writes (the caller names them)."""
+    problem = _nulls(batch)
+    if problem is not None:
+        return problem
+    rows = _Rows(kind, batch=batch, vocab=vocab_size)
+    for rule in RULES[kind]:
+        for check in rule.checks(rows):
+            if check.batch is None:
+                continue
+            row = check.first(rows)
+            if row is not None:
+                return row, check.batch(rows, row)
+    return None
+
+
+def packed_row_problems(row: dict, max_length: int, placeholders: set[int], kind_ids: dict[str, int | None],
+                        vocab: int | None = None) -> list[str]:
+    """Every problem of one packed row (a dict, as ``to_pylist`` gives it), each a message: the rules of
+    :data:`RULES` run on the row, a rule's ``stop`` ending the list. ``placeholders`` every placeholder / begin /
+    end id, ``kind_ids`` each media kind's placeholder id."""
+    rows = _Rows("packed", row=row, vocab=vocab, max_length=max_length, placeholders=placeholders, kind_ids=kind_ids)
+    out: list[str] = []
+    for rule in RULES["packed"]:
+        if rule.row is None:
+            continue
+        asked = [check for check in rule.checks(rows) if check.row]
+        problems = rule.row(rows) if not asked or any(check.first(rows) is not None for check in asked) else []
+        out += problems
+        if problems and rule.stop:
+            return out
+    return out
+
+
+def source_problems(row: dict, inputs: list[str], group: list[int], capacity: list[int], unpacked: list[bool]) -> list[str]:
+    """A row of sources with their own packing: one policy's sources only, within its capacity, one sample when
+    unpacked (a preference record's segments or a split sample's piece are one)."""
+    out = []
+    files = row["segment_source"]
+    if len({group[f] for f in files}) > 1:
+        named = sorted({inputs[f] for f in files})
+        out.append(f"segments of sources packed by different policies in one row ({', '.join(named)})")
+    first = files[0]
+    if row["n_tokens"] > capacity[first]:
+        out.append(f"n_tokens {row['n_tokens']} > max_length {capacity[first]} of its source {inputs[first]!r}")
+    samples = len(set(zip(files, row["segment_line"], strict=True)))
+    if unpacked[first] and samples > 1:
+        out.append(f"{samples} samples in a row of source {inputs[first]!r}, whose packing = false")
+    return out
