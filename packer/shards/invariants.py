@@ -23,6 +23,9 @@ their kind's placeholder id and holding ``tokens`` of them, and no placeholder i
 preference structure: a record's segments consecutive (its group), of one input line; a parent an earlier
 segment of the group, a tree's ``prompt`` (untrained, holding the record's media: no media in a branch), its
 branches starting with one same token; a ``chosen`` with exactly one ``rejected`` in its group.
+
+Over 450 lines on purpose: the rules, their vectorised checks and both wordings sit in one table here, so that a rule
+is read, and changed, in one place (split, each rule's check and its words would live apart again).
 """
 
 from __future__ import annotations
