@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from family_assets import QWEN_TOKENIZER, TEMPLATES, Alone, FamilyAssets, Sample, _init, _save_and_load
+from family_assets import QWEN_TOKENIZER, TEMPLATES, Alone, Equal, FamilyAssets, Sample, _init, _save_and_load, default_of
 
 TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
 IMAGE_SEQ_LENGTH = 4
@@ -70,9 +70,19 @@ SAMPLE_PROCESSOR = {
 SAMPLE = Sample("gemma3", SAMPLE_PROCESSOR, "gemma3.jinja", named=TOKENS, tokens=("<bos>", "<start_of_turn>", "<end_of_turn>"),
                 tokenizer={"bos_token": "<bos>"})
 
+# the settings a build reads off the checkpoint: the soft tokens an image, Gemma's named image tokens and the pan and
+# scan options the processor passes at every call (its images_kwargs, not the image processor's own)
+SETTINGS = Equal({"image_seq_length": "image_seq_length", "boi_token": "tokenizer.boi_token",
+                  "image_token": "tokenizer.image_token", "eoi_token": "tokenizer.eoi_token",
+                  **{k: f"images_kwargs[{k}]" for k in ("do_pan_and_scan", "pan_and_scan_min_crop_size",
+                                                         "pan_and_scan_max_num_crops", "pan_and_scan_min_ratio_to_activate")}},
+                 values={"image_seq_length": IMAGE_SEQ_LENGTH})
+DEFAULTS = Equal({"image_seq_length": default_of("Gemma3Processor", "image_seq_length")})
+
 # the packed == alone check on the records built with pan and scan on (an image's runs split by its crops' text), as
 # training would call processor(..., do_pan_and_scan=True, pan_and_scan_min_crop_size=8)
 ASSETS = FamilyAssets("gemma3", ("image",), gemma3_processor, gemma3_model,
                       alone=Alone("scan", build={"processor_options": SCAN_OPTIONS}, call=SCAN_CALL),
                       split_runs=True,  # an image's crops, text between them
-                      sample_segments=10, dummy_eager=False, sample=SAMPLE)
+                      sample_segments=10, dummy_eager=False, sample=SAMPLE,
+                      settings=SETTINGS, defaults=DEFAULTS)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from family_assets import QWEN_TOKENIZER, TEMPLATES, Alone, FamilyAssets, Sample, _init, _save_and_load
+from family_assets import QWEN_TOKENIZER, TEMPLATES, Alone, Equal, FamilyAssets, Sample, _init, _save_and_load, default_of
 
 TOKENS = {"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>", "audio_token": "<|audio|>",
           "boa_token": "<|audio>", "eoa_token": "<audio|>", "sot_token": "<|turn>", "eot_token": "<turn|>"}
@@ -123,7 +123,35 @@ SAMPLE_NAMED = {k: TOKENS[k] for k in ("image_token", "boi_token", "eoi_token", 
 SAMPLE = Sample("gemma4", SAMPLE_PROCESSOR, "gemma4.jinja", named=SAMPLE_NAMED,
                 tokens=("<bos>", "<|turn>", "<turn|>", "<|video|>"), tokenizer={"bos_token": "<bos>"})
 
+_SIZES = ("patch_size", "max_soft_tokens", "pooling_kernel_size")
+# the settings a build reads off the checkpoint: the image and video processors' sizes, the frames sampled (no fps
+# set: 0), the feature extractor's rate and frames, the tokenizer's named tokens
+SETTINGS = Equal({**{f"image_{k}": f"image_processor.{k}" for k in _SIZES},
+                  **{f"video_{k}": f"video_processor.{k}" for k in _SIZES},
+                  "video_num_frames": "video_processor.num_frames", "video_fps": lambda p: p.video_processor.fps or 0.0,
+                  "video_sample": "video_processor.do_sample_frames",
+                  **{f"audio_{k}": f"feature_extractor.{k}" for k in ("sampling_rate", "frame_length", "hop_length")},
+                  **{k: f"tokenizer.{k}" for k in ("image_token", "boi_token", "eoi_token", "audio_token", "boa_token",
+                                                   "eoa_token")},
+                  "video_token": "video_token"})
+
+
+def _no_fps(hf, settings) -> None:
+    assert getattr(hf.Gemma4VideoProcessor(), "fps", None) is None  # the class sets none: video_fps 0.0 (values)
+
+
+# the classes' defaults: the processors' class attributes, the feature extractor's (an instance's), the clip cap its
+# call defaults to
+DEFAULTS = Equal({**{f"image_{k}": f"Gemma4ImageProcessor.{k}" for k in _SIZES},
+                  **{f"video_{k}": f"Gemma4VideoProcessor.{k}" for k in _SIZES},
+                  "video_num_frames": "Gemma4VideoProcessor.num_frames",
+                  "video_sample": "Gemma4VideoProcessor.do_sample_frames",
+                  **{f"audio_{k}": f"Gemma4AudioFeatureExtractor().{k}" for k in ("sampling_rate", "frame_length", "hop_length")},
+                  "audio_max_length": default_of("Gemma4AudioFeatureExtractor", "max_length", "__call__")},
+                 values={"video_fps": 0.0}, exception=_no_fps)
+
 ASSETS = FamilyAssets("gemma4", ("image", "video", "audio"), gemma4_processor, gemma4_model, quarantined=QUARANTINED,
                       alone=Alone("small", keep=light, build={"max_length": 1024}), alone_rows=alone_rows,
                       split_runs=True,  # a clip's frames, timestamps between them
-                      sample_segments=10, dummy_eager=True, sample=SAMPLE)
+                      sample_segments=10, dummy_eager=True, sample=SAMPLE,
+                      settings=SETTINGS, defaults=DEFAULTS)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from family_assets import QWEN_TOKENIZER, TEMPLATES, FamilyAssets, Sample, _init, _save_and_load
+from family_assets import QWEN_TOKENIZER, TEMPLATES, Equal, FamilyAssets, Sample, _init, _save_and_load, default_of
 
 TILE = 56
 SEQ = 4  # (56 / 14)² x 0.5²
@@ -69,8 +69,34 @@ SAMPLE_PROCESSOR = {
                         "return_metadata": False, **IMAGENET},
 }
 
+# the settings a build reads off the checkpoint: the tile and its features, the tile counts, the tiling the processor
+# forces at every call (its images_kwargs), the video frames, the tokenizer's named tokens
+SETTINGS = Equal({"image_seq_length": "image_seq_length", "tile_height": "image_processor.size.height",
+                  "tile_width": "image_processor.size.width", "min_patches": "image_processor.min_patches",
+                  "max_patches": "image_processor.max_patches", "crop_to_patches": "images_kwargs[crop_to_patches]",
+                  "video_sample": "video_processor.do_sample_frames", "video_num_frames": "video_processor.num_frames",
+                  "image_token": "tokenizer.context_image_token", "start_image_token": "tokenizer.start_image_token",
+                  "end_image_token": "tokenizer.end_image_token", "video_token": "tokenizer.video_token"},
+                 values={"image_seq_length": SEQ, "crop_to_patches": True, "video_initial_shift": "true"})
+
+
+def _no_frame_rule(hf, s) -> None:
+    """The video processor samples by neither a count nor a rate (None: the settings' 0), and shifts the first frame."""
+    vp = hf.InternVLVideoProcessor()
+    assert (s.video_num_frames or None, s.video_fps or None) == (vp.num_frames, vp.fps)
+    assert s.initial_shift() is vp.initial_shift is True
+
+
+DEFAULTS = Equal({**{k: f"GotOcr2ImageProcessor().{path}" for k, path in (
+                      ("tile_height", "size.height"), ("tile_width", "size.width"), ("min_patches", "min_patches"),
+                      ("max_patches", "max_patches"))},
+                  "video_sample": "InternVLVideoProcessor().do_sample_frames",
+                  "image_seq_length": default_of("InternVLProcessor", "image_seq_length")},
+                 exception=_no_frame_rule)
+
 # the packed == alone check leaves out the row of the 30-image record (1,200 tokens of 151k-wide logits; its ids are
 # checked); under sequence parallelism the images' tiles and the videos' frames share one placeholder (<IMG_CONTEXT>)
 ASSETS = FamilyAssets("internvl", ("image", "video"), internvl_processor, internvl_model,
                       towers=("vision_tower", "multi_modal_projector"), max_images=3, sp_modes=("ulysses", "ring"),
-                      sample_segments=10, sample=Sample("internvl3", SAMPLE_PROCESSOR, "internvl.jinja", named=SPECIAL))
+                      sample_segments=10, sample=Sample("internvl3", SAMPLE_PROCESSOR, "internvl.jinja", named=SPECIAL),
+                      settings=SETTINGS, defaults=DEFAULTS)

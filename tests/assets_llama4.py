@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from family_assets import QWEN_TOKENIZER, TEMPLATES, FamilyAssets, Sample, _init, _save_and_load
+from family_assets import QWEN_TOKENIZER, TEMPLATES, Equal, FamilyAssets, Sample, _init, _save_and_load, default_of
 
 TILE = 56
 PER_TILE = 4  # (56 / 14)² / 4
@@ -93,8 +93,26 @@ SAMPLE_PROCESSOR = {
 SAMPLE = Sample("llama4", SAMPLE_PROCESSOR, "llama4.jinja", tokens=("<|begin_of_text|>", *IMAGE_TOKENS, *CHAT_TOKENS),
                 tokenizer={"bos_token": "<|begin_of_text|>"})
 
+def _shuffle(processor, s) -> None:
+    """The processor keeps the pixel shuffle as its downsample ratio (1 / ratio²)."""
+    assert round(1 / s.pixel_shuffle_ratio**2) == processor.downsample_ratio
+
+
+# the settings a build reads off the checkpoint: the square tile, the tile count, the canvas rule, the patch and the
+# shuffle, the image token
+SETTINGS = Equal({"tile_size": ("image_processor.size.height", "image_processor.size.width"),
+                  "max_patches": "image_processor.max_patches", "resize_to_max_canvas": "image_processor.resize_to_max_canvas",
+                  "patch_size": "patch_size", "image_token": "image_token"},
+                 values={"tokens_per_tile": PER_TILE}, exception=_shuffle)
+DEFAULTS = Equal({"tile_size": ("Llama4ImageProcessor().size.height", "Llama4ImageProcessor().size.width"),
+                  "max_patches": "Llama4ImageProcessor().max_patches",
+                  "resize_to_max_canvas": "Llama4ImageProcessor().resize_to_max_canvas",
+                  **{k: default_of("Llama4Processor", k) for k in ("patch_size", "pixel_shuffle_ratio", "image_token")}},
+                 values={"tokens_per_tile": 144})
+
 # the packed == alone check leaves out the row of the 30-image record (1,200 tokens of vocabulary-wide logits; its
 # ids are checked); under sequence parallelism a tiled image's <|patch|> runs (separators between them) are cut
 # anywhere, and the per-layer-type masks stay global
 ASSETS = FamilyAssets("llama4", ("image",), llama4_processor, llama4_model, towers=("vision_model", "multi_modal_projector"),
-                      max_images=3, split_runs=True, sample_segments=10, dummy_eager=True, sample=SAMPLE)
+                      max_images=3, split_runs=True, sample_segments=10, dummy_eager=True, sample=SAMPLE,
+                      settings=SETTINGS, defaults=DEFAULTS)

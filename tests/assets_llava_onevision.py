@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from family_assets import QWEN_TOKENIZER, TEMPLATES, FamilyAssets, Sample, Verify, _init, _save_and_load
+from family_assets import QWEN_TOKENIZER, TEMPLATES, Equal, FamilyAssets, Sample, Verify, _init, _save_and_load, default_of
 
 TILE, PATCH = 32, 8
 PINPOINTS = [[32 * a, 32 * b] for a in range(1, 4) for b in range(1, 4)]
@@ -77,10 +77,41 @@ def sample_processor(tokenizer_folder: str, chat_template: str):
                                    vision_feature_select_strategy="full", chat_template=chat_template)
 
 
+def _pinpoints(image_processor) -> str:
+    return "/".join(f"{h}x{w}" for h, w in image_processor.image_grid_pinpoints)
+
+
+# the settings a build reads off the checkpoint (also the sample checkpoint's, test_family_llava_onevision): the square
+# tile, the pinpoints, the features a tile and the anyres cap, the video frames (none set: 0), the media tokens
+SETTINGS = Equal({"image_size": ("image_processor.size[height]", "image_processor.size[width]"),
+                  "pinpoints": lambda p: _pinpoints(p.image_processor),
+                  **{k: k for k in ("num_image_tokens", "vision_feature_select_strategy", "vision_aspect_ratio",
+                                    "image_token", "video_token")},
+                  "video_sample": "video_processor.do_sample_frames",
+                  "video_num_frames": lambda p: p.video_processor.num_frames or 0,
+                  "video_fps": lambda p: p.video_processor.fps or 0.0},
+                 values={"image_size": 32, "video_num_frames": 3})
+
+
+def _unset(hf, settings) -> None:
+    """What the classes leave unset: no crop, no frame count or rate, no features a tile, no feature strategy."""
+    ip, vp = hf.LlavaOnevisionImageProcessor(), hf.LlavaOnevisionVideoProcessor()
+    assert ip.crop_size is None and (vp.num_frames, vp.fps) == (None, None)
+    unset = [default_of("LlavaOnevisionProcessor", k)(hf) for k in ("num_image_tokens", "vision_feature_select_strategy")]
+    assert unset == [None, None]
+
+
+DEFAULTS = Equal({"image_size": ("LlavaOnevisionImageProcessor().size[height]", "LlavaOnevisionImageProcessor().size[width]"),
+                  "pinpoints": lambda hf: _pinpoints(hf.LlavaOnevisionImageProcessor()),
+                  "video_sample": "LlavaOnevisionVideoProcessor().do_sample_frames",
+                  **{k: default_of("LlavaOnevisionProcessor", k) for k in ("vision_aspect_ratio", "image_token", "video_token")}},
+                 exception=_unset)
+
 # a record's images reach the processor as one list (apply_chat_template's way); verify: another anyres cap (a 3 x 3
 # grid no longer interpolated) and another frame count
 ASSETS = FamilyAssets("llava_onevision", ("image", "video"), processor, model, nest_images=True, alone_rows=alone_rows,
                       verify=Verify(sample=8, other={"aspect": "anyres_max_9", "num_frames": 2}, other_sample=14,
                                     other_image_size=None),
                       dummy_settings={"num_image_tokens": 16},
-                      sample=Sample("llava_onevision", sample_processor, "llava_onevision.jinja"))
+                      sample=Sample("llava_onevision", sample_processor, "llava_onevision.jinja"),
+                      settings=SETTINGS, defaults=DEFAULTS)

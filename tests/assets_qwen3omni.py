@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from family_assets import QWEN_TOKENIZER, TEMPLATES, Alone, FamilyAssets, Sample, Verify, _init, _save_and_load
+from family_assets import QWEN_TOKENIZER, TEMPLATES, Alone, Equal, FamilyAssets, Sample, Verify, _init, _save_and_load
 
 SPECIAL = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "audio_token": "<|audio_pad|>",
            "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>",
@@ -115,10 +115,60 @@ def sample_processor(tokenizer_folder: str, chat_template: str):
                                  chat_template=chat_template)
 
 
+_SIZES = ("patch_size", "merge_size")
+_FRAMES = ("temporal_patch_size", "min_frames", "max_frames")
+
+
+def _own_video_size(processor, settings) -> None:
+    """The video pixel bounds are the processor's (its videos_kwargs, passed at every call), not its video processor's."""
+    vp, size = processor.video_processor, processor.videos_kwargs["size"]
+    assert (vp.size["shortest_edge"], vp.size["longest_edge"]) != (size["shortest_edge"], size["longest_edge"])
+
+
+# the settings a build reads off the checkpoint (also the sample checkpoint's, test_family_qwen3omni): the image and
+# video budgets, the frame rule (none set: 0), the processor's own video bounds and audio rate, the audio hop and
+# window, the media and boundary tokens
+SETTINGS = Equal({**{f"image_{k}": f"image_processor.{k}" for k in _SIZES},
+                  "image_min_pixels": "image_processor.size[shortest_edge]",
+                  "image_max_pixels": "image_processor.size[longest_edge]",
+                  **{f"video_{k}": f"video_processor.{k}" for k in (*_SIZES, *_FRAMES)},
+                  "video_sample": "video_processor.do_sample_frames", "video_fps": lambda p: p.video_processor.fps or 0.0,
+                  "video_num_frames": lambda p: p.video_processor.num_frames or 0,
+                  "cap_pixels_per_frame": lambda p: bool(p.video_processor.cap_pixels_per_frame),
+                  "max_video_tokens": "video_processor.max_video_tokens",
+                  "video_min_pixels": "videos_kwargs[size][shortest_edge]",
+                  "video_max_pixels": "videos_kwargs[size][longest_edge]",
+                  "sampling_rate": "audio_kwargs[sampling_rate]", "hop_length": "feature_extractor.hop_length",
+                  **{k: k for k in ("n_window", "position_id_per_seconds", "image_token", "video_token", "audio_token")},
+                  "vision_start": "vision_bos_token", "vision_end": "vision_eos_token", "audio_start": "audio_bos_token",
+                  "audio_end": "audio_eos_token"},
+                 values={"video_fps": 2, "image_patch_size": 16}, exception=_own_video_size)
+
+
+def _no_frame_rule(hf, settings) -> None:
+    """The video processor samples by neither a rate nor a count."""
+    vp = hf.Qwen2VLVideoProcessor()
+    assert (vp.fps, vp.num_frames) == (None, None)
+
+
+DEFAULTS = Equal({**{f"image_{k}": f"Qwen2VLImageProcessor().{k}" for k in _SIZES},
+                  "image_min_pixels": "Qwen2VLImageProcessor().size[shortest_edge]",
+                  "image_max_pixels": "Qwen2VLImageProcessor().size[longest_edge]",
+                  **{f"video_{k}": f"Qwen2VLVideoProcessor().{k}" for k in (*_SIZES, *_FRAMES)},
+                  "video_sample": "Qwen2VLVideoProcessor().do_sample_frames",
+                  "cap_pixels_per_frame": lambda hf: bool(hf.Qwen2VLVideoProcessor().cap_pixels_per_frame),
+                  "max_video_tokens": "Qwen2VLVideoProcessor().max_video_tokens",
+                  "video_min_pixels": "Qwen3OmniMoeProcessor.videos_kwargs[size][shortest_edge]",
+                  "video_max_pixels": "Qwen3OmniMoeProcessor.videos_kwargs[size][longest_edge]",
+                  "sampling_rate": "Qwen3OmniMoeProcessor.audio_kwargs[sampling_rate]",
+                  "hop_length": "WhisperFeatureExtractor().hop_length",
+                  **{k: f"Qwen3OmniMoeProcessor.{k}" for k in ("n_window", "position_id_per_seconds")}},
+                 exception=_no_frame_rule)
+
 # the packed == alone check on a second build of a few records (an image alone; the short clip alone and beside a
 # longer one; an image, a video and two clips in one record), each alone given the processor's attention_mask (the
 # thinker computes its 3-D positions only when given one); verify: fewer frames of a long clip, another max_pixels
 ASSETS = FamilyAssets("qwen3omni", ("image", "audio", "video"), processor, model, rope="mrope", records=records,
                       alone=Alone("small", keep=lambda r: r["id"] in ("x0", "x1", "x2", "r0"), build={"max_segments": 3}),
                       reference_mask=True, verify=Verify(sample=10, other={"max_frames": 4}, other_sample=24),
-                      sample=Sample("qwen3omni", sample_processor, "qwen3omni.jinja"))
+                      sample=Sample("qwen3omni", sample_processor, "qwen3omni.jinja"), settings=SETTINGS, defaults=DEFAULTS)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from family_assets import QWEN_TOKENIZER, TEMPLATES, FamilyAssets, Sample, Verify, _init, _save_and_load
+from family_assets import QWEN_TOKENIZER, TEMPLATES, Equal, FamilyAssets, Sample, Verify, _init, _save_and_load
 
 QWEN3VL_IMAGE = {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 48}  # at most 48 tokens an image
 QWEN3VL_VIDEO = {"shortest_edge": 32 * 32 * 8, "longest_edge": 32 * 32 * 240}  # one t*h*w budget a clip
@@ -59,7 +59,23 @@ SAMPLE_PROCESSOR = {  # Qwen3-VL's published budgets (patch 16 x merge 2 = 32 px
 SAMPLE = Sample("qwen3vl", SAMPLE_PROCESSOR, "qwen3vl.jinja",
                 tokens=("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"))
 
+# the settings a build reads off the checkpoint (the image patch, the video pixel bound and rate) and the test
+# processor's budgets
+SETTINGS = Equal({"image_patch_size": "image_processor.patch_size", "video_max_pixels": "video_processor.size.longest_edge",
+                  "video_fps": "video_processor.fps"},
+                 values={"image_patch_size": 16, "video_max_frames": 12})
+# without --processor the family counts videos with Qwen3VLVideoProcessor's own defaults; the image processor class is
+# Qwen2-VL's (patch 14), so the family's image defaults are Qwen3-VL's published 16 x 2 instead (values)
+DEFAULTS = Equal({**{f"video_{k}": f"Qwen3VLVideoProcessor().{k}" for k in (
+                      "patch_size", "merge_size", "temporal_patch_size", "fps", "min_frames", "max_frames")},
+                  "video_min_pixels": "Qwen3VLVideoProcessor().size.shortest_edge",
+                  "video_max_pixels": "Qwen3VLVideoProcessor().size.longest_edge",
+                  "max_video_tokens": "Qwen3VLVideoProcessor().max_video_tokens",
+                  "video_sample": "Qwen3VLVideoProcessor().do_sample_frames",
+                  "cap_pixels_per_frame": lambda hf: bool(hf.Qwen3VLVideoProcessor().cap_pixels_per_frame)},
+                 values={"image_patch_size": 16, "image_merge_size": 2})
+
 ASSETS = FamilyAssets("qwen3vl", ("image", "video"), qwen3vl_processor, qwen3vl_model, rope="mrope", dummy="plain",
                       sp_modes=("ulysses", "ring"), split_runs=True,  # a clip's runs, timestamps between them
                       verify=Verify(sample=6, other={"fps": 2}, other_sample=12, cli=True),  # fps 2: other frames
-                      sample=SAMPLE)
+                      sample=SAMPLE, settings=SETTINGS, defaults=DEFAULTS)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import util
@@ -61,6 +62,45 @@ class Verify:
     other_image_size: dict[str, int] | None = field(default_factory=lambda: {"shortest_edge": 32 * 32 * 4,
                                                                              "longest_edge": 32 * 32 * 24})
     cli: bool = False
+
+
+@dataclass(frozen=True)
+class Equal:
+    """What a family's settings test or defaults test compares (``family_harness.FamilyConformance``), as a table:
+    ``table`` maps each family setting to what it must equal, read off ``source``: the build's processor (its
+    checkpoint folder loaded back) for the settings test, the ``transformers`` module (its classes and their defaults)
+    for the defaults test. A row is a path (:func:`read`: ``"image_processor.size.height"``,
+    ``"images_kwargs[do_pan_and_scan]"``, ``"Qwen2VLImageProcessor().patch_size"``), a reader (source -> the value: a class instantiated, a value converted),
+    or a tuple of them the setting equals each of. ``values``: settings that must also equal a fixed value (what the
+    test processor is made with, a published default no class holds); ``exception``: the family's own further check,
+    given (source, the settings), for what no row says (a class default that is None, a setting derived from two of
+    the processor's). A bool or None is compared by identity."""
+
+    table: dict[str, Any]
+    values: dict[str, Any] = field(default_factory=dict)
+    exception: Callable[[Any, Any], None] | None = None
+
+
+def read(source: Any, path: str) -> Any:
+    """``path`` read off ``source``: attributes by dots, a mapping's items in brackets, a call without arguments by
+    ``()`` (``"videos_kwargs[size].shortest_edge"``, ``"WhisperFeatureExtractor().hop_length"``)."""
+    value = source
+    for name, call, key in re.findall(r"\.?([^.\[(]+)(\(\))?|\[([^\]]+)\]", path):
+        value = value[key] if key else getattr(value, name)
+        value = value() if call else value
+    return value
+
+
+def default_of(cls: str, name: str, method: str = "__init__") -> Callable[[Any], Any]:
+    """A row's reader: the default of the parameter ``name`` of the class ``cls``'s ``method``, read off the
+    ``transformers`` module (a processor's ``image_seq_length``)."""
+
+    def reader(hf: Any) -> Any:
+        import inspect
+
+        return inspect.signature(getattr(read(hf, cls), method)).parameters[name].default
+
+    return reader
 
 
 @dataclass(frozen=True)
@@ -112,6 +152,10 @@ class FamilyAssets:
     dummy_eager: bool = False
     dummy_settings: dict[str, Any] = field(default_factory=dict)
     sample: Sample | None = None  # the family's sample processor (sample_data/make_sample_data.py writes it)
+    # the settings test: the build's settings equal its processor's; the defaults test: the settings class's defaults
+    # (and the settings resolved from no checkpoint) equal the transformers classes' (none declared: not collected)
+    settings: Equal | None = None
+    defaults: Equal | None = None
 
 
 def assets_for(name: str) -> FamilyAssets:

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from family_assets import assets_for, declared_families
+from family_assets import assets_for, declared_families, read
 from media_fixtures import write_audio, write_images, write_videos
 
 from packer.build import build
@@ -583,6 +583,27 @@ class FamilyConformance:
         assert split or not self.split_runs, "the builds hold no span of several runs"
 
 
+    def test_settings_equal_the_processor(self, case):
+        """The build's settings (its manifest's) equal its processor's, as the family declares them
+        (:class:`family_assets.Equal`: ``FamilyAssets.settings``)."""
+        from packer.families import FAMILIES
+
+        settings = FAMILIES[self.family].settings_class(**case.manifest["tokenizer"]["family"]["settings"])
+        check_settings(assets_for(self.family).settings, settings, case.processor)
+
+    def test_defaults_equal_the_classes(self):
+        """The family's settings without a checkpoint are its settings class's defaults, and they equal the
+        transformers classes' defaults, as the family declares them (``FamilyAssets.defaults``)."""
+        import transformers
+
+        from packer.families import FAMILIES
+        from packer.families.checkpoint import Checkpoint, read_checkpoint
+
+        cls = FAMILIES[self.family].settings_class
+        defaults = cls()
+        assert cls.resolve(Checkpoint()) == defaults == cls.resolve(read_checkpoint(""))
+        check_settings(assets_for(self.family).defaults, defaults, transformers)
+
     @pytest.mark.slow  # builds the sample pipeline
     def test_sample_pipeline_ids_equal_its_processor(self, tmp_path):
         """Each ``pipelines/*.toml`` naming the family, built over sample_data: its records' ids equal the sample
@@ -598,6 +619,26 @@ class FamilyConformance:
     @pytest.mark.slow  # the real processor over a sample of the build, twice
     def test_verify_against_processor_passes_on_the_build_and_names_a_changed_setting(self, case, tmp_path):
         verify_against_processor_check(case, assets_for(self.family), tmp_path)
+
+
+def check_settings(spec, settings: Any, source: Any, fixed: bool = True) -> None:
+    """``settings`` (a family's settings object) equal what ``spec`` (:class:`family_assets.Equal`) reads off
+    ``source``, row by row, and pass its exception; ``fixed``: they also equal its fixed values (not for another
+    checkpoint than the test processor's, such as the sample one)."""
+    for key, readers in spec.table.items():
+        for reader in readers if isinstance(readers, tuple) else (readers,):
+            _equal(getattr(settings, key), read(source, reader) if isinstance(reader, str) else reader(source), key)
+    for key, value in spec.values.items() if fixed else ():
+        _equal(getattr(settings, key), value, key)
+    if spec.exception is not None:
+        spec.exception(source, settings)
+
+
+def _equal(got: Any, want: Any, key: str) -> None:
+    if isinstance(want, bool) or want is None:
+        assert got is want, (key, got, want)
+    else:
+        assert got == want, (key, got, want)
 
 
 def verify_against_processor_check(built: Built, assets, tmp_path: Path) -> None:
@@ -647,6 +688,10 @@ def conformance(name: str) -> type[FamilyConformance]:
             body["test_sample_pipeline_ids_equal_its_processor"] = None
         if assets.verify is None:
             body["test_verify_against_processor_passes_on_the_build_and_names_a_changed_setting"] = None
+        if assets.settings is None:
+            body["test_settings_equal_the_processor"] = None
+        if assets.defaults is None:
+            body["test_defaults_equal_the_classes"] = None
         if assets.alone_rows is not None:
             rows = assets.alone_rows
             body["alone_rows"] = lambda self, ds, records, impl: rows(ds, records, impl)

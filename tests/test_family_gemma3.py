@@ -9,8 +9,6 @@ shorter than an image, so the masks' window and bidirectional blocks both matter
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 
 pytest.importorskip("torchvision")
@@ -31,23 +29,6 @@ TestConformance = conformance(FAMILY)  # the packed == alone check on the pan an
 def scan(alone):
     """The same records built with pan and scan on (the family's declared packed == alone build)."""
     return alone
-
-
-def test_settings_equal_the_processor(built):
-    processor = built.processor
-    family = built.manifest["tokenizer"]["family"]
-    settings = family["settings"]
-    assert settings["image_seq_length"] == processor.image_seq_length == IMAGE_SEQ_LENGTH  # from the checkpoint
-    tok = processor.tokenizer
-    assert (settings["boi_token"], settings["image_token"], settings["eoi_token"]) == (tok.boi_token, tok.image_token,
-                                                                                     tok.eoi_token)
-    for key in ("do_pan_and_scan", "pan_and_scan_min_crop_size", "pan_and_scan_max_num_crops",
-                "pan_and_scan_min_ratio_to_activate"):
-        assert settings[key] == processor.images_kwargs[key], key  # what the processor passes at every call
-    defaults = Gemma3Settings()
-    from transformers import Gemma3Processor
-
-    assert defaults.image_seq_length == inspect.signature(Gemma3Processor.__init__).parameters["image_seq_length"].default
 
 
 def test_a_checkpoints_pan_and_scan_never_reaches_the_processor(tmp_path):

@@ -13,7 +13,6 @@ The equivalence runs on a second build of the records without the two longest (3
 
 from __future__ import annotations
 
-import inspect
 import json
 
 import numpy as np
@@ -38,38 +37,6 @@ TestConformance = conformance(FAMILY)  # packed == alone on the records without 
 def small(alone):
     """The records without the longest ones, in rows of at most 1,024 tokens (see the module docstring)."""
     return alone
-
-
-def test_settings_equal_the_processor(built):
-    processor = built.processor
-    family = built.manifest["tokenizer"]["family"]
-    s = family["settings"]
-    ip, vp, fe, tok = processor.image_processor, processor.video_processor, processor.feature_extractor, processor.tokenizer
-    assert (s["image_patch_size"], s["image_max_soft_tokens"], s["image_pooling_kernel_size"]) == \
-        (ip.patch_size, ip.max_soft_tokens, ip.pooling_kernel_size)
-    assert (s["video_patch_size"], s["video_max_soft_tokens"], s["video_pooling_kernel_size"], s["video_num_frames"],
-            s["video_fps"], s["video_sample"]) == (vp.patch_size, vp.max_soft_tokens, vp.pooling_kernel_size,
-                                                   vp.num_frames, vp.fps or 0.0, vp.do_sample_frames)
-    assert (s["audio_sampling_rate"], s["audio_frame_length"], s["audio_hop_length"]) == \
-        (fe.sampling_rate, fe.frame_length, fe.hop_length)
-    assert [s[k] for k in ("image_token", "boi_token", "eoi_token", "audio_token", "boa_token", "eoa_token")] == \
-        [tok.image_token, tok.boi_token, tok.eoi_token, tok.audio_token, tok.boa_token, tok.eoa_token]
-    assert s["video_token"] == processor.video_token
-
-
-def test_defaults_equal_the_classes():
-    from transformers import Gemma4AudioFeatureExtractor, Gemma4ImageProcessor, Gemma4VideoProcessor
-
-    d, fe = Gemma4Settings(), Gemma4AudioFeatureExtractor()
-    for cls, prefix in ((Gemma4ImageProcessor, "image"), (Gemma4VideoProcessor, "video")):
-        for key in ("patch_size", "max_soft_tokens", "pooling_kernel_size"):
-            assert getattr(d, f"{prefix}_{key}") == getattr(cls, key), (prefix, key)
-    assert (d.video_num_frames, d.video_fps, d.video_sample) == (Gemma4VideoProcessor.num_frames, 0.0,
-                                                                 Gemma4VideoProcessor.do_sample_frames)
-    assert getattr(Gemma4VideoProcessor(), "fps", None) is None
-    assert (d.audio_sampling_rate, d.audio_frame_length, d.audio_hop_length) == (fe.sampling_rate, fe.frame_length,
-                                                                                fe.hop_length)
-    assert d.audio_max_length == inspect.signature(Gemma4AudioFeatureExtractor.__call__).parameters["max_length"].default
 
 
 def test_long_clips_are_capped_and_videos_counted(built):

@@ -28,36 +28,6 @@ FAMILY = "internvl"
 TestConformance = conformance(FAMILY)  # without the 30-image row; tiles and frames share <IMG_CONTEXT>
 
 
-def test_settings_equal_the_saved_processor(built):
-    processor = built.processor
-    family = built.manifest["tokenizer"]["family"]
-    s = InternVLSettings(**family["settings"])
-    ip, vp, tok = processor.image_processor, processor.video_processor, processor.tokenizer
-    assert s.image_seq_length == processor.image_seq_length == SEQ
-    assert (s.tile_height, s.tile_width) == (ip.size.height, ip.size.width)
-    assert (s.min_patches, s.max_patches) == (ip.min_patches, ip.max_patches)
-    assert s.crop_to_patches is processor.images_kwargs["crop_to_patches"] is True  # the processor forces tiling
-    assert (s.video_sample, s.video_num_frames, s.video_initial_shift) == (vp.do_sample_frames, vp.num_frames, "true")
-    assert (s.image_token, s.start_image_token, s.end_image_token, s.video_token) == (
-        tok.context_image_token, tok.start_image_token, tok.end_image_token, tok.video_token)
-
-
-def test_defaults_equal_the_classes_defaults():
-    from transformers import GotOcr2ImageProcessor, InternVLVideoProcessor
-
-    s = InternVLSettings.resolve(read_checkpoint(""))
-    ip, vp = GotOcr2ImageProcessor(), InternVLVideoProcessor()
-    assert (s.tile_height, s.tile_width, s.min_patches, s.max_patches) == (ip.size.height, ip.size.width, ip.min_patches,
-                                                                          ip.max_patches)
-    assert (s.video_sample, s.video_num_frames or None, s.video_fps or None) == (vp.do_sample_frames, vp.num_frames, vp.fps)
-    assert s.initial_shift() is vp.initial_shift is True
-    import inspect
-
-    from transformers import InternVLProcessor
-
-    assert s.image_seq_length == inspect.signature(InternVLProcessor.__init__).parameters["image_seq_length"].default
-
-
 def test_processor_options_override(tmp_path):
     from packer.errors import ConfigError
 

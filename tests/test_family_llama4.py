@@ -40,32 +40,6 @@ FAMILY = "llama4"
 TestConformance = conformance(FAMILY)  # without the 30-image row; tiled images cut anywhere under SP
 
 
-def test_settings_equal_the_saved_processor(built):
-    processor = built.processor
-    family = built.manifest["tokenizer"]["family"]
-    s = Llama4Settings(**family["settings"])
-    ip = processor.image_processor
-    assert (s.tile_size, s.tile_size) == (ip.size.height, ip.size.width)
-    assert (s.max_patches, s.resize_to_max_canvas) == (ip.max_patches, ip.resize_to_max_canvas)
-    assert s.patch_size == processor.patch_size and round(1 / s.pixel_shuffle_ratio**2) == processor.downsample_ratio
-    assert s.image_token == processor.image_token and s.tokens_per_tile == PER_TILE
-
-
-def test_defaults_equal_the_classes_defaults():
-    import inspect
-
-    from transformers import Llama4ImageProcessor, Llama4Processor
-
-    s = Llama4Settings.resolve(read_checkpoint(""))
-    ip = Llama4ImageProcessor()
-    assert (s.tile_size, s.tile_size, s.max_patches, s.resize_to_max_canvas) == (
-        ip.size.height, ip.size.width, ip.max_patches, ip.resize_to_max_canvas)
-    defaults = inspect.signature(Llama4Processor.__init__).parameters
-    assert (s.patch_size, s.pixel_shuffle_ratio, s.image_token) == (
-        defaults["patch_size"].default, defaults["pixel_shuffle_ratio"].default, defaults["image_token"].default)
-    assert s.tokens_per_tile == 144
-
-
 def test_processor_options_override(tmp_path):
     llama4_processor(tmp_path / "ck")
     s = Llama4Settings.resolve(read_checkpoint(str(tmp_path / "ck")), "max_patches=4,resize_to_max_canvas=true")

@@ -26,6 +26,7 @@ from family_harness import (  # noqa: E402
     check_equivalence,
     check_ids,
     check_rows_collate,
+    check_settings,
     conformance,
     write_media,
     write_records,
@@ -37,30 +38,9 @@ FAMILY = "llava_onevision"
 TestConformance = conformance(FAMILY)  # packed == alone on the row of r0
 
 
-def assert_settings(s: dict, processor) -> None:
-    """Every setting the family uses equals the loaded processor's."""
-    ip, vp = processor.image_processor, processor.video_processor
-    assert s["image_size"] == ip.size["height"] == ip.size["width"]
-    assert s["pinpoints"] == "/".join(f"{h}x{w}" for h, w in ip.image_grid_pinpoints)
-    assert (s["num_image_tokens"], s["vision_feature_select_strategy"], s["vision_aspect_ratio"]) == (
-        processor.num_image_tokens, processor.vision_feature_select_strategy, processor.vision_aspect_ratio)
-    assert (s["video_sample"], s["video_num_frames"], s["video_fps"]) == (vp.do_sample_frames, vp.num_frames or 0,
-                                                                         vp.fps or 0.0)
-    assert (s["image_token"], s["video_token"]) == (processor.image_token, processor.video_token)
-
-
-def test_settings_are_the_checkpoints(built):
-    processor = built.processor
-    family = built.manifest["tokenizer"]["family"]
-    assert_settings(family["settings"], processor)
-    assert family["settings"]["image_size"] == 32 and family["settings"]["video_num_frames"] == 3
-
-
 def test_the_sample_checkpoint_is_the_processors():
     """sample_data/processors/llava_onevision (written by make_sample_data.py): loads as the real processor, and the
     family reads the same settings from it."""
-    from dataclasses import asdict
-
     from transformers import AutoProcessor
 
     from conftest import SAMPLE
@@ -69,29 +49,9 @@ def test_the_sample_checkpoint_is_the_processors():
 
     folder = SAMPLE / "processors" / "llava_onevision"
     processor = AutoProcessor.from_pretrained(str(folder))
-    settings = asdict(LlavaOnevisionSettings.resolve(read_checkpoint(str(folder))))
-    assert_settings(settings, processor)
-    assert settings["num_image_tokens"] == 729 and settings["vision_aspect_ratio"] == "anyres_max_9"
-
-
-def test_defaults_are_the_processor_classes():
-    import inspect
-
-    from transformers import LlavaOnevisionImageProcessor, LlavaOnevisionProcessor, LlavaOnevisionVideoProcessor
-
-    from packer.families.checkpoint import Checkpoint
-    from packer.families.llava_onevision import LlavaOnevisionSettings
-
-    d = LlavaOnevisionSettings()
-    assert LlavaOnevisionSettings.resolve(Checkpoint()) == d
-    ip, vp = LlavaOnevisionImageProcessor(), LlavaOnevisionVideoProcessor()
-    assert d.image_size == ip.size["height"] == ip.size["width"] and ip.crop_size is None
-    assert d.pinpoints == "/".join(f"{h}x{w}" for h, w in ip.image_grid_pinpoints)
-    assert (d.video_sample, vp.num_frames, vp.fps) == (vp.do_sample_frames, None, None)
-    init = inspect.signature(LlavaOnevisionProcessor.__init__).parameters
-    assert (d.vision_aspect_ratio, d.image_token, d.video_token) == (
-        init["vision_aspect_ratio"].default, init["image_token"].default, init["video_token"].default)
-    assert init["num_image_tokens"].default is None and init["vision_feature_select_strategy"].default is None
+    settings = LlavaOnevisionSettings.resolve(read_checkpoint(str(folder)))
+    check_settings(ASSETS.settings, settings, processor, fixed=False)
+    assert settings.num_image_tokens == 729 and settings.vision_aspect_ratio == "anyres_max_9"
 
 
 SIZES = [(1, 1), (2000, 10), (13, 2600), (200, 300), (384, 384), (385, 383), (720, 1280), (1080, 1920), (4000, 3000),

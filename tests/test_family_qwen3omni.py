@@ -20,7 +20,7 @@ pytest.importorskip("torchvision")
 
 from assets_qwen3omni import ASSETS  # noqa: E402
 from assets_qwen3omni import refused_for as _refused  # noqa: E402
-from family_harness import conformance, hf_inputs, segments  # noqa: E402
+from family_harness import check_settings, conformance, hf_inputs, segments  # noqa: E402
 
 from packer.loader import PackedCollator, PackedDataset  # noqa: E402
 
@@ -85,39 +85,9 @@ def test_positions_equal_get_rope_index(built, case):
         assert (batch["position_ids"] % 1 != 0).any()
 
 
-def assert_settings(s: dict, processor) -> None:
-    """Every setting the family uses equals the loaded processor's."""
-    ip, vp, fe = processor.image_processor, processor.video_processor, processor.feature_extractor
-    assert (s["image_patch_size"], s["image_merge_size"], s["image_min_pixels"], s["image_max_pixels"]) == (
-        ip.patch_size, ip.merge_size, ip.size["shortest_edge"], ip.size["longest_edge"])
-    assert (s["video_patch_size"], s["video_merge_size"], s["video_temporal_patch_size"]) == (
-        vp.patch_size, vp.merge_size, vp.temporal_patch_size)
-    assert (s["video_sample"], s["video_fps"], s["video_min_frames"], s["video_max_frames"], s["video_num_frames"]) == (
-        vp.do_sample_frames, vp.fps or 0.0, vp.min_frames, vp.max_frames, vp.num_frames or 0)
-    assert (s["cap_pixels_per_frame"], s["max_video_tokens"]) == (bool(vp.cap_pixels_per_frame), vp.max_video_tokens)
-    size = processor.videos_kwargs["size"]  # the processor's, passed to the video processor on every call
-    assert (s["video_min_pixels"], s["video_max_pixels"]) == (size["shortest_edge"], size["longest_edge"])
-    assert (vp.size["shortest_edge"], vp.size["longest_edge"]) != (size["shortest_edge"], size["longest_edge"])
-    assert (s["sampling_rate"], s["hop_length"]) == (processor.audio_kwargs["sampling_rate"], fe.hop_length)
-    assert (s["n_window"], s["position_id_per_seconds"]) == (processor.n_window, processor.position_id_per_seconds)
-    assert (s["image_token"], s["video_token"], s["audio_token"]) == (
-        processor.image_token, processor.video_token, processor.audio_token)
-    assert (s["vision_start"], s["vision_end"], s["audio_start"], s["audio_end"]) == (
-        processor.vision_bos_token, processor.vision_eos_token, processor.audio_bos_token, processor.audio_eos_token)
-
-
-def test_settings_are_the_checkpoints(built):
-    processor = built.processor
-    family = built.manifest["tokenizer"]["family"]
-    assert_settings(family["settings"], processor)
-    assert family["settings"]["video_fps"] == 2 and family["settings"]["image_patch_size"] == 16
-
-
 def test_the_sample_checkpoint_is_the_processors():
     """sample_data/processors/qwen3omni (written by make_sample_data.py): loads as the real processor, and the family
     reads the same settings from it."""
-    from dataclasses import asdict
-
     from transformers import AutoProcessor
 
     from conftest import SAMPLE
@@ -126,31 +96,9 @@ def test_the_sample_checkpoint_is_the_processors():
 
     folder = SAMPLE / "processors" / "qwen3omni"
     processor = AutoProcessor.from_pretrained(str(folder))
-    settings = asdict(Qwen3OmniSettings.resolve(read_checkpoint(str(folder))))
-    assert_settings(settings, processor)
-    assert settings["image_patch_size"] == 16 and not settings["video_sample"]
-
-
-def test_defaults_are_the_processor_classes():
-    from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor, Qwen3OmniMoeProcessor, WhisperFeatureExtractor
-
-    from packer.families.checkpoint import Checkpoint
-    from packer.families.qwen3omni import Qwen3OmniSettings
-
-    d = Qwen3OmniSettings()
-    assert Qwen3OmniSettings.resolve(Checkpoint()) == d
-    ip, vp, fe = Qwen2VLImageProcessor(), Qwen2VLVideoProcessor(), WhisperFeatureExtractor()
-    assert (d.image_patch_size, d.image_merge_size, d.image_min_pixels, d.image_max_pixels) == (
-        ip.patch_size, ip.merge_size, ip.size["shortest_edge"], ip.size["longest_edge"])
-    assert (d.video_patch_size, d.video_merge_size, d.video_temporal_patch_size, d.video_min_frames, d.video_max_frames) == (
-        vp.patch_size, vp.merge_size, vp.temporal_patch_size, vp.min_frames, vp.max_frames)
-    assert (d.video_sample, vp.fps, vp.num_frames, d.cap_pixels_per_frame, d.max_video_tokens) == (
-        vp.do_sample_frames, None, None, bool(vp.cap_pixels_per_frame), vp.max_video_tokens)
-    size = Qwen3OmniMoeProcessor.videos_kwargs["size"]
-    assert (d.video_min_pixels, d.video_max_pixels) == (size["shortest_edge"], size["longest_edge"])
-    assert (d.sampling_rate, d.hop_length) == (Qwen3OmniMoeProcessor.audio_kwargs["sampling_rate"], fe.hop_length)
-    assert (d.n_window, d.position_id_per_seconds) == (Qwen3OmniMoeProcessor.n_window,
-                                                      Qwen3OmniMoeProcessor.position_id_per_seconds)
+    settings = Qwen3OmniSettings.resolve(read_checkpoint(str(folder)))
+    check_settings(ASSETS.settings, settings, processor, fixed=False)
+    assert settings.image_patch_size == 16 and not settings.video_sample
 
 
 def test_audio_counts_equal_the_processor():

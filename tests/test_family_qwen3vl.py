@@ -19,33 +19,6 @@ FAMILY = "qwen3vl"
 TestConformance = conformance(FAMILY)  # ulysses and ring; a clip's runs, timestamps between them
 
 
-def test_manifest_records_the_family_and_its_settings(built):
-    processor = built.processor
-    family = built.manifest["tokenizer"]["family"]
-    settings = family["settings"]
-    assert settings["image_patch_size"] == processor.image_processor.patch_size == 16
-    assert settings["video_max_pixels"] == processor.video_processor.size.longest_edge
-    assert settings["video_fps"] == processor.video_processor.fps and settings["video_max_frames"] == 12
-
-
-def test_video_defaults_are_the_video_processors_and_image_defaults_the_published_checkpoints():
-    """Without --processor the family counts with Qwen3VLVideoProcessor's own defaults; the image processor class
-    is Qwen2-VL's (patch 14), so the family's image defaults are Qwen3-VL's published 16 x 2 instead."""
-    from transformers import Qwen3VLVideoProcessor
-
-    from packer.families.checkpoint import Checkpoint
-    from packer.families.qwen3vl import Qwen3VLSettings
-
-    s, vp = Qwen3VLSettings.resolve(Checkpoint()), Qwen3VLVideoProcessor()
-    assert (s.video_patch_size, s.video_merge_size, s.video_temporal_patch_size) == (vp.patch_size, vp.merge_size,
-                                                                                     vp.temporal_patch_size)
-    assert (s.video_min_pixels, s.video_max_pixels) == (vp.size.shortest_edge, vp.size.longest_edge)
-    assert (s.video_fps, s.video_min_frames, s.video_max_frames, s.max_video_tokens) == (vp.fps, vp.min_frames,
-                                                                                         vp.max_frames, vp.max_video_tokens)
-    assert s.video_sample == vp.do_sample_frames and s.cap_pixels_per_frame == bool(vp.cap_pixels_per_frame)
-    assert (s.image_patch_size, s.image_merge_size) == (16, 2)
-
-
 @pytest.mark.slow  # the real processor, a build and verify (~13 s)
 def test_private_use_markers_typed_in_records_pass_verify_against_the_processor(tmp_path):
     """U+F0000 / U+F0001 (transformers' control-token markers) typed in a chat that marks no control token, or in a
