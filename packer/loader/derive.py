@@ -32,7 +32,8 @@ from packer.loader.checks import check_attention, default_attention, model_rope
 def build_family(ds) -> Family | None:
     """The build's named family, rebuilt from its manifest record (:meth:`Family.from_record`); None for a generic
     build (the model, not the family, then decides rope and model inputs) or one that records none."""
-    family = Family.from_record(ds.family) if ds.family else None
+    manifest = getattr(ds, "manifest", None)
+    family = manifest.family if manifest is not None else Family.from_record(ds.family) if ds.family else None
     return None if family is None or family.is_generic else family
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +175,16 @@ class Manifest:
         if not self.input_sources or not own:
             return [build] * len(self.inputs)
         return [own[k] for k in self.input_sources]
+
+    @functools.cached_property
+    def family(self):
+        """The build's family (:class:`packer.families.Family`), read back from its record once per manifest
+        (:meth:`~packer.families.Family.from_record`, which refuses a record no build writes); None for a build that
+        records none. Every reader of a build (verify, the loader) takes it from here."""
+        from packer.families import Family
+
+        record = self.tokenizer.get("family")
+        return Family.from_record(record) if record else None
 
     @property
     def placeholders(self) -> dict[str, int]:

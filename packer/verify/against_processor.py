@@ -68,7 +68,6 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
     """(mismatching records, records checked): ``sample`` records of the build at ``out`` re-run through
     ``processor`` (a folder or hub id)."""
     from packer.config import BuildConfig
-    from packer.families import Family
     from packer.io import fs
     from packer.shards.io import read_shards
     from packer.shards.manifest import Manifest
@@ -83,8 +82,7 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
     samples = read_shards([out / e.file for e in manifest.files.samples], SAMPLE_SCHEMA)
     chosen = _choose(samples, sample, seed)
     config = BuildConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in manifest.config.items()})
-    record = manifest.tokenizer.get("family")
-    family = Family.from_record(record) if record else None
+    family = manifest.family
     placeholders = manifest.placeholders
     root = media_root or manifest.media_root
     rows = samples.take(chosen).select(["source_index", "source_line", "key", "input_ids", "media", "responses",

@@ -19,10 +19,7 @@ from packer.verify.problem import Problem
 def family_row_problem(manifest: Manifest):
     """The build family's :meth:`~packer.families.Family.row_problem`; None where its rows all collate (a family
     without a row key, the generic one among them)."""
-    from packer.families import Family
-
-    record = manifest.tokenizer.get("family")
-    family = Family.from_record(record) if record else None
+    family = manifest.family
     return family.row_problem if family is not None and family.keys_rows else None
 
 
