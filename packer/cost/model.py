@@ -129,7 +129,8 @@ class CostModel:
                                  f"calibrate writes them; packer build --cost-model takes a model config)")
         raw = raw.get("coefficients", raw) if isinstance(raw, dict) else raw
         if not isinstance(raw, dict):
-            raise CostModelError(f"{path}: a cost model JSON is an object of coefficients, got {type(raw).__name__}")
+            raise CostModelError(f"{path}: a cost model JSON is an object of coefficients, got {type(raw).__name__}: give "
+                                 f"a cost model JSON (packer calibrate writes one)")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:

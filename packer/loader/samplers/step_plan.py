@@ -251,7 +251,7 @@ def plan_command(out: str, *, ranks: int, batch_size: int = 1, epochs: int = 1, 
     path = Path(output) if output else Path(out) / FOLDER / name
     check_output(Path(out), path)
     read = read_stages(stages) if stages else None
-    model = load_cost_model(cost_model) if cost_model else None
+    model = CostModel.load(cost_model) if cost_model else None  # a bad file: CostModelError, one line, exit 2
     inside = path.resolve().is_relative_to(Path(out).resolve())
     lock = BuildLock(Path(out)) if inside else None  # a plan written elsewhere needs no write access to OUT
     try:
@@ -286,13 +286,6 @@ def check_output(out: Path, path: Path) -> None:
         except Exception:  # noqa: BLE001 - not a plan, whatever the reason: not ours to overwrite
             raise ArgumentError(f"-o {path} exists and is not a step plan: packer steps overwrites only a plan it "
                                f"wrote; give another -o, or remove the file") from None
-
-
-def load_cost_model(path: str) -> CostModel:
-    try:
-        return CostModel.load(path)
-    except (ValueError, AttributeError) as e:  # JSONDecodeError is a ValueError
-        raise ArgumentError(f"--cost-model {path}: {e}; give a cost model JSON (packer calibrate writes one)") from None
 
 
 def read_stages(path: str | Path) -> list[Stage]:
