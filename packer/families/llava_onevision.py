@@ -49,6 +49,7 @@ from packer.families.checkpoint import Checkpoint
 from packer.families.towers import channels
 from packer.media import bounds as setting_bounds
 from packer.media.policies import best_resolution
+from packer.media.policies.anyres import unpadded
 from packer.modeling.towers import Dummy, Tower, side
 from packer.specs import parse_params
 
@@ -146,13 +147,7 @@ def anyres_tokens(height: int, width: int, s: LlavaOnevisionSettings) -> tuple[i
     best_h, best_w = best_resolution(height, width, grid_pinpoints(s.pinpoints))
     scale_h, scale_w = best_h // s.image_size, best_w // s.image_size
     p = int(math.sqrt(s.num_image_tokens))
-    cur_h, cur_w = p * scale_h, p * scale_w
-    if width / height > cur_w / cur_h:
-        new_h = int(round(height * (cur_w / width), 7))
-        cur_h -= 2 * ((cur_h - new_h) // 2)
-    else:
-        new_w = int(round(width * (cur_h / height), 7))
-        cur_w -= 2 * ((cur_w - new_w) // 2)
+    cur_h, cur_w = unpadded(height, width, p * scale_h, p * scale_w)
     rows, cols = cur_h, cur_w
     ratio = math.sqrt(cur_h * cur_w / (s.max_tiles * p**2))
     if ratio > 1.1:

@@ -35,14 +35,20 @@ class AnyRes:
     def count(self, height: int, width: int) -> Count:
         best_h, best_w = best_resolution(height, width, self.grid_pinpoints())
         side = self.image_size // self.patch_size
-        cur_h, cur_w = side * (best_h // self.image_size), side * (best_w // self.image_size)
-        if width / height > cur_w / cur_h:
-            new_h = int(round(height * (cur_w / width), 7))
-            cur_h -= 2 * ((cur_h - new_h) // 2)
-        else:
-            new_w = int(round(width * (cur_h / height), 7))
-            cur_w -= 2 * ((cur_w - new_w) // 2)
+        cur_h, cur_w = unpadded(height, width, side * (best_h // self.image_size), side * (best_w // self.image_size))
         return Count(cur_h * cur_w + cur_h + side * side)
+
+
+def unpadded(height: int, width: int, cur_h: int, cur_w: int) -> tuple[int, int]:
+    """The feature map ``cur_h x cur_w`` of the best-fit grid with the padding around a ``height x width`` image
+    cut off (HF's ``unpad_image`` arithmetic, rounded as its processors count it): LLaVA-NeXT and OneVision."""
+    if width / height > cur_w / cur_h:
+        new_h = int(round(height * (cur_w / width), 7))
+        cur_h -= 2 * ((cur_h - new_h) // 2)
+    else:
+        new_w = int(round(width * (cur_h / height), 7))
+        cur_w -= 2 * ((cur_w - new_w) // 2)
+    return cur_h, cur_w
 
 
 def best_resolution(height: int, width: int, candidates: list[tuple[int, int]]) -> tuple[int, int]:
