@@ -67,8 +67,8 @@ def deep_problems(out: Path, manifest: Manifest) -> list[Problem]:
     if manifest.files.plan is None:
         return [Problem("plan.arrow", None, "the manifest lists no plan: --deep cannot re-derive the packed rows")]
     problems = [*plan_problems(out, manifest), *packed_problems(out, manifest), *tokenizer_problems(out, manifest)]
-    other = other_code(manifest)
-    return [dataclasses.replace(p, message=f"{p.message} ({other})") for p in problems] if problems and other else problems
+    other = other_code(manifest) if problems else None  # hashes packer's sources: only where there is a difference
+    return [dataclasses.replace(p, message=f"{p.message} ({other})") for p in problems] if other else problems
 
 
 def other_code(manifest: Manifest) -> str | None:
