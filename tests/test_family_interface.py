@@ -186,3 +186,19 @@ def test_the_sample_processors_are_the_families_declared_ones():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "tests")])}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root, check=True)
     assert run.stdout.strip() == "[]", run.stdout
+
+
+@pytest.mark.parametrize("pipeline", sorted(p.name for p in (PACKER.parent / "pipelines").glob("*.toml")))
+def test_a_familys_record_reads_back_as_the_same_family(pipeline):
+    """The family crosses the code as one object: what the manifest records (``record()``) reads back
+    (``Family.from_record``) as a family of the same class that records the same bytes, for every pipeline's family
+    (the generic one too)."""
+    import json
+
+    from packer.config import resolve
+    from packer.families import Family, make_family
+
+    family = make_family(resolve(PACKER.parent / "pipelines" / pipeline))
+    record = family.record()
+    again = Family.from_record(json.loads(json.dumps(record)))  # as the manifest stores it
+    assert type(again) is type(family) and json.dumps(again.record(), sort_keys=True) == json.dumps(record, sort_keys=True)
