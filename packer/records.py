@@ -24,11 +24,30 @@ ROLES = ("system", "user", "assistant", "tool")
 
 @dataclass(frozen=True)
 class RawLine:
-    line: int  # 1-based line number in the file
-    data: bytes  # the line without its line ending (only its start if too_long)
+    """One input record as read, before parsing: a JSONL line, a table row or a tar sample.
+
+    ``line`` is the record's place in its file: a JSONL line's number (1-based), a table row's number (0-based, as
+    ``dataset[row]`` counts) or a tar sample's (0-based, in the tar's order; ``member`` its key); ``where`` says
+    which. A table row or tar sample comes decoded (``record``), or as the error that made it unreadable
+    (``error``: quarantined as that record's)."""
+
+    line: int
+    data: bytes  # the line without its line ending (only its start if too_long); a row's JSON preview
     too_long: int = 0  # the line's length in bytes when it exceeded the limit
     offset: int = 0  # byte offset of the line's start in the file
     end: int = 0  # byte offset just past the line (its newline included)
+    where: str = "line"  # "line" | "row" | "member"
+    member: str = ""  # a tar sample's key
+    record: Any = None  # a table row / tar sample, decoded (media as refs: packer.ingest.layouts)
+    error: Any = None  # a BadRecord met reading it
+
+    def place(self, file: str) -> str:
+        """``file:12`` (a line), ``file row 11``, ``file member 000011``: how messages name the record."""
+        if self.where == "row":
+            return f"{file} row {self.line}"
+        if self.where == "member":
+            return f"{file} member {self.member}"
+        return f"{file}:{self.line}"
 
 
 @dataclass(frozen=True)

@@ -213,7 +213,7 @@ def test_decode_errors(line, reason, match):
         ({"messages": [{"role": "user", "content": [{"type": "image", "url": "https://x.org/a.png"}]}]}, "unsupported_media_ref", "remote URL"),
         ({"messages": [{"role": "user", "content": [{"type": "image", "image": ""}]}]}, "wrong_type", "non-empty string"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 999}}]}]},
-         "unsupported_media_ref", r"'data:image/png;base64,A{26}\.\.\.' is an inline data: URL \(1,021 characters\)"),
+         "bad_data_url", r"'data:image/png;base64,A{26}\.\.\.': its base64 data does not decode"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x.org/a.png"}}]}]},
          "unsupported_media_ref", "remote URL; packer reads local files only"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "https://x.org/a.png"}]}]},

@@ -43,12 +43,12 @@ def _as_list(value: Any) -> list:
 
 def _source_spec(path: Path, table: Any) -> str:
     """``{input = "a.jsonl", weight = 3, cap = 1000}`` -> ``"a.jsonl#weight=3.0,cap=1000"``."""
-    known = {"input", "weight", "cap", *POLICY}
+    known = {"input", "weight", "cap", "format", "columns", *POLICY}
     if not isinstance(table, dict) or not isinstance(table.get("input"), str) or set(table) - known:
         raise ConfigError(f"{path}: each [[sources]] table needs input = \"FILE\" and may hold weight, cap and its own "
                           f"packing ({', '.join(POLICY)}), got {table!r}")
     params = []
-    for k in ("weight", "cap", *POLICY):
+    for k in ("format", "weight", "cap", *POLICY):
         if k not in table:
             continue
         text = str(table[k]).lower() if isinstance(table[k], bool) else str(table[k])
@@ -56,6 +56,14 @@ def _source_spec(path: Path, table: Any) -> str:
             raise ConfigError(f"{path}: [[sources]] input {table['input']!r}: {k} = {table[k]!r} is not one value of {k} "
                               f"(',', '=' and '#' separate options); give each option its own key in the table")
         params.append(f"{k}={text}")
+    if "columns" in table:  # {messages = "conversations", images = "image_list"}, last: its pairs run to the end
+        columns = table["columns"]
+        if not isinstance(columns, dict) or not columns or not all(
+                isinstance(v, str) and v and not any(c in v + k for c in ",=#") for k, v in columns.items()):
+            raise ConfigError(f"{path}: [[sources]] input {table['input']!r}: columns must be a table of record field = "
+                              f"\"column\" (columns = {{messages = \"conversations\", images = \"image_list\"}}), got "
+                              f"{columns!r}")
+        params.append("columns=" + ",".join(f"{k}={v}" for k, v in columns.items()))
     if params or SEPARATOR in table["input"]:  # a table's input is a path whole: a '#' in it is the file's name
         return f"{table['input']}{SEPARATOR}{','.join(params)}"
     return table["input"]

@@ -43,12 +43,28 @@ OVERSIZE = ("truncate", "drop", "split")  # the build's own --oversize policies 
 LEAST = {"max_length": 1, **{k: 0 for k in POLICY if k.startswith("max_") and k != "max_length"}}
 
 
+# How a source's files are read (``format=``; auto: from each file's name, :func:`packer.ingest.units.detect`)
+INPUT_FORMATS = ("auto", "jsonl", "parquet", "arrow", "webdataset")
+# The record fields a column mapping may fill (``columns=messages=conversations,images=image_list``): the names the
+# record shapes read (packer.ingest.formats), so a mapping's target is checked when the source is parsed
+FIELDS = ("id", "messages", "conversations", "images", "image", "audios", "audio", "videos", "video", "text", "texts",
+          "prompt", "completion", "chosen", "rejected", "label", "responses", "system", "tools", "instruction", "input",
+          "output", "history")
+
+
 @dataclass(frozen=True)
 class Source:
     pattern: str
     weight: float = 1.0
     cap: int = 0  # 0: no cap
     policy: tuple[tuple[str, object], ...] = ()  # (option, value) of POLICY, sorted: this source's own packing
+    format: str = "auto"  # how its files are read: INPUT_FORMATS
+    columns: tuple[tuple[str, str], ...] = ()  # (record field, column it is read from), in the order given
+
+    @property
+    def reading(self) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """How the source's files are read (format and column mapping): two sources naming one file must agree."""
+        return self.format, self.columns
 
     @property
     def mixed(self) -> bool:
@@ -75,8 +91,15 @@ class Source:
         if not sep:
             return cls(spec)
         values: dict[str, object] = {}
+        columns: list[tuple[str, str]] = []
+        mapping = False  # after columns=: items field=column until an option
         for item in filter(None, params.split(",")):
             key, eq, value = item.partition("=")
+            if key == "columns" or (mapping and eq and key not in ALLOWED):
+                columns.append(_mapping(spec, value if key == "columns" else item))
+                mapping = True
+                continue
+            mapping = False
             if not eq or key not in ALLOWED:
                 raise ConfigError(f"input {spec!r}: {item!r} after '#' is not an option; give weight=W, cap=N and this "
                                   f"source's own packing ({', '.join(f'{k}=...' for k in POLICY)}; e.g. "
@@ -92,12 +115,25 @@ class Source:
             if not _allowed(key, v):
                 raise ConfigError(f"input {spec!r}: {key} = {v!r} is not {ALLOWED[key]}")
         policy = tuple(sorted((k, v) for k, v in values.items() if k in POLICY))
-        return cls(pattern, float(values.get("weight", 1.0)), int(values.get("cap", 0)), policy)
+        if len({f for f, _ in columns}) != len(columns):
+            raise ConfigError(f"input {spec!r}: columns maps one record field twice")
+        return cls(pattern, float(values.get("weight", 1.0)), int(values.get("cap", 0)), policy,
+                   str(values.get("format", "auto")), tuple(columns))
+
+
+def _mapping(spec: str, item: str) -> tuple[str, str]:
+    """``messages=conversations``: the record field ``messages`` read from the column ``conversations``."""
+    field, eq, column = item.partition("=")
+    if not eq or field not in FIELDS or not column:
+        raise ConfigError(f"input {spec!r}: columns takes FIELD=COLUMN pairs (messages=conversations,images=image_list), "
+                          f"FIELD one of {', '.join(FIELDS)}; got {item!r}")
+    return field, column
 
 
 # What each option after the '#' takes (the build's own checks: its max_length over every source's, the
 # algorithm's constraints, are BuildConfig's and check_plan_options')
-ALLOWED = {"weight": f"a number from 0 to {MAX_WEIGHT:g} (only the ratios between sources matter: lower the other "
+ALLOWED = {"format": f"one of {', '.join(INPUT_FORMATS)}",
+           "weight": f"a number from 0 to {MAX_WEIGHT:g} (only the ratios between sources matter: lower the other "
                      f"sources' weights instead)", "cap": "a whole number >= 0 (0: no cap)",
            "max_length": f"a whole number >= {LEAST['max_length']} (at most the build's max_length)",
            "packing": "true or false", "oversize": f"one of {', '.join(OVERSIZE)}",
@@ -105,6 +141,8 @@ ALLOWED = {"weight": f"a number from 0 to {MAX_WEIGHT:g} (only the ratios betwee
 
 
 def _allowed(key: str, value: object) -> bool:
+    if key == "format":
+        return value in INPUT_FORMATS
     if key == "oversize":
         return value in OVERSIZE
     if key == "packing":
@@ -132,6 +170,8 @@ def capacity_text(max_length: int, groups: list[dict]) -> str:
 
 
 def _value(key: str, value: str) -> object:
+    if key == "format":
+        return value
     if key == "weight":
         return float(value)
     kind = POLICY.get(key, int)
@@ -154,4 +194,7 @@ def whole_file(spec: str) -> str:
 def settings_text(source) -> str:
     """A source's weight, cap and own packing as the ``#`` options that set them (``weight=2, packing=false``)."""
     mixing = {"weight": f"{source.weight:g}", "cap": source.cap} if source.mixed else {}
-    return policy_text({**mixing, **dict(source.policy)}) or "the build's"
+    reading = {"format": source.format} if source.format != "auto" else {}
+    if source.columns:
+        reading["columns"] = ",".join(f"{f}={c}" for f, c in source.columns)
+    return policy_text({**mixing, **dict(source.policy), **reading}) or "the build's"

@@ -240,9 +240,11 @@ class Encoder:
                                                                       RenderedChat | list[RenderedChat] | None]:
         """Everything before tokenizing: parse, check, render the chat template, expand the media (a preference
         record: each response's conversation, prompt + response, rendered on its own)."""
+        if raw.error is not None:  # a row / tar sample the reader could not make a record of
+            raise raw.error
         if raw.too_long:
             raise BadRecord("line_too_long", f"the line has {raw.too_long:,} bytes, over the max_line_bytes limit")
-        obj = decode_json(raw.data)
+        obj = raw.record if raw.record is not None else decode_json(raw.data)
         record = parse_record(obj, self.config.format, refs.record_base(self.config.media_root, file_dir), self.tags,
                               allow_outside_root=self.config.allow_outside_media_root)
         if isinstance(record, Document):
@@ -328,7 +330,7 @@ class Encoder:
         first = chat[0] if isinstance(chat, list) else chat  # a preference record's prompt clips: once, not per response
         self.clips_cut += first.clips_cut if first is not None else 0  # counted once the record is a sample
         return Sample(
-            key=rid if rid is not None else f"{file}:{raw.line}",
+            key=rid if rid is not None else raw.place(file),
             source_file=file,
             source_index=source_index,
             source_line=raw.line,

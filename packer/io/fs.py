@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import IO
 
 from packer.errors import ConfigError
+from packer.io import blobs
 
 
 def is_url(path: str | Path) -> bool:
@@ -114,6 +115,8 @@ def check_reachable(url: str, *, output: bool = False, what: str = "") -> None:
 
 
 def open_binary(path: str | Path) -> IO[bytes]:
+    if blobs.is_blob(path):  # embedded media, held in memory (packer.io.blobs)
+        return blobs.STORE.open(str(path))
     if is_url(path):
         import io
 
@@ -127,6 +130,8 @@ def open_binary(path: str | Path) -> IO[bytes]:
 
 
 def exists(path: str | Path) -> bool:
+    if blobs.is_blob(path):
+        return str(path) in blobs.STORE
     if is_url(path):
         fs, p = _fs(str(path))
         return fs.isfile(p)
@@ -135,6 +140,8 @@ def exists(path: str | Path) -> bool:
 
 def stat(path: str | Path) -> tuple[int, int]:
     """(size, modification time in ns or 0 where the filesystem has none)."""
+    if blobs.is_blob(path):  # its name is its content: no time
+        return len(blobs.STORE.get(str(path))), 0
     if is_url(path):
         fs, p = _fs(str(path))
         info = fs.info(p)

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from packer.errors import BadRecord
-from packer.io import fs
+from packer.io import blobs, fs
 from packer.io.fs import is_url
+from packer.media import inline
 
 
 def record_base(media_root: str, file_dir: Path | str) -> Path | str:
@@ -49,11 +50,12 @@ def resolve_media(ref: str, base_dir: Path | str, kind: str, allow_outside_root:
     symlink loop, any other OSError -- is a ``bad_media_path``, not a crashed build."""
     if "\0" in ref:
         raise BadRecord("bad_media_path", f"{kind} path {ref!r} holds a NUL byte; no file can have that name")
+    if blobs.is_blob(ref):  # embedded bytes a reader put in the store (a parquet cell, a tar member)
+        if ref not in blobs.STORE:
+            raise BadRecord(f"missing_{kind}", f"{kind} {ref!r} names embedded media this record does not hold")
+        return ref
     if ref[:5].lower() == "data:":
-        shown = ref if len(ref) <= 48 else ref[:48] + "..."
-        raise BadRecord("unsupported_media_ref", f"{kind} {shown!r} is an inline data: URL ({len(ref):,} characters); "
-                                                 f"packer reads media from files: decode it into a file next to the dataset "
-                                                 f"and give its path")
+        return inline.data_url(ref, kind)
     try:
         return _resolve_media(ref, base_dir, kind, allow_outside_root)
     except (OSError, ValueError, RuntimeError) as e:  # RuntimeError: pathlib's "Symlink loop" before Python 3.13
@@ -104,7 +106,7 @@ def stored_ref(path: str, media_base: str) -> str:
     A URL under a URL root is stored relative to it too (``s3://data/images/a.jpg`` under
     ``s3://data`` is ``images/a.jpg``), so ``PackedDataset(build, media_root=NEW)`` moves it.
     The loader joins it back onto the root the manifest records (or one the user gives)."""
-    if not media_base:
+    if not media_base or blobs.is_blob(path):  # embedded media are named by their content
         return str(path)
     if is_url(path):
         url, root = _normal_url(str(path)), _normal_url(media_base) if is_url(media_base) else ""
@@ -160,6 +162,6 @@ def media_base(config, files: list) -> str:
 def resolve_ref(ref: str, media_root: str) -> str:
     """The file a stored media ``ref`` names: absolute refs and URLs as they are, others
     joined onto the build's media root (``Manifest.media_root``)."""
-    if "://" in ref or ref.startswith("/") or not media_root:
+    if "://" in ref or ref.startswith("/") or not media_root or blobs.is_blob(ref):
         return ref
     return f"{media_root.rstrip('/')}/{ref}"

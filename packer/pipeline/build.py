@@ -80,7 +80,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
     warn_duplicate_inputs(config)
     counts: dict[str, int] = {}
     tasks = encode.make_tasks(files, config.chunk_records, counts, config.max_line_bytes,
-                              encode.task_bytes(sum(fs.stat(f)[0] for f in files)))
+                              encode.task_bytes(sum(fs.stat(f)[0] for f in files)), readings(config, inputs))
     engine = get_engine(config.engine, auto_workers(config.workers, files), address=config.ray_address,
                         cpus_per_task=config.cpus_per_task)
     head = list(itertools.islice(tasks, engine.workers))  # never more workers than tasks: the first few are cut now
@@ -119,6 +119,15 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
             if frozen:
                 gc.unfreeze()
             lock.release()
+
+
+def readings(config: BuildConfig, inputs: list[tuple]) -> list[tuple[str, tuple]]:
+    """How each input file is read: its format (the source's ``format=``, else from its name) and its source's
+    column mapping."""
+    from packer.ingest.units import detect
+
+    sources = config.sources()
+    return [(detect(f, sources[k].format), sources[k].columns) for f, k in inputs]
 
 
 def sample_tokenizer(tokenizer: str) -> Path | None:

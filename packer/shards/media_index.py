@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pyarrow as pa
 
@@ -94,3 +94,20 @@ class MediaIndex:
             row = self.table.slice(lo, 1).to_pylist()[0]
             return MediaFile(**row)
         return None
+
+
+@dataclass(frozen=True)
+class MediaBlob:
+    """One embedded medium's bytes in a media shard (``samples/media-part-*.arrow`` after stage 1, ``media/`` beside
+    the packed shards): ``name`` is ``sha256:<hex>`` of ``data`` (:mod:`packer.io.blobs`), the ref its spans store."""
+
+    name: Str
+    data: Annotated[bytes, pa.large_binary()]
+
+
+MEDIA_BLOB_SCHEMA = arrow_schema(MediaBlob, "media_blobs")
+
+
+def blob_table(names: list[str], data: list[bytes]) -> pa.Table:
+    return pa.table({"name": pa.array(names, pa.string()), "data": pa.array(data, pa.large_binary())},
+                    schema=MEDIA_BLOB_SCHEMA)

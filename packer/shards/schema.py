@@ -215,14 +215,21 @@ class QuarantineEntry:
     """One rejected record, a line of ``quarantine.jsonl``."""
 
     file: str
-    line: int
+    line: int  # a JSONL line's number; a table row's, a tar sample's (``where`` says which: RawLine.line)
     id: str | None
     reason: str
     detail: str
     raw: str
+    where: str = "line"  # "line" | "row" | "member"
+    member: str | None = None  # a tar sample's key
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), ensure_ascii=False, sort_keys=True)
+        entry = dataclasses.asdict(self)
+        if self.where == "line":  # a JSONL record's entry as it always was
+            del entry["where"], entry["member"]
+        elif self.member is None:
+            del entry["member"]
+        return json.dumps(entry, ensure_ascii=False, sort_keys=True)
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,14 @@ from packer.cost import COSTS, CostModel
 from packer.encode import Encoder, EncoderSpec
 from packer.errors import BadRecord, PackerError, StrictModeError
 from packer.ingest.reader import MAX_LINE_BYTES, read_lines, scan_lines
+from packer.io import blobs
 from packer.io.files import set_durable, write_text_atomic
 from packer.io.fs import location, parent
 from packer.records import RawLine
 from packer.shards.io import read_shard, write_shard
 from packer.shards.schema import SAMPLE_SCHEMA, QuarantineEntry, Sample, ShardEntry, to_table
 from packer.shards.stats import sample_stats
+from packer.stages.media_files import write_task_blobs
 from packer.stages.planning import plan_columns
 from packer.stages.state import INTERNAL_ERROR_FILE, Journal, shard_payload
 
@@ -65,10 +67,23 @@ class EncodeTask:
     records: int  # non-blank lines in the range
     max_line_bytes: int = MAX_LINE_BYTES
     file_index: int = 0  # the file's number in the build's inputs (a sample's source_index)
+    format: str = "jsonl"  # packer.ingest.units.FORMATS; a table's start / end are row groups / batches, a tar's its bytes
+    columns: tuple[tuple[str, str], ...] = ()  # the source's column mapping (packer.ingest.layouts.mapped)
+    stored_bytes: int = -1  # input bytes the task covers, where start / end are not bytes (a table's groups)
+
+    @property
+    def nbytes(self) -> int:
+        return self.stored_bytes if self.stored_bytes >= 0 else self.end - self.start
 
     def lines(self) -> list[RawLine]:
-        return list(read_lines(self.file, None, self.max_line_bytes, start=self.start, end=self.end,
-                               first_line=self.first_line))
+        """The task's records as read: JSONL lines, table rows, tar samples (``records`` -1: a tar's are not counted
+        before it is read)."""
+        if self.format == "jsonl":
+            return list(read_lines(self.file, None, self.max_line_bytes, start=self.start, end=self.end,
+                                   first_line=self.first_line))
+        from packer.ingest import records_of
+
+        return list(records_of.task_records(self))
 
 
 @dataclass
@@ -87,13 +102,21 @@ class EncodeResult:
 
 
 def make_tasks(files: list, chunk_records: int, counts: dict[str, int],
-               max_line_bytes: int = MAX_LINE_BYTES, max_task_bytes: int | None = None) -> Iterator[EncodeTask]:
+               max_line_bytes: int = MAX_LINE_BYTES, max_task_bytes: int | None = None,
+               readings: list[tuple[str, tuple]] | None = None) -> Iterator[EncodeTask]:
     """Stage 1's tasks over ``files``, in order: at most ``chunk_records`` records each, ended
     after the line that reaches ``max_task_bytes`` (None: no byte bound). The driver's scan:
     lines are located a block at a time (:func:`~packer.ingest.reader.scan_lines`) and tasks
     cut per batch of lines, not per line."""
     index = 0
     for file_index, path in enumerate(files):
+        fmt, columns = readings[file_index] if readings else ("jsonl", ())
+        if fmt != "jsonl":  # a table's row groups, a tar whole: from metadata, never the records
+            for task in _container_tasks(path, fmt, columns, index, file_index, chunk_records, max_line_bytes,
+                                         max_task_bytes):
+                yield task
+                index += 1
+            continue
         first: tuple[int, int] | None = None  # (line, offset) of the open task's first record
         n = end = 0  # records in the open task; the end of its last one
         for lines, starts, ends in scan_lines(path, counts, max_line_bytes):
@@ -113,6 +136,22 @@ def make_tasks(files: list, chunk_records: int, counts: dict[str, int],
         if first is not None:
             yield EncodeTask(index, str(path), first[1], end, first[0], n, max_line_bytes, file_index)
             index += 1
+
+
+def _container_tasks(path, fmt: str, columns: tuple, index: int, file_index: int, chunk_records: int,
+                     max_line_bytes: int, max_task_bytes: int | None) -> Iterator[EncodeTask]:
+    """A parquet / Arrow file's tasks (runs of row groups / batches: :func:`packer.ingest.units.table_units`), or a
+    tar's one task."""
+    from packer.ingest.units import MAX_TABLE_TASK_BYTES, table_units
+    from packer.io import fs
+
+    if fmt == "webdataset":
+        yield EncodeTask(index, str(path), 0, fs.stat(path)[0], 0, -1, max_line_bytes, file_index, fmt, columns)
+        return
+    limit = min(max_task_bytes or MAX_TABLE_TASK_BYTES, MAX_TABLE_TASK_BYTES)
+    for k, unit in enumerate(table_units(path, fmt, chunk_records, limit)):
+        yield EncodeTask(index + k, str(path), unit.start, unit.end, unit.first_row, unit.rows, max_line_bytes,
+                         file_index, fmt, columns, unit.nbytes)
 
 
 @dataclass(frozen=True)
@@ -158,8 +197,9 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
     if done is not None:
         shard = ShardEntry(**done["shard"]) if done["shard"] else None
         table = read_shard(state.out / shard.file, shard.sha256) if shard else None
-        return EncodeResult(task.index, task.file, task.records, [QuarantineEntry(**q) for q in done["quarantine"]],
-                            shard, reused=True, nbytes=task.end - task.start, columns=plan_columns(table) if shard else None,
+        return EncodeResult(task.index, task.file, done.get("read", task.records),
+                            [QuarantineEntry(**q) for q in done["quarantine"]], shard, reused=True, nbytes=task.nbytes,
+                            columns=plan_columns(table) if shard else None,
                             media=_media(state, table) if shard else [], audio_truncated=done.get("audio_truncated", 0),
                             content_changed=done.get("content_changed", {}))
     samples, bad = [], []
@@ -168,7 +208,7 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
         lines = task.lines()
     except OSError as e:  # the input, not one record: stop the build, naming the file
         raise PackerError(f"cannot read {task.file}: {e}") from e
-    if len(lines) != task.records:
+    if task.records >= 0 and len(lines) != task.records:
         raise PackerError(f"{task.file} changed while it was read (task {task.index} expected {task.records} records)")
     # One call for the task: records are parsed and rendered one by one, tokenized together,
     # then finished one by one; each failure is that record's (see Encoder.encode_lines).
@@ -179,7 +219,7 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
             stop_on_internal_error(state.out, task.file, raw, result)
         if isinstance(result, BadRecord):
             if state.strict:
-                raise StrictModeError(_clean(f"{task.file}:{raw.line}: {result.reason}: {result.detail}")) from None
+                raise StrictModeError(_clean(f"{raw.place(task.file)}: {result.reason}: {result.detail}")) from None
             bad.append(quarantine_entry(task.file, raw, result))
         else:
             samples.append(result)
@@ -187,18 +227,25 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
     cut = state.encoder.clips_cut - cut_before
     changed = {k: n - changed_before[k] for k, n in state.encoder.content_changed().items()}
     target = state.out / "samples" / f"part-{task.index:05d}.arrow"
+    read = {"read": len(lines)} if task.records < 0 else {}  # a tar's records, counted as read
     try:  # output I/O (disk full, permissions) stops the build with the path, not a traceback
+        blob_shard = None
         if samples:
             table = with_costs(to_table(samples, SAMPLE_SCHEMA), state.cost)
             shard = write_shard(target, table, state.out)
             columns, media = plan_columns(table), _media(state, table)
+            blob_shard = write_task_blobs(state.out / "samples" / f"media-part-{task.index:05d}.arrow", table, state.out)
+        if blob_shard is not None:
+            read["blobs"] = asdict(blob_shard)
         state.journal.record("encode", task.index, shard_payload(shard, quarantine=[asdict(q) for q in bad],
                                                                  audio_truncated=cut, content_changed=changed,
-                                                                 **identity))
+                                                                 **identity, **read))
     except OSError as e:
+        blobs.STORE.forget()
         raise PackerError(f"cannot write stage-1 output for task {task.index} under {state.out}: {e}; check the "
                           f"free space and permissions there") from e
-    return EncodeResult(task.index, task.file, task.records, bad, shard, nbytes=task.end - task.start, columns=columns,
+    blobs.STORE.forget()  # the task's embedded media are in its media shard now
+    return EncodeResult(task.index, task.file, len(lines), bad, shard, nbytes=task.nbytes, columns=columns,
                         media=media if shard else [], audio_truncated=cut, content_changed=changed)
 
 
@@ -220,7 +267,7 @@ def stop_on_internal_error(out: Path, file: str, raw: RawLine, error: BadRecord)
         where = f"the record and the traceback are in {path}"
     except OSError as e:
         where = f"(writing {path} failed: {e})"
-    raise InternalRecordError(f"{file}:{raw.line}: a packer bug met this record ({entry.detail}); {where}: please report "
+    raise InternalRecordError(f"{raw.place(file)}: a packer bug met this record ({entry.detail}); {where}: please report "
                               f"them. Nothing else is wrong with the build: to quarantine such records and pack the rest, "
                               f"rerun with --on-internal-error quarantine") from None
 
@@ -265,11 +312,18 @@ def quarantine_entry(file: str, raw: RawLine, error: BadRecord) -> QuarantineEnt
     return QuarantineEntry(
         file=file,
         line=raw.line,
-        id=_peek_id(raw.data),
+        id=_peek_id(raw.data) if raw.record is None else _record_id(raw.record),
         reason=error.reason,
         detail=_clean(error.detail),
-        raw=raw.data[: RAW_PREVIEW * 4].decode("utf-8", errors="replace")[:RAW_PREVIEW],
+        raw=_clean(raw.data[: RAW_PREVIEW * 4].decode("utf-8", errors="replace")[:RAW_PREVIEW]),
+        where=raw.where,
+        member=raw.member or None,
     )
+
+
+def _record_id(obj) -> str | None:
+    value = obj.get("id") if isinstance(obj, dict) else None
+    return _clean(str(value)) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
 
 
 def _clean(text: str) -> str:

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from packer.io import fs
+from packer.io import blobs, fs
 from packer.media.refs import resolve_ref
 from packer.shards.io import write_shard
-from packer.shards.media_index import MEDIA_INDEX, MediaFile, media_table, span_refs
+from packer.shards.media_index import MEDIA_INDEX, MediaFile, blob_table, media_table, span_refs
 from packer.shards.schema import ShardEntry
 
 HASH_THREADS = 8  # sha256 releases the GIL on large reads; a few threads keep a disk busy
@@ -57,12 +57,23 @@ def _sha256(path: str) -> str:
 
 
 def media_rows(samples, media_root: str, with_hash: bool = False) -> list[MediaFile]:
-    """A row for every file ``samples`` name, by ref (a stage-1 task's, on its worker)."""
-    refs = sorted(media_refs(samples))
+    """A row for every file ``samples`` name, by ref (a stage-1 task's, on its worker); embedded media (blobs: their
+    media shards hold and check them) have none."""
+    refs = sorted(r for r in media_refs(samples) if not blobs.is_blob(r))
     if with_hash and len(refs) > 1:
         with ThreadPoolExecutor(HASH_THREADS) as pool:
             return list(pool.map(lambda r: file_row(r, media_root, True), refs))
     return [file_row(r, media_root, with_hash) for r in refs]
+
+
+def write_task_blobs(target, samples, root) -> ShardEntry | None:
+    """A stage-1 task's embedded media: the bytes of every blob its samples name, sorted by name, in the media
+    shard ``target`` (None, and no file, when they name none). The blobs are then forgotten by this process."""
+    names = sorted(r for r in media_refs(samples) if blobs.is_blob(r))
+    if not names:
+        return None
+    entry = write_shard(target, blob_table(names, [blobs.STORE.get(n) for n in names]), root)
+    return entry
 
 
 def write_media_index(out: Path, rows: list[MediaFile]) -> ShardEntry | None:

@@ -1,0 +1,73 @@
+"""Media held as bytes rather than files: a record's embedded image (a parquet cell, a tar member, a ``data:`` URL, a
+fetched ``http(s)://`` body), named by its content.
+
+A blob is named ``sha256:<hex>`` (:func:`name`): the name is its content, so the same picture embedded in two records
+is one blob, and a build's media shards can be checked against the names alone. The bytes live in this process's
+:data:`STORE` while a stage-1 task (or a loader batch) needs them; :mod:`packer.io.fs` opens and stats such a name like
+a file, so every media probe and decoder reads them unchanged. A task forgets its blobs when it has written them
+(:meth:`Store.forget`): a worker never holds more than one task's media.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+
+PREFIX = "sha256:"
+NAME = re.compile(r"sha256:[0-9a-f]{64}\Z")
+
+
+def is_blob(path) -> bool:
+    """True for a blob's name (``sha256:`` and 64 lowercase hex digits)."""
+    return isinstance(path, str) and path.startswith(PREFIX) and NAME.match(path) is not None
+
+
+def name(data: bytes) -> str:
+    """The blob name of ``data``."""
+    return PREFIX + hashlib.sha256(data).hexdigest()
+
+
+class Store:
+    """Blobs by name, held in memory: :meth:`put` when read, :meth:`get` by the probes and the task's writer."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, bytes] = {}
+
+    def put(self, data: bytes) -> str:
+        key = name(data)
+        self._data.setdefault(key, bytes(data))
+        return key
+
+    def add(self, key: str, data: bytes) -> None:
+        """Hold ``data`` under ``key``, a name computed before (a media shard's row)."""
+        self._data.setdefault(key, data)
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._data[key]
+        except KeyError:
+            raise FileNotFoundError(f"{key}: no embedded media of that content is held") from None
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._data
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def nbytes(self) -> int:
+        return sum(len(v) for v in self._data.values())
+
+    def forget(self, keys=None) -> None:
+        """Drop ``keys`` (all when None)."""
+        if keys is None:
+            self._data.clear()
+            return
+        for k in keys:
+            self._data.pop(k, None)
+
+    def open(self, key: str) -> io.BytesIO:
+        return io.BytesIO(self.get(key))
+
+
+STORE = Store()  # this process's: a stage-1 worker's current task, a loader's batch
