@@ -22,7 +22,7 @@ from packer.errors import ConfigError
 
 FORMATS = ("jsonl", "parquet", "arrow", "webdataset")
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".arrow": "arrow",
-            ".feather": "arrow", ".ipc": "arrow", ".tar": "webdataset"}
+            ".feather": "arrow", ".ipc": "arrow", ".tar": "webdataset", ".tgz": "webdataset"}
 MAX_TABLE_TASK_BYTES = 64 * 2**20  # a table task's row groups hold at most this many (stored) bytes, one at least
 
 
