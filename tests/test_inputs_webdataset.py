@@ -127,7 +127,8 @@ def test_samples_group_members_by_key_and_order_media_by_name(tmp_path):
     samples = list(read_samples(tar))
     assert [(n, key) for n, key, _, _ in samples] == [(0, "a.b/00001"), (1, "a.b/00002")]
     assert samples[0][2]["images"] == [pixels[0], pixels[1], pixels[2], pixels[10]]  # 0, 1, 2, 10: numbers in order
-    assert samples[1][2]["image"] == b"two" and "images" not in samples[1][2]  # named by the json: that one only
+    # the json names one of two images: the other is never dropped without a word
+    assert samples[1][2].reason == "unused_member" and "1.jpg" in samples[1][2].detail
 
 
 def test_the_json_names_members_by_extension_full_name_or_in_message_parts(tmp_path):
@@ -180,10 +181,11 @@ def test_bad_samples_are_each_their_own_bad_record(tmp_path):
         ("5.json", b'{"text": "once"}'), ("5.json", b'{"text": "twice"}'),
         ("6.json", b'{"text": "fine"}'),
         ("0.jpg", b"the first key again, after others"),
-        ("7.json", b'{"text": "fine"}')])
+        ("7.json", b'{"text": "fine"}'),
+        ("8.json", b'{"images": ["0.jpg"], "text": "x"}'), ("8.0.jpg", b"named"), ("8.1.jpg", b"not named")])
     assert reasons(tar) == [("0", "ok"), ("1", "missing_json"), ("2", "invalid_json"), ("3", "missing_member"),
                             ("4", "wrong_type"), ("5", "duplicate_member"), ("6", "ok"), ("0", "duplicate_key"),
-                            ("7", "ok")]
+                            ("7", "ok"), ("8", "unused_member")]
     [invalid] = [(r, text) for _, key, r, text in read_samples(tar) if key == "2"]
     assert invalid[1] == b'{"text": '  # the json as it is, for the quarantine
     assert "'0.jpg'" in [r for _, k, r, _ in read_samples(tar) if k == "3"][0].detail

@@ -201,6 +201,12 @@ def _sample(key: str, members: dict[str, bytes], errors: list[BadRecord]) -> dic
                        key=_order)
         if found:
             record[plural] = [media[ext] for ext in found]
+            used.update(found)
+    unused = sorted(ext for ext in media if ext not in used and KINDS.get(ext.rsplit(".", 1)[-1]))
+    if unused:  # the json names this kind's media, and not these: which goes where is unknown, never guessed
+        return BadRecord("unused_member", f"sample {key!r}: its json names its media, but not the member(s) "
+                                          f"{', '.join(unused)}; name every medium in the json (or none, to take "
+                                          f"them all in name order)")
     return record
 
 
