@@ -410,3 +410,37 @@ def test_an_edited_parquet_input_is_noticed_on_a_rerun(tmp_path):
     pq.write_table(ds.data.table, path, row_group_size=2)
     with pytest.raises(ConfigError, match="input files"):
         build_of(path, tmp_path / "out")
+
+
+def test_a_parquet_input_in_object_storage_builds_and_a_same_size_rewrite_is_noticed_by_its_etag(tmp_path, monkeypatch):
+    """A parquet file on the local S3 server builds as the local one does; the fingerprint holds its ETag, so the
+    same object rewritten with as many bytes within its modification time's second is still refused."""
+    pytest.importorskip("moto")
+    import s3fs
+
+    from packer.errors import ConfigError
+    from s3_server import S3Server
+
+    path, _ = three_groups(tmp_path)
+    build_of(path, tmp_path / "local")
+    monkeypatch.setenv("PACKER_CACHE", str(tmp_path / "cache"))
+    with S3Server() as server:
+        for key, value in server.env.items():
+            monkeypatch.setenv(key, value)
+        s3fs.S3FileSystem.clear_instance_cache()
+        try:
+            fs = server.filesystem()
+            fs.mkdir("data")
+            data = path.read_bytes()
+            fs.pipe("data/groups.parquet", data)
+            build_of("s3://data/groups.parquet", tmp_path / "remote")
+            assert packed(tmp_path / "remote") == packed(tmp_path / "local")
+            (entry,) = json.loads((tmp_path / "remote" / ".state" / "fingerprint.json").read_text())["inputs"]
+            assert entry["tag"].startswith("ETag:") and entry["size"] == len(data)
+            middle = len(data) // 2
+            fs.pipe("data/groups.parquet", data[:middle] + bytes([data[middle] ^ 1]) + data[middle + 1:])
+            monkeypatch.setattr("packer.io.fs.stat", lambda f: (entry["size"], entry["mtime_ns"]))  # the same second
+            with pytest.raises(ConfigError, match="changed: input files"):
+                build_of("s3://data/groups.parquet", tmp_path / "remote")
+        finally:
+            s3fs.S3FileSystem.clear_instance_cache()
