@@ -417,9 +417,9 @@ def test_a_parquet_input_in_object_storage_builds_and_a_same_size_rewrite_is_not
     same object rewritten with as many bytes within its modification time's second is still refused."""
     pytest.importorskip("moto")
     import s3fs
+    from s3_server import S3Server
 
     from packer.errors import ConfigError
-    from s3_server import S3Server
 
     path, _ = three_groups(tmp_path)
     build_of(path, tmp_path / "local")
