@@ -5,8 +5,8 @@
 - ``fingerprint.json``: what decides the output -- each input file's path, size and
   modification time (and an object's content tag where its store gives one: :func:`content_tag`), the content
   settings of the config (not workers or engine), the tokenizer's fingerprint, the cost model's coefficients,
-  packer's version and schema version. A rerun with the same fingerprint resumes; a different one is refused (saying what changed) unless
-  ``--overwrite``, which starts over.
+  packer's version and schema version. A rerun with the same fingerprint resumes; a different one is refused
+  (saying what changed) unless ``--overwrite``, which starts over.
 - ``encode-NNNNN.json`` / ``pack-NNNNN.json``: one per finished stage-1 / stage-3 task,
   written (atomically) after the task's shard. A resumed task is skipped when its journal
   entry exists and its shard still has the recorded sha256; otherwise it is redone.
