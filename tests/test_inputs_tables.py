@@ -314,6 +314,8 @@ def test_a_parquet_file_is_cut_by_row_group_from_its_footer_alone(tmp_path, monk
     tasks = list(make_tasks([path], 2, {}, readings=[("parquet", ())]))
     assert [(t.start, t.end, t.first_line, t.records) for t in tasks] == [(0, 1, 0, 2), (1, 2, 2, 2), (2, 3, 4, 2)]
     assert [(t.start, t.end) for t in make_tasks([path], 4, {}, readings=[("parquet", ())])] == [(0, 2), (2, 3)]
+    monkeypatch.setattr("packer.ingest.units.MAX_TABLE_TASK_BYTES", 1)  # the memory bound: a group a task, at least one
+    assert [(t.start, t.end) for t in make_tasks([path], 100, {}, readings=[("parquet", ())])] == [(0, 1), (1, 2), (2, 3)]
 
 
 def files_hashes(out: Path) -> dict[str, str]:

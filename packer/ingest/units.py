@@ -23,7 +23,9 @@ from packer.errors import ConfigError
 FORMATS = ("jsonl", "parquet", "arrow", "webdataset")
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".arrow": "arrow",
             ".feather": "arrow", ".ipc": "arrow", ".tar": "webdataset"}
-MAX_TABLE_TASK_BYTES = 64 * 2**20  # a table task's row groups hold at most this many (stored) bytes, one at least
+# A table task's row groups hold at most this many (stored, uncompressed) bytes, one group at least: a worker holds a
+# task's records and embedded media until it has encoded and written them (EncodeTask.lines), so this bounds its memory
+MAX_TABLE_TASK_BYTES = 64 * 2**20
 
 
 def detect(path, declared: str = "auto") -> str:
