@@ -124,10 +124,9 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
 def readings(config: BuildConfig, inputs: list[tuple]) -> list[tuple[str, tuple]]:
     """How each input file is read: its format (the source's ``format=``, else from its name) and its source's
     column mapping."""
-    from packer.ingest.units import detect
+    from packer.ingest.units import readings as of_inputs
 
-    sources = config.sources()
-    return [(detect(f, sources[k].format), sources[k].columns) for f, k in inputs]
+    return of_inputs(config.sources(), inputs)
 
 
 def sample_tokenizer(tokenizer: str) -> Path | None:

@@ -84,7 +84,8 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
         config=config.content_dict(), tokenizer=tokenizer, inputs=encoded.inputs, media_root=media_root,
         input_sources=list(encoded.input_sources),
         files=Files(samples=encoded.sample_shards, packed=packed, plan=plan_entry, quarantine=encoded.quarantine,
-                    dropped=write_dropped(out, rows, p, file_caps(config, encoded)), tokenizer=list(tokenizer_files or []),
+                    dropped=write_dropped(out, rows, p, file_caps(config, encoded), file_wheres(config, encoded)),
+                    tokenizer=list(tokenizer_files or []),
                     media=media_index),
         accounting=accounting(by_file, encoded.quarantined, dropped, encoded.blank_lines),
         stats={**plan_stats(config, samples, p), "audio_truncated": encoded.audio_truncated,
@@ -123,9 +124,12 @@ def file_entry(out: Path, name: str) -> ShardEntry:
     return ShardEntry(name, 0, path.stat().st_size, sha256_file(path))
 
 
-def write_dropped(out: Path, rows: SampleRows, p: Plan, caps: list[dict[str, int]] | None = None) -> ShardEntry:
+def write_dropped(out: Path, rows: SampleRows, p: Plan, caps: list[dict[str, int]] | None = None,
+                  wheres: list[str] | None = None) -> ShardEntry:
     """``dropped.jsonl``: every sample the plan dropped, with its file, line, id and reason; the detail of an
-    ``over_media_cap`` drop gives its media against the caps of its input file (``caps``: :func:`file_caps`)."""
+    ``over_media_cap`` drop gives its media against the caps of its input file (``caps``: :func:`file_caps`). A
+    sample of a table or a tar says what its ``line`` counts (``where``: ``row`` / ``member``, per input file:
+    :func:`file_wheres`), as the quarantine does."""
     path = out / "dropped.jsonl"
     n = 0
     with atomic_open(path, "w") as f:
@@ -137,10 +141,22 @@ def write_dropped(out: Path, rows: SampleRows, p: Plan, caps: list[dict[str, int
                 detail = f"{r['length']:,} tokens"
                 if reason == "over_media_cap" and caps is not None:
                     detail = f"{over_caps(r['media'], caps[r['source_index']])}; {detail}"
-                f.write(json.dumps({"file": r["source_file"], "line": r["source_line"], "id": r["key"], "reason": reason,
-                                    "detail": detail}, ensure_ascii=False, sort_keys=True) + "\n")
+                entry = {"file": r["source_file"], "line": r["source_line"], "id": r["key"], "reason": reason,
+                         "detail": detail}
+                if wheres is not None and wheres[r["source_index"]] != "line":
+                    entry["where"] = wheres[r["source_index"]]
+                f.write(json.dumps(entry, ensure_ascii=False, sort_keys=True) + "\n")
                 n += 1
     return ShardEntry(path.name, n, path.stat().st_size, sha256_file(path))
+
+
+def file_wheres(config: BuildConfig, encoded: Encoded) -> list[str]:
+    """Per input file, what its records' numbers count: ``line``, ``row`` or ``member``
+    (:func:`packer.ingest.units.where`)."""
+    from packer.ingest.units import readings, where
+
+    inputs = list(zip(encoded.inputs, encoded.input_sources or [0] * len(encoded.inputs), strict=True))
+    return [where(fmt) for fmt, _ in readings(config.sources(), inputs)]
 
 
 def file_caps(config: BuildConfig, encoded: Encoded) -> list[dict[str, int]]:

@@ -142,13 +142,14 @@ def _container_tasks(path, fmt: str, columns: tuple, index: int, file_index: int
                      max_line_bytes: int, max_task_bytes: int | None) -> Iterator[EncodeTask]:
     """A parquet / Arrow file's tasks (runs of row groups / batches: :func:`packer.ingest.units.table_units`), or a
     tar's one task."""
-    from packer.ingest.units import MAX_TABLE_TASK_BYTES, table_units
+    from packer.ingest.units import MAX_TABLE_TASK_BYTES, table_columns, table_units
     from packer.io import fs
 
     if fmt == "webdataset":
         yield EncodeTask(index, str(path), 0, fs.stat(path)[0], 0, -1, max_line_bytes, file_index, fmt, columns)
         return
     limit = min(max_task_bytes or MAX_TABLE_TASK_BYTES, MAX_TABLE_TASK_BYTES)
+    columns = table_columns(path, fmt, columns)  # the schema checked (and its media features mapped) before any record
     for k, unit in enumerate(table_units(path, fmt, chunk_records, limit)):
         yield EncodeTask(index + k, str(path), unit.start, unit.end, unit.first_row, unit.rows, max_line_bytes,
                          file_index, fmt, columns, unit.nbytes)
