@@ -92,7 +92,7 @@ class Files:
     tokenizer: list[ShardEntry] = field(default_factory=list)  # OUT/tokenizer/*, placeholder tokens included
     media: ShardEntry | None = None  # media.arrow: every media file's size, mtime (and sha256) at build time
     sample_media: list[ShardEntry] = field(default_factory=list)  # samples/media-part-*: a stage-1 task's blobs
-    media_shards: list[ShardEntry] = field(default_factory=list)  # media/part-*: a packed shard's blobs (--media embed)
+    media_shards: list[ShardEntry] = field(default_factory=list)  # media/part-*: a packed shard's blobs (media = "embed")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Files:
@@ -108,7 +108,7 @@ class Files:
 
     @property
     def embedded(self) -> bool:
-        """The build carries its media (``--media embed``): each packed shard has a media shard beside it."""
+        """The build carries its media (``media = "embed"``): each packed shard has a media shard beside it."""
         return bool(self.media_shards)
 
 

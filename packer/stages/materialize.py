@@ -4,7 +4,7 @@ Shard boundaries are decided on the driver from the plan alone (at most
 ``shard_rows`` rows and about ``shard_bytes`` bytes each), and each task builds its
 shard with vectorised gathers over the memory-mapped samples: no per-token Python.
 
-An embedded build (``--media embed``) also writes ``media/part-K.arrow`` beside ``packed/part-K.arrow``: the bytes of
+An embedded build (``media = "embed"``) also writes ``media/part-K.arrow`` beside ``packed/part-K.arrow``: the bytes of
 every blob its rows name, in the order the rows use them, each once (:mod:`packer.stages.media_shards`).
 """
 
