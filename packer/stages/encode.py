@@ -32,7 +32,7 @@ from packer.errors import BadRecord, PackerError, StrictModeError
 from packer.ingest.reader import MAX_LINE_BYTES, read_lines, scan_lines
 from packer.io import blobs
 from packer.io.files import set_durable, write_text_atomic
-from packer.io.fs import location, parent
+from packer.io.fs import location, open_binary, parent
 from packer.records import RawLine
 from packer.shards.io import read_shard, write_shard
 from packer.shards.schema import SAMPLE_SCHEMA, QuarantineEntry, Sample, ShardEntry, to_table
@@ -99,6 +99,7 @@ class EncodeResult:
     media: list | None = None  # media_files.media_rows of the shard: the driver writes the media index from these
     audio_truncated: int = 0  # clips of the task's samples cut to the audio encoder's window
     content_changed: dict | None = None  # Encoder.content_changed over the task: text the build encoded otherwise
+    blobs: ShardEntry | None = None  # samples/media-part-*.arrow: the bytes of the embedded media its samples name
 
 
 def make_tasks(files: list, chunk_records: int, counts: dict[str, int],
@@ -202,8 +203,10 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
                             [QuarantineEntry(**q) for q in done["quarantine"]], shard, reused=True, nbytes=task.nbytes,
                             columns=plan_columns(table) if shard else None,
                             media=_media(state, table) if shard else [], audio_truncated=done.get("audio_truncated", 0),
-                            content_changed=done.get("content_changed", {}))
+                            content_changed=done.get("content_changed", {}),
+                            blobs=ShardEntry(**done["blobs"]) if done.get("blobs") else None)
     samples, bad = [], []
+    embed_files = getattr(state.encoder.spec.config, "media", "auto") == "embed"  # files / URLs read into blobs too
     file_dir = parent(task.file)
     try:
         lines = task.lines()
@@ -218,6 +221,8 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
     for raw, result in zip(lines, encode_records(state.encoder, lines, task.file, file_dir, task.file_index), strict=True):
         if isinstance(result, BadRecord) and result.reason == "internal_error" and state.on_internal_error == "stop":
             stop_on_internal_error(state.out, task.file, raw, result)
+        if not isinstance(result, BadRecord) and embed_files:
+            result = embedded(result, state.encoder.spec.media_base)
         if isinstance(result, BadRecord):
             if state.strict:
                 raise StrictModeError(_clean(f"{raw.place(task.file)}: {result.reason}: {result.detail}")) from None
@@ -228,9 +233,9 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
     cut = state.encoder.clips_cut - cut_before
     changed = {k: n - changed_before[k] for k, n in state.encoder.content_changed().items()}
     target = state.out / "samples" / f"part-{task.index:05d}.arrow"
-    read = {"read": len(lines)} if task.records < 0 else {}  # a tar's records, counted as read
+    read: dict = {"read": len(lines)} if task.records < 0 else {}  # a tar's records, counted as read
+    blob_shard = None
     try:  # output I/O (disk full, permissions) stops the build with the path, not a traceback
-        blob_shard = None
         if samples:
             table = with_costs(to_table(samples, SAMPLE_SCHEMA), state.cost)
             shard = write_shard(target, table, state.out)
@@ -247,7 +252,36 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
                           f"free space and permissions there") from e
     blobs.STORE.forget()  # the task's embedded media are in its media shard now
     return EncodeResult(task.index, task.file, len(lines), bad, shard, nbytes=task.nbytes, columns=columns,
-                        media=media if shard else [], audio_truncated=cut, content_changed=changed)
+                        media=media if shard else [], audio_truncated=cut, content_changed=changed, blobs=blob_shard)
+
+
+def embedded(sample, media_base: str):
+    """``sample`` with every media file it names read into a blob (``--media embed`` of file / URL inputs): the
+    stored ref becomes the bytes' name, so the task's media shard carries them. A file that can no longer be read
+    is the record's ``missing_<kind>`` (its count was read a moment before: the window is the task's length)."""
+    from dataclasses import replace
+
+    from packer.media.refs import resolve_ref, stored_frames
+
+    def blob(ref: str, kind: str) -> str:
+        if blobs.is_blob(ref):
+            return ref
+        try:
+            with open_binary(resolve_ref(ref, media_base)) as f:
+                return blobs.STORE.put(f.read())
+        except OSError as e:
+            return BadRecord(f"missing_{kind}", f"{kind} {ref!r} could not be read to embed it: {e}")
+
+    spans = []
+    for m in sample.media:
+        listed = stored_frames(m.ref)
+        names = [blob(r, m.kind) for r in (listed[0] if listed else [m.ref])]
+        bad = next((n for n in names if isinstance(n, BadRecord)), None)
+        if bad is not None:
+            return bad
+        ref = json.dumps({"frames": names, "fps": listed[1]}, ensure_ascii=False) if listed else names[0]
+        spans.append(replace(m, ref=ref))
+    return replace(sample, media=tuple(spans))
 
 
 def _media(state: EncodeState, table: pa.Table) -> list:

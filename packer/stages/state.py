@@ -194,18 +194,19 @@ class Journal:
             return None
         if check and any(payload.get(k) != v for k, v in check.items()):
             return None
-        shard = payload.get("shard")
-        if shard is not None:
-            p = self.out / shard["file"]
-            if not p.is_file() or p.stat().st_size != shard["bytes"] or sha256_file(p) != shard["sha256"]:
-                return None
+        for key in ("shard", "blobs"):  # blobs: a stage-1 task's media shard (samples/media-part-*.arrow)
+            shard = payload.get(key)
+            if shard is not None:
+                p = self.out / shard["file"]
+                if not p.is_file() or p.stat().st_size != shard["bytes"] or sha256_file(p) != shard["sha256"]:
+                    return None
         return payload
 
 
 INTERNAL_ERROR_FILE = "internal_error.json"  # the record a packer bug stopped the build at (packer.stages.encode)
 BUILD_FILES = ("manifest.json", "report.json", "report.html", "quarantine.jsonl", "dropped.jsonl", "plan.arrow",
                "media.arrow", INTERNAL_ERROR_FILE)
-BUILD_DIRS = ("samples", "packed", "embeddings", "audio_features", "tokenizer")
+BUILD_DIRS = ("samples", "packed", "media", "embeddings", "audio_features", "tokenizer")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "chat_template.json", "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model")
 SHARD_NAME = re.compile(r"part-\d{5}\.arrow")
@@ -272,7 +273,8 @@ def written_by_build(out: Path) -> set[Path]:
     try:
         manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
         listed = manifest["files"]
-        entries = [*listed.get("samples", []), *listed.get("packed", []), *listed.get("tokenizer", [])]
+        entries = [*listed.get("samples", []), *listed.get("packed", []), *listed.get("tokenizer", []),
+                   *listed.get("sample_media", []), *listed.get("media_shards", [])]
         entries += [e for e in (listed.get("plan"), listed.get("quarantine"), listed.get("dropped")) if e]
         entries += [e for section in ("embeddings", "audio_features") for e in manifest.get(section, {}).get("files", [])]
         files |= {out / e["file"] for e in entries}
@@ -280,13 +282,12 @@ def written_by_build(out: Path) -> set[Path]:
         pass  # no manifest (a crashed build) or a damaged one: the journal and the names below still hold
     for record in (out / STATE_DIR).glob("*.json"):
         try:
-            shard = json.loads(record.read_text()).get("shard")
-            if shard:
-                files.add(out / shard["file"])
+            payload = json.loads(record.read_text())
+            files |= {out / payload[k]["file"] for k in ("shard", "blobs") if payload.get(k)}
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
     for folder in BUILD_DIRS[:-1]:  # shards a crash left between rename and journal record: packer's own names
-        files |= {p for p in (out / folder).glob("part-*.arrow") if SHARD_NAME.fullmatch(p.name)}
+        files |= {p for p in (out / folder).glob("*part-*.arrow") if SHARD_NAME.fullmatch(p.name.removeprefix("media-"))}
     return files | set(_temporaries(out))
 
 
