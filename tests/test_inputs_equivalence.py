@@ -5,7 +5,9 @@ family) is written as JSONL + media files, parquet with ``datasets`` ``Image`` /
 ``save_to_disk`` folder, WebDataset tars and JSONL with ``data:`` URLs. Each is built with the same settings; the
 packed rows must be equal column for column -- ids, labels, segment boundaries and ids, media spans (kind, place,
 length, grids, timing) -- everything but what names the input (a media span's ref: a file path or a content name;
-a segment's line: a JSONL line number or a row / tar sample number).
+a segment's line: a JSONL line number or a row / tar sample number). The loader then gives every build the same
+batch, tensor for tensor: ids, labels, positions, and the pixels / audio features the processor makes of the media
+(read from files for the JSONL build, from the build's own media shards for the others).
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from inputs_corpus import records, write_formats
 from packer.build import build
 from packer.config import resolve
 
+pytestmark = pytest.mark.slow  # ten builds and their loaders: over a minute
+
 ROOT = Path(__file__).resolve().parents[1]
 FORMATS = ("jsonl", "parquet", "disk", "tar", "dataurl")
 FAMILIES = {  # pipeline, media kinds, records
     "qwen3vl": ("qwen3vl.toml", ("image", "video"), 200),
-    "qwen2audio": ("qwen2audio.toml", ("audio",), 80),
+    "qwen3omni": ("qwen3omni.toml", ("image", "audio"), 80),  # the audio family: its processor's features
 }
 NAMING = {"segment_line", "segment_source"}  # columns that name the input (line or row; which file), not the content
 
@@ -76,12 +80,40 @@ def builds(request, tmp_path_factory) -> dict[str, Path]:
     return outs
 
 
+def batch(out: Path) -> dict:
+    """Every row of the build through the collator its build implies (the build's processor), as one batch."""
+    from packer.loader import PackedCollator, PackedDataset
+
+    ds = PackedDataset(out)
+    return PackedCollator.for_build(ds)([ds[i] for i in range(len(ds))])
+
+
+@pytest.mark.parametrize("fmt", FORMATS[1:])
+def test_every_format_loads_the_tensors_of_jsonl_and_files(builds, fmt):
+    torch = pytest.importorskip("torch")
+    expected, got = batch(builds["jsonl"]), batch(builds[fmt])
+    media = [k for k in expected if k.startswith(("pixel_values", "input_features", "audio", "video", "image_grid"))]
+    assert media, sorted(expected)  # the batch holds media tensors to compare
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(got[key], value), f"{fmt}: {key} differs from the JSONL + files build"
+
+
 @pytest.mark.parametrize("fmt", FORMATS[1:])
 def test_every_format_packs_the_rows_of_jsonl_and_files(builds, fmt):
     expected, got = content(packed(builds["jsonl"])), content(packed(builds[fmt]))
     assert set(got) == set(expected)
     for name in expected:
         assert got[name] == expected[name], f"{fmt}: column {name} differs from the JSONL + files build"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_build_verifies_with_its_media_and_deep(builds, fmt):
+    from packer.verify import verify
+
+    problems, checked = verify(builds[fmt], media="stat", deep=True)  # blobs: hashed against their names
+    assert not problems, [str(p) for p in problems[:5]]
 
 
 def test_segment_lines_name_rows_and_samples(builds):
