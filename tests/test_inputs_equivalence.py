@@ -121,3 +121,24 @@ def test_segment_lines_name_rows_and_samples(builds):
     lines = packed(builds["jsonl"]).column("segment_line").to_pylist()
     rows = packed(builds["parquet"]).column("segment_line").to_pylist()
     assert [[n - 1 for n in row] for row in lines] == rows
+
+
+def test_tables_and_tars_on_ray_write_the_local_engines_bytes(tmp_path):
+    """A parquet file, a save_to_disk folder and WebDataset tars as one build: on Ray (2 workers, each task reading its
+    own row groups / tar) every samples, media and packed file is the same bytes as with the local engine."""
+    ray = pytest.importorskip("ray")
+    kinds = ("image", "video")
+    inputs = write_formats(tmp_path / "in", records(24, kinds), kinds, formats=("parquet", "disk", "tar"))
+    manifests = {}
+    for engine, workers in (("local", 1), ("ray", 2)):
+        config = resolve(ROOT / "pipelines" / "qwen3vl.toml", input=[str(inputs[f]) for f in ("parquet", "disk", "tar")],
+                         output=str(tmp_path / engine), max_length=2048, chunk_records=4, engine=engine, workers=workers)
+        try:
+            manifests[engine] = build(config, progress=False)
+        finally:
+            if engine == "ray":
+                ray.shutdown()
+    files = {engine: m.files for engine, m in manifests.items()}
+    for kind in ("samples", "packed", "sample_media", "media_shards"):
+        local, on_ray = getattr(files["local"], kind), getattr(files["ray"], kind)
+        assert local and [(e.file, e.sha256) for e in on_ray] == [(e.file, e.sha256) for e in local], kind
