@@ -7,7 +7,7 @@ within the shard). A row whose media no earlier row used reads them as one conti
     packed rows   r0: [A, B]   r1: [C]   r2: [A, D]
     media shard   0: A  1: B  2: C  3: D        r0 -> rows 0..1, r1 -> 2, r2 -> 0 and 3
 
-The bytes come from the stage-1 media shards (``samples/media-part-K.arrow``, one per stage-1 task, sorted by name):
+The bytes come from the stage-1 media shards (``samples/media-part-K.arrow``, one per stage-1 task, each blob once):
 a sample's blobs are in its own task's, so a span is looked up in one small name column (:class:`BlobShards`), never
 in an index of every blob of the build; the bytes are copied a bounded batch at a time.
 """
