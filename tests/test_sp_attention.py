@@ -162,3 +162,16 @@ def test_sp_attention_without_its_step_is_refused():
     with pytest.raises(ValueError, match=r"'packer_ring' was called without packer_sp: run the model on "
                                          r"model\(\*\*sp.model_inputs\(sp.slice\(batch\)\)\)"):
         model(input_ids=torch.tensor([[1, 2, 3]]), use_cache=False)
+
+
+def test_sp_attention_in_an_encoder_is_refused():
+    """A VLM given one implementation for all its sub-models would run the vision tower's (non-causal) attention
+    under SP: refused, naming the per-sub-config setting."""
+    from transformers import AttentionInterface
+
+    register()
+    encoder_layer = torch.nn.Module()
+    encoder_layer.is_causal = False
+    q = torch.zeros(1, 2, 3, 4)
+    with pytest.raises(ValueError, match=r"not causal: an encoder's attention.*'text_config': 'packer_ulysses'"):
+        AttentionInterface()["packer_ulysses"](encoder_layer, q, q, q, None)

@@ -330,6 +330,11 @@ def _refuse(module, dropout: float, kwargs: dict[str, Any]) -> None:
 
 def _attention(mode: str):
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        if getattr(module, "is_causal", True) is False:  # an encoder's layer: its tokens are not this rank's slice
+            raise ValueError(f"{type(module).__name__} (not causal: an encoder's attention) runs "
+                             f"{IMPLEMENTATIONS[mode]!r}, which is for the language model's layers only: set it there, "
+                             f"model.set_attn_implementation({{'text_config': {IMPLEMENTATIONS[mode]!r}, "
+                             f"'vision_config': 'sdpa'}}) (the encoder's own sub-config names)")
         step = _step(kwargs, mode)
         _refuse(module, dropout, kwargs)
         sp = step.sp
