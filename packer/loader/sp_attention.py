@@ -93,7 +93,7 @@ class SequenceParallel:
         if mode == "hybrid" and (ulysses_group is None or ring_group is None):
             raise ValueError("mode='hybrid' needs ulysses_group and ring_group: use SequenceParallel.create(size, "
                              "mode='hybrid', kv_heads=...)")
-        self.group, self.mode = group, mode
+        self.group, self.mode, self.dp_group = group, mode, None  # create() sets dp_group
         self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
         self.ulysses_group = group if mode == "ulysses" else ulysses_group
         self.ring_group = group if mode == "ring" else ring_group
