@@ -167,12 +167,11 @@ def to_record(row: dict[str, Any], columns: tuple[tuple[str, str], ...] = ()) ->
     for field, kind in MEDIA_FIELDS.items():
         if field in record:
             record[field] = media_ref(record[field], kind, field)
-    for message in record.get("messages") or [] if isinstance(record.get("messages"), list) else []:
+    messages = record.get("messages")
+    for message in messages if isinstance(messages, list) else ():  # a part's own medium: {"type": "image", "image": cell}
         content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict):
-                    for kind in ("image", "audio", "video"):
-                        if part.get(kind) is not None:
-                            part[kind] = media_ref(part[kind], kind, f"a {kind} part")
+        for part in content if isinstance(content, list) else ():
+            for kind in ("image", "audio", "video") if isinstance(part, dict) else ():
+                if part.get(kind) is not None:
+                    part[kind] = media_ref(part[kind], kind, f"a {kind} part")
     return record
