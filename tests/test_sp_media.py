@@ -130,7 +130,7 @@ def test_some_rank_runs_a_tower_on_its_dummy_item(runs):
 
 
 def test_assignment_is_largest_first_onto_the_least_loaded_rank():
-    assert assign([9, 4, 4, 1], 2) == [0, 1, 1, 0]
+    assert assign([9, 4, 4, 1], 2) == [0, 1, 1, 1]  # 9 against 4 + 4 + 1
     assert assign([1, 1, 1], 4) == [0, 1, 2]  # a rank without an item: it runs the dummy
     assert assign([], 2) == []
     spans = [{"kind": "video", "start": 0, "length": 100, "tokens": 100}, {"kind": "image", "start": 100, "length": 10},

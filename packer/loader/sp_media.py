@@ -56,7 +56,7 @@ TEXT_KEYS = ("input_ids", "attention_mask", "position_ids", "cu_seq_lens_q", "cu
 
 def assign(costs: Sequence[float], size: int) -> list[int]:
     """The rank of each item: largest cost first, onto the least loaded rank (the lowest on a tie). Pure and
-    deterministic, so every rank computes the same plan. ``assign([9, 4, 4, 1], 2) == [0, 1, 1, 0]``."""
+    deterministic, so every rank computes the same plan. ``assign([9, 4, 4, 1], 2) == [0, 1, 1, 1]`` (9 against 4 + 4 + 1)."""
     loads, owner = [0.0] * size, [0] * len(costs)
     for j in sorted(range(len(costs)), key=lambda j: (-costs[j], j)):
         rank = min(range(size), key=lambda r: (loads[r], r))
