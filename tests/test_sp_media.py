@@ -145,3 +145,22 @@ def test_item_cost_reads_the_cost_model():
     cost = CostModel(video_item=5.0, video_token=2.0, video_square=0.5, media_token=1.0)
     assert item_cost(cost, "video", 4) == 5 + 2 * 4 + 0.5 * 16 + 4
     assert item_cost(cost, "image", 4) == 4  # media_token only
+
+
+def test_a_collator_form_the_sp_attention_does_not_take_is_refused():
+    """packer_ring / packer_hybrid take varlen batches, packer_ulysses masks: the collator a build implies follows."""
+    import sp_ranks
+
+    from packer.loader.checks import check_attention, default_attention
+    from packer.loader.sp_attention import register
+
+    register()
+    ring, ulysses = sp_ranks.model("packer_ring"), sp_ranks.model("packer_ulysses")
+    check_attention(ring, "varlen")
+    check_attention(ulysses, "eager")
+    assert (default_attention(ring), default_attention(ulysses)) == ("varlen", "sdpa")
+    with pytest.raises(ValueError, match=r"'packer_ring', which takes a batch of PackedCollator\(attention='varlen'\), "
+                                         r"got attention='sdpa': build the collator with attention='varlen'"):
+        check_attention(ring, "sdpa")
+    with pytest.raises(ValueError, match=r"attention='sdpa' or 'eager' or 'flex'\), got attention='varlen'"):
+        check_attention(ulysses, "varlen")
