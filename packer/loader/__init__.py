@@ -18,6 +18,7 @@ from packer.loader.media import MediaMismatchError
 from packer.loader.samplers import CostModel, SplitModalitySampler, StepPlanSampler, TokenBalancedSampler
 from packer.loader.sequence_parallel import local_media_rows, shard_for_sequence_parallel
 from packer.loader.sp_attention import SequenceParallel
+from packer.loader.sp_media import shared_encoders
 from packer.loader.stored import StoredFeatures
 from packer.loader.text_batch import ATTENTION
 from packer.media.load import MediaLoadError
@@ -38,4 +39,4 @@ __all__ = ["ATTENTION", "CostModel", "MediaChangedError", "MediaDummies", "Media
            "StepPlanSampler",
            "StoredFeatures", "TokenBalancedSampler", "all_reduce_logps", "dpo_loss", "local_media_rows", "loss_norm",
            "loss_weights", "media_dummies", "model_inputs", "mrope_positions", "packed_logps", "packed_loss",
-           "shard_for_sequence_parallel", "token_logps"]
+           "shard_for_sequence_parallel", "shared_encoders", "token_logps"]

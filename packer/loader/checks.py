@@ -38,9 +38,15 @@ def model_rope(model) -> str:
     return "default"
 
 
+# packer's sequence-parallel attentions (packer.loader.sp_attention) and the collator forms each takes, first the default
+SP_FORMS = {"packer_ulysses": ("sdpa", "eager", "flex"), "packer_ring": ("varlen",), "packer_hybrid": ("varlen",)}
+
+
 def default_attention(model) -> str:
     """The collator's mask form for the model's attention implementation."""
     impl = implementation(model) or "sdpa"
+    if impl in SP_FORMS:
+        return SP_FORMS[impl][0]
     return "varlen" if "flash" in impl else "flex" if "flex" in impl else "eager" if impl == "eager" else "sdpa"
 
 
@@ -62,6 +68,13 @@ def check_attention(model, attention: str) -> None:
     segments under ``model``'s attention implementation; an unknown implementation passes."""
     impl = implementation(model)
     if impl is None:
+        return
+    if impl in SP_FORMS:
+        if attention not in SP_FORMS[impl]:
+            raise ValueError(f"{type(model).__name__} runs packer's sequence-parallel attention {impl!r}, which takes a "
+                             f"batch of PackedCollator(attention={' or '.join(map(repr, SP_FORMS[impl]))}), got "
+                             f"attention={attention!r}: build the collator with attention={SP_FORMS[impl][0]!r} "
+                             f"(sp.collator_attention)")
         return
     flash = "flash" in impl
     fix = None

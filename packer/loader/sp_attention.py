@@ -161,8 +161,9 @@ class SequenceParallel:
         heads = text.num_attention_heads
         check_heads(heads, getattr(text, "num_key_value_heads", None) or heads, self.ulysses_size)
 
-    def slice(self, batch: dict[str, Any], *, pad_token_id: int = 0) -> dict[str, Any]:
-        """This rank's slice of a collated batch (:func:`~packer.loader.shard_for_sequence_parallel`)."""
+    def slice(self, batch: dict[str, Any], *, pad_token_id: int = 0, rank: int | None = None) -> dict[str, Any]:
+        """This rank's slice of a collated batch (:func:`~packer.loader.shard_for_sequence_parallel`); ``rank``: another
+        SP rank's (what :mod:`packer.loader.sp_media` reads to send each rank its encoder rows)."""
         from packer.loader.checks import attention_form
 
         form = attention_form(batch)
@@ -170,10 +171,14 @@ class SequenceParallel:
             raise ValueError(f"{self.mode} attention takes a batch from PackedCollator(attention="
                              f"{' or '.join(map(repr, COLLATOR[self.mode]))}), got one of attention={form!r}: build the "
                              f"collator with attention={COLLATOR[self.mode][0]!r}")
+        rank = self.rank if rank is None else rank
+        if not 0 <= rank < self.size:
+            raise ValueError(f"rank {rank} is not an SP rank of this group of {self.size}: give one in [0, {self.size})")
         if self.mode == "ulysses":
-            return shard_for_sequence_parallel(batch, self.rank, self.size, mode="ulysses", pad_token_id=pad_token_id)
-        local = shard_for_sequence_parallel(batch, self.ring_rank, self.ring_size, mode="ring", pad_token_id=pad_token_id)
-        return local if self.mode == "ring" else _cut(local, self.ulysses_rank, self.ulysses_size, pad_token_id)
+            return shard_for_sequence_parallel(batch, rank, self.size, mode="ulysses", pad_token_id=pad_token_id)
+        ring_rank, ulysses_rank = divmod(rank, self.ulysses_size)
+        local = shard_for_sequence_parallel(batch, ring_rank, self.ring_size, mode="ring", pad_token_id=pad_token_id)
+        return local if self.mode == "ring" else _cut(local, ulysses_rank, self.ulysses_size, pad_token_id)
 
     def model_inputs(self, local: dict[str, Any], model=None) -> dict[str, Any]:
         """:func:`~packer.loader.model_inputs` of a slice, with the ``packer_sp`` step; refuses a slice made for

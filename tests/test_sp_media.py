@@ -1,0 +1,166 @@
+"""VLMs and audio LMs under sequence parallelism, the encoders' work shared across the SP group.
+
+A tiny Qwen3-VL (mRoPE, four images and two videos, DeepStack) and a tiny Qwen3-Omni thinker (three audio clips,
+two images, DeepStack, a mixture of experts) take one packed row of five records through ``SequenceParallel``:
+packer's SP attention on the language model, SDPA in the towers, each media item encoded on one rank
+(:func:`packer.loader.sp_media.shared_encoders`) or on all (``split=False``). Per-segment loss sums and every
+parameter's gradient (summed over the SP group) equal the one-process packed step (SDPA, the packed mask, the
+model's own forward) within 1e-5 relative; at SP 4 some ranks hold no video (Qwen3-VL) or no image (Qwen3-Omni)
+and run the tower on its dummy item. Ranks run in ``tests/sp_media_ranks.py`` (spawned, gloo, CPU, float32).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+import sp_media_ranks  # noqa: E402
+
+from packer.loader.sp_media import assign, item_cost, loads  # noqa: E402
+
+pytestmark = pytest.mark.slow  # each world starts 2 or 4 Python processes with torch and transformers
+
+pytest.importorskip("av")
+pytest.importorskip("torchvision")
+
+TIMEOUT = 300
+CASES = {
+    ("qwen3vl", 2): [{"name": "ulysses", "mode": "ulysses"},
+                     {"name": "ulysses-replicated", "mode": "ulysses", "split": False},
+                     {"name": "ring", "mode": "ring"},
+                     {"name": "ring-replicated", "mode": "ring", "split": False}],
+    ("qwen3vl", 4): [{"name": "ulysses", "mode": "ulysses"},
+                     {"name": "ring", "mode": "ring"},
+                     {"name": "hybrid", "mode": "hybrid"},  # Ulysses over gcd(2 kv heads, 4) = 2, ring over 2
+                     {"name": "dp2-ring2", "mode": "ring", "size": 2}],  # 2 replicas of an SP group of 2
+    ("qwen3omni", 2): [{"name": "ulysses", "mode": "ulysses"}, {"name": "ring", "mode": "ring"}],
+    ("qwen3omni", 4): [{"name": "ring", "mode": "ring"}, {"name": "dp2-ulysses2", "mode": "ulysses", "size": 2}],
+}
+# softmax ignores a constant added to every score of a query: a key projection's bias has gradient 0, in float32
+# rounding noise (about 1e-14 here) that no relative comparison can hold
+ANALYTIC_ZERO = ("k_proj.bias",)
+
+
+def spawn(family: str, world: int, build: Path, folder: Path) -> subprocess.CompletedProcess:
+    (folder / "cases.json").write_text(json.dumps(CASES[(family, world)]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    args = [sys.executable, str(ROOT / "tests" / "sp_media_ranks.py"), str(world), family, str(build),
+            str(folder / "cases.json"), str(folder)]
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, text=True, env=env, cwd=ROOT,
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = None
+        err.seek(0)
+        return subprocess.CompletedProcess(args, code, "", err.read())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = {}
+    for family in ("qwen3vl", "qwen3omni"):
+        build = sp_media_ranks.make_build(family, tmp_path_factory.mktemp(family))
+        reference = sp_media_ranks.reference(family, build)
+        for world in (2, 4):
+            folder = tmp_path_factory.mktemp(f"{family}-world{world}")
+            out[(family, world)] = (folder, spawn(family, world, build, folder), reference)
+    return out
+
+
+def result(runs, family: str, world: int, name: str, replica: int = 0) -> dict:
+    folder, proc, _ = runs[(family, world)]
+    error = folder / f"{name}.error"
+    assert not error.exists(), error.read_text()
+    path = folder / f"{name}-dp{replica}.pt"
+    assert path.exists(), f"{family} world {world} ended {proc.returncode}: {proc.stderr[-3000:]}"
+    return torch.load(path)
+
+
+@pytest.mark.parametrize(("family", "world", "case"), [(f, w, c) for (f, w), cases in CASES.items() for c in cases],
+                         ids=lambda x: x if isinstance(x, str) else str(x) if isinstance(x, int) else x["name"])
+def test_sp_step_with_shared_encoders_equals_one_process(runs, family, world, case):
+    reference = runs[(family, world)][2]
+    size = case.get("size", world)
+    for replica in range(world // size):
+        got = result(runs, family, world, case["name"], replica)
+        segments = reference["segments"]
+        assert ((got["segments"] - segments).abs() / segments.abs()).max() <= 1e-5
+        assert got["loss"] == pytest.approx(reference["loss"], rel=1e-5)
+        assert set(got["grads"]) == set(reference["grads"])  # every tower's parameters, on every rank
+        for name, g in reference["grads"].items():
+            if name.endswith(ANALYTIC_ZERO):
+                assert g.abs().max() <= 1e-12 and got["grads"][name].abs().max() <= 1e-12, name
+            else:
+                assert (got["grads"][name] - g).abs().max() <= 1e-5 * g.abs().max(), f"gradient of {name}"
+
+
+@pytest.mark.parametrize(("family", "world", "case"), [(f, w, c) for (f, w), cases in CASES.items() for c in cases],
+                         ids=lambda x: x if isinstance(x, str) else str(x) if isinstance(x, int) else x["name"])
+def test_each_item_is_encoded_once_in_the_group_unless_replicated(runs, family, world, case):
+    media = runs[(family, world)][2]["media"]
+    size = case.get("size", world)
+    encoded = result(runs, family, world, case["name"])["encoded"]
+    assert len(encoded) == size
+    for kind in {k for k, _ in media}:
+        n = sum(k == kind for k, _ in media)
+        items = sorted(j for rank in encoded for j in rank.get(kind, []))
+        assert items == (sorted(list(range(n)) * size) if case.get("split") is False else list(range(n))), (kind, encoded)
+
+
+def test_some_rank_runs_a_tower_on_its_dummy_item(runs):
+    """Two videos over four ranks: two ranks encode none and still run the vision tower for videos (their gradients
+    reached every parameter above)."""
+    encoded = result(runs, "qwen3vl", 4, "ring")["encoded"]
+    assert sum(not rank["video"] for rank in encoded) == 2
+
+
+def test_assignment_is_largest_first_onto_the_least_loaded_rank():
+    assert assign([9, 4, 4, 1], 2) == [0, 1, 1, 1]  # 9 against 4 + 4 + 1
+    assert assign([1, 1, 1], 4) == [0, 1, 2]  # a rank without an item: it runs the dummy
+    assert assign([], 2) == []
+    spans = [{"kind": "video", "start": 0, "length": 100, "tokens": 100}, {"kind": "image", "start": 100, "length": 10},
+             {"kind": "video", "start": 110, "length": 60, "tokens": 60}, {"kind": "video", "start": 170, "length": 40}]
+    assert loads(spans, 2) == [100 + 10, 60 + 40]  # the default cost model charges media nothing: tokens
+    assert loads(spans, 2, split=False) == [210, 210]
+
+
+def test_item_cost_reads_the_cost_model():
+    from packer.cost import CostModel
+
+    cost = CostModel(video_item=5.0, video_token=2.0, video_square=0.5, media_token=1.0)
+    assert item_cost(cost, "video", 4) == 5 + 2 * 4 + 0.5 * 16 + 4
+    assert item_cost(cost, "image", 4) == 4  # media_token only
+
+
+def test_a_collator_form_the_sp_attention_does_not_take_is_refused():
+    """packer_ring / packer_hybrid take varlen batches, packer_ulysses masks: the collator a build implies follows."""
+    import sp_ranks
+
+    from packer.loader.checks import check_attention, default_attention
+    from packer.loader.sp_attention import register
+
+    register()
+    ring, ulysses = sp_ranks.model("packer_ring"), sp_ranks.model("packer_ulysses")
+    check_attention(ring, "varlen")
+    check_attention(ulysses, "eager")
+    assert (default_attention(ring), default_attention(ulysses)) == ("varlen", "sdpa")
+    with pytest.raises(ValueError, match=r"'packer_ring', which takes a batch of PackedCollator\(attention='varlen'\), "
+                                         r"got attention='sdpa': build the collator with attention='varlen'"):
+        check_attention(ring, "sdpa")
+    with pytest.raises(ValueError, match=r"attention='sdpa' or 'eager' or 'flex'\), got attention='varlen'"):
+        check_attention(ulysses, "varlen")
