@@ -48,11 +48,13 @@ from packer.encode.tokens import TextTokenizer
 from packer.errors import BadRecord, PackerError
 from packer.families import Family, Run, make_family
 from packer.ingest.formats import decode_json, parse_record, record_id
+from packer.io import blobs, fs
 from packer.media import refs
 from packer.records import Conversation, Document, Preference, RawLine
 from packer.shards.schema import IGNORE, MediaSpan, Sample
 
 TOKENIZE_BATCH = 1000  # texts per tokenizer call: the wrapper's cost is paid per call, memory grows with the batch
+PREFETCH_RECORDS = 256  # records whose remote media are read ahead together (their bodies held until probed)
 TOKENIZE_BATCH_BYTES = 1 << 21  # and characters of text per chunk: the encodings of one call are held together
 #   (~40 bytes a character with offsets: 500 pair records of a 100 KB prompt held 4.3 GB in one chunk)
 
@@ -182,10 +184,13 @@ class Encoder:
         prepared, tokenized in one call per kind and finished: their results, in order."""
         results: list[Any] = []
         prepared: list[Any] = []
-        size = 0
-        for raw in raws:
+        size, held = 0, []
+        for j, raw in enumerate(raws):
             if size >= TOKENIZE_BATCH_BYTES:
                 break
+            if j % PREFETCH_RECORDS == 0:  # the next records' remote media, read many at once, then probed from memory
+                blobs.STORE.release_urls(held, keep_facts=True)
+                held = self._prefetch(raws[j : j + PREFETCH_RECORDS], file_dir)
             try:
                 prepared.append(self._prepare(raw, file_dir))
                 results.append(None)
@@ -193,6 +198,7 @@ class Encoder:
             except Exception as e:  # noqa: BLE001 -- classified (or re-raised) by ``failure``
                 prepared.append(None)
                 results.append(failure(e))
+        blobs.STORE.release_urls(held, keep_facts=True)
         self._pretokenize([p for p in prepared if p is not None])
         try:
             for j, raw in enumerate(raws[: len(prepared)]):
@@ -205,6 +211,30 @@ class Encoder:
         finally:
             self._memo = {}
         return results
+
+    def _prefetch(self, raws: list[RawLine], file_dir: Path | str) -> list[str]:
+        """Read the remote media (s3://, http(s)://) of ``raws`` many at once (:meth:`MediaProber.prefetch`), so that
+        their probes, one record at a time, wait on no round trip: with 30 ms per request, probing 1,000 images one
+        by one waits ~10 requests each. The records are parsed for it only where they may name remote media (the
+        dataset is remote, or a line holds ``://``); a record that fails here fails again, named, when prepared."""
+        base = refs.record_base(self.config.media_root, file_dir)
+        if not fs.is_remote_media(base) and not any(b"://" in raw.data for raw in raws):
+            return []
+        parts = []
+        for raw in raws:
+            if raw.error is not None or raw.too_long:
+                continue
+            try:
+                obj = raw.record if raw.record is not None else decode_json(raw.data)
+                record = parse_record(obj, self.config.format, base, self.tags,
+                                      allow_outside_root=self.config.allow_outside_media_root)
+            except Exception:  # noqa: BLE001 -- met again, and quarantined, by _prepare
+                continue
+            if isinstance(record, Preference):
+                record = record.conversation(0)
+            if isinstance(record, Conversation):
+                parts += record.media
+        return self.media.prober.prefetch(parts)
 
     def _pretokenize(self, prepared: list[tuple]) -> None:
         """Tokenize every prepared record's text in one call per kind, into ``self._memo``.
