@@ -87,10 +87,15 @@ def _int_list(ctx, param, values: tuple[str, ...]) -> tuple[int, ...] | None:
 
 
 def _str_list(ctx, param, values: tuple[str, ...]) -> tuple[str, ...] | None:
-    """The flag given once or more: its values in order, an empty one adding nothing, so ``--modalities ''`` is
-    the empty list (text only), as ``modalities = []`` is in a pipeline file; None when not given, so the
-    pipeline's value or the default stands."""
-    return tuple(v for v in values if v != "") if values else None
+    """The flag given once or more (``--modalities`` a name or several separated by commas: ``image,video`` is
+    ``--modalities image --modalities video``): the values in order, an empty one adding nothing, so
+    ``--modalities ''`` is the empty list (text only), as ``modalities = []`` is in a pipeline file; None when not
+    given, so the pipeline's value or the default stands."""
+    if not values:
+        return None
+    if param.name != "modalities":  # an input's options are separated by commas: never split
+        return tuple(v for v in values if v != "")
+    return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
 
 
 def _run(fn, *args, **kwargs):

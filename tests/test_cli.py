@@ -218,3 +218,16 @@ def test_build_help_has_one_section_per_group_with_defaults_and_choices():
     r = CliRunner().invoke(main, ["repack", "--help"])
     text = " ".join(r.output.split())
     assert "--overwrite" in text and "--tokenizer" not in text and "[default: 4096]" not in text
+
+
+def test_modalities_take_a_comma_separated_list(run, tmp_path, write_jsonl):
+    """``--modalities image,video`` names two kinds (it was one unknown kind, 'image,video'), as the flag given twice
+    does; an input's options after '#' keep their commas."""
+    f = write_jsonl("in.jsonl", [{"text": "hello there"}])
+    for args, kinds in ((["--modalities", "image,video"], ["image", "video"]),
+                        (["--modalities", "image", "--modalities", "audio"], ["image", "audio"])):
+        out = tmp_path / "-".join(kinds)
+        r = run("build", "-i", f"{f}#weight=1,cap=5", "-o", out, "--tokenizer", TOKENIZER, *args)
+        assert r.exit_code == 0, r.output
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["config"]["modalities"] == kinds and manifest["config"]["input"] == [f"{f}#weight=1,cap=5"]

@@ -355,3 +355,23 @@ def test_the_loader_reads_a_batchs_remote_media_at_once_in_order(server):
     assert sum(server.hits.values()) == len(IMAGES)
     blobs.STORE.release_urls(held)
     assert len(blobs.STORE) == 0
+
+
+@pytest.mark.slow  # two builds: ~10 s on 2 cores
+def test_an_embedded_build_over_urls_reads_each_url_once_and_carries_its_bytes(server, tmp_path):
+    """``--media embed`` of http:// refs: the task keeps the bodies it read for probing and writes them into its media
+    shards (no second fetch); the rows equal the local files' build."""
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "images").symlink_to(SAMPLE / "images")
+    run_build([write(local / "llava.jsonl", records(lambda x: f"images/{x}"))], tmp_path / "a")
+    web = tmp_path / "web"
+    web.mkdir()
+    server.methods.clear()
+    run_build([write(web / "llava.jsonl", records(lambda x: f"{server.url}/img/{x}"))], tmp_path / "b", media="embed")
+    assert sorted(server.methods) == sorted(("GET", f"/img/{x}") for x in IMAGES)  # once each: probe and embed
+    from packer.loader import PackedDataset
+
+    ds = PackedDataset(tmp_path / "b")
+    assert all(blobs.is_blob(m["ref"]) for k in range(len(ds)) for m in ds[k]["media"])
+    assert packed(tmp_path / "b") == packed(tmp_path / "a")

@@ -97,6 +97,42 @@ def test_a_vision_language_model(tmp_path, monkeypatch):
     assert names["collate"].family.name == "qwen3vl" and names["collate"].media_step is not None
 
 
+@pytest.mark.slow  # a VLM build and a training step
+def test_from_a_hugging_face_dataset(tmp_path, monkeypatch):
+    """The Cauldron's layout (``images`` + ``texts`` turns) as the hub's parquet holds it, read with no mapping; the
+    build trains with its images in its own media shards (the parquet is deleted first)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from datasets import Features, Image, List, Value
+
+    monkeypatch.chdir(tmp_path)
+    assets = FAMILY_ASSETS["qwen3vl"]
+    files = write_images(tmp_path / "img")
+    features = Features({"images": List(Image()), "texts": List({"user": Value("string"), "assistant": Value("string"),
+                                                                 "source": Value("string")})})
+    pictures = [p.read_bytes() for p in sorted(files.values())[:2]]
+    table = pa.table({"images": [[{"bytes": pictures[k % 2], "path": f"{k}.png"}] for k in range(4)],
+                      "texts": [[{"user": f"What is {k}?", "assistant": f"Shapes {k}.", "source": "ai2d"}]
+                                for k in range(4)]}, schema=features.arrow_schema)
+    Path("hub").mkdir()
+    pq.write_table(table, "hub/train-00000-of-00001.parquet")
+    processor = assets.processor(tmp_path / "qwen3vl")
+    names = run("from a Hugging Face dataset",
+                {"hf://datasets/HuggingFaceM4/the_cauldron/ai2d/*.parquet": "hub/*.parquet",
+                 "Qwen/Qwen3-VL-8B-Instruct": str(tmp_path / "qwen3vl")},
+                {'Qwen3VLForConditionalGeneration.from_pretrained("Qwen/Qwen3-VL-8B-Instruct")': "vl_model()",
+                 'PackedDataset("out/cauldron")': 'PackedDataset(gone("out/cauldron"))', **STEPS},
+                {"vl_model": lambda: assets.model(processor, "sdpa"), "gone": _without_inputs})
+    assert len(names["ds"]) >= 1 and (tmp_path / "out" / "cauldron" / "media").is_dir()
+
+
+def _without_inputs(out: str) -> str:
+    """``out`` once the parquet it was built from is gone: its media are in the build."""
+    for f in Path("hub").glob("*.parquet"):
+        f.unlink()
+    return out
+
+
 def test_preference_data(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("data").mkdir()

@@ -144,6 +144,11 @@ class BuildConfig:
     media_hash: bool = _opt(False, "Record each media file's sha256 in the build's media index (reads every media file once), "
                                    "so `packer verify --media hash` can prove the files unchanged; without it the index holds "
                                    "their size and modification time.", stage="content", group="media")
+    media: str = _opt("auto", "Where the build's media live: ref (each span names its file or URL, read at train time), "
+                              "embed (each packed shard's media bytes in a media shard beside it: the build folder trains "
+                              "with no other file), auto (embed exactly when a source's media have no file to point at: "
+                              "parquet / tar cells, data: URLs).", choices=("auto", "embed", "ref"),
+                      stage="content", group="media")
     image_embeddings: str = _opt("", "Store open_clip image embeddings: MODEL[:PRETRAINED] (a checkpoint file, a tag, "
                                      "or random); empty: off.", stage="content", group="media")
     embed_output: str = _opt("pooled", "What to store per image: the pooled embedding, or one hidden state "

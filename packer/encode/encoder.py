@@ -185,11 +185,12 @@ class Encoder:
         results: list[Any] = []
         prepared: list[Any] = []
         size, held = 0, []
+        keep = getattr(self.config, "media", "auto") == "embed"  # the task embeds them: its bodies stay until written
         for j, raw in enumerate(raws):
             if size >= TOKENIZE_BATCH_BYTES:
                 break
             if j % PREFETCH_RECORDS == 0:  # the next records' remote media, read many at once, then probed from memory
-                blobs.STORE.release_urls(held, keep_facts=True)
+                blobs.STORE.release_urls([] if keep else held, keep_facts=True)
                 held = self._prefetch(raws[j : j + PREFETCH_RECORDS], file_dir)
             try:
                 prepared.append(self._prepare(raw, file_dir))
@@ -198,7 +199,7 @@ class Encoder:
             except Exception as e:  # noqa: BLE001 -- classified (or re-raised) by ``failure``
                 prepared.append(None)
                 results.append(failure(e))
-        blobs.STORE.release_urls(held, keep_facts=True)
+        blobs.STORE.release_urls([] if keep else held, keep_facts=True)
         self._pretokenize([p for p in prepared if p is not None])
         try:
             for j, raw in enumerate(raws[: len(prepared)]):

@@ -33,8 +33,8 @@ def task_records(task) -> Iterator[RawLine]:
     if task.format == "webdataset":
         from packer.ingest import webdataset
 
-        for number, key, sample in webdataset.read_samples(task.file):
-            yield _record(sample, number, task.columns, "member", key)
+        for number, key, sample, text in webdataset.read_samples(task.file):
+            yield _record(sample, number, task.columns, "member", key, text)
         return
     from packer.ingest import tables
 
@@ -45,9 +45,9 @@ def task_records(task) -> Iterator[RawLine]:
             number += 1
 
 
-def _record(row: Any, number: int, columns: tuple, where: str, member: str) -> RawLine:
-    if isinstance(row, BadRecord):
-        return RawLine(number, b"", where=where, member=member, error=row)
+def _record(row: Any, number: int, columns: tuple, where: str, member: str, text: bytes = b"") -> RawLine:
+    if isinstance(row, BadRecord):  # a tar sample's json as it is, for the quarantine's preview
+        return RawLine(number, text[:PREVIEW_BYTES], where=where, member=member, error=row)
     data = preview(row)
     try:
         return RawLine(number, data, where=where, member=member, record=layouts.to_record(row, columns))

@@ -3,7 +3,13 @@ groups / record batches at a time.
 
 Only pyarrow is needed: a ``datasets`` feature (``Image()``, ``Audio()``, ``Video()``, lists of them) is read from the
 schema's ``huggingface`` metadata (:func:`features`), its cells as the ``{"bytes", "path"}`` structs the hub stores.
-A worker holds one row group / batch's rows at a time (:func:`read_rows`).
+A worker decodes one row group / batch at a time (:func:`read_rows`); the records it makes, and their embedded media
+(blobs), are held until its task is encoded and written: a task is at most
+:data:`packer.ingest.units.MAX_TABLE_TASK_BYTES` of stored bytes, or one row group where a group alone is more.
+
+The driver reads a parquet footer only. An Arrow IPC *stream* (what ``save_to_disk`` writes) has no footer: its
+batches are walked for their sizes, which touches only their headers in a local (memory-mapped) file, but reads the
+stream through for a remote one.
 """
 
 from __future__ import annotations

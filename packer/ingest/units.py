@@ -22,8 +22,10 @@ from packer.errors import ConfigError
 
 FORMATS = ("jsonl", "parquet", "arrow", "webdataset")
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".arrow": "arrow",
-            ".feather": "arrow", ".ipc": "arrow", ".tar": "webdataset"}
-MAX_TABLE_TASK_BYTES = 64 * 2**20  # a table task's row groups hold at most this many (stored) bytes, one at least
+            ".feather": "arrow", ".ipc": "arrow", ".tar": "webdataset", ".tgz": "webdataset"}
+# A table task's row groups hold at most this many (stored, uncompressed) bytes, one group at least: a worker holds a
+# task's records and embedded media until it has encoded and written them (EncodeTask.lines), so this bounds its memory
+MAX_TABLE_TASK_BYTES = 64 * 2**20
 
 
 def detect(path, declared: str = "auto") -> str:
@@ -70,14 +72,52 @@ def _groups(path, fmt: str) -> list[tuple[int, int]]:
     """(rows, stored bytes) of each row group / record batch."""
     from packer.ingest import tables
 
+    return _metadata(path, fmt, tables.groups)
+
+
+def _metadata(path, fmt: str, read):
+    """``read(path, fmt)``, a file pyarrow cannot read as ``fmt`` a ConfigError naming it and the fix."""
     try:
-        return tables.groups(path, fmt)
+        return read(path, fmt)
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 -- pyarrow's ArrowInvalid / OSError for a damaged or foreign file
         raise ConfigError(f"input {path}: cannot read it as {fmt} ({type(e).__name__}: {str(e)[:300]}); check that "
                           f"the file is whole (a copy cut short loses parquet's footer) or set format= to what it "
                           f"is") from None
+
+
+def table_columns(path, fmt: str, columns: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """The column mapping a table file is read with, from its schema alone (the driver's check, before any record):
+    the source's own, every column it names present, plus the media columns its ``datasets`` features name
+    (:func:`packer.ingest.layouts.feature_mapping`). A mapped column the file lacks, or a column read as media whose
+    feature packer cannot decode, is a ConfigError for the whole input: every row would fail alike."""
+    from packer.ingest import layouts, tables
+
+    schema = _metadata(path, fmt, tables.schema)
+    names = list(schema.names)
+    missing = [f"{field}={column}" for field, column in columns if column not in names]
+    if missing:
+        raise ConfigError(f"input {path}: the column mapping {', '.join(missing)} names column(s) the file does not "
+                          f"have (its columns: {', '.join(names)}); fix columns= to name the file's own columns")
+    features = tables.features(schema)
+    why = layouts.check_media_features(features, names, columns)
+    if why:
+        raise ConfigError(f"input {path}: {why}; map another column with columns= (images=COLUMN) or leave this "
+                          f"file out")
+    return layouts.feature_mapping(features, names, columns)
+
+
+def where(fmt: str) -> str:
+    """What a record's number counts in a file of ``fmt``: JSONL ``line``, table ``row``, tar ``member``
+    (:attr:`packer.records.RawLine.where`)."""
+    return {"parquet": "row", "arrow": "row", "webdataset": "member"}.get(fmt, "line")
+
+
+def readings(sources: list, inputs: list[tuple]) -> list[tuple[str, tuple[tuple[str, str], ...]]]:
+    """How each input file ``(file, source number)`` is read: its format (its source's ``format=``, else from its
+    name) and its source's column mapping."""
+    return [(detect(f, sources[k].format), sources[k].columns) for f, k in inputs]
 
 
 def is_local_dir(path) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import io
 import re
+import weakref
 
 PREFIX = "sha256:"
 NAME = re.compile(r"sha256:[0-9a-f]{64}\Z")
@@ -36,6 +37,22 @@ class Store:
         self._urls: dict[str, tuple[str, int, int]] = {}  # a remote URL fetched whole -> (blob name, size, mtime ns)
         self._failed: dict[str, BaseException] = {}  # a remote URL whose fetch failed -> the error, met again on use
         self._only_urls: set[str] = set()  # blobs held for URLs alone (release_urls may drop them)
+        self._shelves: list[weakref.ref] = []  # where a name not held is looked up: a loader's media shards
+
+    def attach(self, shelf) -> None:
+        """Look up a name this store does not hold in ``shelf`` too (``shelf.find(name)``: bytes-like or None), for
+        as long as ``shelf`` lives: an embedded build's media shards, opened by :class:`packer.loader.PackedDataset`."""
+        self._shelves = [r for r in self._shelves if r() is not None]
+        if not any(r() is shelf for r in self._shelves):
+            self._shelves.append(weakref.ref(shelf))
+
+    def _find(self, key: str):
+        for ref in self._shelves:
+            shelf = ref()
+            found = shelf.find(key) if shelf is not None else None
+            if found is not None:
+                return found
+        return None
 
     def put(self, data: bytes) -> str:
         key = name(data)
@@ -48,13 +65,15 @@ class Store:
         self._data.setdefault(key, data)
 
     def get(self, key: str) -> bytes:
-        try:
-            return self._data[key]
-        except KeyError:
-            raise FileNotFoundError(f"{key}: no embedded media of that content is held") from None
+        data = self._data.get(key)
+        if data is None:
+            data = self._find(key)
+        if data is None:
+            raise FileNotFoundError(f"{key}: no embedded media of that content is held")
+        return data
 
     def __contains__(self, key: str) -> bool:
-        return key in self._data
+        return key in self._data or self._find(key) is not None
 
     def __len__(self) -> int:
         return len(self._data)

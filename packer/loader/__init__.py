@@ -17,6 +17,7 @@ from packer.loader.loss import loss_norm, loss_weights, packed_loss
 from packer.loader.media import MediaMismatchError
 from packer.loader.samplers import CostModel, SplitModalitySampler, StepPlanSampler, TokenBalancedSampler
 from packer.loader.sequence_parallel import local_media_rows, shard_for_sequence_parallel
+from packer.loader.sp_attention import SequenceParallel
 from packer.loader.stored import StoredFeatures
 from packer.loader.text_batch import ATTENTION
 from packer.media.load import MediaLoadError
@@ -32,7 +33,8 @@ def __getattr__(name: str):
 
 
 __all__ = ["ATTENTION", "CostModel", "MediaChangedError", "MediaDummies", "MediaLoadError", "MediaMismatchError",
-           "PackedCollator", "PackedDataset", "PackedTrainer", "ResponseLogps", "SampleDataset", "SplitModalitySampler",
+           "PackedCollator", "PackedDataset", "PackedTrainer", "ResponseLogps", "SampleDataset", "SequenceParallel",
+           "SplitModalitySampler",
            "StepPlanSampler",
            "StoredFeatures", "TokenBalancedSampler", "all_reduce_logps", "dpo_loss", "local_media_rows", "loss_norm",
            "loss_weights", "media_dummies", "model_inputs", "mrope_positions", "packed_logps", "packed_loss",

@@ -16,8 +16,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from packer.io import blobs
 from packer.io.fs import is_remote, location
 from packer.io.fs import stat as fs_stat
+from packer.loader.blobs import MediaShards
 from packer.media.refs import resolve_ref, stored_frames
 from packer.shards.io import read_shard
 from packer.shards.manifest import Manifest
@@ -49,6 +51,8 @@ class _ShardedTable:
         entry = self.manifest.files.media
         self.media_index = MediaIndex(self.out / entry.file) if entry is not None and check_media else None
         self.entries = getattr(self.manifest.files, self.kind)
+        files = self.manifest.files  # an embedded build's media shards, paired with the shards of rows (None: none)
+        self.blob_media = MediaShards.of(self.out, self.entries, [*files.sample_media, *files.media_shards])
         self.starts = np.concatenate([[0], np.cumsum([e.rows for e in self.entries])]).astype(np.int64)
         self._tables: dict[int, pa.Table] = {}
         if self.entries:
@@ -98,6 +102,8 @@ class _ShardedTable:
             cache: dict[str, np.ndarray] = {}
             for m in out["media"]:
                 self._resolve(m, row["input_ids"], cache)
+            if self.blob_media is not None:  # embedded media: the row's bytes located in its media shard
+                self.blob_media.hold(k, out["media"])
         return out
 
     def _resolve(self, m: dict[str, Any], input_ids, cache: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -217,6 +223,8 @@ class PackedDataset(_ShardedTable):
         table = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
 
         def with_paths(batch: dict[str, list]) -> dict[str, list]:
+            if self.blob_media is not None:
+                blobs.STORE.attach(self.blob_media)  # a blob is found in whichever media shard holds it
             if "media" in batch:
                 batch["media"] = [[self._resolve(dict(m), ids, {}) for m in spans]
                                   for spans, ids in zip(batch["media"], batch["input_ids"], strict=True)]

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packer.errors import BadRecord, PackerError
-from packer.io import fs
+from packer.io import blobs, fs
 from packer.media.deps import require
 from packer.media.limits import MAX_VIDEO_FRAMES, check_frame_rate, check_frame_size, check_video
 
@@ -80,7 +80,7 @@ class VideoInfo:
 def _open(path: str):
     av = require("av")  # missing: a ConfigError that stops the build, never a record's corrupt_video
 
-    if fs.is_url(path):
+    if fs.is_url(path) or blobs.is_blob(path):  # a stream, not a name FFmpeg opens itself
         return av.open(fs.open_binary(path), metadata_errors="ignore")
     return av.open(str(path), metadata_errors="ignore")
 

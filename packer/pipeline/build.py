@@ -107,6 +107,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
             encoded = encode_inputs(out, files, tasks, counts, setup_args, driver, engine, progress, earlier=earlier)
             encoded.input_sources = [k for _, k in inputs]
             encoded.cost_model = spec.cost_model
+            embed = media_mode(config, encoded) == "embed"  # ref with embedded media: refused before any plan
             warn_no_encoder(out, driver.encoder.family.kinds, encoded)
             warn_internal_errors(out, encoded)
             check_bad_fraction(out, config, encoded, tokenizer)
@@ -114,7 +115,7 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
             media_index = write_media_index(out, encoded.media)  # the workers looked the files up
             sections = media_passes(out, config, encoded, embedder, extractor, progress, engine, media_root)
             return plan_and_pack(out, config, encoded, tokenizer, engine, progress, media_root=media_root, earlier=earlier,
-                                 sections=sections, tokenizer_files=tokenizer_files, media_index=media_index)
+                                 sections=sections, tokenizer_files=tokenizer_files, media_index=media_index, embed=embed)
         finally:
             if frozen:
                 gc.unfreeze()
@@ -124,10 +125,9 @@ def _build(config: BuildConfig, progress: bool) -> Manifest:
 def readings(config: BuildConfig, inputs: list[tuple]) -> list[tuple[str, tuple]]:
     """How each input file is read: its format (the source's ``format=``, else from its name) and its source's
     column mapping."""
-    from packer.ingest.units import detect
+    from packer.ingest.units import readings as of_inputs
 
-    sources = config.sources()
-    return [(detect(f, sources[k].format), sources[k].columns) for f, k in inputs]
+    return of_inputs(config.sources(), inputs)
 
 
 def sample_tokenizer(tokenizer: str) -> Path | None:
@@ -277,7 +277,7 @@ def encode_inputs(out: Path, files: list[Path], tasks, counts: dict[str, int], s
     finished tasks from (:func:`packer.stages.state.open_state`), named on the stage's line."""
     by_file = {str(f): FileAccount() for f in files}
     quarantined: Counter[str] = Counter()
-    shards, columns, media = [], [], {}
+    shards, columns, media, blob_shards, blob_inputs = [], [], {}, [], {}
     qpath = out / "quarantine.jsonl"
     stage = Stage("encode", "records", bytes_total=sum(fs.stat(f)[0] for f in files), enabled=progress)
     reused = n_tasks = cut = 0
@@ -294,6 +294,9 @@ def encode_inputs(out: Path, files: list[Path], tasks, counts: dict[str, int], s
                 columns.append(res.columns)
                 for row in res.media or ():
                     media.setdefault(row.ref, row)  # a file several tasks name: its first row, in task order
+            if res.blobs is not None:
+                blob_shards.append(res.blobs)
+                blob_inputs[res.file] = True
             reused, n_tasks, cut = reused + res.reused, n_tasks + 1, cut + res.audio_truncated
             changed.update(res.content_changed or {})
             stage.advance(res.records, res.nbytes)
@@ -302,7 +305,21 @@ def encode_inputs(out: Path, files: list[Path], tasks, counts: dict[str, int], s
     quarantine = ShardEntry(qpath.name, sum(quarantined.values()), qpath.stat().st_size, sha256_file(qpath))
     return Encoded(list(by_file), shards, by_file, dict(quarantined), quarantine, counts.get("blank_lines", 0),
                    columns=pa.concat_tables(columns) if columns else plan_columns(SAMPLE_SCHEMA.empty_table()),
-                   media=list(media.values()), audio_truncated=cut, content_changed=dict(sorted(changed.items())))
+                   media=list(media.values()), audio_truncated=cut, content_changed=dict(sorted(changed.items())),
+                   blob_shards=blob_shards, blob_inputs=list(blob_inputs))
+
+
+def media_mode(config: BuildConfig, encoded: Encoded) -> str:
+    """``embed`` or ``ref``, the build's ``media`` setting resolved after stage 1: ``auto`` embeds exactly when some
+    sample names embedded media (bytes with no file to point at). ``ref`` with such media is refused, naming the
+    inputs, since a span of a ``ref`` build must name a file the trainer can open."""
+    held = encoded.blob_inputs
+    if config.media == "ref" and held:
+        more = f" and {len(held) - 1:,} more" if len(held) > 1 else ""
+        raise ConfigError(f"media = 'ref' but the media of {held[0]}{more} are embedded in the input (parquet / tar cells, "
+                          f"data: URLs): they have no file a packed row could name; use --media embed (or auto, the "
+                          f"default), or give the media as files")
+    return "embed" if config.media == "embed" or held else "ref"
 
 
 def auto_workers(workers: int, files: list) -> int:

@@ -27,3 +27,5 @@ class Encoded:
     columns: pa.Table | None = None  # planning.plan_columns of every sample, from the stage-1 results (None: read the shards)
     media: list = field(default_factory=list)  # the media index's rows, one per file, from the stage-1 results
     cost_model: dict = field(default_factory=dict)  # the samples' cost model (packer.cost.resolve_cost_model's record)
+    blob_shards: list[ShardEntry] = field(default_factory=list)  # samples/media-part-*.arrow: the tasks' embedded media
+    blob_inputs: list[str] = field(default_factory=list)  # the input files whose samples name embedded media

@@ -24,6 +24,7 @@ from packer.shards.manifest import Files, Manifest
 from packer.shards.schema import SAMPLE_SCHEMA, ShardEntry
 from packer.stages import materialize
 from packer.stages.manifest import accounting
+from packer.stages.media_shards import blob_entries
 from packer.stages.planning import (
     CAP_FIELDS,
     SampleRows,
@@ -41,10 +42,11 @@ from packer.stages.state import INTERRUPTED, code_identity
 def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any], engine, progress, *,
                   media_root: str = "", sections: dict[str, Any] | None = None,
                   repacked_from: dict[str, Any] | None = None, tokenizer_files: list[ShardEntry] | None = None,
-                  media_index: ShardEntry | None = None, earlier: str = INTERRUPTED) -> Manifest:
+                  media_index: ShardEntry | None = None, earlier: str = INTERRUPTED, embed: bool = False) -> Manifest:
     """Stages 2-4 over the samples in ``out/samples``: planned from their columns (stage 1's results),
     whole rows read only for the few samples that need them (over capacity, dropped); ``earlier``: the run a
-    resume reuses finished shards from, named on the pack stage's line."""
+    resume reuses finished shards from, named on the pack stage's line; ``embed``: each packed shard gets its media
+    shard (:mod:`packer.stages.media_shards`), from stage 1's."""
     paths, shas = [out / e.file for e in encoded.sample_shards], [e.sha256 for e in encoded.sample_shards]
     rows = SampleRows(paths, [e.rows for e in encoded.sample_shards], shas)
     samples = encoded.columns if encoded.columns is not None else plan_columns(read_shards(paths, SAMPLE_SCHEMA, shas))
@@ -61,14 +63,16 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
 
     bin_tokens = p.bin_tokens()
     tasks = materialize.shard_tasks(bin_tokens, np.diff(p.offsets), config.shard_rows, config.shard_bytes)
-    packed, stats, reused = [], [], 0
+    packed, stats, reused, media_shards = [], [], 0, []
     stage = Stage("pack", "rows", total=p.n_bins, enabled=progress)
     state = (str(out), [e.file for e in encoded.sample_shards], plan_entry.sha256, config.durable,
-             [e.sha256 for e in encoded.sample_shards])
+             [e.sha256 for e in encoded.sample_shards],
+             blob_entries(encoded.sample_shards, encoded.blob_shards) if embed else None)
     # memory maps, cheap: with the local engine this process is a worker too (a Ray driver reads no shard)
     here = materialize.setup(*state) if engine.in_process else None
     for res in engine.map(materialize.materialize_task, tasks, materialize.setup, state, in_process_state=here):
         packed.append(res.shard)
+        media_shards += [res.media] if res.media is not None else []
         stats.append(res.stats)
         reused += res.reused
         stage.advance(res.shard.rows)
@@ -84,8 +88,9 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
         config=config.content_dict(), tokenizer=tokenizer, inputs=encoded.inputs, media_root=media_root,
         input_sources=list(encoded.input_sources),
         files=Files(samples=encoded.sample_shards, packed=packed, plan=plan_entry, quarantine=encoded.quarantine,
-                    dropped=write_dropped(out, rows, p, file_caps(config, encoded)), tokenizer=list(tokenizer_files or []),
-                    media=media_index),
+                    dropped=write_dropped(out, rows, p, file_caps(config, encoded), file_wheres(config, encoded)),
+                    tokenizer=list(tokenizer_files or []),
+                    media=media_index, sample_media=list(encoded.blob_shards), media_shards=media_shards),
         accounting=accounting(by_file, encoded.quarantined, dropped, encoded.blank_lines),
         stats={**plan_stats(config, samples, p), "audio_truncated": encoded.audio_truncated,
                "content_changed": encoded.content_changed, "cost_model": encoded.cost_model, "sources": sources},
@@ -123,9 +128,12 @@ def file_entry(out: Path, name: str) -> ShardEntry:
     return ShardEntry(name, 0, path.stat().st_size, sha256_file(path))
 
 
-def write_dropped(out: Path, rows: SampleRows, p: Plan, caps: list[dict[str, int]] | None = None) -> ShardEntry:
+def write_dropped(out: Path, rows: SampleRows, p: Plan, caps: list[dict[str, int]] | None = None,
+                  wheres: list[str] | None = None) -> ShardEntry:
     """``dropped.jsonl``: every sample the plan dropped, with its file, line, id and reason; the detail of an
-    ``over_media_cap`` drop gives its media against the caps of its input file (``caps``: :func:`file_caps`)."""
+    ``over_media_cap`` drop gives its media against the caps of its input file (``caps``: :func:`file_caps`). A
+    sample of a table or a tar says what its ``line`` counts (``where``: ``row`` / ``member``, per input file:
+    :func:`file_wheres`), as the quarantine does."""
     path = out / "dropped.jsonl"
     n = 0
     with atomic_open(path, "w") as f:
@@ -137,10 +145,22 @@ def write_dropped(out: Path, rows: SampleRows, p: Plan, caps: list[dict[str, int
                 detail = f"{r['length']:,} tokens"
                 if reason == "over_media_cap" and caps is not None:
                     detail = f"{over_caps(r['media'], caps[r['source_index']])}; {detail}"
-                f.write(json.dumps({"file": r["source_file"], "line": r["source_line"], "id": r["key"], "reason": reason,
-                                    "detail": detail}, ensure_ascii=False, sort_keys=True) + "\n")
+                entry = {"file": r["source_file"], "line": r["source_line"], "id": r["key"], "reason": reason,
+                         "detail": detail}
+                if wheres is not None and wheres[r["source_index"]] != "line":
+                    entry["where"] = wheres[r["source_index"]]
+                f.write(json.dumps(entry, ensure_ascii=False, sort_keys=True) + "\n")
                 n += 1
     return ShardEntry(path.name, n, path.stat().st_size, sha256_file(path))
+
+
+def file_wheres(config: BuildConfig, encoded: Encoded) -> list[str]:
+    """Per input file, what its records' numbers count: ``line``, ``row`` or ``member``
+    (:func:`packer.ingest.units.where`)."""
+    from packer.ingest.units import readings, where
+
+    inputs = list(zip(encoded.inputs, encoded.input_sources or [0] * len(encoded.inputs), strict=True))
+    return [where(fmt) for fmt, _ in readings(config.sources(), inputs)]
 
 
 def file_caps(config: BuildConfig, encoded: Encoded) -> list[dict[str, int]]:

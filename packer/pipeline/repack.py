@@ -1,7 +1,9 @@
 """``packer repack``: re-plan a finished build into another folder with other plan options.
 
 It starts at stage 2 from the build's ``samples/``: a new context length or plan without re-tokenizing a record or
-re-reading a media file; the samples, the media sections and the tokenizer are linked (or copied) over.
+re-reading a media file; the samples, the media sections and the tokenizer are linked (or copied) over. An embedded
+build's new media shards are written from its stage-1 media shards (``samples/media-part-*``, linked over too): the
+sources are never read.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def repack(source: str | Path, *, progress: bool = True, **overrides: Any) -> Ma
 
 def _repack_into(out: Path, source: Path, manifest: Manifest, config: BuildConfig, progress: bool,
                  earlier: str = INTERRUPTED) -> Manifest:
-    for entry in [*manifest.files.samples, manifest.files.quarantine]:
+    for entry in [*manifest.files.samples, *manifest.files.sample_media, manifest.files.quarantine]:
         _link_or_copy(source / entry.file, out / entry.file, entry.sha256)
     for section in SECTIONS:  # embeddings and features do not depend on the plan: carried over
         for e in manifest.section_files(section):
@@ -80,11 +82,11 @@ def _repack_into(out: Path, source: Path, manifest: Manifest, config: BuildConfi
     encoded = Encoded(manifest.inputs, manifest.files.samples, by_file, acc.quarantined_by_reason, manifest.files.quarantine,
                       acc.blank_lines, manifest.input_sources, audio_truncated=int(manifest.stats.get("audio_truncated", 0)),
                       content_changed=dict(manifest.stats.get("content_changed", {})),
-                      cost_model=dict(manifest.stats.get("cost_model", {})))
+                      cost_model=dict(manifest.stats.get("cost_model", {})), blob_shards=list(manifest.files.sample_media))
     engine = get_engine(config.engine, config.workers or 1, address=config.ray_address, cpus_per_task=config.cpus_per_task)
     return plan_and_pack(out, config, encoded, manifest.tokenizer, engine, progress, media_root=manifest.media_root,
                          earlier=earlier, sections=manifest.sections, tokenizer_files=manifest.files.tokenizer,
-                         media_index=manifest.files.media,
+                         media_index=manifest.files.media, embed=manifest.files.embedded,
                          repacked_from={"path": str(source), "manifest_created_at": manifest.created_at})
 
 

@@ -106,6 +106,16 @@ class MediaBlob:
 
 
 MEDIA_BLOB_SCHEMA = arrow_schema(MediaBlob, "media_blobs")
+MEDIA_DIR = "media"  # OUT/media/part-K.arrow: the blobs of OUT/packed/part-K.arrow's rows
+
+
+def media_shard_of(file: str) -> str:
+    """The media shard paired with a shard of rows: ``packed/part-00003.arrow`` -> ``media/part-00003.arrow`` (the
+    packed rows'), ``samples/part-00007.arrow`` -> ``samples/media-part-00007.arrow`` (a stage-1 task's)."""
+    folder, _, name = file.rpartition("/")
+    if folder == "packed":
+        return f"{MEDIA_DIR}/{name}"
+    return f"{folder}/media-{name}" if folder else f"media-{name}"
 
 
 def blob_table(names: list[str], data: list[bytes]) -> pa.Table:

@@ -32,9 +32,10 @@ from packer.errors import BadRecord, PackerError, StrictModeError
 from packer.ingest.reader import MAX_LINE_BYTES, read_lines, scan_lines
 from packer.io import blobs
 from packer.io.files import set_durable, write_text_atomic
-from packer.io.fs import location, parent
+from packer.io.fs import location, open_binary, parent
 from packer.records import RawLine
 from packer.shards.io import read_shard, write_shard
+from packer.shards.media_index import blob_table, span_refs
 from packer.shards.schema import SAMPLE_SCHEMA, QuarantineEntry, Sample, ShardEntry, to_table
 from packer.shards.stats import sample_stats
 from packer.stages.media_files import write_task_blobs
@@ -78,12 +79,16 @@ class EncodeTask:
     def lines(self) -> list[RawLine]:
         """The task's records as read: JSONL lines, table rows, tar samples (``records`` -1: a tar's are not counted
         before it is read)."""
+        return list(self.iter_lines())
+
+    def iter_lines(self) -> Iterator[RawLine]:
+        """:meth:`lines` one at a time (a table's a row group at a time, a tar's a sample at a time)."""
         if self.format == "jsonl":
-            return list(read_lines(self.file, None, self.max_line_bytes, start=self.start, end=self.end,
-                                   first_line=self.first_line))
+            return read_lines(self.file, None, self.max_line_bytes, start=self.start, end=self.end,
+                              first_line=self.first_line)
         from packer.ingest import records_of
 
-        return list(records_of.task_records(self))
+        return records_of.task_records(self)
 
 
 @dataclass
@@ -99,6 +104,7 @@ class EncodeResult:
     media: list | None = None  # media_files.media_rows of the shard: the driver writes the media index from these
     audio_truncated: int = 0  # clips of the task's samples cut to the audio encoder's window
     content_changed: dict | None = None  # Encoder.content_changed over the task: text the build encoded otherwise
+    blobs: ShardEntry | None = None  # samples/media-part-*.arrow: the bytes of the embedded media its samples name
 
 
 def make_tasks(files: list, chunk_records: int, counts: dict[str, int],
@@ -142,13 +148,14 @@ def _container_tasks(path, fmt: str, columns: tuple, index: int, file_index: int
                      max_line_bytes: int, max_task_bytes: int | None) -> Iterator[EncodeTask]:
     """A parquet / Arrow file's tasks (runs of row groups / batches: :func:`packer.ingest.units.table_units`), or a
     tar's one task."""
-    from packer.ingest.units import MAX_TABLE_TASK_BYTES, table_units
+    from packer.ingest.units import MAX_TABLE_TASK_BYTES, table_columns, table_units
     from packer.io import fs
 
     if fmt == "webdataset":
         yield EncodeTask(index, str(path), 0, fs.stat(path)[0], 0, -1, max_line_bytes, file_index, fmt, columns)
         return
     limit = min(max_task_bytes or MAX_TABLE_TASK_BYTES, MAX_TABLE_TASK_BYTES)
+    columns = table_columns(path, fmt, columns)  # the schema checked (and its media features mapped) before any record
     for k, unit in enumerate(table_units(path, fmt, chunk_records, limit)):
         yield EncodeTask(index + k, str(path), unit.start, unit.end, unit.first_row, unit.rows, max_line_bytes,
                          file_index, fmt, columns, unit.nbytes)
@@ -201,52 +208,120 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
                             [QuarantineEntry(**q) for q in done["quarantine"]], shard, reused=True, nbytes=task.nbytes,
                             columns=plan_columns(table) if shard else None,
                             media=_media(state, table) if shard else [], audio_truncated=done.get("audio_truncated", 0),
-                            content_changed=done.get("content_changed", {}))
+                            content_changed=done.get("content_changed", {}),
+                            blobs=ShardEntry(**done["blobs"]) if done.get("blobs") else None)
     samples, bad = [], []
+    embed_files = getattr(state.encoder.spec.config, "media", "auto") == "embed"  # files / URLs read into blobs too
     file_dir = parent(task.file)
-    try:
-        lines = task.lines()
-    except OSError as e:  # the input, not one record: stop the build, naming the file
-        raise PackerError(f"cannot read {task.file}: {e}") from e
-    if task.records >= 0 and len(lines) != task.records:
-        raise PackerError(f"{task.file} changed while it was read (task {task.index} expected {task.records} records)")
-    # One call for the task: records are parsed and rendered one by one, tokenized together,
-    # then finished one by one; each failure is that record's (see Encoder.encode_lines).
+    read_count = 0
+    written: set[str] = set()  # blobs already in the task's media shard
+
+    def groups():  # the task's records and what they become, a group at a time; each group's blobs yielded
+        nonlocal read_count
+        for group in record_groups(task):
+            read_count += len(group)
+            fresh: list[str] = []
+            # records are parsed and rendered one by one, tokenized together, then finished one by one; each
+            # failure is that record's (see Encoder.encode_lines)
+            for raw, result in zip(group, encode_records(state.encoder, group, task.file, file_dir, task.file_index),
+                                   strict=True):
+                if isinstance(result, BadRecord) and result.reason == "internal_error" and state.on_internal_error == "stop":
+                    stop_on_internal_error(state.out, task.file, raw, result)
+                if not isinstance(result, BadRecord) and embed_files:
+                    result = embedded(result, state.encoder.spec.media_base)
+                if isinstance(result, BadRecord):
+                    if state.strict:
+                        raise StrictModeError(_clean(f"{raw.place(task.file)}: {result.reason}: {result.detail}")) from None
+                    bad.append(quarantine_entry(task.file, raw, result))
+                else:
+                    samples.append(result)
+                    fresh += [n for m in result.media for n in span_refs(m.ref) if blobs.is_blob(n) and n not in written]
+            names = sorted(set(fresh))
+            written.update(names)
+            yield blob_table(names, [blobs.STORE.get(n) for n in names])
+            blobs.STORE.forget()  # written (or never needed): a worker holds one group's media at a time
+
     cut_before = state.encoder.clips_cut
     changed_before = state.encoder.content_changed()
-    for raw, result in zip(lines, encode_records(state.encoder, lines, task.file, file_dir, task.file_index), strict=True):
-        if isinstance(result, BadRecord) and result.reason == "internal_error" and state.on_internal_error == "stop":
-            stop_on_internal_error(state.out, task.file, raw, result)
-        if isinstance(result, BadRecord):
-            if state.strict:
-                raise StrictModeError(_clean(f"{raw.place(task.file)}: {result.reason}: {result.detail}")) from None
-            bad.append(quarantine_entry(task.file, raw, result))
-        else:
-            samples.append(result)
     shard = columns = media = None
-    cut = state.encoder.clips_cut - cut_before
-    changed = {k: n - changed_before[k] for k, n in state.encoder.content_changed().items()}
     target = state.out / "samples" / f"part-{task.index:05d}.arrow"
-    read = {"read": len(lines)} if task.records < 0 else {}  # a tar's records, counted as read
     try:  # output I/O (disk full, permissions) stops the build with the path, not a traceback
-        blob_shard = None
+        blob_shard = write_task_blobs(state.out / "samples" / f"media-part-{task.index:05d}.arrow", groups(), state.out)
+        if task.records >= 0 and read_count != task.records:
+            raise PackerError(f"{task.file} changed while it was read (task {task.index} expected {task.records} "
+                              f"records, read {read_count})")
+        cut = state.encoder.clips_cut - cut_before
+        changed = {k: n - changed_before[k] for k, n in state.encoder.content_changed().items()}
+        read: dict = {"read": read_count} if task.records < 0 else {}  # a tar's records, counted as read
         if samples:
             table = with_costs(to_table(samples, SAMPLE_SCHEMA), state.cost)
             shard = write_shard(target, table, state.out)
             columns, media = plan_columns(table), _media(state, table)
-            blob_shard = write_task_blobs(state.out / "samples" / f"media-part-{task.index:05d}.arrow", table, state.out)
         if blob_shard is not None:
             read["blobs"] = asdict(blob_shard)
         state.journal.record("encode", task.index, shard_payload(shard, quarantine=[asdict(q) for q in bad],
                                                                  audio_truncated=cut, content_changed=changed,
                                                                  **identity, **read))
     except OSError as e:
-        blobs.STORE.forget()
         raise PackerError(f"cannot write stage-1 output for task {task.index} under {state.out}: {e}; check the "
                           f"free space and permissions there") from e
-    blobs.STORE.forget()  # the task's embedded media are in its media shard now
-    return EncodeResult(task.index, task.file, len(lines), bad, shard, nbytes=task.nbytes, columns=columns,
-                        media=media if shard else [], audio_truncated=cut, content_changed=changed)
+    finally:
+        blobs.STORE.forget()
+    return EncodeResult(task.index, task.file, read_count, bad, shard, nbytes=task.nbytes, columns=columns,
+                        media=media if shard else [], audio_truncated=cut, content_changed=changed, blobs=blob_shard)
+
+
+GROUP_RECORDS = 1000  # records read, encoded and their media written at a time (TOKENIZE_BATCH: one tokenizer call)
+GROUP_BLOB_BYTES = 64 * 2**20  # ...or fewer, once their embedded media reach this many bytes
+
+
+def record_groups(task: EncodeTask) -> Iterator[list[RawLine]]:
+    """``task``'s records in groups of at most ``GROUP_RECORDS``, a group closing once the media its records embed
+    (held in :data:`packer.io.blobs.STORE` until the group is written) reach ``GROUP_BLOB_BYTES``: a worker holds a
+    group's records and media, never a whole task's (a WebDataset shard of gigabytes, data: URLs in a large JSONL).
+    A read error is the input's: the build stops naming the file."""
+    group: list[RawLine] = []
+    try:
+        for raw in task.iter_lines():
+            group.append(raw)
+            if len(group) >= GROUP_RECORDS or (raw.record is not None and blobs.STORE.nbytes() >= GROUP_BLOB_BYTES):
+                yield group
+                group = []
+    except OSError as e:  # the input, not one record
+        raise PackerError(f"cannot read {task.file}: {e}") from e
+    if group:
+        yield group
+
+
+def embedded(sample, media_base: str):
+    """``sample`` with every media file it names read into a blob (``--media embed`` of file / URL inputs): the
+    stored ref becomes the bytes' name, so the task's media shard carries them. A file that can no longer be read
+    is the record's ``missing_<kind>`` (its count was read a moment before: the window is the task's length)."""
+    from dataclasses import replace
+
+    from packer.media.refs import resolve_ref, stored_frames
+
+    def blob(ref: str, kind: str) -> str:
+        if blobs.is_blob(ref):
+            return ref
+        try:
+            with open_binary(resolve_ref(ref, media_base)) as f:
+                return blobs.STORE.put(f.read())
+        except BadRecord as e:  # an http(s):// URL that failed this time (packer.io.http)
+            return e
+        except OSError as e:
+            return BadRecord(f"missing_{kind}", f"{kind} {ref!r} could not be read to embed it: {e}")
+
+    spans = []
+    for m in sample.media:
+        listed = stored_frames(m.ref)
+        names = [blob(r, m.kind) for r in (listed[0] if listed else [m.ref])]
+        bad = next((n for n in names if isinstance(n, BadRecord)), None)
+        if bad is not None:
+            return bad
+        ref = json.dumps({"frames": names, "fps": listed[1]}, ensure_ascii=False) if listed else names[0]
+        spans.append(replace(m, ref=ref))
+    return replace(sample, media=tuple(spans))
 
 
 def _media(state: EncodeState, table: pa.Table) -> list:

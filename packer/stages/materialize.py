@@ -3,10 +3,14 @@
 Shard boundaries are decided on the driver from the plan alone (at most
 ``shard_rows`` rows and about ``shard_bytes`` bytes each), and each task builds its
 shard with vectorised gathers over the memory-mapped samples: no per-token Python.
+
+An embedded build (``media = "embed"``) also writes ``media/part-K.arrow`` beside ``packed/part-K.arrow``: the bytes of
+every blob its rows name, in the order the rows use them, each once (:mod:`packer.stages.media_shards`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +26,7 @@ from packer.pack.trees import PLAIN, PROMPT, stored_ranges, structure
 from packer.shards.io import read_shard, write_shard_batches
 from packer.shards.schema import IGNORE, PACKED_SCHEMA, SAMPLE_SCHEMA, ShardEntry
 from packer.shards.stats import ShardStats, table_stats
+from packer.stages.media_shards import BlobShards, first_use, write_media_shard
 from packer.stages.state import Journal, shard_payload
 
 BYTES_PER_TOKEN = 8  # input_ids + labels, int32 each
@@ -127,19 +132,22 @@ class MaterializeState:
     out: Path
     plan_sha256: str
     journal: Journal
+    blobs: BlobShards | None = None  # an embedded build's: the stage-1 media shards, by sample shard
 
 
 def setup(out: str, sample_files: list[str], plan_sha256: str, durable: bool = True,
-          sample_sha256: list[str] | None = None) -> MaterializeState:
+          sample_sha256: list[str] | None = None, blob_files: list[ShardEntry | None] | None = None) -> MaterializeState:
     """The samples and the plan, memory-mapped (a remote build's through local copies, checked
     against ``sample_sha256`` / ``plan_sha256``). Each worker runs this: the samples get Arrow's
-    validation here (safe to read), their values were checked once by the driver that planned them."""
+    validation here (safe to read), their values were checked once by the driver that planned them.
+    ``blob_files`` (an embedded build): each sample shard's stage-1 media shard, or None where its samples name no
+    blob; opened when a task first needs one."""
     set_durable(durable)
     out_path = location(out)
     shas = sample_sha256 or [None] * len(sample_files)
     samples = SampleStore([read_shard(out_path / f, sha, rows=False) for f, sha in zip(sample_files, shas, strict=True)])
     return MaterializeState(samples, read_shard(out_path / "plan.arrow", plan_sha256), out_path, plan_sha256,
-                            Journal(out_path))
+                            Journal(out_path), BlobShards(out_path, blob_files) if blob_files is not None else None)
 
 
 @dataclass(frozen=True)
@@ -147,25 +155,33 @@ class MaterializeResult:
     shard: ShardEntry
     reused: bool = False  # found finished in the journal (a resumed build)
     stats: ShardStats | None = None  # the report's accumulators for this shard, so the driver never reads it back
+    media: ShardEntry | None = None  # an embedded build's media/part-K.arrow
 
 
 def materialize_task(state: MaterializeState, task: MaterializeTask) -> MaterializeResult:
     identity = {"plan_sha256": state.plan_sha256, "rows": [task.row_start, task.row_stop]}
     done = state.journal.load("pack", task.index, check=identity)
-    if done is not None:
+    if done is not None and (state.blobs is None or done.get("blobs")):
         entry = ShardEntry(**done["shard"])
-        return MaterializeResult(entry, reused=True, stats=table_stats(read_shard(state.out / entry.file, entry.sha256)))
+        return MaterializeResult(entry, reused=True, stats=table_stats(read_shard(state.out / entry.file, entry.sha256)),
+                                 media=ShardEntry(**done["blobs"]) if done.get("blobs") else None)
     stats = [ShardStats()]
+    used: dict[str, int] = {}  # blob name -> the sample shard whose task holds it, in the order the rows use them
 
     def batches():
         for start in range(task.row_start, task.row_stop, ROWS_PER_BATCH):
-            rows = pack_rows(state.samples, state.plan.slice(start, min(ROWS_PER_BATCH, task.row_stop - start)))
+            bins = state.plan.slice(start, min(ROWS_PER_BATCH, task.row_stop - start))
+            rows = pack_rows(state.samples, bins)
+            if state.blobs is not None:
+                first_use(rows, bins, state.samples.starts, used)
             stats[0] = stats[0].merge(table_stats(rows))
             yield rows
 
     entry = write_shard_batches(state.out / "packed" / f"part-{task.index:05d}.arrow", PACKED_SCHEMA, batches(), state.out)
-    state.journal.record("pack", task.index, shard_payload(entry, **identity))
-    return MaterializeResult(entry, stats=stats[0])
+    media = write_media_shard(state.blobs, entry.file, used) if state.blobs is not None else None
+    extra = {"blobs": dataclasses.asdict(media)} if media is not None else {}
+    state.journal.record("pack", task.index, shard_payload(entry, **identity, **extra))
+    return MaterializeResult(entry, stats=stats[0], media=media)
 
 
 def pack_rows(samples: SampleStore, bins: pa.Table) -> pa.Table:

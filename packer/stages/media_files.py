@@ -11,6 +11,7 @@ back. ``packer verify --media`` and the loader compare against these rows.
 
 from __future__ import annotations
 
+import itertools
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,8 +19,8 @@ import pyarrow.compute as pc
 
 from packer.io import blobs, fs
 from packer.media.refs import resolve_ref
-from packer.shards.io import write_shard
-from packer.shards.media_index import MEDIA_INDEX, MediaFile, blob_table, media_table, span_refs
+from packer.shards.io import write_shard, write_shard_batches
+from packer.shards.media_index import MEDIA_INDEX, MediaFile, media_table, span_refs
 from packer.shards.schema import ShardEntry
 
 HASH_THREADS = 8  # sha256 releases the GIL on large reads; a few threads keep a disk busy
@@ -66,14 +67,14 @@ def media_rows(samples, media_root: str, with_hash: bool = False) -> list[MediaF
     return [file_row(r, media_root, with_hash) for r in refs]
 
 
-def write_task_blobs(target, samples, root) -> ShardEntry | None:
-    """A stage-1 task's embedded media: the bytes of every blob its samples name, sorted by name, in the media
-    shard ``target`` (None, and no file, when they name none). The blobs are then forgotten by this process."""
-    names = sorted(r for r in media_refs(samples) if blobs.is_blob(r))
-    if not names:
+def write_task_blobs(target, tables, root) -> ShardEntry | None:
+    """A stage-1 task's embedded media: ``tables`` (blob tables, a group of the task's records' new blobs each, consumed
+    as they come) written one after another to the media shard ``target``; None, and no file, when they hold none."""
+    tables = iter(tables)
+    first = next((t for t in tables if t.num_rows), None)
+    if first is None:
         return None
-    entry = write_shard(target, blob_table(names, [blobs.STORE.get(n) for n in names]), root)
-    return entry
+    return write_shard_batches(target, first.schema, itertools.chain([first], tables), root)
 
 
 def write_media_index(out: Path, rows: list[MediaFile]) -> ShardEntry | None:

@@ -3,10 +3,10 @@
 ``OUT/.state/`` holds:
 
 - ``fingerprint.json``: what decides the output -- each input file's path, size and
-  modification time, the content settings of the config (not workers or engine), the
-  tokenizer's fingerprint, the cost model's coefficients, packer's version and schema version. A rerun with the same
-  fingerprint resumes; a different one is refused (saying what changed) unless
-  ``--overwrite``, which starts over.
+  modification time (and an object's content tag where its store gives one: :func:`content_tag`), the content
+  settings of the config (not workers or engine), the tokenizer's fingerprint, the cost model's coefficients,
+  packer's version and schema version. A rerun with the same fingerprint resumes; a different one is refused
+  (saying what changed) unless ``--overwrite``, which starts over.
 - ``encode-NNNNN.json`` / ``pack-NNNNN.json``: one per finished stage-1 / stage-3 task,
   written (atomically) after the task's shard. A resumed task is skipped when its journal
   entry exists and its shard still has the recorded sha256; otherwise it is redone.
@@ -98,15 +98,44 @@ def fingerprint(files: list, content: dict[str, Any], tokenizer: dict[str, Any],
                 cost_model: dict[str, Any] | None = None) -> dict[str, Any]:
     """``cost_model``: the resolved cost model (:func:`packer.cost.resolve_cost_model`), whose coefficients are in
     every sample's cost vector: a ``config.json`` beside the processor that changed changes the samples' bytes."""
-    from packer.io.fs import stat
+    from packer.io.fs import is_url, stat
 
     inputs = []
     for f in files:
         size, mtime = stat(f)
-        inputs.append({"path": str(f), "size": size, "mtime_ns": mtime})
+        entry = {"path": str(f), "size": size, "mtime_ns": mtime}
+        tag = content_tag(str(f)) if is_url(f) else ""
+        if tag:
+            entry["tag"] = tag
+        inputs.append(entry)
     return {"packer_version": __version__, "schema_version": SCHEMA_VERSION, "inputs": inputs,
             "config": content, "tokenizer": tokenizer, "media_root": media_root, "cost_model": cost_model,
             **code_identity()}
+
+
+# What a store's listing says of an object's content, first found first: S3's / GCS's / Azure's ETag, GCS's md5 and
+# crc32c, the hub's LFS sha256 and git blob id (hf:// gives no modification time: its files are told apart by these)
+TAG_KEYS = ("ETag", "etag", "md5Hash", "crc32c", "checksum", "content_md5", "blob_id")
+
+
+def content_tag(url: str) -> str:
+    """An fsspec object's content tag (:data:`TAG_KEYS`; an hf:// LFS file's sha256), ``""`` where the store gives
+    none: in the fingerprint beside size and time, so an input rewritten within a second, or on a store that keeps
+    no time, is still noticed."""
+    import fsspec
+
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+        info = fs.info(path)
+    except Exception:  # noqa: BLE001 -- stat() above asked the same store: a tag is extra, never a new failure
+        return ""
+    lfs = info.get("lfs")
+    if isinstance(lfs, dict) and lfs.get("sha256"):
+        return f"sha256:{lfs['sha256']}"
+    for key in TAG_KEYS:
+        if info.get(key):
+            return f"{key}:{str(info[key]).strip(chr(34))}"
+    return ""
 
 
 # The libraries whose versions can change a build's bytes: tokenization and chat templates,
@@ -165,18 +194,19 @@ class Journal:
             return None
         if check and any(payload.get(k) != v for k, v in check.items()):
             return None
-        shard = payload.get("shard")
-        if shard is not None:
-            p = self.out / shard["file"]
-            if not p.is_file() or p.stat().st_size != shard["bytes"] or sha256_file(p) != shard["sha256"]:
-                return None
+        for key in ("shard", "blobs"):  # blobs: a stage-1 task's media shard (samples/media-part-*.arrow)
+            shard = payload.get(key)
+            if shard is not None:
+                p = self.out / shard["file"]
+                if not p.is_file() or p.stat().st_size != shard["bytes"] or sha256_file(p) != shard["sha256"]:
+                    return None
         return payload
 
 
 INTERNAL_ERROR_FILE = "internal_error.json"  # the record a packer bug stopped the build at (packer.stages.encode)
 BUILD_FILES = ("manifest.json", "report.json", "report.html", "quarantine.jsonl", "dropped.jsonl", "plan.arrow",
                "media.arrow", INTERNAL_ERROR_FILE)
-BUILD_DIRS = ("samples", "packed", "embeddings", "audio_features", "tokenizer")
+BUILD_DIRS = ("samples", "packed", "media", "embeddings", "audio_features", "tokenizer")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "chat_template.json", "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model")
 SHARD_NAME = re.compile(r"part-\d{5}\.arrow")
@@ -243,7 +273,8 @@ def written_by_build(out: Path) -> set[Path]:
     try:
         manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
         listed = manifest["files"]
-        entries = [*listed.get("samples", []), *listed.get("packed", []), *listed.get("tokenizer", [])]
+        entries = [*listed.get("samples", []), *listed.get("packed", []), *listed.get("tokenizer", []),
+                   *listed.get("sample_media", []), *listed.get("media_shards", [])]
         entries += [e for e in (listed.get("plan"), listed.get("quarantine"), listed.get("dropped")) if e]
         entries += [e for section in ("embeddings", "audio_features") for e in manifest.get(section, {}).get("files", [])]
         files |= {out / e["file"] for e in entries}
@@ -251,13 +282,12 @@ def written_by_build(out: Path) -> set[Path]:
         pass  # no manifest (a crashed build) or a damaged one: the journal and the names below still hold
     for record in (out / STATE_DIR).glob("*.json"):
         try:
-            shard = json.loads(record.read_text()).get("shard")
-            if shard:
-                files.add(out / shard["file"])
+            payload = json.loads(record.read_text())
+            files |= {out / payload[k]["file"] for k in ("shard", "blobs") if payload.get(k)}
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
     for folder in BUILD_DIRS[:-1]:  # shards a crash left between rename and journal record: packer's own names
-        files |= {p for p in (out / folder).glob("part-*.arrow") if SHARD_NAME.fullmatch(p.name)}
+        files |= {p for p in (out / folder).glob("*part-*.arrow") if SHARD_NAME.fullmatch(p.name.removeprefix("media-"))}
     return files | set(_temporaries(out))
 
 

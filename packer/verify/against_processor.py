@@ -35,6 +35,7 @@ so a packed shard edited after the build (its hash updated) is named even where 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,9 +57,11 @@ class Mismatch:
     processor_tokens: int
     first_difference: int
     detail: str = ""
+    where: str = "line"  # what ``line`` counts: a JSONL line, a table "row", a tar "member" (RawLine.where)
 
     def __str__(self) -> str:
-        return (f"{self.file}:{self.line} ({self.id}): packer {self.packer_tokens:,} ids, the processor "
+        place = f"{self.file}:{self.line}" if self.where == "line" else f"{self.file} {self.where} {self.line}"
+        return (f"{place} ({self.id}): packer {self.packer_tokens:,} ids, the processor "
                 f"{self.processor_tokens:,}; first difference at token {self.first_difference}"
                 + (f" ({self.detail})" if self.detail else ""))
 
@@ -68,6 +71,7 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
     """(mismatching records, records checked): ``sample`` records of the build at ``out`` re-run through
     ``processor`` (a folder or hub id)."""
     from packer.config import BuildConfig
+    from packer.ingest.units import where
     from packer.io import fs
     from packer.shards.io import read_shards
     from packer.shards.manifest import Manifest
@@ -87,7 +91,8 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
     root = media_root or manifest.media_root
     rows = samples.take(chosen).select(["source_index", "source_line", "key", "input_ids", "media", "responses",
                                         "prefix"]).to_pylist()
-    lines = _lines(manifest.inputs, {(r["source_index"], r["source_line"]) for r in rows})
+    readings = _readings(manifest, config)
+    lines = _lines(manifest.inputs, {(r["source_index"], r["source_line"]) for r in rows}, readings)
     segments = _packed_segments(out, manifest, {(r["source_index"], r["source_line"]) for r in rows})
     renderers = _renderers(proc, config)
     untimed = _untimed_fps(config, family)
@@ -123,7 +128,8 @@ def verify_against_processor(out: str | Path, processor: str, *, sample: int = 3
             whole[a : a + len(expected)] = expected[: len(whole) - a]
         if sample_ok:  # the packed rows of a record whose samples/ row is right: the same ids, cut as planned
             mismatches += _packed_mismatches(file, r, whole, segments.get((r["source_index"], r["source_line"]), []))
-    return mismatches, len(rows)
+    wheres = {file: where(fmt) for file, (fmt, _) in zip(manifest.inputs, readings, strict=True)}
+    return [dataclasses.replace(m, where=wheres.get(m.file, "line")) for m in mismatches], len(rows)
 
 
 def _packed_segments(out: Path, manifest, wanted: set[tuple[int, int]]) -> dict[tuple[int, int], list[tuple]]:
@@ -234,12 +240,29 @@ def _choose(samples, n: int, seed: int) -> np.ndarray:
     return np.asarray(sorted(picked), dtype=np.int64)
 
 
-def _lines(inputs: list[str], wanted: set[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+def _readings(manifest, config) -> list[tuple[str, tuple]]:
+    """Each input file's format and column mapping, as the build read it."""
+    from packer.ingest.units import readings
+
+    sources = manifest.input_sources or [0] * len(manifest.inputs)
+    return readings(config.sources(), list(zip(manifest.inputs, sources, strict=True)))
+
+
+def _lines(inputs: list[str], wanted: set[tuple[int, int]],
+           readings: list[tuple[str, tuple]] | None = None) -> dict[tuple[int, int], bytes | dict]:
+    """The raw line of each wanted ``(input, line)``; a table row's or tar sample's record, decoded as the build
+    decoded it (its embedded media held as blobs: :func:`packer.ingest.records_of.task_records`)."""
     from packer.ingest.reader import read_lines
 
-    out = {}
+    out: dict[tuple[int, int], bytes | dict] = {}
     for index in sorted({i for i, _ in wanted}):
         lines = {line for i, line in wanted if i == index}
+        fmt, columns = readings[index] if readings else ("jsonl", ())
+        if fmt != "jsonl":
+            for raw in _container_records(inputs[index], fmt, columns, lines):
+                if raw.line in lines and raw.record is not None:
+                    out[index, raw.line] = raw.record
+            continue
         for raw in read_lines(inputs[index]):
             if raw.line in lines:
                 out[index, raw.line] = raw.data
@@ -248,7 +271,8 @@ def _lines(inputs: list[str], wanted: set[tuple[int, int]]) -> dict[tuple[int, i
     missing = wanted - set(out)
     if missing:
         i, line = sorted(missing)[0]
-        raise PackerError(f"{inputs[i]} has no line {line} any more: the inputs changed since the build")
+        what = {"parquet": "row", "arrow": "row", "webdataset": "sample"}.get(readings[i][0], "line") if readings else "line"
+        raise PackerError(f"{inputs[i]} has no {what} {line} any more: the inputs changed since the build")
     return out
 
 
@@ -277,14 +301,33 @@ def _renderers(proc, config):
                       else make(tools=True))
 
 
-def _parse(raw: bytes, file: str, config):
+def _container_records(path: str, fmt: str, columns: tuple, lines: set[int]):
+    """The records of a table's row groups holding ``lines`` (row numbers), or of a whole tar."""
+    from packer.ingest import records_of, tables
+    from packer.ingest.units import table_columns
+    from packer.io import fs
+    from packer.stages.encode import EncodeTask
+
+    if fmt == "webdataset":
+        yield from records_of.task_records(EncodeTask(0, path, 0, fs.stat(path)[0], 0, -1, format=fmt, columns=columns))
+        return
+    columns = table_columns(path, fmt, columns)
+    first = 0
+    for k, (n, _) in enumerate(tables.groups(path, fmt)):
+        if any(first <= line < first + n for line in lines):
+            yield from records_of.task_records(EncodeTask(0, path, k, k + 1, first, n, format=fmt, columns=columns))
+        first += n
+
+
+def _parse(raw: bytes | dict, file: str, config):
     from packer.ingest.formats import decode_json, parse_record
     from packer.io.fs import parent
     from packer.media.refs import record_base
 
     base = record_base(config.media_root, parent(file))
     tags = {"image": config.image_tag, "audio": config.audio_tag, "video": config.video_tag}
-    return parse_record(decode_json(raw), config.format, base, tags, allow_outside_root=config.allow_outside_media_root)
+    record = raw if isinstance(raw, dict) else decode_json(raw)  # a table row / tar sample comes decoded
+    return parse_record(record, config.format, base, tags, allow_outside_root=config.allow_outside_media_root)
 
 
 def _processor_ids(proc, renderers, conv, config, family: Family | None, placeholders: dict[str, int], row: dict,
@@ -334,28 +377,48 @@ def _media_kwargs(proc, parts, nest: bool = False, untimed: float | None = None)
     ``untimed``: the rate the build timed a frame list stating none at (None: transformers' own assumption). Such
     a list goes at that rate, whole (``do_sample_frames=False``, there being no rate of its own to sample it by:
     qwen-vl-utils' convention, the build's) when the record's videos are all such lists."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="packer-verify-") as folder:  # embedded media as files, while they load
+        return _load_media(proc, parts, nest, untimed, Path(folder))
+
+
+def _as_file(path, folder: Path) -> str:
+    """``path`` as transformers' loaders take it: an embedded medium (a blob name, :mod:`packer.io.blobs`) written to
+    a file in ``folder`` (the loaders read paths and URLs, not bytes), a file as it is."""
+    from packer.io import blobs
+
+    if not blobs.is_blob(str(path)):
+        return str(path)
+    target = folder / str(path).removeprefix(blobs.PREFIX)
+    if not target.exists():
+        target.write_bytes(blobs.STORE.get(str(path)))
+    return str(target)
+
+
+def _load_media(proc, parts, nest: bool, untimed: float | None, folder: Path) -> dict[str, Any]:
     from transformers.image_utils import load_image
 
     images, videos, metadata, audio = [], [], [], []
     whole = bool(untimed)  # every video a frame list without a rate, timed at ``untimed``
     for part in parts:
         if part.kind == "image":
-            images.append(load_image(str(part.path)))
+            images.append(load_image(_as_file(part.path, folder)))
         elif part.kind == "video":
             whole = whole and bool(part.frames) and not part.fps
             if part.frames:
-                videos.append([load_image(str(f)) for f in part.frames])
+                videos.append([load_image(_as_file(f, folder)) for f in part.frames])
                 rate = part.fps or untimed
                 metadata.append({"total_num_frames": len(part.frames), "fps": rate} if rate else
                                 {"total_num_frames": len(part.frames)})
             else:
-                frames, meta = upright_video(str(part.path))
+                frames, meta = upright_video(_as_file(part.path, folder))
                 videos.append(frames)
                 metadata.append(meta)
         else:
             from transformers.audio_utils import load_audio
 
-            audio.append(load_audio(str(part.path), sampling_rate=proc.feature_extractor.sampling_rate))
+            audio.append(load_audio(_as_file(part.path, folder), sampling_rate=proc.feature_extractor.sampling_rate))
     out: dict[str, Any] = {}
     if images:
         out["images"] = [images] if nest else images

@@ -13,6 +13,8 @@ whose fingerprint would disagree, may be gone). ``--deep`` re-derives what the b
   own function (:func:`packer.stages.materialize.pack_rows`, in the batches stage 3 writes), the bytes compared;
   where they differ, the rows, to name the first row and column that differ. So ``packed/`` is proven to be a
   function of ``samples/`` + ``plan.arrow``;
+- an embedded build's media shards (:func:`packer.verify.blobs.order_problems`): each holds exactly the blobs its
+  packed shard's rows name, in first-use order;
 - the tokenizer record (:func:`tokenizer_problems`): ``OUT/tokenizer`` loaded and fingerprinted as the build
   fingerprinted it (:func:`packer.encode.tokenizer.fingerprint`): its sha256, vocabulary size, bos / eos ids,
   placeholder ids and template hash against the manifest's.
@@ -66,7 +68,10 @@ def deep_problems(out: Path, manifest: Manifest) -> list[Problem]:
     """The plan, the packed rows and the tokenizer record, each against what the build's files make (see above)."""
     if manifest.files.plan is None:
         return [Problem("plan.arrow", None, "the manifest lists no plan: --deep cannot re-derive the packed rows")]
-    problems = [*plan_problems(out, manifest), *packed_problems(out, manifest), *tokenizer_problems(out, manifest)]
+    from packer.verify.blobs import order_problems
+
+    problems = [*plan_problems(out, manifest), *packed_problems(out, manifest), *tokenizer_problems(out, manifest),
+                *order_problems(out, manifest)]
     other = other_code(manifest) if problems else None  # hashes packer's sources: only where there is a difference
     return [dataclasses.replace(p, message=f"{p.message} ({other})") for p in problems] if other else problems
 

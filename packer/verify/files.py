@@ -92,6 +92,13 @@ def check_media(out: Path, manifest: Manifest, mode: str, media_root: str | None
     from packer.stages.media_files import file_row
 
     entry = manifest.files.media
+    embedded: tuple[list[Problem], int] = ([], 0)
+    if manifest.files.sample_media or manifest.files.media_shards:  # blobs: checked against their names
+        from packer.verify.blobs import blob_problems
+
+        embedded = blob_problems(out, manifest)
+        if entry is None:
+            return embedded
     if entry is None:
         with_media = [m for m in manifest.stats.get("samples_by_modality", {}) if m != "text"]
         if with_media:
@@ -128,7 +135,7 @@ def check_media(out: Path, manifest: Manifest, mode: str, media_root: str | None
         elif not moved and mtime != f.mtime_ns:
             problems.append(Problem(f.ref, None, f"{path} was modified after the build read it (same size, another "
                                                  f"modification time): its content may differ; --media hash compares it"))
-    return problems, checked
+    return problems + embedded[0], checked + embedded[1]
 
 
 def local(path):
