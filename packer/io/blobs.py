@@ -91,6 +91,14 @@ class Store:
         self._urls[url] = (key, len(data), mtime_ns)
         return key
 
+    def forget_urls(self) -> None:
+        """Drop all that is known of URLs (a stage-1 task's start: its URLs are read afresh)."""
+        for key in self._only_urls:
+            self._data.pop(key, None)
+        self._only_urls.clear()
+        self._urls.clear()
+        self._failed.clear()
+
     def url(self, url: str) -> tuple[str, int, int] | None:
         """(blob name, size, modification time in ns) of a URL held by :meth:`hold_url`; None when never held."""
         return self._urls.get(url)
@@ -126,11 +134,10 @@ class Store:
                 self._data.pop(key, None)
 
     def forget(self, keys=None) -> None:
-        """Drop ``keys`` (all when None, the URLs held too)."""
+        """Drop ``keys`` (all when None: what is known of URLs, their size, time or failure, stays until
+        :meth:`forget_urls`, so a task's media index asks no store for them again)."""
         if keys is None:
             self._data.clear()
-            self._urls.clear()
-            self._failed.clear()
             self._only_urls.clear()
             return
         for k in keys:
