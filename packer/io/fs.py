@@ -140,7 +140,7 @@ def prefetch(paths, threads: int = FETCH_THREADS, budget: int = 2**30) -> list[s
     from concurrent.futures import ThreadPoolExecutor
 
     wanted = [p for p in dict.fromkeys(map(str, paths))
-              if is_remote_media(p) and blobs.STORE.url(p) is None and blobs.STORE.url_failure(p) is None]
+              if is_remote_media(p) and blobs.STORE.url_bytes(p) is None and blobs.STORE.url_failure(p) is None]
     if not wanted:
         return []
     spent = 0
@@ -155,10 +155,11 @@ def prefetch(paths, threads: int = FETCH_THREADS, budget: int = 2**30) -> list[s
                 data, mtime = body.data, body.mtime_ns
             else:
                 fsys, p = _fs(url)
-                info = fsys.info(p)
-                if int(info["size"]) > PREFETCH_MAX_BYTES:
-                    return None
-                data, mtime = fsys.cat_file(p), _mtime(info)
+                with fsys.open(p, "rb") as f:  # s3fs, gcsfs, adlfs: one HEAD (the file's details), one GET
+                    info = getattr(f, "details", None) or fsys.info(p)
+                    if int(info["size"]) > PREFETCH_MAX_BYTES:
+                        return None
+                    data, mtime = f.read(), _mtime(info)
         except Exception as e:  # noqa: BLE001 -- the reader meets it (a BadRecord, FileNotFoundError, a store's error)
             return e
         spent += len(data)
