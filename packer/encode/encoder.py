@@ -107,6 +107,8 @@ class Encoder:
                 self.tool_renderer.check(probes)
                 self.tool_labeller = Labeller(self.tool_renderer)
         self._memo: dict = {}  # texts tokenized in a batch, for the records of one encode_lines call
+        self._ahead = None  # the read-ahead thread (_read_ahead), made when a task has remote media
+        self._remote = False  # records that may name remote media were met (_prefetch)
         self.preference = PreferenceEncoder(self)  # records of several responses
 
     @property
@@ -184,14 +186,18 @@ class Encoder:
         prepared, tokenized in one call per kind and finished: their results, in order."""
         results: list[Any] = []
         prepared: list[Any] = []
-        size, held = 0, []
+        size, held, ahead = 0, [], None
         keep = getattr(self.config, "media", "auto") == "embed"  # the task embeds them: its bodies stay until written
         for j, raw in enumerate(raws):
             if size >= TOKENIZE_BATCH_BYTES:
                 break
-            if j % PREFETCH_RECORDS == 0:  # the next records' remote media, read many at once, then probed from memory
+            if j % PREFETCH_RECORDS == 0:  # these records' remote media, read many at once (while the records before
+                # them were prepared), then probed from memory; the next ones' read meanwhile
                 blobs.STORE.release_urls([] if keep else held, keep_facts=True)
-                held = self._prefetch(raws[j : j + PREFETCH_RECORDS], file_dir)
+                held = ahead.result() if ahead is not None else self._prefetch(raws[j : j + PREFETCH_RECORDS], file_dir)
+                following = raws[j + PREFETCH_RECORDS : j + 2 * PREFETCH_RECORDS]
+                ahead = self._read_ahead().submit(self._prefetch, following, file_dir) \
+                    if following and self._remote else None
             try:
                 prepared.append(self._prepare(raw, file_dir))
                 results.append(None)
@@ -199,6 +205,8 @@ class Encoder:
             except Exception as e:  # noqa: BLE001 -- classified (or re-raised) by ``failure``
                 prepared.append(None)
                 results.append(failure(e))
+        if ahead is not None:  # the chunk closed early (its text reached TOKENIZE_BATCH_BYTES)
+            held += ahead.result()
         blobs.STORE.release_urls([] if keep else held, keep_facts=True)
         self._pretokenize([p for p in prepared if p is not None])
         try:
@@ -213,6 +221,14 @@ class Encoder:
             self._memo = {}
         return results
 
+    def _read_ahead(self):
+        """The one thread that reads the next records' remote media while these are prepared."""
+        if self._ahead is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._ahead = ThreadPoolExecutor(1, thread_name_prefix="packer-read-ahead")
+        return self._ahead
+
     def _prefetch(self, raws: list[RawLine], file_dir: Path | str) -> list[str]:
         """Read the remote media (s3://, http(s)://) of ``raws`` many at once (:meth:`MediaProber.prefetch`), so that
         their probes, one record at a time, wait on no round trip: with 30 ms per request, probing 1,000 images one
@@ -221,6 +237,7 @@ class Encoder:
         base = refs.record_base(self.config.media_root, file_dir)
         if not fs.is_remote_media(base) and not any(b"://" in raw.data for raw in raws):
             return []
+        self._remote = True  # this worker's records may name remote media: read the next ones ahead too
         parts = []
         for raw in raws:
             if raw.error is not None or raw.too_long:
