@@ -44,7 +44,14 @@ FIXES = {
     "unsupported_video": "a video the family's processor cannot take (1 frame? aspect ratio over 200?): drop it",
     "incompatible_media": "items the model class cannot take in one call (LLaVA-OneVision: videos of different frame "
                           "counts in one record; its processor cannot stack them either): split the record",
-    "unsupported_media_ref": "remote media URLs: download the files and give local paths",
+    "unsupported_media_ref": "an s3:// / gs:// ... media URL in a local dataset: give paths relative to the dataset, or "
+                             "http(s):// or data: URLs",
+    "media_fetch_failed": "http(s):// media the server refused or failed (quarantine.jsonl names the URL and the status): "
+                          "fix the URLs, or retry when the server is up",
+    "media_fetch_timeout": "http(s):// media that did not arrive within the timeout, after retries: retry, or copy them "
+                           "next to the dataset",
+    "media_too_large": "a medium (URL body, data: URL) over its byte limit (docs/media.md): shrink it, or drop the record",
+    "bad_data_url": "data: URLs that hold no medium (not base64, broken, empty): fix the records",
     "internal_error": "a packer bug met this record: please report it with the quarantine entry",
     "invalid_utf8": "lines that are not UTF-8: re-encode the file",
     "line_too_long": "lines over --max-line-bytes: raise it if they are genuine",

@@ -34,6 +34,9 @@ class Store:
 
     def __init__(self) -> None:
         self._data: dict[str, bytes] = {}
+        self._urls: dict[str, tuple[str, int, int]] = {}  # a remote URL fetched whole -> (blob name, size, mtime ns)
+        self._failed: dict[str, BaseException] = {}  # a remote URL whose fetch failed -> the error, met again on use
+        self._only_urls: set[str] = set()  # blobs held for URLs alone (release_urls may drop them)
         self._shelves: list[weakref.ref] = []  # where a name not held is looked up: a loader's media shards
 
     def attach(self, shelf) -> None:
@@ -53,6 +56,7 @@ class Store:
 
     def put(self, data: bytes) -> str:
         key = name(data)
+        self._only_urls.discard(key)  # a reader's blob now, not only a URL's
         self._data.setdefault(key, bytes(data))
         return key
 
@@ -77,10 +81,64 @@ class Store:
     def nbytes(self) -> int:
         return sum(len(v) for v in self._data.values())
 
+    def hold_url(self, url: str, data: bytes, mtime_ns: int = 0) -> str:
+        """Hold the body of a remote ``url`` (fetched whole by a prefetch, :mod:`packer.io.fs`) as a blob; its name,
+        size and time stay known (:meth:`url`) after the bytes are forgotten, until :meth:`forget` of all."""
+        key = name(data)
+        if key not in self._data:
+            self._only_urls.add(key)
+            self._data[key] = bytes(data)
+        self._urls[url] = (key, len(data), mtime_ns)
+        return key
+
+    def forget_urls(self) -> None:
+        """Drop all that is known of URLs (a stage-1 task's start: its URLs are read afresh)."""
+        for key in self._only_urls:
+            self._data.pop(key, None)
+        self._only_urls.clear()
+        self._urls.clear()
+        self._failed.clear()
+
+    def url(self, url: str) -> tuple[str, int, int] | None:
+        """(blob name, size, modification time in ns) of a URL held by :meth:`hold_url`; None when never held."""
+        return self._urls.get(url)
+
+    def url_bytes(self, url: str) -> bytes | None:
+        """The held body of ``url``, None when it is not (or no longer) held."""
+        seen = self._urls.get(url)
+        return self._data.get(seen[0]) if seen else None
+
+    def fail_url(self, url: str, error: BaseException) -> None:
+        """Remember that fetching ``url`` failed, so its reader meets the same error without asking again."""
+        self._failed[url] = error
+
+    def url_failure(self, url: str) -> BaseException | None:
+        return self._failed.get(url)
+
+    def release_urls(self, urls, keep_facts: bool = False) -> None:
+        """Forget the bodies of ``urls`` where no other URL or reader holds the same bytes, and all else known of
+        them (a loader's batch, when it is loaded); with ``keep_facts`` their size, time and failure stay known
+        (a stage-1 task's probed media: its media index asks no store for them again)."""
+        urls = list(urls)
+        if keep_facts:
+            names = {seen[0] for url in urls if (seen := self._urls.get(url)) is not None}
+            kept = set()
+        else:
+            names = {seen[0] for url in urls if (seen := self._urls.pop(url, None)) is not None}
+            for url in urls:
+                self._failed.pop(url, None)
+            kept = {v[0] for v in self._urls.values()}
+        for key in names - kept:
+            if key in self._only_urls:
+                self._only_urls.discard(key)
+                self._data.pop(key, None)
+
     def forget(self, keys=None) -> None:
-        """Drop ``keys`` (all when None)."""
+        """Drop ``keys`` (all when None: what is known of URLs, their size, time or failure, stays until
+        :meth:`forget_urls`, so a task's media index asks no store for them again)."""
         if keys is None:
             self._data.clear()
+            self._only_urls.clear()
             return
         for k in keys:
             self._data.pop(k, None)

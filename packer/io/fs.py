@@ -14,8 +14,11 @@ import posixpath
 from pathlib import Path
 from typing import IO
 
-from packer.errors import ConfigError
-from packer.io import blobs
+from packer.errors import BadRecord, ConfigError
+from packer.io import blobs, http
+
+FETCH_THREADS = 16  # remote media read at once by one process (stage-1 worker, loader batch): round trips overlap
+PREFETCH_MAX_BYTES = 64 * 2**20  # a larger object is not read whole ahead (a long video: its reader reads its header)
 
 
 def is_url(path: str | Path) -> bool:
@@ -114,9 +117,74 @@ def check_reachable(url: str, *, output: bool = False, what: str = "") -> None:
                           + (f": {where}" if where else "")) from None
 
 
+def is_remote_media(path) -> bool:
+    """A medium another machine serves (``s3://``, ``http(s)://``, ...): worth reading ahead, many at once."""
+    text = str(path)
+    return is_url(text) and not text.startswith(("file://", "memory://")) and not blobs.is_blob(text)
+
+
+def _held(path) -> tuple[str, int, int] | None:
+    """What is known of a remote ``path`` read ahead (:func:`prefetch`); its failure raised again."""
+    failure = blobs.STORE.url_failure(str(path))
+    if failure is not None:
+        raise failure.with_traceback(None)
+    return blobs.STORE.url(str(path))
+
+
+def prefetch(paths, threads: int = FETCH_THREADS, budget: int = 2**30) -> list[str]:
+    """Read the remote media among ``paths`` whole, ``threads`` at a time, and hold them (with their size and
+    time) in :data:`packer.io.blobs.STORE`, so their probes and loads ask no store again; a failure is held
+    too, and met by the reader. Objects over :data:`PREFETCH_MAX_BYTES`, and those past ``budget`` bytes read
+    in all, are left to their readers. Returns the URLs it asked for (:meth:`~packer.io.blobs.Store.release_urls`
+    forgets them)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    wanted = [p for p in dict.fromkeys(map(str, paths))
+              if is_remote_media(p) and blobs.STORE.url_bytes(p) is None and blobs.STORE.url_failure(p) is None]
+    if not wanted:
+        return []
+    spent = 0
+
+    def one(url: str):
+        nonlocal spent
+        if spent >= budget:
+            return None
+        try:
+            if http.is_http(url):
+                body = http.fetch(url)
+                data, mtime = body.data, body.mtime_ns
+            else:
+                fsys, p = _fs(url)
+                with fsys.open(p, "rb") as f:  # s3fs, gcsfs, adlfs: one HEAD (the file's details), one GET
+                    info = getattr(f, "details", None) or fsys.info(p)
+                    if int(info["size"]) > PREFETCH_MAX_BYTES:
+                        return None
+                    data, mtime = f.read(), _mtime(info)
+        except Exception as e:  # noqa: BLE001 -- the reader meets it (a BadRecord, FileNotFoundError, a store's error)
+            return e
+        spent += len(data)
+        return data, mtime
+
+    with ThreadPoolExecutor(min(threads, len(wanted))) as pool:
+        for url, got in zip(wanted, pool.map(one, wanted), strict=True):
+            if isinstance(got, tuple):
+                blobs.STORE.hold_url(url, *got)
+            elif isinstance(got, (FileNotFoundError, BadRecord)):  # the object's answer, not the network's mood
+                blobs.STORE.fail_url(url, got)
+    return wanted
+
+
 def open_binary(path: str | Path) -> IO[bytes]:
     if blobs.is_blob(path):  # embedded media, held in memory (packer.io.blobs)
         return blobs.STORE.open(str(path))
+    if is_url(path) and _held(path) is not None and (data := blobs.STORE.url_bytes(str(path))) is not None:
+        import io
+
+        return io.BytesIO(data)
+    if http.is_http(path):
+        import io
+
+        return io.BytesIO(http.fetch(str(path)).data)
     if is_url(path):
         import io
 
@@ -132,6 +200,12 @@ def open_binary(path: str | Path) -> IO[bytes]:
 def exists(path: str | Path) -> bool:
     if blobs.is_blob(path):
         return str(path) in blobs.STORE
+    if http.is_http(path):
+        try:
+            http.head(str(path))
+        except FileNotFoundError:
+            return False
+        return True
     if is_url(path):
         fs, p = _fs(str(path))
         return fs.isfile(p)
@@ -142,14 +216,23 @@ def stat(path: str | Path) -> tuple[int, int]:
     """(size, modification time in ns or 0 where the filesystem has none)."""
     if blobs.is_blob(path):  # its name is its content: no time
         return len(blobs.STORE.get(str(path))), 0
+    if is_url(path) and (held := _held(path)) is not None:
+        return held[1], held[2]
+    if http.is_http(path):
+        answer = http.head(str(path))
+        return answer.size, answer.mtime_ns
     if is_url(path):
         fs, p = _fs(str(path))
         info = fs.info(p)
-        mtime = info.get("mtime") or info.get("LastModified") or info.get("created") or 0
-        mtime = int(mtime.timestamp() * 1e9) if hasattr(mtime, "timestamp") else int(float(mtime) * 1e9)
-        return int(info["size"]), mtime
+        return int(info["size"]), _mtime(info)
     st = Path(path).stat()
     return st.st_size, st.st_mtime_ns
+
+
+def _mtime(info: dict) -> int:
+    """An fsspec ``info``'s modification time in ns (0 where the store gives none)."""
+    mtime = info.get("mtime") or info.get("LastModified") or info.get("created") or 0
+    return int(mtime.timestamp() * 1e9) if hasattr(mtime, "timestamp") else int(float(mtime) * 1e9)
 
 
 def parent(path: str) -> str | Path:

@@ -45,12 +45,22 @@ from typing import Any
 import numpy as np
 import torch
 
+from packer.io import blobs, fs
 from packer.media.load import load_audio, load_image
 from packer.media.policies import Qwen2Audio
 from packer.modeling.spans import MediaMismatchError, check, open_media, probe_span, span_path
 
 __all__ = ["MediaMismatchError", "MediaStep", "audio_output_length", "check", "open_media", "probe_span",
            "video_policy_for"]
+
+
+def prefetch_remote(spans: list[dict[str, Any]]) -> list[str]:
+    """Read a batch's remote media (``s3://``, ``http(s)://`` refs of a ``ref`` build; a video's frame images too)
+    many at once (:func:`packer.io.fs.prefetch`), so that loading them one by one waits on no round trip; the
+    loads then read them from memory, in the spans' order, as they would read the files. Returns the URLs read
+    (released when the batch is loaded). Local files and embedded media are not touched."""
+    paths = [p for m in spans for p in (m.get("frames") or (span_path(m),)) if fs.is_remote_media(p)]
+    return fs.prefetch(paths) if paths else []
 
 
 def audio_output_length(frames: int) -> int:
@@ -129,6 +139,13 @@ class MediaStep:
 
     def __call__(self, media: list[dict[str, Any]]) -> dict[str, Any]:
         ordered = sorted(media, key=lambda m: (m.get("batch", 0), m["start"]))
+        held = prefetch_remote(ordered)
+        try:
+            return self._load(ordered)
+        finally:
+            blobs.STORE.release_urls(held)
+
+    def _load(self, ordered: list[dict[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         images = [m for m in ordered if m["kind"] == "image"]
         audio = [m for m in ordered if m["kind"] == "audio"]

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from typing import Any
 
 from packer.errors import BadRecord
-from packer.io import fs
+from packer.io import blobs, fs
 from packer.media.policies import Count, parse_policy, policy_count
 from packer.media.probe import probe_audio, probe_image
 
@@ -33,8 +33,9 @@ class MediaProber:
     def probe(self, part: Any) -> Any:
         try:
             size, mtime = fs.stat(part.path)
-        except FileNotFoundError:
-            raise BadRecord(f"missing_{part.kind}", f"{part.kind} file {part.ref!r} not found") from None
+        except FileNotFoundError as e:  # a URL's says what the server answered (HTTP 404 Not Found)
+            said = f" ({e})" if fs.is_url(part.path) and str(e) else ""
+            raise BadRecord(f"missing_{part.kind}", f"{part.kind} file {part.ref!r} not found{said}") from None
         except (OSError, ValueError) as e:  # a name too long, a symlink loop, a NUL byte: the path itself is bad
             raise BadRecord("bad_media_path", f"{part.kind} path {part.ref!r} cannot be looked up: "
                                               f"{type(e).__name__}: {e}") from None
@@ -48,6 +49,19 @@ class MediaProber:
         if len(self.cache) > self.cache_size:
             self.cache.popitem(last=False)
         return result
+
+    def prefetch(self, parts) -> list[str]:
+        """Read the remote files of ``parts`` (s3://, http(s)://; frame lists' frames too) not read yet in this task,
+        many at once (:func:`packer.io.fs.prefetch`): their probes then ask no store. Returns the URLs read, whose
+        bodies :meth:`~packer.io.blobs.Store.release_urls` drops once probed."""
+        paths = [p for part in parts if not self._known(part) for p in (part.frames or (part.path,))
+                 if fs.is_remote_media(p)]
+        return fs.prefetch(paths) if paths else []
+
+    def _known(self, part: Any) -> bool:
+        """Is ``part``'s probe cached, by what this task already knows of its URL (no request)?"""
+        facts = None if part.frames else blobs.STORE.url(part.path)
+        return facts is not None and (part.kind, part.path, facts[1], facts[2], "", part.fps) in self.cache
 
     def _probe(self, part: Any) -> Any:
         if part.kind == "video":

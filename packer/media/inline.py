@@ -16,10 +16,11 @@ from packer.io import blobs
 MAX_INLINE_BYTES = 256 * 2**20  # the largest medium one data: URL may decode to
 
 
-def data_url(ref: str, kind: str, max_bytes: int = MAX_INLINE_BYTES) -> str:
+def data_url(ref: str, kind: str, max_bytes: int | None = None) -> str:
     """The blob name of a ``data:`` URL's decoded bytes (held in :data:`packer.io.blobs.STORE`); a URL that is not
     base64, or not valid base64, or decodes to nothing or to more than ``max_bytes``, is a bad record."""
     shown = ref if len(ref) <= 48 else ref[:48] + "..."
+    max_bytes = MAX_INLINE_BYTES if max_bytes is None else max_bytes  # read at call time: a patched limit holds
     header, comma, payload = ref.partition(",")
     if not comma:
         raise BadRecord("bad_data_url", f"{kind} {shown!r} is a data: URL without the ',' that starts its data")

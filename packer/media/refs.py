@@ -4,7 +4,8 @@ Three moments of one path:
 
 - reading a record (:func:`resolve_media`): a ``ref`` as the record writes it is joined onto the folder its refs are
   relative to (:func:`record_base`: ``--media-root``, else the input file's folder), normalised lexically and
-  refused when written outside that root (unless ``--allow-outside-media-root``), when remote, inline or unreadable;
+  refused when written outside that root (unless ``--allow-outside-media-root``) or unreadable; a ``data:`` URL is
+  decoded to a blob (:mod:`packer.media.inline`), an ``http(s)://`` URL is kept as it is (fetched when probed);
 - writing the shards (:func:`stored_ref`): the resolved file is stored relative to the build's media root
   (:func:`media_base`: ``--media-root``, else the deepest folder holding every input), so a build and its media can
   move together;
@@ -27,6 +28,7 @@ from typing import Any
 from packer.errors import BadRecord
 from packer.io import blobs, fs
 from packer.io.fs import is_url
+from packer.io.http import is_http
 from packer.media import inline
 
 
@@ -56,6 +58,8 @@ def resolve_media(ref: str, base_dir: Path | str, kind: str, allow_outside_root:
         return ref
     if ref[:5].lower() == "data:":
         return inline.data_url(ref, kind)
+    if is_http(ref):  # fetched when probed (many at once: packer.io.fs.prefetch); the shards store the URL
+        return ref
     try:
         return _resolve_media(ref, base_dir, kind, allow_outside_root)
     except (OSError, ValueError, RuntimeError) as e:  # RuntimeError: pathlib's "Symlink loop" before Python 3.13
@@ -75,16 +79,16 @@ def _within(path: str, root: str) -> bool:
 def _resolve_media(ref: str, base_dir: Path | str, kind: str, allow_outside_root: bool) -> Path | str:
     if fs.is_url(base_dir):  # a dataset on an fsspec filesystem: its media live there too
         if "://" in ref:
-            raise BadRecord("unsupported_media_ref", f"{kind} {ref!r}: give media relative to the dataset")
+            raise BadRecord("unsupported_media_ref", f"{kind} {ref!r}: give media relative to the dataset, or as an "
+                                                     f"http(s):// or data: URL")
         path = posixpath.normpath(posixpath.join(str(base_dir), ref)).replace(":/", "://", 1)
         if not allow_outside_root and not path.startswith(str(base_dir).rstrip("/") + "/"):
             raise _outside_root(ref, kind, base_dir)
-        if not fs.exists(path):
-            raise BadRecord(f"missing_{kind}", f"{kind} file {ref!r} not found (looked at {path})")
-        return path
+        return path  # not asked for here: its probe reads it (many at once), and a missing one is missing_<kind> there
     if "://" in ref and not ref.startswith("file://"):
-        raise BadRecord("unsupported_media_ref", f"{kind} {ref!r} is a remote URL; packer reads local files only: download "
-                                                 f"it next to the dataset and give its path")
+        raise BadRecord("unsupported_media_ref", f"{kind} {ref!r} is a {ref.split('://', 1)[0]}:// URL in a local "
+                                                 f"dataset; packer reads media relative to the dataset, http(s):// and "
+                                                 f"data: URLs: give its path, or put the dataset in the same store")
     path = Path(os.path.normpath(os.path.join(base_dir, ref.removeprefix("file://"))))  # an absolute ref replaces base_dir
     if not allow_outside_root:
         root = os.path.abspath(base_dir)

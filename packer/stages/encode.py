@@ -211,6 +211,7 @@ def encode_task(state: EncodeState, task: EncodeTask) -> EncodeResult:
                             content_changed=done.get("content_changed", {}),
                             blobs=ShardEntry(**done["blobs"]) if done.get("blobs") else None)
     samples, bad = [], []
+    blobs.STORE.forget_urls()  # what an earlier task read of remote media: read afresh
     embed_files = getattr(state.encoder.spec.config, "media", "auto") == "embed"  # files / URLs read into blobs too
     file_dir = parent(task.file)
     read_count = 0
@@ -307,6 +308,8 @@ def embedded(sample, media_base: str):
         try:
             with open_binary(resolve_ref(ref, media_base)) as f:
                 return blobs.STORE.put(f.read())
+        except BadRecord as e:  # an http(s):// URL that failed this time (packer.io.http)
+            return e
         except OSError as e:
             return BadRecord(f"missing_{kind}", f"{kind} {ref!r} could not be read to embed it: {e}")
 
