@@ -248,13 +248,22 @@ def test_an_embedded_build_moved_without_its_media_trains_and_verifies(data, bui
         shutil.move(tmp_path / "records.jsonl", root / "records.jsonl")
 
 
-def test_an_embedded_build_in_object_storage_loads_its_media_there(data, builds, tmp_path_factory):
+def test_an_embedded_build_in_object_storage_trains_and_verifies_there(data, builds, tmp_path_factory):
+    """The embedded build uploaded to the local S3 server, the records and images it was built from moved away:
+    verify --media --deep passes there, the loader gives the files build's pixels, and a PackedTrainer step trains."""
     pytest.importorskip("s3fs")
     pytest.importorskip("moto")
     import s3fs
     from s3_server import S3Server
+    from transformers import TrainingArguments
+
+    from packer.loader import PackedTrainer
 
     root, processor = data
+    want = pixels(root / "ref", processor)
+    away = tmp_path_factory.mktemp("away")
+    shutil.move(root / "img", away / "img")
+    shutil.move(root / "records.jsonl", away / "records.jsonl")
     saved = dict(os.environ)
     with S3Server() as server:
         try:
@@ -264,13 +273,19 @@ def test_an_embedded_build_in_object_storage_loads_its_media_there(data, builds,
             fs = server.filesystem()
             fs.mkdir("builds")
             fs.put(str(root / "embed"), "builds/embed", recursive=True)
-            assert verify("s3://builds/embed", media="stat")[0] == []
+            assert verify("s3://builds/embed", media="stat", deep=True)[0] == []
             got = pixels("s3://builds/embed", processor)
+            model = QWEN3VL.model(processor, "sdpa")
+            args = TrainingArguments(output_dir=str(away / "t"), per_device_train_batch_size=1, max_steps=1, report_to=[],
+                                     use_cpu=True, save_strategy="no", dataloader_num_workers=0, disable_tqdm=True)
+            result = PackedTrainer(model=model, args=args, train_dataset=PackedDataset("s3://builds/embed")).train()
+            assert np.isfinite(result.training_loss)
         finally:
             s3fs.S3FileSystem.clear_instance_cache()
             os.environ.clear()
             os.environ.update(saved)
-    want = pixels(root / "ref", processor)
+            shutil.move(away / "img", root / "img")
+            shutil.move(away / "records.jsonl", root / "records.jsonl")
     assert torch.equal(got["pixel_values"], want["pixel_values"])
 
 
