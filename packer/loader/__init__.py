@@ -13,7 +13,7 @@ from packer.loader.collate import PackedCollator, model_inputs
 from packer.loader.dataset import MediaChangedError, PackedDataset, SampleDataset
 from packer.loader.dummy import MediaDummies, media_dummies
 from packer.loader.logps import ResponseLogps, all_reduce_logps, dpo_loss, packed_logps, token_logps
-from packer.loader.loss import loss_norm, loss_weights, packed_loss
+from packer.loader.loss import StepNorm, loss_norm, loss_weights, packed_loss
 from packer.loader.media import MediaMismatchError
 from packer.loader.samplers import CostModel, SplitModalitySampler, StepPlanSampler, TokenBalancedSampler
 from packer.loader.sequence_parallel import local_media_rows, shard_for_sequence_parallel
@@ -35,7 +35,7 @@ def __getattr__(name: str):
 
 __all__ = ["ATTENTION", "CostModel", "MediaChangedError", "MediaDummies", "MediaLoadError", "MediaMismatchError",
            "PackedCollator", "PackedDataset", "PackedTrainer", "ResponseLogps", "SampleDataset", "SequenceParallel",
-           "SplitModalitySampler",
+           "SplitModalitySampler", "StepNorm",
            "StepPlanSampler",
            "StoredFeatures", "TokenBalancedSampler", "all_reduce_logps", "dpo_loss", "local_media_rows", "loss_norm",
            "loss_weights", "media_dummies", "model_inputs", "mrope_positions", "packed_logps", "packed_loss",

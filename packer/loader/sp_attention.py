@@ -161,6 +161,32 @@ class SequenceParallel:
         heads = text.num_attention_heads
         check_heads(heads, getattr(text, "num_key_value_heads", None) or heads, self.ulysses_size)
 
+    def check_collator(self, collator, ds=None) -> None:
+        """Refuse, before the first batch, a collator (and ``ds``'s build) whose batches this mode cannot slice: another
+        mask form; Ulysses over a ``BlockMask`` whose padded lengths (``pad_to``, ``pad_to_multiple_of``, the build's
+        ``row_lengths``) are not multiples of the SP size; a ring over preference trees."""
+        if collator.attention not in self.collator_attention:
+            raise ValueError(f"{self.mode} attention takes a batch of PackedCollator(attention="
+                             f"{' or '.join(map(repr, self.collator_attention))}), the collator gives attention="
+                             f"{collator.attention!r}: build it with attention={self.collator_attention[0]!r} "
+                             f"(PackedCollator.for_build(ds, model=model) follows the model's SP attention)")
+        if self.mode == "ulysses" and collator.attention == "flex":
+            lengths = collator.row_lengths or ([collator.pad_to] if collator.pad_to else [])
+            step = collator.pad_to_multiple_of
+            odd = [n for n in lengths if n % self.size and not (step and step % self.size == 0)]
+            if odd or (not lengths and not (step and step % self.size == 0)):
+                what = (f"row lengths {odd} (the build's --row-lengths or pad_to)" if odd else
+                        f"rows padded to {'multiples of ' + str(step) if step else 'their own length'}")
+                raise ValueError(f"Ulysses over a FlexAttention BlockMask slices rows whose length is a multiple of the "
+                                 f"SP size {self.size}, but the collator gives {what}: pass PackedCollator(..., "
+                                 f"pad_to_multiple_of={self.size}) (or a multiple of it; a build with row lengths: "
+                                 f"rebuild with --row-lengths multiples of {self.size}), or attention='sdpa'")
+        preference = ds.manifest.config.get("preference") if ds is not None and hasattr(ds, "manifest") else None
+        if self.mode != "ulysses" and preference == "tree":
+            raise ValueError(f"{self.mode} attention zigzags each segment over the ranks, but {ds.out} holds preference "
+                             f"trees (--preference tree: a response attends to its prompt, another segment): use "
+                             f"mode='ulysses' (attn_implementation='packer_ulysses'), or rebuild with --preference pairs")
+
     def slice(self, batch: dict[str, Any], *, pad_token_id: int = 0, rank: int | None = None) -> dict[str, Any]:
         """This rank's slice of a collated batch (:func:`~packer.loader.shard_for_sequence_parallel`); ``rank``: another
         SP rank's (what :mod:`packer.loader.sp_media` reads to send each rank its encoder rows)."""
