@@ -106,7 +106,9 @@ class Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def server(monkeypatch):
-    monkeypatch.setattr(http, "TIMEOUT_S", 0.3)
+    # generous: a loaded machine must never time out (and retry: a second request) where no answer is slow; the
+    # timeout test sets its own
+    monkeypatch.setattr(http, "TIMEOUT_S", 10.0)
     monkeypatch.setattr(http, "BACKOFF_S", 0.01)
     monkeypatch.setattr(http, "RETRIES", 2)
     monkeypatch.setattr(http, "MAX_BYTES", 1 << 20)
@@ -156,7 +158,8 @@ def test_a_5xx_is_retried_and_a_4xx_is_not(server):
     ("/endless", "media_too_large", r"goes past the 1,048,576-byte limit of one medium \(read stopped there\)"),
     ("/short", "media_fetch_failed", "ended after 10 of 1,000 bytes"),
 ])
-def test_every_way_a_fetch_fails_is_one_named_bad_record(server, path, reason, match):
+def test_every_way_a_fetch_fails_is_one_named_bad_record(server, path, reason, match, monkeypatch):
+    monkeypatch.setattr(http, "TIMEOUT_S", 0.3)  # /slow answers after 1 s
     start = time.monotonic()
     with pytest.raises(BadRecord, match=match) as e:
         http.fetch(server.url + path)
@@ -306,7 +309,8 @@ def test_a_build_over_http_urls_packs_what_local_files_pack(server, tmp_path):
     # each file's task read each image once, GET (its probe and the media index answered from it: no HEAD); the
     # report reads a sample's headers once more
     assert {m for m, _ in stage1} == {"GET"}
-    assert all(len(files) <= n <= len(files) + 1 for n in collections.Counter(p for _, p in stage1).values())
+    assert all(len(files) <= n <= len(files) + 1 for n in collections.Counter(p for _, p in stage1).values()), \
+        collections.Counter(p for _, p in stage1)
 
     inline_rows = packed(tmp_path / "c")  # llava over http, openai as data: URLs: the same rows again
     assert inline_rows == packed(tmp_path / "a")
@@ -314,7 +318,7 @@ def test_a_build_over_http_urls_packs_what_local_files_pack(server, tmp_path):
 
 def test_a_tasks_remote_media_are_read_many_at_once(server, tmp_path):
     """Stage 1 reads a task's URLs concurrently (a prefetch before the records are probed), so round trips overlap."""
-    server.delay = 0.2
+    server.delay = 0.5  # long enough that requests overlap even on a loaded machine
     web = tmp_path / "web"
     web.mkdir()
     files = [write(web / "llava.jsonl", records(lambda x: f"{server.url}/img/{x}", n=8))]
@@ -349,7 +353,7 @@ def test_the_loader_reads_a_batchs_remote_media_at_once_in_order(server):
     from packer.loader.media import prefetch_remote
     from packer.media.load import load_image
 
-    server.delay = 0.2
+    server.delay = 0.5  # long enough that requests overlap even on a loaded machine
     spans = [{"kind": "image", "ref": f"{server.url}/img/{x}", "path": f"{server.url}/img/{x}", "start": k}
              for k, x in enumerate(IMAGES)]
     held = prefetch_remote(spans)
