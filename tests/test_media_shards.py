@@ -219,11 +219,22 @@ def test_repack_writes_new_media_shards_without_the_sources(data, builds, tmp_pa
     assert torch.isclose(got["pixel_values"].sum(), want["pixel_values"].sum(), rtol=1e-5)
 
 
-def test_an_embedded_build_moved_without_its_media_trains_and_verifies(data, builds, tmp_path):
+def train_one_step(ds, processor, folder) -> None:
+    """One PackedTrainer step of the small Qwen3-VL over ``ds``: a finite loss, the weights moved."""
     from transformers import TrainingArguments
 
     from packer.loader import PackedTrainer
 
+    model = QWEN3VL.model(processor, "sdpa")
+    args = TrainingArguments(output_dir=str(folder), per_device_train_batch_size=1, max_steps=1, report_to=[],
+                             use_cpu=True, save_strategy="no", dataloader_num_workers=0, disable_tqdm=True)
+    before = [p.detach().clone() for p in model.parameters()]
+    result = PackedTrainer(model=model, args=args, train_dataset=ds).train()
+    assert np.isfinite(result.training_loss)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_an_embedded_build_moved_without_its_media_trains_and_verifies(data, builds, tmp_path):
     root, processor = data
     out = tmp_path / "moved"
     shutil.copytree(root / "embed", out)
@@ -236,25 +247,25 @@ def test_an_embedded_build_moved_without_its_media_trains_and_verifies(data, bui
         problems, _ = verify(out, media="stat", deep=True)
         assert problems == []
         assert torch.equal(pixels(out, processor)["pixel_values"], want["pixel_values"])
-        model = QWEN3VL.model(processor, "sdpa")
-        args = TrainingArguments(output_dir=str(tmp_path / "t"), per_device_train_batch_size=1, max_steps=1, report_to=[],
-                                 use_cpu=True, save_strategy="no", dataloader_num_workers=0, disable_tqdm=True)
-        before = [p.detach().clone() for p in model.parameters()]
-        result = PackedTrainer(model=model, args=args, train_dataset=ds).train()
-        assert np.isfinite(result.training_loss)
-        assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+        train_one_step(ds, processor, tmp_path / "t")
     finally:
         shutil.move(moved, root / "img")
         shutil.move(tmp_path / "records.jsonl", root / "records.jsonl")
 
 
-def test_an_embedded_build_in_object_storage_loads_its_media_there(data, builds, tmp_path_factory):
+def test_an_embedded_build_in_object_storage_loads_trains_and_verifies_there(data, builds, tmp_path_factory):
+    """The build folder put in the local S3 server, the source media moved away: verify --media --deep passes there,
+    the loader gives the ref build's pixels and a PackedTrainer step runs over it."""
     pytest.importorskip("s3fs")
     pytest.importorskip("moto")
     import s3fs
     from s3_server import S3Server
 
     root, processor = data
+    want = pixels(root / "ref", processor)
+    away = tmp_path_factory.mktemp("away")
+    shutil.move(root / "img", away / "img")
+    shutil.move(root / "records.jsonl", away / "records.jsonl")
     saved = dict(os.environ)
     with S3Server() as server:
         try:
@@ -264,13 +275,16 @@ def test_an_embedded_build_in_object_storage_loads_its_media_there(data, builds,
             fs = server.filesystem()
             fs.mkdir("builds")
             fs.put(str(root / "embed"), "builds/embed", recursive=True)
-            assert verify("s3://builds/embed", media="stat")[0] == []
+            problems = verify("s3://builds/embed", media="stat", deep=True)[0]
+            assert problems == [], [str(p) for p in problems]
             got = pixels("s3://builds/embed", processor)
+            train_one_step(PackedDataset("s3://builds/embed"), processor, tmp_path_factory.mktemp("train"))
         finally:
             s3fs.S3FileSystem.clear_instance_cache()
             os.environ.clear()
             os.environ.update(saved)
-    want = pixels(root / "ref", processor)
+            shutil.move(away / "img", root / "img")
+            shutil.move(away / "records.jsonl", root / "records.jsonl")
     assert torch.equal(got["pixel_values"], want["pixel_values"])
 
 
