@@ -15,6 +15,7 @@ import io
 import json
 import os
 import struct
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +119,68 @@ def long_line(n_bytes: int, kind: str = "text") -> bytes:
     words = ("lorem ipsum dolor sit amet consectetur adipiscing elit " * (n_bytes // 56 + 1))[:n_bytes]
     record = {"id": f"long_{kind}", "text": words} if kind == "text" else chat(f"long_{kind}", "Summarise.", words)
     return json.dumps(record).encode()
+
+
+def image_bytes(fmt: str, size=(30, 20), mode="RGB") -> bytes:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    img = Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).convert(mode)
+    buf = io.BytesIO()
+    img.save(buf, fmt)
+    return buf.getvalue()
+
+
+def claim_size(fmt: str, data: bytes, width: int, height: int) -> bytes:
+    """``data`` (a small image of ``fmt``) with its header patched to claim ``width`` x ``height``."""
+    b = bytearray(data)
+    if fmt == "PNG":  # IHDR right after the signature; its CRC must match or PIL refuses earlier
+        b[16:24] = struct.pack(">II", width, height)
+        b[29:33] = struct.pack(">I", zlib.crc32(bytes(b[12:29])))
+    elif fmt == "BMP":
+        b[18:26] = struct.pack("<ii", width, height)
+    elif fmt == "GIF":  # logical screen size
+        b[6:10] = struct.pack("<HH", min(width, 0xFFFF), min(height, 0xFFFF))
+    elif fmt == "TGA":
+        b[12:16] = struct.pack("<HH", min(width, 0xFFFF), min(height, 0xFFFF))
+    elif fmt == "JPEG":  # the SOF0 frame header: precision, height, width
+        at = bytes(b).index(b"\xff\xc0") + 5
+        b[at : at + 4] = struct.pack(">HH", min(height, 0xFFFF), min(width, 0xFFFF))
+    elif fmt == "TIFF":  # ImageWidth (256) / ImageLength (257) entries of the first IFD, little-endian
+        ifd = struct.unpack_from("<I", b, 4)[0]
+        for i in range(struct.unpack_from("<H", b, ifd)[0]):
+            entry = ifd + 2 + 12 * i
+            tag, kind = struct.unpack_from("<HH", b, entry)
+            if tag in (256, 257):
+                value = width if tag == 256 else height
+                struct.pack_into("<H" if kind == 3 else "<I", b, entry + 8, min(value, 0xFFFF) if kind == 3 else value)
+    return bytes(b)
+
+
+def flip_header(data: bytes, seed: int, n: int = 6, within: int = 64) -> bytes:
+    rng = np.random.default_rng(seed)
+    b = bytearray(data)
+    for pos in rng.integers(0, min(within, len(b)), n):
+        b[pos] = int(rng.integers(0, 256))
+    return bytes(b)
+
+
+def mp3_bytes() -> bytes:
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, (0.1 * np.sin(np.arange(44100) / 10)).astype(np.float32), 44100, format="MP3")
+    return buf.getvalue()
+
+
+def xing_frames(mp3: bytes, frames: int) -> bytes:
+    """``mp3`` with the frame count of its Xing / Info header replaced (LAME writes one)."""
+    at = max(mp3.find(b"Xing"), mp3.find(b"Info"))
+    assert at >= 0 and mp3[at + 7] & 1, "no Xing frame count to damage"
+    return mp3[: at + 8] + struct.pack(">I", frames) + mp3[at + 12 :]
+
+
+IMAGE_FORMATS = ("PNG", "BMP", "JPEG", "GIF", "TIFF", "TGA")
 
 
 # ---------------------------------------------------------------- the hostile set

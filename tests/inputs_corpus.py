@@ -82,13 +82,14 @@ def _jsonl(path: Path, rows: list[dict]) -> None:
             f.write(json.dumps(r) + "\n")
 
 
-def _bytes(rel: str) -> bytes:
-    return (SAMPLE / rel).read_bytes()
+def _bytes(rel: str, root: Path = SAMPLE) -> bytes:
+    return (root / rel).read_bytes()
 
 
 def write_formats(folder: Path, rows: list[dict], kinds: tuple[str, ...], formats: tuple[str, ...] = (
-        "jsonl", "parquet", "disk", "tar", "dataurl")) -> dict[str, Path]:
-    """The input of each format (a file, a folder or a brace pattern), written under ``folder``."""
+        "jsonl", "parquet", "disk", "tar", "dataurl"), root: Path = SAMPLE) -> dict[str, Path]:
+    """The input of each format (a file, a folder or a brace pattern), written under ``folder``; the records' media
+    paths are relative to ``root``."""
     folder.mkdir(parents=True, exist_ok=True)
     out: dict[str, Path] = {}
     lists = [LISTS[k] for k in kinds]
@@ -98,19 +99,19 @@ def write_formats(folder: Path, rows: list[dict], kinds: tuple[str, ...], format
             for key in lists:
                 for rel in r[key]:
                     (base / rel).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(SAMPLE / rel, base / rel)
+                    shutil.copyfile(root / rel, base / rel)
         base.mkdir(exist_ok=True)
         _jsonl(base / "data.jsonl", rows)
         out["jsonl"] = base / "data.jsonl"
     if "dataurl" in formats:
         def inline(rel: str) -> str:
             kind = mimetypes.guess_type(rel)[0] or "application/octet-stream"
-            return f"data:{kind};base64," + base64.b64encode(_bytes(rel)).decode()
+            return f"data:{kind};base64," + base64.b64encode(_bytes(rel, root)).decode()
         (folder / "dataurl").mkdir(exist_ok=True)
         _jsonl(folder / "dataurl" / "data.jsonl", [{**r, **{key: [inline(p) for p in r[key]] for key in lists}} for r in rows])
         out["dataurl"] = folder / "dataurl" / "data.jsonl"
     if "parquet" in formats or "disk" in formats:
-        dataset = _dataset(rows, kinds)
+        dataset = _dataset(rows, kinds, root)
         if "parquet" in formats:
             (folder / "parquet").mkdir(exist_ok=True)
             dataset.to_parquet(str(folder / "parquet" / "data.parquet"), batch_size=max(1, len(rows) // 3))
@@ -127,7 +128,7 @@ def write_formats(folder: Path, rows: list[dict], kinds: tuple[str, ...], format
                     members = {"json": json.dumps({k: v for k, v in r.items() if k not in lists}).encode()}
                     for key in lists:
                         for j, rel in enumerate(r[key]):
-                            members[f"{j}{Path(rel).suffix}"] = _bytes(rel)
+                            members[f"{j}{Path(rel).suffix}"] = _bytes(rel, root)
                     for ext, data in members.items():
                         info = tarfile.TarInfo(f"{r['id']}.{ext}")
                         info.size, info.mtime = len(data), 0
@@ -136,7 +137,7 @@ def write_formats(folder: Path, rows: list[dict], kinds: tuple[str, ...], format
     return out
 
 
-def _dataset(rows: list[dict], kinds: tuple[str, ...]):
+def _dataset(rows: list[dict], kinds: tuple[str, ...], root: Path = SAMPLE):
     """The rows as a ``datasets.Dataset`` with the media as ``List(Image())`` / ``List(Video())`` / ``List(Audio())``
     columns holding the files' bytes (as the hub's parquet holds them)."""
     from datasets import Audio, Dataset, Features, Image, List, Value, Video
@@ -148,7 +149,7 @@ def _dataset(rows: list[dict], kinds: tuple[str, ...]):
                          **{LISTS[k]: List(feature[k]) for k in kinds}})
     table = {"id": [r["id"] for r in rows], "messages": [r["messages"] for r in rows]}
     for k in kinds:
-        table[LISTS[k]] = [[{"bytes": _bytes(rel), "path": Path(rel).name} for rel in r[LISTS[k]]] for r in rows]
+        table[LISTS[k]] = [[{"bytes": _bytes(rel, root), "path": Path(rel).name} for rel in r[LISTS[k]]] for r in rows]
     # the cells as the hub's parquet stores them ({bytes, path} structs), the features in the schema's metadata:
     # no encoding by datasets (its Audio() / Video() encoders want torchcodec)
     import pyarrow as pa

@@ -7,17 +7,14 @@ and its reason code; the accounting must add up, ``packer verify`` must pass, an
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import struct
 import tempfile
-import zlib
 from pathlib import Path
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
+from hostile_media import IMAGE_FORMATS, claim_size, flip_header, image_bytes, mp3_bytes, xing_frames
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from media_fixtures import write_audio, write_images
@@ -32,81 +29,19 @@ BEGIN, END = "<|vision_start|>", "<|vision_end|>"
 GOOD = {"id": "good", "text": "A normal record that packs."}
 
 
-# -- hostile media, made at test time -------------------------------------------------------------
-
-
-def _image_bytes(fmt: str, size=(30, 20), mode="RGB") -> bytes:
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    img = Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).convert(mode)
-    buf = io.BytesIO()
-    img.save(buf, fmt)
-    return buf.getvalue()
-
-
-def claim_size(fmt: str, data: bytes, width: int, height: int) -> bytes:
-    """``data`` (a small image of ``fmt``) with its header patched to claim ``width`` x ``height``."""
-    b = bytearray(data)
-    if fmt == "PNG":  # IHDR right after the signature; its CRC must match or PIL refuses earlier
-        b[16:24] = struct.pack(">II", width, height)
-        b[29:33] = struct.pack(">I", zlib.crc32(bytes(b[12:29])))
-    elif fmt == "BMP":
-        b[18:26] = struct.pack("<ii", width, height)
-    elif fmt == "GIF":  # logical screen size
-        b[6:10] = struct.pack("<HH", min(width, 0xFFFF), min(height, 0xFFFF))
-    elif fmt == "TGA":
-        b[12:16] = struct.pack("<HH", min(width, 0xFFFF), min(height, 0xFFFF))
-    elif fmt == "JPEG":  # the SOF0 frame header: precision, height, width
-        at = bytes(b).index(b"\xff\xc0") + 5
-        b[at : at + 4] = struct.pack(">HH", min(height, 0xFFFF), min(width, 0xFFFF))
-    elif fmt == "TIFF":  # ImageWidth (256) / ImageLength (257) entries of the first IFD, little-endian
-        ifd = struct.unpack_from("<I", b, 4)[0]
-        for i in range(struct.unpack_from("<H", b, ifd)[0]):
-            entry = ifd + 2 + 12 * i
-            tag, kind = struct.unpack_from("<HH", b, entry)
-            if tag in (256, 257):
-                value = width if tag == 256 else height
-                struct.pack_into("<H" if kind == 3 else "<I", b, entry + 8, min(value, 0xFFFF) if kind == 3 else value)
-    return bytes(b)
-
-
-def flip_header(data: bytes, seed: int, n: int = 6, within: int = 64) -> bytes:
-    rng = np.random.default_rng(seed)
-    b = bytearray(data)
-    for pos in rng.integers(0, min(within, len(b)), n):
-        b[pos] = int(rng.integers(0, 256))
-    return bytes(b)
-
-
-def _mp3() -> bytes:
-    import soundfile as sf
-
-    buf = io.BytesIO()
-    sf.write(buf, (0.1 * np.sin(np.arange(44100) / 10)).astype(np.float32), 44100, format="MP3")
-    return buf.getvalue()
-
-
-def xing_frames(mp3: bytes, frames: int) -> bytes:
-    """``mp3`` with the frame count of its Xing / Info header replaced (LAME writes one)."""
-    at = max(mp3.find(b"Xing"), mp3.find(b"Info"))
-    assert at >= 0 and mp3[at + 7] & 1, "no Xing frame count to damage"
-    return mp3[: at + 8] + struct.pack(">I", frames) + mp3[at + 12 :]
-
-
-IMAGE_FORMATS = ("PNG", "BMP", "JPEG", "GIF", "TIFF", "TGA")
+# -- hostile media, made at test time (hostile_media's writers) ---------------------------------
 
 
 @pytest.fixture(scope="module")
 def media(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("media")
     for fmt in IMAGE_FORMATS:
-        good = _image_bytes(fmt, mode="P" if fmt == "GIF" else "RGB")
+        good = image_bytes(fmt, mode="P" if fmt == "GIF" else "RGB")
         (d / f"ok.{fmt.lower()}").write_bytes(good)
         (d / f"bomb.{fmt.lower()}").write_bytes(claim_size(fmt, good, 100_000, 100_000))
         for seed in range(4):
             (d / f"flip{seed}.{fmt.lower()}").write_bytes(flip_header(good, seed))
-    mp3 = _mp3()
+    mp3 = mp3_bytes()
     (d / "ok.mp3").write_bytes(mp3)
     (d / "truncated.mp3").write_bytes(mp3[: len(mp3) // 3])
     (d / "damaged.mp3").write_bytes(xing_frames(mp3, 1))  # libmpg123 then reports 2**63 - 1 frames
