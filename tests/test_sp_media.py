@@ -148,7 +148,7 @@ def test_item_cost_reads_the_cost_model():
 
 
 def test_a_collator_form_the_sp_attention_does_not_take_is_refused():
-    """packer_ring / packer_hybrid take varlen batches, packer_ulysses masks: the collator a build implies follows."""
+    """packer_ring / packer_hybrid take varlen batches, packer_ulysses masks or varlen: the collator a build implies follows."""
     import sp_ranks
 
     from packer.loader.checks import check_attention, default_attention
@@ -162,5 +162,6 @@ def test_a_collator_form_the_sp_attention_does_not_take_is_refused():
     with pytest.raises(ValueError, match=r"'packer_ring', which takes a batch of PackedCollator\(attention='varlen'\), "
                                          r"got attention='sdpa': build the collator with attention='varlen'"):
         check_attention(ring, "sdpa")
-    with pytest.raises(ValueError, match=r"attention='sdpa' or 'eager' or 'flex'\), got attention='varlen'"):
-        check_attention(ulysses, "varlen")
+    check_attention(ulysses, "varlen")  # a flattened batch: the varlen kernel over the global boundaries
+    with pytest.raises(ValueError, match=r"attention='sdpa' or 'eager' or 'flex' or 'varlen'\), got attention='position_ids'"):
+        check_attention(ulysses, "position_ids")
