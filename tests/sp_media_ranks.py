@@ -7,7 +7,7 @@ encoded.
     python tests/sp_media_ranks.py WORLD BUILD CASES.json OUT
 
 CASES.json: ``[{"name": ..., "mode": "ulysses" | "ring" | "hybrid", "size": SP size (default: the world),
-"split": true | false}, ...]``; a case writes ``NAME-dpK.pt`` per data-parallel replica K. The build (one packed
+"split": true | false, "frames": true | false (a video's frame groups as units)}, ...]``; a case writes ``NAME-dpK.pt`` per data-parallel replica K. The build (one packed
 row), the model and the one-process reference (:func:`reference`) come from this module.
 """
 
@@ -111,7 +111,7 @@ def run_case(case: dict, family: str, build: Path, out: Path) -> None:
     batch = batch_of(build, m, "sdpa" if mode == "ulysses" else "varlen")
     segments = int(batch["seq_idx"].max()) + 1
     local = sp.slice(batch)
-    with shared_encoders(m, sp, batch, local, split=case.get("split", True)) as media:
+    with shared_encoders(m, sp, batch, local, split=case.get("split", True), frames=case.get("frames", True)) as media:
         logits = m(**media.inputs).logits
     total, norm = packed_loss(logits, local, reduce=False)
     dist.all_reduce(norm, group=sp.group)  # the step's sum of weights over the SP group
