@@ -2,11 +2,13 @@
 
 A tiny Qwen3-VL (mRoPE, four images and two videos, DeepStack) and a tiny Qwen3-Omni thinker (three audio clips,
 two images, DeepStack, a mixture of experts) take one packed row of five records through ``SequenceParallel``:
-packer's SP attention on the language model, SDPA in the towers, each media item encoded on one rank
-(:func:`packer.loader.sp_media.shared_encoders`) or on all (``split=False``). Per-segment loss sums and every
-parameter's gradient (summed over the SP group) equal the one-process packed step (SDPA, the packed mask, the
-model's own forward) within 1e-5 relative; at SP 4 some ranks hold no video (Qwen3-VL) or no image (Qwen3-Omni)
-and run the tower on its dummy item. Ranks run in ``tests/sp_media_ranks.py`` (spawned, gloo, CPU, float32).
+packer's SP attention on the language model, SDPA in the towers, each media unit (an image, a video's frame
+group, a clip) encoded on one rank (:func:`packer.loader.sp_media.shared_encoders`), videos whole
+(``frames=False``), or all on every rank (``split=False``). Per-segment loss sums and every parameter's gradient
+(summed over the SP group) equal the one-process packed step (SDPA, the packed mask, the model's own forward)
+within 1e-5 relative; so do ``PackedTrainer(sequence_parallel=2)`` and ``=4`` (hybrid) on Qwen3-VL. At SP 4 some
+ranks hold no whole video (Qwen3-VL) or no image (Qwen3-Omni) and run the tower on its dummy item. Ranks run in
+``tests/sp_media_ranks.py`` (spawned, gloo, CPU, float32).
 """
 
 from __future__ import annotations
@@ -38,15 +40,18 @@ CASES = {
     ("qwen3vl", 2): [{"name": "ulysses", "mode": "ulysses"},
                      {"name": "ulysses-replicated", "mode": "ulysses", "split": False},
                      {"name": "ring", "mode": "ring"},
-                     {"name": "ring-replicated", "mode": "ring", "split": False}],
+                     {"name": "ring-replicated", "mode": "ring", "split": False},
+                     {"name": "trainer-ring", "mode": "ring", "kind": "trainer"}],  # PackedTrainer(sequence_parallel=2)
     ("qwen3vl", 4): [{"name": "ulysses", "mode": "ulysses"},
                      {"name": "ring", "mode": "ring"},
                      {"name": "hybrid", "mode": "hybrid"},  # Ulysses over gcd(2 kv heads, 4) = 2, ring over 2
                      {"name": "dp2-ring2", "mode": "ring", "size": 2},  # 2 replicas of an SP group of 2
-                     {"name": "ring-whole-videos", "mode": "ring", "frames": False}],  # each video one unit
+                     {"name": "ring-whole-videos", "mode": "ring", "frames": False},  # each video one unit
+                     {"name": "trainer-hybrid", "mode": "hybrid", "kind": "trainer"}],
     ("qwen3omni", 2): [{"name": "ulysses", "mode": "ulysses"}, {"name": "ring", "mode": "ring"}],
     ("qwen3omni", 4): [{"name": "ring", "mode": "ring"}, {"name": "dp2-ulysses2", "mode": "ulysses", "size": 2}],
 }
+STEPS = [(f, w, c) for (f, w), cases in CASES.items() for c in cases if c.get("kind") != "trainer"]
 # softmax ignores a constant added to every score of a query: a key projection's bias has gradient 0, in float32
 # rounding noise (about 1e-14 here) that no relative comparison can hold
 ANALYTIC_ZERO = ("k_proj.bias",)
@@ -92,7 +97,7 @@ def result(runs, family: str, world: int, name: str, replica: int = 0) -> dict:
     return torch.load(path)
 
 
-@pytest.mark.parametrize(("family", "world", "case"), [(f, w, c) for (f, w), cases in CASES.items() for c in cases],
+@pytest.mark.parametrize(("family", "world", "case"), STEPS,
                          ids=lambda x: x if isinstance(x, str) else str(x) if isinstance(x, int) else x["name"])
 def test_sp_step_with_shared_encoders_equals_one_process(runs, family, world, case):
     reference = runs[(family, world)][2]
@@ -110,7 +115,7 @@ def test_sp_step_with_shared_encoders_equals_one_process(runs, family, world, ca
                 assert (got["grads"][name] - g).abs().max() <= 1e-5 * g.abs().max(), f"gradient of {name}"
 
 
-@pytest.mark.parametrize(("family", "world", "case"), [(f, w, c) for (f, w), cases in CASES.items() for c in cases],
+@pytest.mark.parametrize(("family", "world", "case"), STEPS,
                          ids=lambda x: x if isinstance(x, str) else str(x) if isinstance(x, int) else x["name"])
 def test_each_row_is_encoded_once_in_the_group_unless_replicated(runs, family, world, case):
     """The units the group's ranks encoded, ``(item, first row, rows)``, tile every item's rows once (split) or
@@ -129,6 +134,23 @@ def test_each_row_is_encoded_once_in_the_group_unless_replicated(runs, family, w
             rows = [(first, n) for item, first, n in units if item == j]
             assert [f for f, _ in rows] == [sum(n for _, n in rows[:k]) for k in range(len(rows))], (kind, j, rows)
             assert sum(n for _, n in rows) == tokens, (kind, j, rows)
+
+
+@pytest.mark.parametrize(("world", "name"), [(2, "trainer-ring"), (4, "trainer-hybrid")])
+def test_packed_trainer_with_sequence_parallel_and_media_equals_one_process(runs, world, name):
+    """PackedTrainer(sequence_parallel=world) on the tiny Qwen3-VL (the mode read from the model's attention, the
+    collator the build implies, shared_encoders inside compute_loss, DDP's average of loss x world): the reported
+    loss and every gradient equal the one-process step."""
+    reference = runs[("qwen3vl", world)][2]
+    got = result(runs, "qwen3vl", world, name)
+    assert (got["mode"], got["collator"]) == (name.split("-")[1], "varlen")
+    assert got["loss"] == pytest.approx(reference["loss"], rel=1e-5)
+    assert set(got["grads"]) == set(reference["grads"])
+    for n, g in reference["grads"].items():
+        if n.endswith(ANALYTIC_ZERO):
+            assert got["grads"][n].abs().max() <= 1e-12, n
+        else:
+            assert (got["grads"][n] - g).abs().max() <= 1e-5 * g.abs().max(), f"gradient of {n}"
 
 
 def test_videos_are_split_into_frame_groups_unless_kept_whole(runs):
