@@ -1,6 +1,6 @@
 """GPU check: zigzag ring attention over ``torch.nn.attention.varlen.varlen_attn`` in bf16, simulated ranks on one GPU.
 
-    python bench/gpu_sp_check.py [--tokens 65536] [--segments 24] [--heads 16] [--dim 128] [--sizes 2 4 8]
+    python bench/gpu_sp_check.py [--tokens 65536] [--segments 24] [--heads 16] [--kv-heads 4] [--dim 128] [--sizes 2 4 8]
     python bench/gpu_sp_check.py --cpu      # the same composition over a float32 math kernel, small: no GPU needed
 
 The packed sequence (``--segments`` documents of random lengths) is cut as packer's ``mode="ring"`` cuts it (each
@@ -10,7 +10,13 @@ block is causal, an earlier rank's first chunk is seen whole by both query chunk
 whole by the second query chunk only; the partial results merge by log-sum-exp. The ranks' outputs, put back in
 place, are compared with one unsliced causal ``varlen_attn`` over the whole batch: the max absolute error (bf16), and
 the time of the unsliced call against the slowest simulated rank (its ``size`` block calls, no communication).
-Exits 0 with a message where CUDA (or ``varlen_attn``) is absent; the CPU tests never run it.
+
+Then Ulysses over a flattened (``varlen``) batch: after the all-to-all a rank holds every token of ``heads / size``
+query heads (and their key / value heads), and :func:`packer.loader.sp_attention.varlen_local` runs the varlen
+kernel over the padded global boundaries (flash-attn's ``flash_attn_varlen_func`` where installed, else
+``varlen_attn`` with the key / value heads repeated). Checked against the float32 per-segment math, forward and the
+gradients of q, k, v (bf16: max absolute error), with grouped heads (``--kv-heads``), and timed against one ``size``
+share of the heads. Exits 0 with a message where CUDA (or ``varlen_attn``) is absent; the CPU tests never run it.
 """
 
 from __future__ import annotations
@@ -18,8 +24,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 
 def math_attn(q, k, v, cu_q, cu_k, causal: bool, scale: float):
@@ -152,17 +162,66 @@ def run(tokens: int, segments: int, heads: int, dim: int, sizes: list[int], devi
               f"({size} block calls, no communication)")
 
 
+def ulysses(tokens: int, segments: int, heads: int, kv_heads: int, dim: int, sizes: list[int], device: str, dtype) -> None:
+    """:func:`varlen_local` on one Ulysses rank's heads (``heads / size`` query heads, their key / value heads) against
+    the float32 per-segment math: forward and the gradients of q, k, v."""
+    from packer.loader.sp_attention import varlen_local
+
+    gen = torch.Generator().manual_seed(1)
+    cuts = sorted(torch.randperm(tokens - 1, generator=gen)[: segments - 1].add(1).tolist())
+    cu = torch.tensor([0, *cuts, tokens])
+    scale = dim**-0.5
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    kernel = "math (SDPA, block-diagonal causal mask)"
+    if device == "cuda":
+        try:
+            import flash_attn  # noqa: F401
+
+            kernel = "flash_attn_varlen_func"
+        except ImportError:
+            kernel = "torch varlen_attn"
+    print(f"Ulysses local kernel ({kernel}), {tokens} tokens, {segments} segments, {heads} heads "
+          f"({kv_heads} key / value) of {dim}, {dtype}")
+    for size in sizes:
+        h, hk = heads // size, max(kv_heads // size, 1)  # this rank's share (key / value heads replicated when fewer)
+        q, k, v = (torch.randn(1, n, tokens, dim, generator=gen).to(device) for n in (h, hk, hk))
+        dout = torch.randn(1, h, tokens, dim, generator=gen).to(device)
+        low = [x.to(dtype).requires_grad_() for x in (q, k, v)]
+        out = varlen_local(*low, cu, scale)
+        out.backward(dout.to(dtype))
+        sync()
+        for x in low:
+            x.grad = None  # the warm-up's
+        t0 = time.perf_counter()
+        out = varlen_local(*low, cu, scale)
+        out.backward(dout.to(dtype))
+        sync()
+        took = time.perf_counter() - t0
+        ref = [x.float().detach().requires_grad_() for x in low]
+        group = h // hk
+        o_ref = math_attn(ref[0][0].transpose(0, 1), ref[1][0].repeat_interleave(group, 0).transpose(0, 1),
+                          ref[2][0].repeat_interleave(group, 0).transpose(0, 1), cu.to(device), cu.to(device), True,
+                          scale)[0].transpose(0, 1)[None]
+        o_ref.backward(dout.float())
+        errors = [(out.float() - o_ref).abs().max().item()] + [
+            (a.grad.float() - b.grad).abs().max().item() for a, b in zip(low, ref, strict=True)]
+        print(f"  SP {size}: {h} query heads, {hk} key / value heads per rank: max |error| out {errors[0]:.3e}, "
+              f"dq {errors[1]:.3e}, dk {errors[2]:.3e}, dv {errors[3]:.3e}; forward + backward {took * 1e3:.2f} ms")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=65536)
     ap.add_argument("--segments", type=int, default=24)
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--cpu", action="store_true", help="float32 math kernel on CPU, 512 tokens: the composition alone")
     args = ap.parse_args()
     if args.cpu:
         run(512, 6, 2, 16, args.sizes, "cpu", torch.float32, math_attn)
+        ulysses(512, 6, 8, 2, 16, args.sizes, "cpu", torch.float32)
         return 0
     if not torch.cuda.is_available():
         print("gpu_sp_check: no CUDA device here; nothing measured (run it on a GPU machine; --cpu checks the "
@@ -175,6 +234,7 @@ def main() -> int:
         return 0
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     run(args.tokens, args.segments, args.heads, args.dim, args.sizes, "cuda", torch.bfloat16, flash_attn)
+    ulysses(args.tokens, args.segments, args.heads, args.kv_heads, args.dim, args.sizes, "cuda", torch.bfloat16)
     return 0
 
 

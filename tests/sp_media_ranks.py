@@ -7,7 +7,8 @@ encoded.
     python tests/sp_media_ranks.py WORLD BUILD CASES.json OUT
 
 CASES.json: ``[{"name": ..., "mode": "ulysses" | "ring" | "hybrid", "size": SP size (default: the world),
-"split": true | false}, ...]``; a case writes ``NAME-dpK.pt`` per data-parallel replica K. The build (one packed
+"split": true | false, "frames": true | false (a video's frame groups as units), "kind": "trainer" (one step of
+PackedTrainer(sequence_parallel=size) instead of the plain step)}, ...]``; a case writes ``NAME-dpK.pt`` per data-parallel replica K. The build (one packed
 row), the model and the one-process reference (:func:`reference`) come from this module.
 """
 
@@ -101,9 +102,48 @@ def reference(family: str, build: Path):
             "media": [(m_["kind"], int(m_["tokens"])) for m_ in batch["media"]]}
 
 
+def trainer(case: dict, family: str, build: Path, out: Path) -> None:
+    """One step of ``PackedTrainer(sequence_parallel=size)`` (DDP over the world, SGD, no clipping): the trainer slices
+    the row, shares the encoders and scales the loss; rank 0 writes the reported loss and every gradient (after DDP's
+    average, before the step)."""
+    import tempfile
+
+    from transformers import TrainerCallback, TrainingArguments
+
+    from packer.loader import PackedTrainer
+    from packer.loader.sp_attention import IMPLEMENTATIONS, register
+
+    register()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    # what torchrun sets and TrainingArguments / Accelerate read (the process group is already up: they take it)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    m = model(family, build, IMPLEMENTATIONS[case["mode"]])
+    grads = {}
+
+    class Grads(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            grads.update({n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None})
+
+    ds = PackedDataset(str(build))
+    with tempfile.TemporaryDirectory() as tmp:
+        args = TrainingArguments(output_dir=tmp, max_steps=1, per_device_train_batch_size=1, learning_rate=0.1,
+                                 optim="sgd", lr_scheduler_type="constant", max_grad_norm=0, logging_steps=1,
+                                 report_to=[], use_cpu=True, seed=0, disable_tqdm=True, save_strategy="no")
+        t = PackedTrainer(model=m, args=args, train_dataset=ds, sequence_parallel=case.get("size", dist.get_world_size()),
+                          callbacks=[Grads()])
+        t.train()
+    if dist.get_rank() == 0:
+        loss = next(h["loss"] for h in t.state.log_history if "loss" in h)
+        torch.save({"loss": loss, "grads": grads, "mode": t.sp.mode, "collator": t.data_collator.attention},
+                   out / f"{case['name']}-dp0.pt")
+
+
 def run_case(case: dict, family: str, build: Path, out: Path) -> None:
     from packer.loader.sp_attention import SequenceParallel
     from packer.loader.sp_media import shared_encoders
+
+    if case.get("kind") == "trainer":
+        return trainer(case, family, build, out)
 
     mode, size = case["mode"], case.get("size", dist.get_world_size())
     sp = SequenceParallel.create(size, mode, kv_heads=2)
@@ -111,7 +151,7 @@ def run_case(case: dict, family: str, build: Path, out: Path) -> None:
     batch = batch_of(build, m, "sdpa" if mode == "ulysses" else "varlen")
     segments = int(batch["seq_idx"].max()) + 1
     local = sp.slice(batch)
-    with shared_encoders(m, sp, batch, local, split=case.get("split", True)) as media:
+    with shared_encoders(m, sp, batch, local, split=case.get("split", True), frames=case.get("frames", True)) as media:
         logits = m(**media.inputs).logits
     total, norm = packed_loss(logits, local, reduce=False)
     dist.all_reduce(norm, group=sp.group)  # the step's sum of weights over the SP group

@@ -1,9 +1,9 @@
 """packer's SP attention trains as one process does: Ulysses, zigzag ring and the 2 x 2 hybrid, on 2 and 4 processes.
 
 A tiny Llama (4 heads, 2 key / value heads, or 1) takes one packed row of six segments through
-``SequenceParallel``: each rank's slice, the model under ``packer_ulysses`` / ``packer_ring`` /
-``packer_hybrid``, the loss over the group's sum of weights; the per-segment loss sums and every
-parameter's gradient (summed over the SP group) equal the one-process packed step (SDPA, the
+``SequenceParallel``: each rank's slice, the model under ``packer_ulysses`` (over a masked batch or a flattened
+``varlen`` one) / ``packer_ring`` / ``packer_hybrid``, the loss over the group's sum of weights; the per-segment loss
+sums and every parameter's gradient (summed over the SP group) equal the one-process packed step (SDPA, the
 packed mask) within 1e-5 relative. Ranks run in ``tests/sp_ranks.py`` (spawned, gloo, CPU, float32);
 one start per world size, each under a timeout. The refusals are checked here and in the ranks.
 """
@@ -38,10 +38,13 @@ CASES = {
         {"name": "ulysses-kv1", "mode": "ulysses", "kv_heads": 1},  # 1 key / value head replicated on 2 ranks
         {"name": "ring-kv1", "mode": "ring", "kv_heads": 1},
         {"name": "ulysses-eager", "mode": "ulysses", "kv_heads": 2, "collator": "eager"},
-        {"name": "ulysses-flex", "mode": "ulysses", "kv_heads": 2, "collator": "flex", "backward": False}],
+        {"name": "ulysses-flex", "mode": "ulysses", "kv_heads": 2, "collator": "flex", "backward": False},
+        {"name": "ulysses-varlen", "mode": "ulysses", "kv_heads": 2, "collator": "varlen"},  # one flattened row
+        {"name": "ulysses-varlen-kv1", "mode": "ulysses", "kv_heads": 1, "collator": "varlen"}],
     4: [{"name": "ulysses", "mode": "ulysses", "kv_heads": 2},  # 2 key / value heads replicated on 4 ranks
         {"name": "ring", "mode": "ring", "kv_heads": 2},
         {"name": "hybrid", "mode": "hybrid", "kv_heads": 2},  # Ulysses over gcd(2, 4) = 2, ring over 2
+        {"name": "ulysses-varlen", "mode": "ulysses", "kv_heads": 2, "collator": "varlen"},
         {"name": "ulysses-kv1", "mode": "ulysses", "kv_heads": 1},
         {"name": "ring-kv1", "mode": "ring", "kv_heads": 1},
         {"name": "dp2-ring2", "mode": "ring", "kv_heads": 2, "size": 2},  # 2 replicas of an SP group of 2
@@ -113,6 +116,7 @@ def test_slices_are_what_each_mode_says(worlds):
     assert tokens[(2, "ulysses")] == 37 and tokens[(4, "ulysses")] == 19
     assert tokens[(2, "ring")] == 44 and tokens[(4, "ring")] == 24
     assert tokens[(4, "hybrid")] == 22
+    assert tokens[(2, "ulysses-varlen")] == 37 and tokens[(4, "ulysses-varlen")] == 19  # one flattened row, the same cut
 
 
 def test_misuse_is_refused_with_the_value_and_the_fix(worlds):

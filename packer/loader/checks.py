@@ -39,7 +39,8 @@ def model_rope(model) -> str:
 
 
 # packer's sequence-parallel attentions (packer.loader.sp_attention) and the collator forms each takes, first the default
-SP_FORMS = {"packer_ulysses": ("sdpa", "eager", "flex"), "packer_ring": ("varlen",), "packer_hybrid": ("varlen",)}
+SP_FORMS = {"packer_ulysses": ("sdpa", "eager", "flex", "varlen"), "packer_ring": ("varlen",),
+            "packer_hybrid": ("varlen",)}
 
 
 def default_attention(model) -> str:

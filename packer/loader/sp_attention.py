@@ -18,7 +18,8 @@ no global state, and a call without it is refused.
 
 - ``ulysses``: all-to-all from sequence shards to head shards (``all_to_all_single``), the
   local kernel over the whole sequence with the batch's own mask (a bool mask: SDPA; an additive
-  one: eager math; a ``BlockMask``: flex), all-to-all back. Key / value heads fewer than the group
+  one: eager math; a ``BlockMask``: flex; a flattened ``varlen`` batch, no mask: a varlen kernel over
+  the padded global ``cu_seqlens``, :func:`varlen_local`), all-to-all back. Key / value heads fewer than the group
   are replicated (each rank's query heads then share one), as DeepSpeed's Ulysses does.
 - ``ring``: :mod:`packer.loader.ring_attention` on a flattened (``varlen``) batch's zigzag slices.
 - ``hybrid`` (ms-swift's layout): Ulysses over ``u = gcd(kv_heads, size)`` consecutive ranks, ring over
@@ -39,12 +40,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from packer.loader.checks import SP_FORMS
 from packer.loader.ring_attention import ring_attention, ring_layout
 from packer.loader.sequence_parallel import shard_for_sequence_parallel
 from packer.shards.schema import IGNORE
 
 IMPLEMENTATIONS = {"ulysses": "packer_ulysses", "ring": "packer_ring", "hybrid": "packer_hybrid"}
-COLLATOR = {"ulysses": ("sdpa", "eager", "flex"), "ring": ("varlen",), "hybrid": ("varlen",)}
+COLLATOR = {mode: SP_FORMS[name] for mode, name in IMPLEMENTATIONS.items()}  # the collator forms each mode takes
 
 
 @dataclass(frozen=True)
@@ -322,21 +324,56 @@ def _replicate(kv: torch.Tensor, n: int) -> torch.Tensor:
     return kv if heads % n == 0 else kv.repeat_interleave(n // heads, dim=1)
 
 
-def _local(query, key, value, mask, scale: float) -> torch.Tensor:
-    """Attention over the whole sequence with the batch's mask: ``[B, H, L, D]`` -> ``[B, H, L, D]``."""
+def _local(query, key, value, mask, scale: float, cu_padded: torch.Tensor) -> torch.Tensor:
+    """Attention over the whole sequence with the batch's mask (none: a flattened ``varlen`` batch, its
+    padded boundaries ``cu_padded``): ``[B, H, L, D]`` -> ``[B, H, L, D]``."""
     group = query.shape[1] // key.shape[1]
-    if mask is not None and not isinstance(mask, torch.Tensor):  # a FlexAttention BlockMask
+    if mask is None:
+        return varlen_local(query, key, value, cu_padded, scale)
+    if not isinstance(mask, torch.Tensor):  # a FlexAttention BlockMask
         from torch.nn.attention.flex_attention import flex_attention
 
         return flex_attention(query, key, value, block_mask=mask, scale=scale, enable_gqa=group > 1)
     key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
-    if mask is None:
-        raise ValueError("Ulysses attention got no attention mask: slice a batch of PackedCollator(attention='sdpa', "
-                         "'eager' or 'flex') with sp.slice and pass sp.model_inputs(local)")
     if mask.dtype == torch.bool:
         return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
     weights = torch.matmul(query, key.transpose(2, 3)) * scale + mask  # eager: the additive mask, as transformers adds it
     return torch.matmul(torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype), value)
+
+
+def varlen_local(query, key, value, cu_padded: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention within each segment of a flattened batch, ``query [1, H, T, D]``, ``key`` / ``value
+    [1, Hkv, T, D]`` (``H`` a multiple of ``Hkv``), segments bounded by ``cu_padded`` (the SP padding is one
+    more segment) -> ``[1, H, T, D]``. The kernel, by what is there: on CUDA in bf16 / fp16, flash-attn's
+    ``flash_attn_varlen_func`` where installed (grouped heads as given), else torch's
+    ``torch.nn.attention.varlen.varlen_attn`` (key / value heads repeated to the query heads); otherwise (CPU,
+    float32) SDPA with the block-diagonal causal mask ``cu_padded`` implies -- exact, and dense: ``T x T``."""
+    if query.shape[0] != 1:
+        raise ValueError(f"Ulysses over a varlen batch takes one flattened row, got {query.shape[0]} rows: build the "
+                         f"collator with PackedCollator(attention='varlen') (or a masked form: 'sdpa', 'eager', 'flex')")
+    total = query.shape[2]
+    if int(cu_padded[-1]) != total:
+        raise ValueError(f"the batch's padded boundaries end at {int(cu_padded[-1])}, but the sequence after the "
+                         f"all-to-all holds {total} tokens: slice the batch with sp.slice and pass sp.model_inputs(local)")
+    group = query.shape[1] // key.shape[1]
+    if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16):
+        cu = cu_padded.to(device=query.device, dtype=torch.int32)
+        longest = int(cu_padded.diff().max())
+        q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))  # [T, H, D]
+        try:
+            from flash_attn import flash_attn_varlen_func
+        except ImportError:
+            from torch.nn.attention.varlen import varlen_attn
+
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            out = varlen_attn(q, k, v, cu, cu, longest, longest, scale=scale, window_size=(-1, 0))
+        else:
+            out = flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, softmax_scale=scale, causal=True)
+        return out.transpose(0, 1)[None]
+    segment = torch.bucketize(torch.arange(total, device=query.device), cu_padded.to(query.device), right=True)
+    mask = (segment[:, None] == segment[None, :]) & torch.ones(total, total, dtype=torch.bool, device=query.device).tril()
+    key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
 
 
 def _step(kwargs: dict[str, Any], mode: str) -> SPStep:
@@ -376,7 +413,7 @@ def _attention(mode: str):
             key, value = _replicate(key, n), _replicate(value, n)
             query, key, value = (_seq_to_heads(x, sp.ulysses_group, n) for x in (query, key, value))
         if mode == "ulysses":
-            out = _local(query, key, value, attention_mask, scale)
+            out = _local(query, key, value, attention_mask, scale, step.cu_padded)
         else:
             ring_length = ring_layout(step.cu_padded, sp.ring_rank, sp.ring_size)[0].numel()
             out = ring_attention(query[:, :, :ring_length], key[:, :, :ring_length], value[:, :, :ring_length],

@@ -2,10 +2,17 @@
 
 Every rank of an SP group holds the same batch and its own slice of the tokens. Without this module every
 rank runs the vision / audio towers on the whole batch and keeps the rows of its own placeholders
-(``local_media_rows``): with SP 4 each image is encoded four times. Here each media item (an image, a
-video, an audio clip) is given to ONE rank, balanced by its encoder cost (largest first, onto the least loaded
-rank; the build's :class:`~packer.cost.CostModel`), encoded there, and one ``all_to_all_single`` per kind (split
+(``local_media_rows``): with SP 4 each image is encoded four times. Here each media unit (an image, a
+video's frame group, an audio clip) is given to ONE rank, balanced by its encoder cost (largest first, onto the least
+loaded rank; the build's :class:`~packer.cost.CostModel`), encoded there, and one ``all_to_all_single`` per kind (split
 sizes: gloo and NCCL have it) sends every rank exactly the rows its pieces take, in its local token order.
+
+A video of grid ``(t, h, w)`` is ``t`` units of grid ``(1, h, w)`` for the towers of :data:`FRAME_GROUP_TOWERS`
+(Qwen2-VL, Qwen2.5-VL, Qwen3-VL, the Qwen2.5-Omni / Qwen3-Omni thinkers): transformers builds their vision
+attention's ``cu_seqlens`` per frame group (``get_vision_cu_seqlens``, ``merge_temporal=False``), their rotary
+positions and interpolated position embeddings from ``(h, w)`` repeated ``t`` times, Qwen2.5-VL's windows within a
+frame group, and the patch merger and DeepStack mergers take four rows of one frame group: the rows of ``t`` separate
+frame groups, concatenated, are the video's rows (tested, to the bit on CPU). Another model's video stays one unit.
 The exchange is its own autograd function: the gradient of a row goes back to the rank that encoded it.
 DeepStack features (Qwen3-VL, Qwen3-Omni) travel beside the rows, in the same exchange.
 
@@ -25,8 +32,9 @@ collectives stay in step), and a rank given no item of a kind runs the tower on 
     with shared_encoders(model, sp, batch, local) as media:       # media.inputs: sp.model_inputs(local) + media
         logits = model(**media.inputs).logits
 
-``split=False`` keeps the replicated encoding (every rank encodes everything, keeps its rows): the reference the
-split equals, and the fallback for a model whose encoder outputs depend on the other items of the batch.
+``frames=False`` keeps each video whole. ``split=False`` keeps the replicated encoding (every rank encodes everything,
+keeps its rows): the reference the split equals, and the fallback for a model whose encoder outputs depend on the
+other items of the batch.
 Supported: models whose forward calls ``get_image_features(pixel_values, image_grid_thw)``,
 ``get_video_features(pixel_values_videos, video_grid_thw)``, ``get_audio_features(input_features,
 feature_attention_mask)`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen2.5-Omni / Qwen3-Omni thinkers) or take one row of
@@ -37,19 +45,25 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from packer.loader.sequence_parallel import local_media_rows
+from packer.modeling.spans import span_runs
 
 # per kind: the model's method and its inputs (the first takes the item's rows: split by the grid's patches where
 # the second is a grid, else one row an item)
 ENCODERS = {"image": ("get_image_features", ("pixel_values", "image_grid_thw")),
             "video": ("get_video_features", ("pixel_values_videos", "video_grid_thw")),
             "audio": ("get_audio_features", ("input_features", "feature_attention_mask"))}
+# models (``config.model_type``) whose vision tower attends within a video's frame group (the module docstring)
+FRAME_GROUP_TOWERS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen2_5_omni", "qwen2_5_omni_thinker",
+                      "qwen3_omni_moe", "qwen3_omni_moe_thinker")
 TEXT_KEYS = ("input_ids", "attention_mask", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
              "max_length_k")
 
@@ -73,15 +87,20 @@ def item_cost(cost, kind: str, tokens: int) -> float:
     return float(terms) if terms > 0 else float(tokens)
 
 
-def loads(spans: Sequence[dict[str, Any]], size: int, cost=None, *, split: bool = True) -> list[float]:
-    """Each rank's encoder cost for ``spans`` (a batch's media): split (each item on one rank, :func:`assign` per
-    kind, as :func:`shared_encoders` runs it) or replicated (every rank every item)."""
+def loads(spans: Sequence[dict[str, Any]], size: int, cost=None, *, split: bool = True,
+          frames: bool = False) -> list[float]:
+    """Each rank's encoder cost for ``spans`` (a batch's media): split (each unit on one rank, :func:`assign` per
+    kind, as :func:`shared_encoders` runs it) or replicated (every rank every unit). ``frames``: a video's units
+    are its frame groups, one per run of its placeholders (Qwen3-VL writes a timestamp between frame groups), each
+    charged as an item of its own tokens; else the whole video is one."""
     from packer.cost import CostModel
 
     cost = cost if cost is not None else CostModel()
     out = [0.0] * size
     for kind in sorted({m["kind"] for m in spans}):
-        costs = [item_cost(cost, kind, int(m.get("tokens", m["length"]))) for m in _ordered(spans, kind)]
+        sizes = [n for m in _ordered(spans, kind) for n in
+                 ([n for _, n in span_runs(m)] if frames and kind == "video" else [int(m.get("tokens", m["length"]))])]
+        costs = [item_cost(cost, kind, n) for n in sizes]
         for j, rank in enumerate(assign(costs, size) if split else []):
             out[rank] += costs[j]
         if not split:
@@ -112,16 +131,6 @@ class _AllToAllV(torch.autograd.Function):
         return out, None, None, None
 
 
-def _rows(value: torch.Tensor, items: list[int], sizes: list[int]) -> torch.Tensor:
-    """The rows of ``items`` of a tensor holding ``sizes[j]`` consecutive rows for item ``j``."""
-    starts = [0]
-    for n in sizes:
-        starts.append(starts[-1] + n)
-    if not items:
-        return value[:0]
-    return torch.cat([value[starts[j] : starts[j + 1]] for j in items])
-
-
 def _cat(t) -> torch.Tensor:
     return torch.cat(list(t)) if isinstance(t, (list, tuple)) else t
 
@@ -136,24 +145,70 @@ def _features(out: Any, kind: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
     return main.reshape(-1, main.shape[-1]), deep
 
 
-class _Kind:
-    """One kind's plan: its items (spans), their owners, the rows every rank needs, and the encoder's stand-in."""
+@dataclass(frozen=True)
+class _Unit:
+    """What one rank encodes in one piece: a whole item, or one frame group of a video."""
 
-    def __init__(self, kind: str, spans: list[dict[str, Any]], pieces: list[list[dict[str, Any]]], owners: list[int]):
-        self.kind, self.spans, self.owners = kind, spans, owners
-        self.tokens = [int(m.get("tokens", m["length"])) for m in spans]
+    item: int  # the span's place in the kind's batch order
+    first: int  # its first feature (row) within the span
+    tokens: int  # its features
+    inputs: tuple[int, int]  # its rows of the kind's input tensor (``pixel_values_videos``, ...)
+    grid: tuple[int, ...] | None  # its encoder grid, ``(1, h, w)`` for a frame group; None: no grid input
+
+
+def _units(kind: str, spans: list[dict[str, Any]], batch: dict[str, Any], frames: bool) -> list[_Unit]:
+    """A kind's units, in batch order: one an item, or ``t`` a video of grid ``(t, h, w)`` under ``frames``."""
+    tokens = [int(m.get("tokens", m["length"])) for m in spans]
+    first, grid = ENCODERS[kind][1]
+    if grid not in batch or kind == "audio":
+        return [_Unit(j, 0, n, (j, j + 1), None) for j, n in enumerate(tokens)]
+    grids = [tuple(int(x) for x in g) for g in batch[grid].tolist()]
+    if len(grids) != len(spans):
+        raise ValueError(f"{grid} holds {len(grids)} grids for {len(spans)} {kind} items: collate the batch with its "
+                         f"media (PackedCollator.for_build) and pass it whole to shared_encoders")
+    out, row = [], 0
+    for j, (n, g) in enumerate(zip(tokens, grids, strict=True)):
+        t, per = g[0], math.prod(g[1:])
+        if frames and kind == "video" and t > 1 and n % t == 0:
+            out.extend(_Unit(j, f * (n // t), n // t, (row + f * per, row + (f + 1) * per), (1, *g[1:])) for f in range(t))
+        else:
+            out.append(_Unit(j, 0, n, (row, row + t * per), g))
+        row += t * per
+    return out
+
+
+class _Kind:
+    """One kind's plan: its items (spans), their units and owners, the rows every rank needs."""
+
+    def __init__(self, kind: str, spans: list[dict[str, Any]], units: list[_Unit], pieces: list[list[dict[str, Any]]],
+                 owners: list[int]):
+        self.kind, self.spans, self.units, self.owners = kind, spans, units, owners
         index = {(m.get("batch", 0), int(m["start"])): j for j, m in enumerate(spans)}
-        # per rank, in its local token order: (item, first feature, rows)
-        self.needs = [[(index[(p.get("batch", 0), int(p["span_start"]))], int(p["offset"]), int(p["length"]))
-                       for p in sorted(rank_pieces, key=lambda p: (p.get("batch", 0), p["start"])) if p["kind"] == kind]
-                      for rank_pieces in pieces]
+        of_item: dict[int, list[int]] = {}
+        for u, unit in enumerate(units):
+            of_item.setdefault(unit.item, []).append(u)
+        # per rank, in its local token order: (unit, first feature within the unit, rows)
+        self.needs = []
+        for rank_pieces in pieces:
+            need = []
+            for p in sorted(rank_pieces, key=lambda p: (p.get("batch", 0), p["start"])):
+                if p["kind"] != kind:
+                    continue
+                lo, hi = int(p["offset"]), int(p["offset"]) + int(p["length"])
+                for u in of_item[index[(p.get("batch", 0), int(p["span_start"]))]]:
+                    a, b = max(lo, units[u].first), min(hi, units[u].first + units[u].tokens)
+                    if a < b:
+                        need.append((u, a - units[u].first, b - a))
+            self.needs.append(need)
 
 
 class SharedEncoders:
     """What :func:`shared_encoders` sets up for one forward; ``calls`` counts the kinds encoded."""
 
-    def __init__(self, model, sp, batch: dict[str, Any], local: dict[str, Any], *, split: bool = True, cost=None):
+    def __init__(self, model, sp, batch: dict[str, Any], local: dict[str, Any], *, split: bool = True, cost=None,
+                 frames: bool = True):
         self.model, self.sp, self.batch, self.local, self.split = model, sp, batch, local, split
+        frames = frames and split and getattr(model.config, "model_type", None) in FRAME_GROUP_TOWERS
         self.cost = cost if cost is not None else _cost_model(model)
         spans = list(batch.get("media", []))
         kinds = sorted({m["kind"] for m in spans})
@@ -166,11 +221,13 @@ class SharedEncoders:
         self.kinds: dict[str, _Kind] = {}
         for kind in kinds:
             ordered = _ordered(spans, kind)
-            owners = assign([item_cost(self.cost, kind, int(m.get("tokens", m["length"]))) for m in ordered], sp.size) \
-                if split else [sp.rank] * len(ordered)
-            self.kinds[kind] = _Kind(kind, ordered, pieces, owners)
+            units = _units(kind, ordered, batch, frames)
+            owners = assign([item_cost(self.cost, kind, u.tokens) for u in units], sp.size) if split \
+                else [sp.rank] * len(units)
+            self.kinds[kind] = _Kind(kind, ordered, units, pieces, owners)
         self.results: dict[str, Any] = {}
-        self.encoded: dict[str, list[int]] = {}  # per kind: the items (in batch order) this rank encoded
+        # per kind: what this rank encoded, (item in batch order, first row, rows) a unit
+        self.encoded: dict[str, list[tuple[int, int, int]]] = {}
         self.inputs = self._inputs()
 
     def _inputs(self) -> dict[str, Any]:
@@ -227,17 +284,17 @@ class SharedEncoders:
         if plan is None:
             raise ValueError(f"the model encodes {kind} but the batch's media hold no {kind} span: collate the batch "
                              f"with its media (PackedCollator.for_build) and pass it to shared_encoders")
-        mine = [j for j, o in enumerate(plan.owners) if o == self.sp.rank]
-        self.encoded[kind] = mine
+        mine = [u for u, o in enumerate(plan.owners) if o == self.sp.rank]
+        self.encoded[kind] = [(plan.units[u].item, plan.units[u].first, plan.units[u].tokens) for u in mine]
         with self._unpatched():  # Qwen3-VL's get_video_features calls its get_image_features
             # a rank given none still runs the tower (FSDP / DDP), on the model's dummy item, and keeps none of its rows
             out = original(**(self._select(kind, mine) if mine else self._dummy(kind)))
         main, deep = _features(out, kind)
         widths = [main.shape[-1], *(d.shape[-1] for d in deep)]
         table = torch.cat([main, *deep], dim=-1) if deep else main
-        if mine and table.shape[0] != sum(plan.tokens[j] for j in mine):
+        if mine and table.shape[0] != sum(plan.units[u].tokens for u in mine):
             raise ValueError(f"{type(self.model).__name__}.{ENCODERS[kind][0]} gave {table.shape[0]} rows for "
-                             f"{len(mine)} {kind} item(s) of {sum(plan.tokens[j] for j in mine)} placeholders: its "
+                             f"{len(mine)} {kind} unit(s) of {sum(plan.units[u].tokens for u in mine)} placeholders: its "
                              f"outputs do not map one row to a placeholder; use shared_encoders(..., split=False)")
         if not mine:
             table = table[:0]
@@ -251,9 +308,9 @@ class SharedEncoders:
         """Every rank's rows from this rank's ``table`` (its items' rows, in item order), and this rank's from all."""
         me, size = self.sp.rank, self.sp.size
         base, at = {}, 0
-        for j in mine:
-            base[j] = at
-            at += plan.tokens[j]
+        for u in mine:
+            base[u] = at
+            at += plan.units[u].tokens
         send, sent = [], []
         for r in range(size):
             idx = [base[j] + off + i for j, off, n in plan.needs[r] if plan.owners[j] == me for i in range(n)]
@@ -272,17 +329,18 @@ class SharedEncoders:
             taken[e] += n
         return got[torch.tensor(order, dtype=torch.long)]
 
-    def _select(self, kind: str, items: list[int]) -> dict[str, Any]:
+    def _select(self, kind: str, units: list[int]) -> dict[str, Any]:
         plan, keys = self.kinds[kind], ENCODERS[kind][1]
         first, grid = keys
         if first not in self.batch:
             raise ValueError(f"the batch holds {kind} spans but no {first}: collate it with the build's processor "
                              f"(PackedCollator.for_build(ds, model=model))")
         value, out = self.batch[first], {}
+        items = [plan.units[u].item for u in units]
         if grid in self.batch and kind in ("image", "video"):
             g = self.batch[grid]
-            out[first] = _rows(value, items, [int(n) for n in g.prod(-1).tolist()])
-            out[grid] = g[items]
+            out[first] = torch.cat([value[slice(*plan.units[u].inputs)] for u in units])
+            out[grid] = torch.tensor([plan.units[u].grid for u in units], dtype=g.dtype, device=g.device)
         else:
             if value.shape[0] != len(plan.spans):
                 raise ValueError(f"{first} holds {value.shape[0]} rows for {len(plan.spans)} {kind} items: shared_encoders "
@@ -330,12 +388,14 @@ def _cost_model(model):
 
 @contextlib.contextmanager
 def shared_encoders(model, sp, batch: dict[str, Any], local: dict[str, Any], *, split: bool = True,
-                    cost=None) -> Iterator[SharedEncoders]:
+                    cost=None, frames: bool = True) -> Iterator[SharedEncoders]:
     """For ONE forward of ``model``: its encoders share the SP group's media (module docstring); yields the
     :class:`SharedEncoders`, whose ``inputs`` are the model's keyword arguments. ``batch``: the unsliced batch
     (the same on every rank of the group); ``local``: ``sp.slice(batch)``; ``cost``: a
-    :class:`~packer.cost.CostModel` (default: ``CostModel.for_model(model.config)``, else token counts)."""
-    state = SharedEncoders(model, sp, batch, local, split=split, cost=cost)
+    :class:`~packer.cost.CostModel` (default: ``CostModel.for_model(model.config)``, else token counts);
+    ``frames``: a video's frame groups are units of their own where the tower attends within one
+    (:data:`FRAME_GROUP_TOWERS`), else (``False``, or another model) a video is one unit."""
+    state = SharedEncoders(model, sp, batch, local, split=split, cost=cost, frames=frames)
     state.patch()
     try:
         yield state
