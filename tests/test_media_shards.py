@@ -149,7 +149,7 @@ def test_media_shards_are_the_same_bytes_with_one_or_two_workers_and_resume(data
     _, embed = builds
     two = make(root, tmp_path / "two", media="embed", workers=2)
     assert [e.sha256 for e in two.files.media_shards] == [e.sha256 for e in embed.files.media_shards]
-    assert [e.sha256 for e in two.files.sample_media] == [e.sha256 for e in embed.files.sample_media]
+    assert two.files.unpacked_media == embed.files.unpacked_media and two.files.sample_media == []
     for e in two.files.media_shards:  # a rerun: every shard and media shard reused, the same bytes
         (tmp_path / "two" / e.file).unlink()
     again = make(root, tmp_path / "two", media="embed", workers=2)
@@ -161,8 +161,7 @@ def test_verify_checks_the_media_shards(data, builds, tmp_path):
     out = tmp_path / "copy"
     shutil.copytree(root / "embed", out)
     problems, checked = verify(out, media="stat", deep=True)
-    assert problems == [] and checked["media"] == sum(e.rows for e in [*Manifest.read(out).files.sample_media,
-                                                                         *Manifest.read(out).files.media_shards])
+    assert problems == [] and checked["media"] == sum(e.rows for e in Manifest.read(out).files.blob_store)
     manifest = Manifest.read(out)
     first = manifest.files.media_shards[0]
     table = read(out / first.file)
@@ -299,5 +298,5 @@ def test_the_ray_engine_writes_the_local_engines_media_shards(data, builds, tmp_
     finally:
         ray.shutdown()
     for mine, local in ((on_ray.files.media_shards, embed.files.media_shards),
-                        (on_ray.files.sample_media, embed.files.sample_media)):
-        assert [(e.file, e.sha256) for e in mine] == [(e.file, e.sha256) for e in local]
+                        ([on_ray.files.unpacked_media], [embed.files.unpacked_media])):
+        assert [e and (e.file, e.sha256) for e in mine] == [e and (e.file, e.sha256) for e in local]
