@@ -300,3 +300,107 @@ def test_the_ray_engine_writes_the_local_engines_media_shards(data, builds, tmp_
     for mine, local in ((on_ray.files.media_shards, embed.files.media_shards),
                         ([on_ray.files.unpacked_media], [embed.files.unpacked_media])):
         assert [e and (e.file, e.sha256) for e in mine] == [e and (e.file, e.sha256) for e in local]
+
+
+def _blob_names(out, entries) -> list[list[str]]:
+    return [read(out / e.file).column("name").to_pylist() for e in entries]
+
+
+def _sample_blobs(out) -> set[str]:
+    manifest = Manifest.read(out)
+    return {m["ref"] for e in manifest.files.samples for spans in read(out / e.file).column("media").to_pylist()
+            for m in spans if blobs.is_blob(m["ref"])}
+
+
+def test_the_build_folder_holds_each_blob_once(data, tmp_path):
+    """Stage 1's media shards are gone once the build is finished; the blobs of samples no packed row uses (dropped
+    over a media cap here) are in the leftover shard, once, and in no packed media shard; a repack that packs them
+    reads them there, and gives a fresh build's pixels."""
+    root, processor = data
+    picks = [[0], [1, 2], [3], [2, 1], [0, 3], [3]]  # images 1 and 2: only in the samples max_images=1 drops
+    shutil.copytree(root / "img", tmp_path / "img")
+    lines = []
+    for k, pick in enumerate(picks):
+        content = [{"type": "image", "image": f"img/{IMAGES[i]}"} for i in pick] + [{"type": "text", "text": f"Say {k}."}]
+        lines.append(json.dumps({"id": f"o{k}", "messages": [{"role": "user", "content": content},
+                                                              {"role": "assistant", "content": f"{k}, then."}]}))
+    (tmp_path / "once.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "once"
+    m = make(root, out, tmp_path / "once.jsonl", media="embed", max_images=1, shard_rows=2, max_bad_fraction=1.0)
+    assert m.accounting.dropped_by_reason == {"over_media_cap": 3}
+    assert m.files.sample_media == [] and not list((out / "samples").glob("media-part-*"))
+    assert {f.name for f in (out / "samples").iterdir() if f.name.startswith("media-")} == {"media-unpacked.arrow"}
+    packed = _blob_names(out, m.files.media_shards)
+    [leftover] = _blob_names(out, [m.files.unpacked_media])
+    own = {blobs.name((root / "img" / IMAGES[i]).read_bytes()) for i in (1, 2)}
+    assert sorted(leftover) == sorted(own)  # each once, and none a packed row uses
+    assert all(len(names) == len(set(names)) for names in packed) and not own & {n for ns in packed for n in ns}
+    assert {n for ns in packed for n in ns} | set(leftover) == _sample_blobs(out)
+    assert verify(out, media="stat", deep=True)[0] == []
+
+    from packer.pipeline.repack import repack
+
+    shutil.move(tmp_path / "img", tmp_path / "gone")  # the sources are gone while repack runs
+    again = repack(out, output=str(tmp_path / "all"), max_images=3, progress=False)  # the dropped samples packed
+    assert again.accounting.samples_packed == len(picks) and again.files.unpacked_media is None
+    assert verify(tmp_path / "all", media="stat", deep=True)[0] == []
+    shutil.move(tmp_path / "gone", tmp_path / "img")
+    fresh = make(root, tmp_path / "fresh", tmp_path / "once.jsonl", media="embed", max_images=3, shard_rows=2)
+    assert [e.sha256 for e in again.files.packed] == [e.sha256 for e in fresh.files.packed]
+    assert [e.sha256 for e in again.files.media_shards] == [e.sha256 for e in fresh.files.media_shards]
+    got, want = pixels(tmp_path / "all", processor), pixels(tmp_path / "fresh", processor)
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+
+
+def _colors(folder, n: int) -> list[str]:
+    from PIL import Image
+
+    folder.mkdir()
+    paths = []
+    for k in range(n):
+        path = folder / f"c{k}.png"
+        Image.new("RGB", (96 + 16 * k, 64), (20 * k, 255 - 20 * k, 7 * k)).save(path)
+        paths.append(str(path))
+    return paths
+
+
+def test_a_weighted_sources_skipped_samples_blobs_survive_into_a_repack_with_another_seed(data, tmp_path):
+    """A weight=0.5 source keeps about half its records, chosen with the seed; the others' blobs go to the leftover
+    shard, so a repack with another seed (other records chosen) packs them from there, the sources gone, to a fresh
+    build's rows and pixels."""
+    root, processor = data
+    images = _colors(tmp_path / "colors", 8)
+    (tmp_path / "half.jsonl").write_text("".join(json.dumps({"id": f"h{k}", "messages": [
+        {"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": f"Color {k}?"}]},
+        {"role": "assistant", "content": f"Color {k}."}]}) + "\n" for k, image in enumerate(images)))
+
+    def build_(out, seed):
+        return build(resolve(None, input=[str(root / "records.jsonl"), f"{tmp_path / 'half.jsonl'}#weight=0.5"],
+                             output=str(out), family="qwen3vl", processor=str(root / "checkpoint"), max_length=256,
+                             chunk_records=4, shard_rows=3, order="planner", media="embed", seed=seed), progress=False)
+
+    def keys(out) -> set[str]:
+        ds = PackedDataset(out)
+        return {k for i in range(len(ds)) for k in ds[i]["segment_ids"]} if len(ds) else set()
+
+    first = build_(tmp_path / "s0", 0)
+    assert first.files.unpacked_media is not None and first.files.unpacked_media.rows >= 1
+    want = build_(tmp_path / "s1", 1)
+    shutil.move(tmp_path / "colors", tmp_path / "gone")  # the sources are gone while repack runs
+    shutil.move(root / "img", tmp_path / "img")
+    try:
+        from packer.pipeline.repack import repack
+
+        got = repack(tmp_path / "s0", output=str(tmp_path / "r1"), seed=1, progress=False)
+        assert verify(tmp_path / "r1", media="stat", deep=True)[0] == []
+        assert [e.sha256 for e in got.files.packed] == [e.sha256 for e in want.files.packed]
+        assert [e.sha256 for e in got.files.media_shards] == [e.sha256 for e in want.files.media_shards]
+        assert got.files.unpacked_media == want.files.unpacked_media
+        new = keys(tmp_path / "r1") - keys(tmp_path / "s0")
+        assert new  # samples the first build skipped, packed by the repack from the leftover shard
+        pixels_got, pixels_want = pixels(tmp_path / "r1", processor), pixels(tmp_path / "s1", processor)
+    finally:
+        shutil.move(tmp_path / "img", root / "img")
+    for key in pixels_want:
+        assert torch.equal(pixels_got[key], pixels_want[key]), key
