@@ -21,11 +21,10 @@ from packer.pipeline.encoded import Encoded
 from packer.progress import Stage
 from packer.shards.io import read_shards, write_shard
 from packer.shards.manifest import Files, Manifest
-from packer.shards.media_index import BlobIndex
 from packer.shards.schema import SAMPLE_SCHEMA, ShardEntry
 from packer.stages import materialize
 from packer.stages.manifest import accounting
-from packer.stages.media_shards import blob_entries, write_unpacked
+from packer.stages.media_shards import blob_entries, unpacked_setup, unpacked_task
 from packer.stages.planning import (
     CAP_FIELDS,
     SampleRows,
@@ -86,8 +85,10 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
 
     unpacked = None
     if embed:  # the blobs of samples in no packed row, kept once for a repack (stage 1's shards go below)
-        store = BlobIndex(*blob_store) if blob_store is not None else BlobIndex(out, encoded.blob_shards)
-        unpacked = write_unpacked(out, store, media_shards)
+        root, store = blob_store if blob_store is not None else (out, encoded.blob_shards)
+        args = (str(out), str(root), list(store), media_shards)
+        [unpacked] = engine.map(unpacked_task, [0], unpacked_setup, args,
+                                in_process_state=unpacked_setup(*args) if engine.in_process else None)
 
     by_file = {k: dataclasses.replace(v) for k, v in encoded.by_file.items()}
     _count_outcomes(by_file, encoded.inputs, samples, p, m)

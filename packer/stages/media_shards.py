@@ -128,32 +128,42 @@ def blob_entries(sample_shards: list[ShardEntry], blob_shards: list[ShardEntry])
 
 def write_unpacked(out: Path, store: BlobIndex, packed: list[ShardEntry]) -> ShardEntry | None:
     """``samples/media-unpacked.arrow``: every blob of ``store`` (the blobs the samples name: the stage-1 media shards
-    of a build, the source's media shards of a repack) that none of the ``packed`` media shards holds, once each, in
-    ``store``'s order; None, and no file, when there is none. Only the name columns are indexed; the bytes are copied
-    a bounded batch at a time."""
+    of a build, the source's media shards of a repack) that none of the ``packed`` media shards holds, once each,
+    sorted by name (so a repack's is a fresh build's); None, and no file, when there is none. Only the name columns
+    are indexed; the bytes are copied a bounded batch at a time."""
     target = out / UNPACKED_MEDIA
     held = BlobIndex(out, packed)
-    seen: set[bytes] = set()  # the leftover blobs only (samples in no packed row: few)
+    left: dict[bytes, tuple[int, int]] = {}  # the leftover blobs only (samples in no packed row: few)
+    for k in range(len(store.entries)):
+        keys = blob_keys(store.table(k).column("name"))
+        for row in np.flatnonzero(~held.contains(keys)):
+            left.setdefault(keys[row], (k, int(row)))
 
     def batches():
         names, data, size = [], [], 0
-        for k in range(len(store.entries)):
-            table = store.table(k)
-            keys = blob_keys(table.column("name"))
-            for row in np.flatnonzero(~held.contains(keys)):
-                if keys[row] in seen:
-                    continue
-                seen.add(keys[row])
-                names.append(table.column("name")[row].as_py())
-                data.append(table.column("data")[row].as_py())
-                size += len(data[-1])
-                if size >= BATCH_BYTES:
-                    yield blob_table(names, data)
-                    names, data, size = [], [], 0
+        for key in sorted(left):
+            k, row = left[key]
+            names.append(store.table(k).column("name")[row].as_py())
+            data.append(store.table(k).column("data")[row].as_py())
+            size += len(data[-1])
+            if size >= BATCH_BYTES:
+                yield blob_table(names, data)
+                names, data, size = [], [], 0
         yield blob_table(names, data)
 
-    entry = write_shard_batches(target, MEDIA_BLOB_SCHEMA, batches(), out)
-    if entry.rows:
-        return entry
-    target.unlink(missing_ok=True)
-    return None
+    if not left:
+        target.unlink(missing_ok=True)
+        return None
+    return write_shard_batches(target, MEDIA_BLOB_SCHEMA, batches(), out)
+
+
+def unpacked_setup(out: str, store_root: str, store: list[ShardEntry], packed: list[ShardEntry]):
+    """The state of :func:`unpacked_task`: run on a worker (a Ray driver reads no blob)."""
+    from packer.io.fs import location
+
+    return location(out), BlobIndex(store_root, store), packed
+
+
+def unpacked_task(state, _task) -> ShardEntry | None:
+    out, store, packed = state
+    return write_unpacked(out, store, packed)
