@@ -22,7 +22,7 @@ from packer.build import build  # noqa: E402
 from packer.config import resolve  # noqa: E402
 from packer.errors import ConfigError  # noqa: E402
 from packer.io import blobs  # noqa: E402
-from packer.loader import PackedCollator, PackedDataset  # noqa: E402
+from packer.loader import PackedCollator, PackedDataset, SampleDataset  # noqa: E402
 from packer.shards.manifest import Manifest  # noqa: E402
 from packer.verify import verify  # noqa: E402
 
@@ -69,6 +69,13 @@ def pixels(out, processor) -> dict[str, torch.Tensor]:
     ds = PackedDataset(out)
     batch = PackedCollator(family=ds.family, processor=processor)([ds[i] for i in range(len(ds))])
     return {k: batch[k] for k in ("input_ids", "labels", "position_ids", "pixel_values", "image_grid_thw")}
+
+
+def sample_pixels(out, processor) -> dict[str, torch.Tensor]:
+    """Every stage-1 sample (dropped ones too) collated: ``SampleDataset`` finds an embedded build's blobs by name."""
+    ds = SampleDataset(out)
+    batch = PackedCollator(family=ds.family, processor=processor)([ds[i] for i in range(len(ds))])
+    return {k: batch[k] for k in ("input_ids", "labels", "pixel_values", "image_grid_thw")}
 
 
 def rows(out) -> list[dict]:
@@ -337,10 +344,18 @@ def test_the_build_folder_holds_each_blob_once(data, tmp_path):
     assert all(len(names) == len(set(names)) for names in packed) and not own & {n for ns in packed for n in ns}
     assert {n for ns in packed for n in ns} | set(leftover) == _sample_blobs(out)
     assert verify(out, media="stat", deep=True)[0] == []
+    _check_leftover_verified(out, tmp_path / "edited")
 
     from packer.pipeline.repack import repack
 
+    ref = make(root, tmp_path / "ref", tmp_path / "once.jsonl", media="ref", max_images=1, shard_rows=2,
+               max_bad_fraction=1.0)
+    want_samples = sample_pixels(tmp_path / "ref", processor)
     shutil.move(tmp_path / "img", tmp_path / "gone")  # the sources are gone while repack runs
+    got_samples = sample_pixels(out, processor)  # every sample, the dropped ones' blobs from the leftover shard
+    for key in want_samples:
+        assert torch.equal(got_samples[key], want_samples[key]), key
+    assert ref.accounting.dropped_by_reason == m.accounting.dropped_by_reason
     again = repack(out, output=str(tmp_path / "all"), max_images=3, progress=False)  # the dropped samples packed
     assert again.accounting.samples_packed == len(picks) and again.files.unpacked_media is None
     assert verify(tmp_path / "all", media="stat", deep=True)[0] == []
@@ -351,6 +366,24 @@ def test_the_build_folder_holds_each_blob_once(data, tmp_path):
     got, want = pixels(tmp_path / "all", processor), pixels(tmp_path / "fresh", processor)
     for key in want:
         assert torch.equal(got[key], want[key]), key
+
+
+def _check_leftover_verified(out, copy) -> None:
+    """verify --media names a sample's blob the leftover shard lost; --deep a blob it holds that media/ holds too."""
+    from packer.shards.io import write_shard
+
+    shutil.copytree(out, copy)
+    manifest = Manifest.read(copy)
+    leftover = read(copy / manifest.files.unpacked_media.file)
+    packed = read(copy / manifest.files.media_shards[0].file)
+    for table, problem, deep in ((leftover.slice(1), "name 1 blob(s) no media shard holds", False),
+                                 (pa.concat_tables([leftover, packed.slice(0, 1)]), "a packed shard's media shard holds too",
+                                  True)):
+        manifest.files.unpacked_media = write_shard(copy / manifest.files.unpacked_media.file, table, copy)
+        manifest.write(copy)
+        problems = verify(copy, media="stat", deep=deep)[0]
+        assert problems and all(problem in p.message for p in problems), problems
+    shutil.rmtree(copy)
 
 
 def _colors(folder, n: int) -> list[str]:
