@@ -10,7 +10,9 @@ Each is built for Qwen3-VL (``pipelines/qwen3vl.toml``'s sample processor) with 
 core, from its progress line, and the ratio of the two (the goal: the parquet build within 1.1x of the JSONL one).
 The least time over ``--repeats`` is kept. The parquet build also writes every image into its media shards, which
 the JSONL build does not; the sizes printed are the input media's bytes and each build folder's, with its media shards
-(``media/``, what training reads) and stage 1's (``samples/media-part-*``, what ``packer repack`` reads) apart.
+(``media/``, what training reads) and its leftover shard (``samples/media-unpacked.arrow``: the blobs no packed row
+uses, which ``packer repack`` reads with ``media/``) apart. A finished build holds each image once (stage 1's media
+shards, ``samples/media-part-*``, are gone), so the media total is about 1x the input's PNG bytes.
 """
 
 from __future__ import annotations
@@ -93,11 +95,11 @@ def main() -> None:
                 stage1 = stage1_seconds(err)
                 if best is None or stage1 < best[0]:
                     best = (stage1, cpu, rss, folder_bytes(out), folder_bytes(out / "media"),
-                            folder_bytes(out / "samples", "media-part-*"))
+                            folder_bytes(out / "samples", "media-*"))
             seconds[name] = best[0]
             print(f"  {name:18s} stage 1 {best[0]:6.2f} s = {args.records / best[0]:8,.0f} records/s/core; build CPU "
                   f"{best[1]:6.2f} s, peak RSS {best[2]:5.0f} MiB, build folder {best[3] / 2**20:7.1f} MiB (media shards "
-                  f"{best[4] / 2**20:.1f} MiB, stage-1 media shards {best[5] / 2**20:.1f} MiB: "
+                  f"{best[4] / 2**20:.1f} MiB, leftover media shard {best[5] / 2**20:.1f} MiB: "
                   f"{(best[4] + best[5]) / media:.2f}x the input's PNG bytes)")
         ratio = seconds["parquet, embedded"] / seconds["jsonl + files"]
         print(f"  parquet / JSONL stage-1 time: {ratio:.2f}x")

@@ -139,6 +139,7 @@ def test_tables_and_tars_on_ray_write_the_local_engines_bytes(tmp_path):
             if engine == "ray":
                 ray.shutdown()
     files = {engine: m.files for engine, m in manifests.items()}
-    for kind in ("samples", "packed", "sample_media", "media_shards"):
+    for kind in ("samples", "packed", "media_shards"):
         local, on_ray = getattr(files["local"], kind), getattr(files["ray"], kind)
         assert local and [(e.file, e.sha256) for e in on_ray] == [(e.file, e.sha256) for e in local], kind
+    assert files["ray"].unpacked_media == files["local"].unpacked_media and not files["ray"].sample_media

@@ -22,7 +22,7 @@ from packer.build import build  # noqa: E402
 from packer.config import resolve  # noqa: E402
 from packer.errors import ConfigError  # noqa: E402
 from packer.io import blobs  # noqa: E402
-from packer.loader import PackedCollator, PackedDataset  # noqa: E402
+from packer.loader import PackedCollator, PackedDataset, SampleDataset  # noqa: E402
 from packer.shards.manifest import Manifest  # noqa: E402
 from packer.verify import verify  # noqa: E402
 
@@ -69,6 +69,13 @@ def pixels(out, processor) -> dict[str, torch.Tensor]:
     ds = PackedDataset(out)
     batch = PackedCollator(family=ds.family, processor=processor)([ds[i] for i in range(len(ds))])
     return {k: batch[k] for k in ("input_ids", "labels", "position_ids", "pixel_values", "image_grid_thw")}
+
+
+def sample_pixels(out, processor) -> dict[str, torch.Tensor]:
+    """Every stage-1 sample (dropped ones too) collated: ``SampleDataset`` finds an embedded build's blobs by name."""
+    ds = SampleDataset(out)
+    batch = PackedCollator(family=ds.family, processor=processor)([ds[i] for i in range(len(ds))])
+    return {k: batch[k] for k in ("input_ids", "labels", "pixel_values", "image_grid_thw")}
 
 
 def rows(out) -> list[dict]:
@@ -149,7 +156,7 @@ def test_media_shards_are_the_same_bytes_with_one_or_two_workers_and_resume(data
     _, embed = builds
     two = make(root, tmp_path / "two", media="embed", workers=2)
     assert [e.sha256 for e in two.files.media_shards] == [e.sha256 for e in embed.files.media_shards]
-    assert [e.sha256 for e in two.files.sample_media] == [e.sha256 for e in embed.files.sample_media]
+    assert two.files.unpacked_media == embed.files.unpacked_media and two.files.sample_media == []
     for e in two.files.media_shards:  # a rerun: every shard and media shard reused, the same bytes
         (tmp_path / "two" / e.file).unlink()
     again = make(root, tmp_path / "two", media="embed", workers=2)
@@ -161,8 +168,7 @@ def test_verify_checks_the_media_shards(data, builds, tmp_path):
     out = tmp_path / "copy"
     shutil.copytree(root / "embed", out)
     problems, checked = verify(out, media="stat", deep=True)
-    assert problems == [] and checked["media"] == sum(e.rows for e in [*Manifest.read(out).files.sample_media,
-                                                                         *Manifest.read(out).files.media_shards])
+    assert problems == [] and checked["media"] == sum(e.rows for e in Manifest.read(out).files.blob_store)
     manifest = Manifest.read(out)
     first = manifest.files.media_shards[0]
     table = read(out / first.file)
@@ -299,5 +305,135 @@ def test_the_ray_engine_writes_the_local_engines_media_shards(data, builds, tmp_
     finally:
         ray.shutdown()
     for mine, local in ((on_ray.files.media_shards, embed.files.media_shards),
-                        (on_ray.files.sample_media, embed.files.sample_media)):
-        assert [(e.file, e.sha256) for e in mine] == [(e.file, e.sha256) for e in local]
+                        ([on_ray.files.unpacked_media], [embed.files.unpacked_media])):
+        assert [e and (e.file, e.sha256) for e in mine] == [e and (e.file, e.sha256) for e in local]
+
+
+def _blob_names(out, entries) -> list[list[str]]:
+    return [read(out / e.file).column("name").to_pylist() for e in entries]
+
+
+def _sample_blobs(out) -> set[str]:
+    manifest = Manifest.read(out)
+    return {m["ref"] for e in manifest.files.samples for spans in read(out / e.file).column("media").to_pylist()
+            for m in spans if blobs.is_blob(m["ref"])}
+
+
+def test_the_build_folder_holds_each_blob_once(data, tmp_path):
+    """Stage 1's media shards are gone once the build is finished; the blobs of samples no packed row uses (dropped
+    over a media cap here) are in the leftover shard, once, and in no packed media shard; a repack that packs them
+    reads them there, and gives a fresh build's pixels."""
+    root, processor = data
+    picks = [[0], [1, 2], [3], [2, 1], [0, 3], [3]]  # images 1 and 2: only in the samples max_images=1 drops
+    shutil.copytree(root / "img", tmp_path / "img")
+    lines = []
+    for k, pick in enumerate(picks):
+        content = [{"type": "image", "image": f"img/{IMAGES[i]}"} for i in pick] + [{"type": "text", "text": f"Say {k}."}]
+        lines.append(json.dumps({"id": f"o{k}", "messages": [{"role": "user", "content": content},
+                                                              {"role": "assistant", "content": f"{k}, then."}]}))
+    (tmp_path / "once.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "once"
+    m = make(root, out, tmp_path / "once.jsonl", media="embed", max_images=1, shard_rows=2, max_bad_fraction=1.0)
+    assert m.accounting.dropped_by_reason == {"over_media_cap": 3}
+    assert m.files.sample_media == [] and not list((out / "samples").glob("media-part-*"))
+    assert {f.name for f in (out / "samples").iterdir() if f.name.startswith("media-")} == {"media-unpacked.arrow"}
+    packed = _blob_names(out, m.files.media_shards)
+    [leftover] = _blob_names(out, [m.files.unpacked_media])
+    own = {blobs.name((root / "img" / IMAGES[i]).read_bytes()) for i in (1, 2)}
+    assert sorted(leftover) == sorted(own)  # each once, and none a packed row uses
+    assert all(len(names) == len(set(names)) for names in packed) and not own & {n for ns in packed for n in ns}
+    assert {n for ns in packed for n in ns} | set(leftover) == _sample_blobs(out)
+    assert verify(out, media="stat", deep=True)[0] == []
+    _check_leftover_verified(out, tmp_path / "edited")
+
+    from packer.pipeline.repack import repack
+
+    ref = make(root, tmp_path / "ref", tmp_path / "once.jsonl", media="ref", max_images=1, shard_rows=2,
+               max_bad_fraction=1.0)
+    want_samples = sample_pixels(tmp_path / "ref", processor)
+    shutil.move(tmp_path / "img", tmp_path / "gone")  # the sources are gone while repack runs
+    got_samples = sample_pixels(out, processor)  # every sample, the dropped ones' blobs from the leftover shard
+    for key in want_samples:
+        assert torch.equal(got_samples[key], want_samples[key]), key
+    assert ref.accounting.dropped_by_reason == m.accounting.dropped_by_reason
+    again = repack(out, output=str(tmp_path / "all"), max_images=3, progress=False)  # the dropped samples packed
+    assert again.accounting.samples_packed == len(picks) and again.files.unpacked_media is None
+    assert verify(tmp_path / "all", media="stat", deep=True)[0] == []
+    shutil.move(tmp_path / "gone", tmp_path / "img")
+    fresh = make(root, tmp_path / "fresh", tmp_path / "once.jsonl", media="embed", max_images=3, shard_rows=2)
+    assert [e.sha256 for e in again.files.packed] == [e.sha256 for e in fresh.files.packed]
+    assert [e.sha256 for e in again.files.media_shards] == [e.sha256 for e in fresh.files.media_shards]
+    got, want = pixels(tmp_path / "all", processor), pixels(tmp_path / "fresh", processor)
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+
+
+def _check_leftover_verified(out, copy) -> None:
+    """verify --media names a sample's blob the leftover shard lost; --deep a blob it holds that media/ holds too."""
+    from packer.shards.io import write_shard
+
+    shutil.copytree(out, copy)
+    manifest = Manifest.read(copy)
+    leftover = read(copy / manifest.files.unpacked_media.file)
+    packed = read(copy / manifest.files.media_shards[0].file)
+    for table, problem, deep in ((leftover.slice(1), "name 1 blob(s) no media shard holds", False),
+                                 (pa.concat_tables([leftover, packed.slice(0, 1)]), "a packed shard's media shard holds too",
+                                  True)):
+        manifest.files.unpacked_media = write_shard(copy / manifest.files.unpacked_media.file, table, copy)
+        manifest.write(copy)
+        problems = verify(copy, media="stat", deep=deep)[0]
+        assert problems and all(problem in p.message for p in problems), problems
+    shutil.rmtree(copy)
+
+
+def _colors(folder, n: int) -> list[str]:
+    from PIL import Image
+
+    folder.mkdir()
+    paths = []
+    for k in range(n):
+        path = folder / f"c{k}.png"
+        Image.new("RGB", (96 + 16 * k, 64), (20 * k, 255 - 20 * k, 7 * k)).save(path)
+        paths.append(str(path))
+    return paths
+
+
+def test_a_weighted_sources_skipped_samples_blobs_survive_into_a_repack_with_another_seed(data, tmp_path):
+    """A weight=0.5 source keeps about half its records, chosen with the seed; the others' blobs go to the leftover
+    shard, so a repack with another seed (other records chosen) packs them from there, the sources gone, to a fresh
+    build's rows and pixels."""
+    root, processor = data
+    images = _colors(tmp_path / "colors", 8)
+    (tmp_path / "half.jsonl").write_text("".join(json.dumps({"id": f"h{k}", "messages": [
+        {"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": f"Color {k}?"}]},
+        {"role": "assistant", "content": f"Color {k}."}]}) + "\n" for k, image in enumerate(images)))
+
+    def build_(out, seed):
+        return build(resolve(None, input=[str(root / "records.jsonl"), f"{tmp_path / 'half.jsonl'}#weight=0.5"],
+                             output=str(out), family="qwen3vl", processor=str(root / "checkpoint"), max_length=256,
+                             chunk_records=4, shard_rows=3, order="planner", media="embed", seed=seed), progress=False)
+
+    def keys(out) -> set[str]:
+        ds = PackedDataset(out)
+        return {k for i in range(len(ds)) for k in ds[i]["segment_ids"]} if len(ds) else set()
+
+    first = build_(tmp_path / "s0", 0)
+    assert first.files.unpacked_media is not None and first.files.unpacked_media.rows >= 1
+    want = build_(tmp_path / "s1", 1)
+    shutil.move(tmp_path / "colors", tmp_path / "gone")  # the sources are gone while repack runs
+    shutil.move(root / "img", tmp_path / "img")
+    try:
+        from packer.pipeline.repack import repack
+
+        got = repack(tmp_path / "s0", output=str(tmp_path / "r1"), seed=1, progress=False)
+        assert verify(tmp_path / "r1", media="stat", deep=True)[0] == []
+        assert [e.sha256 for e in got.files.packed] == [e.sha256 for e in want.files.packed]
+        assert [e.sha256 for e in got.files.media_shards] == [e.sha256 for e in want.files.media_shards]
+        assert got.files.unpacked_media == want.files.unpacked_media
+        new = keys(tmp_path / "r1") - keys(tmp_path / "s0")
+        assert new  # samples the first build skipped, packed by the repack from the leftover shard
+        pixels_got, pixels_want = pixels(tmp_path / "r1", processor), pixels(tmp_path / "s1", processor)
+    finally:
+        shutil.move(tmp_path / "img", root / "img")
+    for key in pixels_want:
+        assert torch.equal(pixels_got[key], pixels_want[key]), key

@@ -68,9 +68,17 @@ def test_a_worker_holds_one_group_of_media_and_builds_what_an_unbounded_one_does
     one = len(png(0))
     monkeypatch.setattr(encode, "GROUP_BLOB_BYTES", 4 * one)
     monkeypatch.setattr(blobs.Store, "put", watched)
+    stage1: list[list[str]] = []  # the task's media shard as written (deleted once the build holds each blob once)
+    write = encode.write_task_blobs
+
+    def kept(target, tables, root):
+        entry = write(target, tables, root)
+        stage1.append(pa.ipc.open_stream(pa.memory_map(str(target))).read_all().column("name").to_pylist())
+        return entry
+
+    monkeypatch.setattr(encode, "write_task_blobs", kept)
     grouped = run(shard, tmp_path / "grouped")
     assert len(held) == SAMPLES and max(held) <= 5 * one + 4096  # a group closes once it holds 4 images' bytes
     assert [e.sha256 for e in grouped.files.packed] == [e.sha256 for e in whole.files.packed]
-    [media] = grouped.files.sample_media
-    names = pa.ipc.open_stream(pa.memory_map(str(tmp_path / "grouped" / media.file))).read_all().column("name").to_pylist()
+    [names] = stage1
     assert len(names) == len(set(names)) == 30  # 40 samples, 30 distinct images: each once, across the groups

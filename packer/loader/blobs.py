@@ -1,6 +1,7 @@
 """An embedded build's media at train time: a span's ``ref`` ``sha256:<hex>`` read from the media shard beside its
-row's shard (``media/part-K.arrow`` for ``packed/part-K.arrow``; ``samples/media-part-K.arrow`` for a stage-1
-shard), format in docs/format.md.
+row's shard (``media/part-K.arrow`` for ``packed/part-K.arrow``), format in docs/format.md. A stage-1 shard's samples
+(:class:`packer.loader.SampleDataset`) have no media shard of their own: their blobs are found by name in the build's
+media shards and its leftover shard (:class:`packer.shards.media_index.BlobIndex`, built when first needed).
 
 :class:`MediaShards` is attached to this process's blob store (:data:`packer.io.blobs.STORE`), so the collator, the
 family hooks and every decoder open a blob name as they open a file. When a row is read, its blobs are located in
@@ -17,7 +18,7 @@ import pyarrow as pa
 
 from packer.io import blobs
 from packer.shards.io import read_shard
-from packer.shards.media_index import media_shard_of, span_refs
+from packer.shards.media_index import BlobIndex, media_shard_of, span_refs
 from packer.shards.schema import ShardEntry
 
 HELD = 65536  # blob views kept for the collator (a batch's media; views of the mapped file, no copies)
@@ -28,22 +29,25 @@ class MediaShardError(FileNotFoundError):
 
 
 class MediaShards:
-    """The media shards paired with a dataset's shards (``entries[k]``: shard ``k``'s, or None)."""
+    """The media shards paired with a dataset's shards (``entries[k]``: shard ``k``'s, or None), and every media shard of
+    the build (``listed``) for a blob looked up by name."""
 
-    def __init__(self, out: Path, entries: list[ShardEntry | None]):
+    def __init__(self, out: Path, entries: list[ShardEntry | None], listed: list[ShardEntry] | None = None):
         self.out, self.entries = out, entries
+        self.index = BlobIndex(out, listed if listed is not None else [e for e in entries if e is not None])
         self._open: dict[int, tuple[pa.Table, dict[str, int]]] = {}
         self._held: OrderedDict[str, pa.Buffer] = OrderedDict()
 
     @classmethod
     def of(cls, out: Path, shards: list[ShardEntry], listed: list[ShardEntry]) -> MediaShards | None:
-        """The media shards of ``shards`` among ``listed`` (a manifest's), paired by name; None when none has one."""
+        """The media shards of ``shards`` among ``listed`` (a manifest's), paired by name; None when the build has
+        none."""
         by_file = {e.file: e for e in listed}
         entries = [by_file.get(media_shard_of(e.file)) for e in shards]
-        return cls(out, entries) if any(e is not None for e in entries) else None
+        return cls(out, entries, listed) if listed else None
 
     def __getstate__(self) -> dict:
-        return {"out": self.out, "entries": self.entries, "_open": {}, "_held": OrderedDict()}
+        return {"out": self.out, "entries": self.entries, "index": self.index, "_open": {}, "_held": OrderedDict()}
 
     def _shard(self, k: int) -> tuple[pa.Table, dict[str, int]]:
         if k not in self._open:
@@ -61,6 +65,14 @@ class MediaShards:
         if not names:
             return
         blobs.STORE.attach(self)
+        if self.entries[k] is None:  # a sample shard's: each blob by name
+            for name in names:
+                held = self.index.buffer(name)
+                if held is None:
+                    raise MediaShardError(f"no media shard of {self.out} holds {name}, which a row of shard {k} names: "
+                                          f"the build is damaged (packer verify --media names every such blob); rebuild")
+                self._hold(name, held)
+            return
         table, rows = self._shard(k)
         missing = [n for n in names if n not in rows]
         if missing:
@@ -71,21 +83,21 @@ class MediaShards:
         lo = min(where)
         run = table.column("data").slice(lo, max(where) - lo + 1)
         for name, i in zip(names, where, strict=True):
-            self._held[name] = run[i - lo].as_buffer()
-            self._held.move_to_end(name)
+            self._hold(name, run[i - lo].as_buffer())
+
+    def _hold(self, name: str, data: pa.Buffer) -> None:
+        self._held[name] = data
+        self._held.move_to_end(name)
         while len(self._held) > HELD:
             self._held.popitem(last=False)
 
     def find(self, name: str) -> pa.Buffer | None:
-        """``name``'s bytes: held for a row read lately, else from any opened media shard (or the first that has
-        it), else None."""
+        """``name``'s bytes: held for a row read lately, else from an opened media shard, else from whichever media
+        shard of the build holds it, else None."""
         held = self._held.get(name)
         if held is not None:
             return held
-        for k in [*self._open, *(k for k in range(len(self.entries)) if k not in self._open)]:
-            if self.entries[k] is None:
-                continue
-            table, rows = self._shard(k)
+        for table, rows in self._open.values():
             if name in rows:
                 return table.column("data")[rows[name]].as_buffer()
-        return None
+        return self.index.buffer(name)

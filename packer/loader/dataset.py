@@ -52,7 +52,7 @@ class _ShardedTable:
         self.media_index = MediaIndex(self.out / entry.file) if entry is not None and check_media else None
         self.entries = getattr(self.manifest.files, self.kind)
         files = self.manifest.files  # an embedded build's media shards, paired with the shards of rows (None: none)
-        self.blob_media = MediaShards.of(self.out, self.entries, [*files.sample_media, *files.media_shards])
+        self.blob_media = MediaShards.of(self.out, self.entries, files.blob_store)
         self.starts = np.concatenate([[0], np.cumsum([e.rows for e in self.entries])]).astype(np.int64)
         self._tables: dict[int, pa.Table] = {}
         if self.entries:

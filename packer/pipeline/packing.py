@@ -24,7 +24,7 @@ from packer.shards.manifest import Files, Manifest
 from packer.shards.schema import SAMPLE_SCHEMA, ShardEntry
 from packer.stages import materialize
 from packer.stages.manifest import accounting
-from packer.stages.media_shards import blob_entries
+from packer.stages.media_shards import blob_entries, unpacked_setup, unpacked_task
 from packer.stages.planning import (
     CAP_FIELDS,
     SampleRows,
@@ -42,11 +42,14 @@ from packer.stages.state import INTERRUPTED, code_identity
 def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: dict[str, Any], engine, progress, *,
                   media_root: str = "", sections: dict[str, Any] | None = None,
                   repacked_from: dict[str, Any] | None = None, tokenizer_files: list[ShardEntry] | None = None,
-                  media_index: ShardEntry | None = None, earlier: str = INTERRUPTED, embed: bool = False) -> Manifest:
+                  media_index: ShardEntry | None = None, earlier: str = INTERRUPTED, embed: bool = False,
+                  blob_store: tuple[Path, list[ShardEntry]] | None = None) -> Manifest:
     """Stages 2-4 over the samples in ``out/samples``: planned from their columns (stage 1's results),
     whole rows read only for the few samples that need them (over capacity, dropped); ``earlier``: the run a
     resume reuses finished shards from, named on the pack stage's line; ``embed``: each packed shard gets its media
-    shard (:mod:`packer.stages.media_shards`), from stage 1's."""
+    shard (:mod:`packer.stages.media_shards`), from stage 1's -- or, in a repack, from ``blob_store`` (the source
+    build's folder and media shards). The blobs no packed row uses then go to the leftover shard, and stage 1's media
+    shards are deleted once the manifest is written: the finished build holds each blob once."""
     paths, shas = [out / e.file for e in encoded.sample_shards], [e.sha256 for e in encoded.sample_shards]
     rows = SampleRows(paths, [e.rows for e in encoded.sample_shards], shas)
     samples = encoded.columns if encoded.columns is not None else plan_columns(read_shards(paths, SAMPLE_SCHEMA, shas))
@@ -67,7 +70,8 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     stage = Stage("pack", "rows", total=p.n_bins, enabled=progress)
     state = (str(out), [e.file for e in encoded.sample_shards], plan_entry.sha256, config.durable,
              [e.sha256 for e in encoded.sample_shards],
-             blob_entries(encoded.sample_shards, encoded.blob_shards) if embed else None)
+             blob_entries(encoded.sample_shards, encoded.blob_shards) if embed and blob_store is None else None,
+             (str(blob_store[0]), blob_store[1]) if embed and blob_store is not None else None)
     # memory maps, cheap: with the local engine this process is a worker too (a Ray driver reads no shard)
     here = materialize.setup(*state) if engine.in_process else None
     for res in engine.map(materialize.materialize_task, tasks, materialize.setup, state, in_process_state=here):
@@ -78,6 +82,13 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
         stage.advance(res.shard.rows)
     stage.done(f"{p.n_bins:,} rows in {len(packed)} shard(s)"
                + (f"; {reused} of {len(packed)} shards reused from {earlier}" if reused else ""))
+
+    unpacked = None
+    if embed:  # the blobs of samples in no packed row, kept once for a repack (stage 1's shards go below)
+        root, store = blob_store if blob_store is not None else (out, encoded.blob_shards)
+        args = (str(out), str(root), list(store), media_shards)
+        [unpacked] = engine.map(unpacked_task, [0], unpacked_setup, args,
+                                in_process_state=unpacked_setup(*args) if engine.in_process else None)
 
     by_file = {k: dataclasses.replace(v) for k, v in encoded.by_file.items()}
     _count_outcomes(by_file, encoded.inputs, samples, p, m)
@@ -90,7 +101,8 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
         files=Files(samples=encoded.sample_shards, packed=packed, plan=plan_entry, quarantine=encoded.quarantine,
                     dropped=write_dropped(out, rows, p, file_caps(config, encoded), file_wheres(config, encoded)),
                     tokenizer=list(tokenizer_files or []),
-                    media=media_index, sample_media=list(encoded.blob_shards), media_shards=media_shards),
+                    media=media_index, sample_media=[] if embed else list(encoded.blob_shards), media_shards=media_shards,
+                    unpacked_media=unpacked),
         accounting=accounting(by_file, encoded.quarantined, dropped, encoded.blank_lines),
         stats={**plan_stats(config, samples, p), "audio_truncated": encoded.audio_truncated,
                "content_changed": encoded.content_changed, "cost_model": encoded.cost_model, "sources": sources},
@@ -105,6 +117,9 @@ def plan_and_pack(out: Path, config: BuildConfig, encoded: Encoded, tokenizer: d
     manifest.stats["media"] = report["media_counts"]  # items and tokens per kind: inspect of a remote build reads it
     manifest.execution["report_files"] = [dataclasses.asdict(file_entry(out, name)) for name in REPORT_FILES]
     manifest.write(out)  # last: the build is done
+    if embed:  # their blobs are in media/ and the leftover shard now; an interrupted build kept them to resume
+        for e in encoded.blob_shards:
+            (out / e.file).unlink(missing_ok=True)
     stage.done("report.json, report.html, manifest.json")
     return manifest
 

@@ -2,8 +2,8 @@
 
 It starts at stage 2 from the build's ``samples/``: a new context length or plan without re-tokenizing a record or
 re-reading a media file; the samples, the media sections and the tokenizer are linked (or copied) over. An embedded
-build's new media shards are written from its stage-1 media shards (``samples/media-part-*``, linked over too): the
-sources are never read.
+build's new media shards (and its own leftover shard) are written from the source build's media shards and leftover
+shard, each blob found by name (:class:`packer.shards.media_index.BlobIndex`): the sources are never read.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def repack(source: str | Path, *, progress: bool = True, **overrides: Any) -> Ma
 
 def _repack_into(out: Path, source: Path, manifest: Manifest, config: BuildConfig, progress: bool,
                  earlier: str = INTERRUPTED) -> Manifest:
-    for entry in [*manifest.files.samples, *manifest.files.sample_media, manifest.files.quarantine]:
+    for entry in [*manifest.files.samples, manifest.files.quarantine]:
         _link_or_copy(source / entry.file, out / entry.file, entry.sha256)
     for section in SECTIONS:  # embeddings and features do not depend on the plan: carried over
         for e in manifest.section_files(section):
@@ -82,21 +82,29 @@ def _repack_into(out: Path, source: Path, manifest: Manifest, config: BuildConfi
     encoded = Encoded(manifest.inputs, manifest.files.samples, by_file, acc.quarantined_by_reason, manifest.files.quarantine,
                       acc.blank_lines, manifest.input_sources, audio_truncated=int(manifest.stats.get("audio_truncated", 0)),
                       content_changed=dict(manifest.stats.get("content_changed", {})),
-                      cost_model=dict(manifest.stats.get("cost_model", {})), blob_shards=list(manifest.files.sample_media))
+                      cost_model=dict(manifest.stats.get("cost_model", {})))
+    store = manifest.files.blob_store
+    for e in store:  # read in place by the new build's stage 3: checked here once
+        _check(source / e.file, e.sha256)
     engine = get_engine(config.engine, config.workers or 1, address=config.ray_address, cpus_per_task=config.cpus_per_task)
     return plan_and_pack(out, config, encoded, manifest.tokenizer, engine, progress, media_root=manifest.media_root,
                          earlier=earlier, sections=manifest.sections, tokenizer_files=manifest.files.tokenizer,
                          media_index=manifest.files.media, embed=manifest.files.embedded,
-                         repacked_from={"path": str(source), "manifest_created_at": manifest.created_at})
+                         repacked_from={"path": str(source), "manifest_created_at": manifest.created_at},
+                         blob_store=(source.resolve(), store) if store else None)
 
 
-def _link_or_copy(src: Path, dst: Path, sha256: str) -> None:
-    """Hard-link (or copy) a finished file of another build, after checking its hash."""
+def _check(src: Path, sha256: str) -> None:
     if not src.is_file():
         raise ConfigError(f"{src} is missing: the source build is damaged (packer verify on it lists every problem); "
                           f"rebuild it")
     if sha256_file(src) != sha256:
         raise ConfigError(f"{src} does not match its manifest (sha256 differs): the source build is damaged; rebuild it")
+
+
+def _link_or_copy(src: Path, dst: Path, sha256: str) -> None:
+    """Hard-link (or copy) a finished file of another build, after checking its hash."""
+    _check(src, sha256)
     dst.parent.mkdir(parents=True, exist_ok=True)
     if dst.is_file() and (dst.samefile(src) or sha256_file(dst) == sha256):
         return  # a resumed repack: already in place

@@ -91,18 +91,21 @@ class Files:
     dropped: ShardEntry | None = None  # dropped.jsonl: every dropped sample, like the quarantine
     tokenizer: list[ShardEntry] = field(default_factory=list)  # OUT/tokenizer/*, placeholder tokens included
     media: ShardEntry | None = None  # media.arrow: every media file's size, mtime (and sha256) at build time
-    sample_media: list[ShardEntry] = field(default_factory=list)  # samples/media-part-*: a stage-1 task's blobs
+    sample_media: list[ShardEntry] = field(default_factory=list)  # samples/media-part-*: a stage-1 task's blobs (gone
+    # once the build is finished: an embedded build keeps each blob once, in media_shards or unpacked_media)
     media_shards: list[ShardEntry] = field(default_factory=list)  # media/part-*: a packed shard's blobs (media = "embed")
+    unpacked_media: ShardEntry | None = None  # samples/media-unpacked.arrow: the blobs no packed row uses (for repack)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Files:
         one = lambda e: ShardEntry(**e) if e else None  # noqa: E731
         many = lambda key: [ShardEntry(**e) for e in d.get(key, [])]  # noqa: E731
         return cls(many("samples"), many("packed"), one(d.get("plan")), one(d.get("quarantine")), one(d.get("dropped")),
-                   many("tokenizer"), one(d.get("media")), many("sample_media"), many("media_shards"))
+                   many("tokenizer"), one(d.get("media")), many("sample_media"), many("media_shards"),
+                   one(d.get("unpacked_media")))
 
     def listed(self) -> list[ShardEntry]:
-        singles = (self.plan, self.quarantine, self.dropped, self.media)
+        singles = (self.plan, self.quarantine, self.dropped, self.media, self.unpacked_media)
         return [*self.samples, *self.sample_media, *self.packed, *self.media_shards, *(e for e in singles if e is not None),
                 *self.tokenizer]
 
@@ -110,6 +113,11 @@ class Files:
     def embedded(self) -> bool:
         """The build carries its media (``media = "embed"``): each packed shard has a media shard beside it."""
         return bool(self.media_shards)
+
+    @property
+    def blob_store(self) -> list[ShardEntry]:
+        """Every media shard that holds blobs, the packed rows' first: each blob the samples name is in one of them."""
+        return [*self.media_shards, *([self.unpacked_media] if self.unpacked_media else []), *self.sample_media]
 
 
 @dataclass

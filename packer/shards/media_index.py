@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import pyarrow as pa
 
+from packer.io import blobs
 from packer.shards.schema import Int64, Str, arrow_schema
 
 MEDIA_INDEX = "media.arrow"
@@ -121,3 +123,105 @@ def media_shard_of(file: str) -> str:
 def blob_table(names: list[str], data: list[bytes]) -> pa.Table:
     return pa.table({"name": pa.array(names, pa.string()), "data": pa.array(data, pa.large_binary())},
                     schema=MEDIA_BLOB_SCHEMA)
+
+
+UNPACKED_MEDIA = "samples/media-unpacked.arrow"  # an embedded build's blobs that no packed row uses (repack reads them)
+_HEX = np.full(256, 255, np.uint8)
+_HEX[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
+
+
+def blob_keys(names: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """The 32-byte digests of blob ``names`` (``sha256:<64 hex>``) as a numpy ``S32`` array, decoded column-wise: an
+    index of every blob of a build costs 32 bytes a blob, not a Python string. A name that is no blob name (a damaged
+    shard's) gets the all-zero key, which no blob has."""
+    chunks = names.chunks if isinstance(names, pa.ChunkedArray) else [names]
+    parts = []
+    for chunk in chunks:
+        if not len(chunk):
+            continue
+        offsets = np.frombuffer(chunk.buffers()[1], np.int32)[chunk.offset : chunk.offset + len(chunk) + 1].astype(np.int64)
+        if chunk.null_count or not (np.diff(offsets) == len(blobs.PREFIX) + 64).all():
+            parts.append(np.array([blob_key(n) or b"" for n in chunk.to_pylist()], "S32"))
+            continue
+        text = np.frombuffer(chunk.buffers()[2], np.uint8)[offsets[0] : offsets[-1]].reshape(len(chunk), -1)
+        nibbles = _HEX[text[:, len(blobs.PREFIX) :]]
+        keys = np.ascontiguousarray((nibbles[:, 0::2] << 4) | nibbles[:, 1::2]).view("S32").ravel()
+        prefix = np.frombuffer(blobs.PREFIX.encode(), np.uint8)
+        bad = (nibbles == 255).any(axis=1) | (text[:, : len(blobs.PREFIX)] != prefix).any(axis=1)
+        keys[bad] = b""
+        parts.append(keys)
+    return np.concatenate(parts) if parts else np.empty(0, "S32")
+
+
+def blob_key(name: str) -> np.bytes_ | None:
+    """One name's key (:func:`blob_keys`); None when it is no blob name."""
+    try:
+        return np.bytes_(bytes.fromhex(name[len(blobs.PREFIX) :])) if blobs.is_blob(name) and len(name) == 71 else None
+    except ValueError:
+        return None
+
+
+class BlobIndex:
+    """``name -> (media shard, row)`` over media shards ``entries`` (files relative to ``root``), built from their
+    ``name`` columns when first asked: sorted 32-byte keys, memory-mapped tables, never a blob's bytes read before it
+    is asked for. A blob several shards hold is found in the first of them (in ``entries`` order). Picklable."""
+
+    def __init__(self, root, entries: list):
+        from packer.io.fs import location
+
+        self.root, self.entries = location(root) if isinstance(root, str) else root, list(entries)
+        self._keys: np.ndarray | None = None
+        self._where: np.ndarray | None = None  # (shard, row) per sorted key
+        self._tables: dict[int, pa.Table] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"root": self.root, "entries": self.entries, "_keys": None, "_where": None, "_tables": {}}
+
+    def table(self, k: int) -> pa.Table:
+        if k not in self._tables:
+            from packer.shards.io import read_shard
+
+            entry = self.entries[k]
+            self._tables[k] = read_shard(self.root / entry.file, entry.sha256, rows=False)
+        return self._tables[k]
+
+    def _build(self) -> None:
+        keys, where = [], []
+        for k in range(len(self.entries)):
+            names = blob_keys(self.table(k).column("name"))
+            keys.append(names)
+            where.append(np.stack([np.full(len(names), k, np.int64), np.arange(len(names), dtype=np.int64)], axis=1))
+        all_keys = np.concatenate(keys) if keys else np.empty(0, "S32")
+        order = np.argsort(all_keys, kind="stable")  # equal keys keep shard order: the first shard's is found
+        self._keys = all_keys[order]
+        self._where = (np.concatenate(where) if where else np.empty((0, 2), np.int64))[order]
+
+    def __len__(self) -> int:
+        if self._keys is None:
+            self._build()
+        return len(np.unique(self._keys))
+
+    def locate(self, name: str) -> tuple[int, int] | None:
+        """``(media shard, row)`` of ``name``; None when no shard holds it."""
+        if self._keys is None:
+            self._build()
+        key = blob_key(name)
+        if key is None:
+            return None
+        i = int(np.searchsorted(self._keys, key))
+        if i < len(self._keys) and self._keys[i] == key:
+            k, row = self._where[i]
+            return int(k), int(row)
+        return None
+
+    def contains(self, keys: np.ndarray) -> np.ndarray:
+        """Per key of ``keys`` (:func:`blob_keys`), whether a shard holds it."""
+        if self._keys is None:
+            self._build()
+        i = np.minimum(np.searchsorted(self._keys, keys), max(len(self._keys) - 1, 0))
+        return (self._keys[i] == keys) if len(self._keys) else np.zeros(len(keys), bool)
+
+    def buffer(self, name: str) -> pa.Buffer | None:
+        """``name``'s bytes, a view of its memory-mapped shard; None when no shard holds it."""
+        at = self.locate(name)
+        return None if at is None else self.table(at[0]).column("data")[at[1]].as_buffer()

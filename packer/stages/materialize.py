@@ -26,7 +26,7 @@ from packer.pack.trees import PLAIN, PROMPT, stored_ranges, structure
 from packer.shards.io import read_shard, write_shard_batches
 from packer.shards.schema import IGNORE, PACKED_SCHEMA, SAMPLE_SCHEMA, ShardEntry
 from packer.shards.stats import ShardStats, table_stats
-from packer.stages.media_shards import BlobShards, first_use, write_media_shard
+from packer.stages.media_shards import BlobShards, IndexedBlobs, first_use, write_media_shard
 from packer.stages.state import Journal, shard_payload
 
 BYTES_PER_TOKEN = 8  # input_ids + labels, int32 each
@@ -132,22 +132,27 @@ class MaterializeState:
     out: Path
     plan_sha256: str
     journal: Journal
-    blobs: BlobShards | None = None  # an embedded build's: the stage-1 media shards, by sample shard
+    blobs: BlobShards | IndexedBlobs | None = None  # an embedded build's: the stage-1 media shards (a repack: the source's)
 
 
 def setup(out: str, sample_files: list[str], plan_sha256: str, durable: bool = True,
-          sample_sha256: list[str] | None = None, blob_files: list[ShardEntry | None] | None = None) -> MaterializeState:
+          sample_sha256: list[str] | None = None, blob_files: list[ShardEntry | None] | None = None,
+          blob_store: tuple[str, list[ShardEntry]] | None = None) -> MaterializeState:
     """The samples and the plan, memory-mapped (a remote build's through local copies, checked
     against ``sample_sha256`` / ``plan_sha256``). Each worker runs this: the samples get Arrow's
     validation here (safe to read), their values were checked once by the driver that planned them.
     ``blob_files`` (an embedded build): each sample shard's stage-1 media shard, or None where its samples name no
-    blob; opened when a task first needs one."""
+    blob; opened when a task first needs one. ``blob_store`` (a repack of an embedded build): the source build's folder
+    and media shards, where each blob is found by name instead."""
     set_durable(durable)
     out_path = location(out)
     shas = sample_sha256 or [None] * len(sample_files)
+    source = BlobShards(out_path, blob_files) if blob_files is not None else None
+    if blob_store is not None:
+        source = IndexedBlobs(*blob_store)
     samples = SampleStore([read_shard(out_path / f, sha, rows=False) for f, sha in zip(sample_files, shas, strict=True)])
     return MaterializeState(samples, read_shard(out_path / "plan.arrow", plan_sha256), out_path, plan_sha256,
-                            Journal(out_path), BlobShards(out_path, blob_files) if blob_files is not None else None)
+                            Journal(out_path), source)
 
 
 @dataclass(frozen=True)
@@ -178,7 +183,7 @@ def materialize_task(state: MaterializeState, task: MaterializeTask) -> Material
             yield rows
 
     entry = write_shard_batches(state.out / "packed" / f"part-{task.index:05d}.arrow", PACKED_SCHEMA, batches(), state.out)
-    media = write_media_shard(state.blobs, entry.file, used) if state.blobs is not None else None
+    media = write_media_shard(state.out, state.blobs, entry.file, used) if state.blobs is not None else None
     extra = {"blobs": dataclasses.asdict(media)} if media is not None else {}
     state.journal.record("pack", task.index, shard_payload(entry, **identity, **extra))
     return MaterializeResult(entry, stats=stats[0], media=media)

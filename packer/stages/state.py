@@ -33,6 +33,7 @@ from typing import Any
 from packer import __version__
 from packer.errors import ConfigError, PackerError
 from packer.io.files import sha256_file, write_text_atomic
+from packer.shards.media_index import UNPACKED_MEDIA
 from packer.shards.schema import SCHEMA_VERSION, ShardEntry
 
 STATE_DIR = ".state"
@@ -269,13 +270,14 @@ def _complete(out: Path) -> bool:
 
 def written_by_build(out: Path) -> set[Path]:
     """Every file a packer build in ``out`` wrote, from its manifest and journal."""
-    files = {out / n for n in BUILD_FILES} | {out / "tokenizer" / n for n in TOKENIZER_FILES}
+    files = {out / n for n in BUILD_FILES} | {out / "tokenizer" / n for n in TOKENIZER_FILES} | {out / UNPACKED_MEDIA}
     try:
         manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
         listed = manifest["files"]
         entries = [*listed.get("samples", []), *listed.get("packed", []), *listed.get("tokenizer", []),
                    *listed.get("sample_media", []), *listed.get("media_shards", [])]
-        entries += [e for e in (listed.get("plan"), listed.get("quarantine"), listed.get("dropped")) if e]
+        entries += [e for e in (listed.get("plan"), listed.get("quarantine"), listed.get("dropped"),
+                                listed.get("unpacked_media")) if e]
         entries += [e for section in ("embeddings", "audio_features") for e in manifest.get(section, {}).get("files", [])]
         files |= {out / e["file"] for e in entries}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):

@@ -1,10 +1,12 @@
 """The media shards of an embedded build (``--media embed``; format in docs/format.md), beyond the file check every
 listed file gets (present, same size and sha256, a sound Arrow file of its row count):
 
-- ``--media`` (:func:`blob_problems`): every blob's sha256 equals its name (a stage-1 one and a packed shard's), and
-  every span of every packed row names blobs its shard's media shard holds;
+- ``--media`` (:func:`blob_problems`): every blob's sha256 equals its name (a packed shard's media shard's and the
+  leftover shard's, ``samples/media-unpacked.arrow``), every span of every packed row names blobs its shard's media
+  shard holds, and every blob a sample names is held by one of them (what ``packer repack`` reads);
 - ``--deep`` (:func:`order_problems`): each media shard holds exactly the blobs its packed shard's rows name, in the
-  order they first name them (the order stage 3 writes: :mod:`packer.stages.media_shards`).
+  order they first name them (the order stage 3 writes: :mod:`packer.stages.media_shards`), and the leftover shard
+  none of those (each blob is stored once).
 """
 
 from __future__ import annotations
@@ -12,11 +14,14 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+
 from packer.errors import PackerError
 from packer.io import blobs
 from packer.shards.io import read_shard
 from packer.shards.manifest import Manifest
-from packer.shards.media_index import media_shard_of, span_refs
+from packer.shards.media_index import BlobIndex, blob_keys, media_shard_of, span_refs
 from packer.shards.schema import ShardEntry
 from packer.verify.problem import Problem
 
@@ -41,7 +46,7 @@ def blob_problems(out: Path, manifest: Manifest) -> tuple[list[Problem], int]:
     """Every blob against its name, every span's blob in its media shard: ``(problems, blobs checked)``."""
     files = manifest.files
     problems, checked = [], 0
-    for entry in [*files.sample_media, *files.media_shards]:
+    for entry in files.blob_store:
         table, problem = _read(out, entry, ["name", "data"])
         if table is None:
             problems.append(problem)
@@ -73,7 +78,30 @@ def blob_problems(out: Path, manifest: Manifest) -> tuple[list[Problem], int]:
             if missing:
                 problems.append(Problem(packed.file, row, f"a span names {missing[0][:23]}..., which {media.file} does "
                                                           f"not hold: the row's media are missing; rebuild"))
-    return problems, checked
+    return problems + sample_problems(out, manifest), checked
+
+
+def sample_problems(out: Path, manifest: Manifest) -> list[Problem]:
+    """Every blob the samples name, against the build's media shards (by name: :class:`BlobIndex`): a repack reads
+    them there."""
+    files = manifest.files
+    if not files.embedded:
+        return []
+    index, problems = BlobIndex(out, files.blob_store), []
+    for entry in files.samples:
+        table, problem = _read(out, entry, ["media"])
+        if table is None:
+            problems.append(problem)
+            continue
+        names = sorted({r for spans in table.column("media").to_pylist() for m in spans for r in span_refs(m["ref"])
+                        if blobs.is_blob(r)})
+        held = index.contains(blob_keys(pa.array(names, pa.string())))
+        if not held.all():
+            name = names[int(np.flatnonzero(~held)[0])]
+            problems.append(Problem(entry.file, None, f"its samples name {int((~held).sum())} blob(s) no media shard "
+                                                      f"holds ({name[:23]}... first): a repack could not read them; "
+                                                      f"rebuild"))
+    return problems
 
 
 def order_problems(out: Path, manifest: Manifest) -> list[Problem]:
@@ -96,4 +124,14 @@ def order_problems(out: Path, manifest: Manifest) -> list[Problem]:
             problems.append(Problem(media.file, at, f"holds {len(names)} blobs where {packed.file}'s rows name {len(derived)} "
                                                     f"in another order or set (first difference at row {at}): it is not "
                                                     f"the media shard stage 3 writes for those rows; rebuild"))
+    if files.unpacked_media is not None and files.media_shards:
+        table, _ = _read(out, files.unpacked_media, ["name"])
+        if table is not None:
+            twice = BlobIndex(out, files.media_shards).contains(blob_keys(table.column("name")))
+            if twice.any():
+                at = int(np.flatnonzero(twice)[0])
+                problems.append(Problem(files.unpacked_media.file, at, f"holds {int(twice.sum())} blob(s) a packed "
+                                                                       f"shard's media shard holds too (the leftover "
+                                                                       f"shard holds only blobs no packed row uses); "
+                                                                       f"rebuild"))
     return problems

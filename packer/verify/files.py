@@ -93,7 +93,7 @@ def check_media(out: Path, manifest: Manifest, mode: str, media_root: str | None
 
     entry = manifest.files.media
     embedded: tuple[list[Problem], int] = ([], 0)
-    if manifest.files.sample_media or manifest.files.media_shards:  # blobs: checked against their names
+    if manifest.files.blob_store:  # blobs: checked against their names
         from packer.verify.blobs import blob_problems
 
         embedded = blob_problems(out, manifest)
