@@ -31,6 +31,9 @@ class Server(ThreadingHTTPServer):
         self.methods: list[tuple[str, str]] = []
         self.in_flight = self.most_in_flight = 0
         self.delay = 0.0  # seconds every answer waits (round trips to overlap)
+        self.sent: collections.Counter = collections.Counter()  # path -> body bytes sent
+        self.ranges = True  # honour Range: bytes=0-N (206 with Content-Range); False: ignore it (200, the whole)
+        self.files: dict[str, bytes] = {}  # extra /img/<name> bodies a test serves
         self.lock = threading.Lock()
 
     @property
@@ -70,11 +73,18 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if body:
             self.wfile.write(data)
+            with self.server.lock:
+                self.server.sent[self.path] += len(data)
 
     def _answer(self, path: str, n: int, body: bool):
         name = path.rsplit("/", 1)[-1]
-        if path.startswith("/img/") and name in IMAGES:
-            return self._send(200, (SAMPLE / "images" / name).read_bytes(), body)
+        if path.startswith("/img/") and (name in IMAGES or name in self.server.files):
+            data = self.server.files.get(name) or (SAMPLE / "images" / name).read_bytes()
+            asked = self.headers.get("Range", "")
+            if self.server.ranges and asked.startswith("bytes=0-"):
+                part = data[: int(asked[len("bytes=0-"):]) + 1]
+                return self._send(206, part, body, Content_Range=f"bytes 0-{len(part) - 1}/{len(data)}")
+            return self._send(200, data, body)
         if path.startswith("/flaky/") and name in IMAGES:  # a 500 first, then the image
             return self._send(500) if n == 1 else self._send(200, (SAMPLE / "images" / name).read_bytes(), body)
         if path == "/down":
@@ -383,3 +393,74 @@ def test_an_embedded_build_over_urls_reads_each_url_once_and_carries_its_bytes(s
     ds = PackedDataset(tmp_path / "b")
     assert all(blobs.is_blob(m["ref"]) for k in range(len(ds)) for m in ds[k]["media"])
     assert packed(tmp_path / "b") == packed(tmp_path / "a")
+
+
+# ---------------------------------------------------------------------------------------------- ranged header reads
+
+
+def big_exif_jpeg(exif_bytes: int) -> bytes:
+    """A 300x200 JPEG rotated by its EXIF (orientation 6: a 200x300 image) whose EXIF block, before the frame header
+    (SOF), is ``exif_bytes`` long: its size is not in the first bytes."""
+    import io
+
+    from PIL import Image
+
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    exif[0x010E] = "x" * exif_bytes  # ImageDescription: padding inside APP1
+    out = io.BytesIO()
+    Image.new("RGB", (300, 200), (10, 120, 200)).save(out, "JPEG", exif=exif.tobytes())
+    return out.getvalue()
+
+
+def test_a_header_probe_reads_the_first_bytes_and_the_whole_only_when_it_needs_more(server, monkeypatch):
+    """--image-check header over http: a ranged read of the first HEAD_BYTES, the size from Content-Range; an image
+    whose header lies further (a long EXIF block before its SOF) is read whole and probed again: the same answer as the
+    whole file, never a guess from a part. Every other reader of the URL gets the whole body."""
+    from packer.media.counter import MediaProber
+    from packer.records import Part
+
+    monkeypatch.setattr(fs, "HEAD_BYTES", 256)
+    late = big_exif_jpeg(4000)
+    server.files["late.jpg"] = late
+    prober = MediaProber("header")
+    parts = [Part(kind="image", ref=u, path=u) for u in (f"{server.url}/img/{IMAGES[-1]}", f"{server.url}/img/late.jpg")]
+    prober.prefetch(parts)
+    assert blobs.STORE.head(parts[1].path) == late[:256]
+    assert fs.stat(parts[1].path) == (len(late), 1796083200 * 10**9)  # the whole size, from the 206's Content-Range
+    got = [prober.probe(p) for p in parts]
+    assert (got[1].width, got[1].height) == (200, 300)  # EXIF orientation 6 from the whole file
+    from packer.media.probe import probe_image
+
+    assert got == [probe_image(str(SAMPLE / "images" / IMAGES[-1]), "header"), probe_image(parts[1].path, "verify")]
+    assert server.sent["/img/late.jpg"] == 256 + len(late) + len(late)  # the part, the whole, verify's whole
+    assert blobs.STORE.head(parts[1].path) is None
+    assert fs.open_binary(parts[0].path).read() == (SAMPLE / "images" / IMAGES[-1]).read_bytes()  # never a part
+
+    server.ranges = False  # a server that ignores Range: its 200 is the whole body, held whole
+    blobs.STORE.forget_urls()
+    prober.prefetch(parts[1:])
+    assert blobs.STORE.head(parts[1].path) is None and blobs.STORE.url_bytes(parts[1].path) == late
+
+
+def test_a_header_build_over_http_reads_only_the_headers_of_large_images(server, tmp_path, monkeypatch):
+    """A build with --image-check header reads at most HEAD_BYTES of each image whose header fits there (PNGs with
+    their IHDR up front), the whole of those whose does not, and packs what the whole-file build and local files pack."""
+    monkeypatch.setattr(fs, "HEAD_BYTES", 1024)
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "images").symlink_to(SAMPLE / "images")
+    run_build([write(local / "llava.jsonl", records(lambda x: f"images/{x}"))], tmp_path / "a", image_check="header")
+    web = tmp_path / "web"
+    web.mkdir()
+    files = [write(web / "llava.jsonl", records(lambda x: f"{server.url}/img/{x}"))]
+    run_build(files, tmp_path / "whole", image_check="verify")
+    server.sent.clear()
+    run_build(files, tmp_path / "b", image_check="header")
+
+    assert packed(tmp_path / "b") == packed(tmp_path / "a") == packed(tmp_path / "whole")
+    sizes = {x: (SAMPLE / "images" / x).stat().st_size for x in IMAGES}
+    stage1 = {p.rsplit("/", 1)[-1]: n for p, n in server.sent.items()}
+    large = [x for x in IMAGES if sizes[x] > 4 * 1024]
+    # stage 1 sent 1024 bytes of each (a verify build sends it whole: twice its size in all), the report's sample whole
+    assert large and all(stage1[x] <= 1024 + sizes[x] for x in large), (stage1, sizes)

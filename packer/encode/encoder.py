@@ -252,7 +252,7 @@ class Encoder:
                 record = record.conversation(0)
             if isinstance(record, Conversation):
                 parts += record.media
-        return self.media.prober.prefetch(parts)
+        return self.media.prober.prefetch(parts, whole=getattr(self.config, "media", "auto") == "embed")
 
     def _pretokenize(self, prepared: list[tuple]) -> None:
         """Tokenize every prepared record's text in one call per kind, into ``self._memo``.

@@ -36,6 +36,7 @@ class Store:
         self._data: dict[str, bytes] = {}
         self._urls: dict[str, tuple[str, int, int]] = {}  # a remote URL fetched whole -> (blob name, size, mtime ns)
         self._failed: dict[str, BaseException] = {}  # a remote URL whose fetch failed -> the error, met again on use
+        self._heads: dict[str, bytes] = {}  # a remote URL read in part (its first bytes: a header) -> those bytes
         self._only_urls: set[str] = set()  # blobs held for URLs alone (release_urls may drop them)
         self._shelves: list[weakref.ref] = []  # where a name not held is looked up: a loader's media shards
 
@@ -91,6 +92,20 @@ class Store:
         self._urls[url] = (key, len(data), mtime_ns)
         return key
 
+    def hold_head(self, url: str, data: bytes, size: int, mtime_ns: int = 0) -> None:
+        """Hold the first bytes of a remote ``url`` of ``size`` bytes (a ranged read, :func:`packer.io.fs.prefetch`):
+        only a header probe reads them (:meth:`head`); its size and time are known (:meth:`url`, no blob name), and
+        every other reader of ``url`` fetches it whole."""
+        self._heads[url] = bytes(data)
+        self._urls[url] = ("", size, mtime_ns)
+
+    def head(self, url: str) -> bytes | None:
+        """The first bytes of ``url`` held by :meth:`hold_head` (None when none are, or it is held whole)."""
+        return self._heads.get(url)
+
+    def drop_head(self, url: str) -> None:
+        self._heads.pop(url, None)
+
     def forget_urls(self) -> None:
         """Drop all that is known of URLs (a stage-1 task's start: its URLs are read afresh)."""
         for key in self._only_urls:
@@ -98,6 +113,7 @@ class Store:
         self._only_urls.clear()
         self._urls.clear()
         self._failed.clear()
+        self._heads.clear()
 
     def url(self, url: str) -> tuple[str, int, int] | None:
         """(blob name, size, modification time in ns) of a URL held by :meth:`hold_url`; None when never held."""
@@ -106,7 +122,7 @@ class Store:
     def url_bytes(self, url: str) -> bytes | None:
         """The held body of ``url``, None when it is not (or no longer) held."""
         seen = self._urls.get(url)
-        return self._data.get(seen[0]) if seen else None
+        return self._data.get(seen[0]) if seen and seen[0] else None
 
     def fail_url(self, url: str, error: BaseException) -> None:
         """Remember that fetching ``url`` failed, so its reader meets the same error without asking again."""
@@ -120,6 +136,8 @@ class Store:
         them (a loader's batch, when it is loaded); with ``keep_facts`` their size, time and failure stay known
         (a stage-1 task's probed media: its media index asks no store for them again)."""
         urls = list(urls)
+        for url in urls:
+            self._heads.pop(url, None)
         if keep_facts:
             names = {seen[0] for url in urls if (seen := self._urls.get(url)) is not None}
             kept = set()

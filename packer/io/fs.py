@@ -19,6 +19,7 @@ from packer.io import blobs, http
 
 FETCH_THREADS = 16  # remote media read at once by one process (stage-1 worker, loader batch): round trips overlap
 PREFETCH_MAX_BYTES = 64 * 2**20  # a larger object is not read whole ahead (a long video: its reader reads its header)
+HEAD_BYTES = 64 * 2**10  # what a header probe reads of a remote image first (a ranged read); more only if it needs it
 
 
 def is_url(path: str | Path) -> bool:
@@ -131,16 +132,20 @@ def _held(path) -> tuple[str, int, int] | None:
     return blobs.STORE.url(str(path))
 
 
-def prefetch(paths, threads: int = FETCH_THREADS, budget: int = 2**30) -> list[str]:
+def prefetch(paths, threads: int = FETCH_THREADS, budget: int = 2**30, heads=()) -> list[str]:
     """Read the remote media among ``paths`` whole, ``threads`` at a time, and hold them (with their size and
     time) in :data:`packer.io.blobs.STORE`, so their probes and loads ask no store again; a failure is held
     too, and met by the reader. Objects over :data:`PREFETCH_MAX_BYTES`, and those past ``budget`` bytes read
-    in all, are left to their readers. Returns the URLs it asked for (:meth:`~packer.io.blobs.Store.release_urls`
-    forgets them)."""
+    in all, are left to their readers. Of the URLs in ``heads`` (a header probe's: an image under
+    ``--image-check header``) only the first :data:`HEAD_BYTES` are read (a ranged read; the whole when it is no
+    larger, or the server ignores the range), held apart for :func:`open_header` alone. Returns the URLs it asked
+    for (:meth:`~packer.io.blobs.Store.release_urls` forgets them)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    heads = set(map(str, heads))
     wanted = [p for p in dict.fromkeys(map(str, paths))
-              if is_remote_media(p) and blobs.STORE.url_bytes(p) is None and blobs.STORE.url_failure(p) is None]
+              if is_remote_media(p) and blobs.STORE.url_bytes(p) is None and blobs.STORE.url_failure(p) is None
+              and not (p in heads and blobs.STORE.head(p) is not None)]
     if not wanted:
         return []
     spent = 0
@@ -149,26 +154,33 @@ def prefetch(paths, threads: int = FETCH_THREADS, budget: int = 2**30) -> list[s
         nonlocal spent
         if spent >= budget:
             return None
+        first = HEAD_BYTES if url in heads else None
         try:
             if http.is_http(url):
-                body = http.fetch(url)
-                data, mtime = body.data, body.mtime_ns
+                body = http.fetch_first(url, first) if first else http.fetch(url)
+                data, mtime, size = body.data, body.mtime_ns, body.size
             else:
                 fsys, p = _fs(url)
-                with fsys.open(p, "rb") as f:  # s3fs, gcsfs, adlfs: one HEAD (the file's details), one GET
+                # s3fs, gcsfs, adlfs: one HEAD (the file's details), one GET (of the first bytes for a header)
+                with fsys.open(p, "rb", **({"block_size": first, "cache_type": "none"} if first else {})) as f:
                     info = getattr(f, "details", None) or fsys.info(p)
-                    if int(info["size"]) > PREFETCH_MAX_BYTES:
+                    size = int(info["size"])
+                    if size > PREFETCH_MAX_BYTES and not first:
                         return None
-                    data, mtime = f.read(), _mtime(info)
+                    data, mtime = f.read(first or -1), _mtime(info)
         except Exception as e:  # noqa: BLE001 -- the reader meets it (a BadRecord, FileNotFoundError, a store's error)
             return e
         spent += len(data)
-        return data, mtime
+        return data, mtime, size
 
     with ThreadPoolExecutor(min(threads, len(wanted))) as pool:
         for url, got in zip(wanted, pool.map(one, wanted), strict=True):
             if isinstance(got, tuple):
-                blobs.STORE.hold_url(url, *got)
+                data, mtime, size = got
+                if size < 0 or size == len(data):
+                    blobs.STORE.hold_url(url, data, mtime)
+                else:
+                    blobs.STORE.hold_head(url, data, size, mtime)
             elif isinstance(got, (FileNotFoundError, BadRecord)):  # the object's answer, not the network's mood
                 blobs.STORE.fail_url(url, got)
     return wanted
@@ -195,6 +207,22 @@ def open_binary(path: str | Path) -> IO[bytes]:
         # fsspec's buffered files (s3, gcs, az, http) take no size in readline(): the reader needs it
         return io.BufferedReader(f, buffer_size=2**20) if isinstance(f, AbstractBufferedFile) else f
     return open(path, "rb")
+
+
+def open_header(path: str | Path) -> tuple[IO[bytes], bool]:
+    """``path`` opened for a header probe, and whether what it reads is only the first bytes of a remote object
+    (:func:`prefetch`'s ``heads``): a probe that finds them short reads the whole (:func:`drop_header`, then
+    :func:`open_binary`). Every other reader uses :func:`open_binary`, which never sees a part."""
+    if is_url(path) and (head := blobs.STORE.head(str(path))) is not None:
+        import io
+
+        return io.BytesIO(head), True
+    return open_binary(path), False
+
+
+def drop_header(path: str | Path) -> None:
+    """Forget the first bytes held of ``path`` (:func:`open_header`): its next probe reads it whole."""
+    blobs.STORE.drop_head(str(path))
 
 
 def exists(path: str | Path) -> bool:

@@ -56,6 +56,11 @@ class Missing(FileNotFoundError):
 class Fetched:
     data: bytes
     mtime_ns: int  # from Last-Modified; 0 when the server sends none
+    size: int = -1  # the whole object's bytes (a ranged fetch's Content-Range); -1: len(data), the body is whole
+
+    @property
+    def whole(self) -> bool:
+        return self.size < 0 or self.size == len(self.data)
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,13 @@ def fetch(url: str, max_bytes: int | None = None) -> Fetched:
     """The body of ``url`` (at most ``max_bytes``, :data:`MAX_BYTES` by default), retried as the module says."""
     limit = MAX_BYTES if max_bytes is None else max_bytes
     return _retrying(url, lambda: _get(url, limit))
+
+
+def fetch_first(url: str, n: int) -> Fetched:
+    """The first ``n`` bytes of ``url`` (a ``Range: bytes=0-<n-1>`` request) with the whole object's size from the
+    206 answer's Content-Range; a server that ignores Range answers 200 with the whole body, which is kept (held to
+    :data:`MAX_BYTES`). An object over :data:`MAX_BYTES` is ``media_too_large`` as a whole fetch would find it."""
+    return _retrying(url, lambda: _get(url, MAX_BYTES, first=n))
 
 
 def head(url: str) -> Head:
@@ -144,10 +156,21 @@ def _retrying(url: str, call):
     raise last
 
 
-def _get(url: str, limit: int) -> Fetched:
-    request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
+def _get(url: str, limit: int, first: int | None = None) -> Fetched:
+    headers = {"User-Agent": USER_AGENT} | ({"Range": f"bytes=0-{first - 1}"} if first else {})
+    request = urllib.request.Request(url, headers=headers)
     deadline = time.monotonic() + TIMEOUT_S * TOTAL_TIMEOUTS
     with _opener().open(request, timeout=TIMEOUT_S) as r:
+        total = -1
+        if first and r.status == 206:  # a part: Content-Range "bytes 0-65535/123456" names the whole size
+            ranged = (r.headers.get("Content-Range") or "").rpartition("/")[2]
+            if not ranged.isdigit():
+                raise ConnectionError(f"a 206 answer without the whole size (Content-Range "
+                                      f"{r.headers.get('Content-Range')!r})")
+            total = int(ranged)
+            if total > limit:
+                raise BadRecord("media_too_large", f"{_shown(url)}: the server states {total:,} bytes, over the "
+                                                   f"{limit:,}-byte limit of one medium")
         stated = r.headers.get("Content-Length")
         if stated is not None and stated.isdigit() and int(stated) > limit:
             raise BadRecord("media_too_large", f"{_shown(url)}: the server states {int(stated):,} bytes, over the "
@@ -164,7 +187,7 @@ def _get(url: str, limit: int) -> Fetched:
         data = b"".join(pieces)
         if stated is not None and stated.isdigit() and len(data) < int(stated):
             raise ConnectionError(f"the body ended after {len(data):,} of {int(stated):,} bytes")
-        return Fetched(data, _mtime(r.headers.get("Last-Modified")))
+        return Fetched(data, _mtime(r.headers.get("Last-Modified")), total)
 
 
 def _mtime(value: str | None) -> int:

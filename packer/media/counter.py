@@ -50,13 +50,16 @@ class MediaProber:
             self.cache.popitem(last=False)
         return result
 
-    def prefetch(self, parts) -> list[str]:
+    def prefetch(self, parts, whole: bool = False) -> list[str]:
         """Read the remote files of ``parts`` (s3://, http(s)://; frame lists' frames too) not read yet in this task,
-        many at once (:func:`packer.io.fs.prefetch`): their probes then ask no store. Returns the URLs read, whose
-        bodies :meth:`~packer.io.blobs.Store.release_urls` drops once probed."""
-        paths = [p for part in parts if not self._known(part) for p in (part.frames or (part.path,))
-                 if fs.is_remote_media(p)]
-        return fs.prefetch(paths) if paths else []
+        many at once (:func:`packer.io.fs.prefetch`): their probes then ask no store. Under ``--image-check header``
+        an image's first bytes only (a ranged read), unless ``whole`` (a task that embeds them). Returns the URLs
+        read, whose bodies :meth:`~packer.io.blobs.Store.release_urls` drops once probed."""
+        parts = [part for part in parts if not self._known(part)]
+        paths = [p for part in parts for p in (part.frames or (part.path,)) if fs.is_remote_media(p)]
+        heads = () if whole or self.image_check != "header" else \
+            [part.path for part in parts if part.kind == "image" and not part.frames]
+        return fs.prefetch(paths, heads=heads) if paths else []
 
     def _known(self, part: Any) -> bool:
         """Is ``part``'s probe cached, by what this task already knows of its URL (no request)?"""

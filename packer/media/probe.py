@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from packer.errors import BadRecord
-from packer.io.fs import open_binary
+from packer.io.fs import drop_header, open_binary, open_header
 from packer.media.limits import check_audio
 
 
@@ -59,11 +59,15 @@ ORIENTATION_TAG = 0x0112
 def probe_image(path: str, check: str = "verify") -> ImageInfo:
     """Size (after EXIF orientation) and format of the image at ``path``; any failure PIL
     reports -- a missing file, not an image, a damaged header, a decompression bomb --
-    is a :class:`BadRecord`, so one bad file never stops a build."""
+    is a :class:`BadRecord`, so one bad file never stops a build. Under ``header`` a remote image may have been read
+    in part (its first bytes, :func:`packer.io.fs.prefetch`): whatever PIL says of a part -- a header cut short -- the
+    whole is read and probed again, so a part never gives an answer the whole would not."""
     from PIL import Image, UnidentifiedImageError
 
+    part = False
     try:
-        with open_binary(path) as f, Image.open(f) as img:
+        opened, part = open_header(path) if check == "header" else (open_binary(path), False)
+        with opened as f, Image.open(f) as img:
             width, height = img.size
             fmt = img.format or "unknown"
             if check == "decode":
@@ -75,6 +79,9 @@ def probe_image(path: str, check: str = "verify") -> ImageInfo:
     except FileNotFoundError:
         raise BadRecord("missing_image", f"image file {path!r} not found") from None
     except UnidentifiedImageError:
+        if part:  # cut before PIL could tell its format
+            drop_header(path)
+            return probe_image(path, check)
         raise BadRecord("corrupt_image", f"{path!r} is not an image PIL can read") from None
     except Image.DecompressionBombError as e:
         raise BadRecord("corrupt_image", f"{path!r} is implausibly large ({e}); if it is real, raise "
@@ -82,6 +89,9 @@ def probe_image(path: str, check: str = "verify") -> ImageInfo:
     except MemoryError:
         raise
     except Exception as e:  # noqa: BLE001 -- PIL reports damage as OSError, SyntaxError, ValueError, struct.error, ...
+        if part:
+            drop_header(path)
+            return probe_image(path, check)
         raise BadRecord("corrupt_image", f"{path!r} is damaged or truncated: {type(e).__name__}: {e}") from None
     if width < 1 or height < 1:
         raise BadRecord("corrupt_image", f"{path!r} has size {width}x{height}")
