@@ -284,3 +284,29 @@ def test_an_unreachable_endpoint_is_one_line_too(s3, monkeypatch, tmp_path):
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
     assert r.output.startswith("packer: error: output s3://builds/nowhere: cannot reach it (EndpointConnectionError")
     assert "check the URL's endpoint" in r.output and "AWS_ENDPOINT_URL" in r.output
+
+
+@pytest.mark.slow  # two builds: ~10 s on 2 cores
+def test_a_header_check_reads_the_first_bytes_of_s3_images_and_packs_what_a_whole_read_does(s3, monkeypatch, tmp_path):
+    """``--image-check header`` over s3:// reads each image's first ``HEAD_BYTES`` (a ranged GET, the whole object only
+    where the header needs more): the same packed rows as the default whole-file check, and fewer bytes read."""
+    import s3fs
+
+    from packer.io import fs
+
+    read: list[int] = []
+    original = s3fs.core.S3File._fetch_range
+
+    def counted(self, start, end):
+        data = original(self, start, end)
+        if "/images/" in self.path:
+            read.append(len(data))
+        return data
+
+    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", counted)
+    monkeypatch.setattr(fs, "HEAD_BYTES", 1024)
+    whole = build(config(str(tmp_path / "whole"), image_check="verify"), progress=False)
+    whole_bytes, read[:] = sum(read), []
+    header = build(config(str(tmp_path / "header"), image_check="header"), progress=False)
+    assert [e.sha256 for e in header.files.packed] == [e.sha256 for e in whole.files.packed]
+    assert read and 0 < sum(read) < whole_bytes  # first bytes only, where they told the size
