@@ -22,6 +22,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ranks import run_cases  # noqa: E402
+
 from packer.loader import PackedCollator, packed_loss  # noqa: E402
 from packer.loader.sequence_parallel import shard_for_sequence_parallel  # noqa: E402
 
@@ -146,18 +148,7 @@ def misuse(path: Path) -> None:
 
 
 def worker(rank: int, world: int, cases: list[dict], out: str, store: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
-        for case in cases:
-            try:
-                run_case(case, Path(out))
-            except Exception as e:  # noqa: BLE001 -- reported to the test, which names the case
-                if rank == 0:
-                    (Path(out) / f"{case['name']}.error").write_text(f"{type(e).__name__}: {e}")
-                raise
-    finally:
-        dist.destroy_process_group()
+    run_cases(rank, world, store, cases, out, lambda case: run_case(case, Path(out)))
 
 
 if __name__ == "__main__":

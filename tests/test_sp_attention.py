@@ -11,11 +11,8 @@ one start per world size, each under a timeout. The refusals are checked here an
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,6 +21,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 import sp_ranks  # noqa: E402
+from ranks import launch  # noqa: E402
 
 from packer.loader.ring_attention import ring_layout  # noqa: E402
 from packer.loader.sp_attention import check_heads, plan_groups, register  # noqa: E402
@@ -54,20 +52,8 @@ CASES = {
 
 def spawn(world: int, folder: Path) -> subprocess.CompletedProcess:
     (folder / "cases.json").write_text(json.dumps(CASES[world]))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    args = [sys.executable, str(ROOT / "tests" / "sp_ranks.py"), str(world), str(folder / "cases.json"), str(folder)]
-    with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, text=True, env=env, cwd=ROOT,
-                                start_new_session=True)
-        try:
-            code = proc.wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the spawner and its ranks
-            proc.wait()
-            code = None
-        err.seek(0)
-        return subprocess.CompletedProcess(args, code, "", err.read())
+    return launch([sys.executable, str(ROOT / "tests" / "sp_ranks.py"), str(world), str(folder / "cases.json"),
+                   str(folder)], TIMEOUT)
 
 
 @pytest.fixture(scope="module")

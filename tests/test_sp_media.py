@@ -14,11 +14,8 @@ ranks hold no whole video (Qwen3-VL) or no image (Qwen3-Omni) and run the tower 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,6 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 import sp_media_ranks  # noqa: E402
+from ranks import launch  # noqa: E402
 
 from packer.loader.sp_media import assign, item_cost, loads  # noqa: E402
 
@@ -59,21 +57,8 @@ ANALYTIC_ZERO = ("k_proj.bias",)
 
 def spawn(family: str, world: int, build: Path, folder: Path) -> subprocess.CompletedProcess:
     (folder / "cases.json").write_text(json.dumps(CASES[(family, world)]))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    args = [sys.executable, str(ROOT / "tests" / "sp_media_ranks.py"), str(world), family, str(build),
-            str(folder / "cases.json"), str(folder)]
-    with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, text=True, env=env, cwd=ROOT,
-                                start_new_session=True)
-        try:
-            code = proc.wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            code = None
-        err.seek(0)
-        return subprocess.CompletedProcess(args, code, "", err.read())
+    return launch([sys.executable, str(ROOT / "tests" / "sp_media_ranks.py"), str(world), family, str(build),
+                   str(folder / "cases.json"), str(folder)], TIMEOUT)
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,7 @@ start under a timeout; the rest in this process."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import tempfile
 from types import SimpleNamespace
 
 import pytest
@@ -25,6 +21,7 @@ from packer.loader.sp_attention import SequenceParallel
 
 sys.path.insert(0, str(ROOT / "tests"))
 import sp_step_ranks  # noqa: E402
+from ranks import launch  # noqa: E402
 
 TIMEOUT = 400  # seconds for the torchrun: a mismatched collective hangs, and fails here
 LOOP_ROWS = [[0, 3], [1, 2]]  # replica 0's two micro-batches, replica 1's
@@ -48,21 +45,10 @@ def text_build(tmp_path_factory):
 def ranks(text_build, tmp_path_factory):
     folder = tmp_path_factory.mktemp("sp_step_ranks")
     (folder / "cases.json").write_text(json.dumps(CASES))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
-            str(ROOT / "tests" / "sp_step_ranks.py"), str(text_build), str(folder / "cases.json"), str(folder)]
-    with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, text=True, env=env, cwd=ROOT,
-                                start_new_session=True)
-        try:
-            code = proc.wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its ranks
-            proc.wait()
-            code = None
-        err.seek(0)
-        return folder, code, err.read()
+    done = launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
+                   str(ROOT / "tests" / "sp_step_ranks.py"), str(text_build), str(folder / "cases.json"), str(folder)],
+                  TIMEOUT)
+    return folder, done.returncode, done.stderr
 
 
 def results(ranks, name: str) -> tuple[list[dict], dict]:
