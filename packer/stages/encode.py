@@ -398,6 +398,7 @@ def quarantine_entry(file: str, raw: RawLine, error: BadRecord) -> QuarantineEnt
 
 
 def _record_id(obj) -> str | None:
+    """The record's id if it has a usable one (a string or an integer), for the quarantine."""
     value = obj.get("id") if isinstance(obj, dict) else None
     return _clean(str(value)) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
 
@@ -413,5 +414,4 @@ def _peek_id(data: bytes) -> str | None:
         obj = json.loads(data)
     except Exception:  # noqa: BLE001 -- malformed, invalid UTF-8, a huge integer, nesting too deep: no id
         return None
-    value = obj.get("id") if isinstance(obj, dict) else None
-    return _clean(str(value)) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+    return _record_id(obj)
