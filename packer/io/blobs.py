@@ -34,6 +34,7 @@ class Store:
 
     def __init__(self) -> None:
         self._data: dict[str, bytes] = {}
+        self._nbytes = 0  # of what _data holds (_hold, _drop): asked once a record by stage 1's grouping
         self._urls: dict[str, tuple[str, int, int]] = {}  # a remote URL fetched whole -> (blob name, size, mtime ns)
         self._failed: dict[str, BaseException] = {}  # a remote URL whose fetch failed -> the error, met again on use
         self._heads: dict[str, bytes] = {}  # a remote URL read in part (its first bytes: a header) -> those bytes
@@ -55,15 +56,25 @@ class Store:
                 return found
         return None
 
+    def _hold(self, key: str, data: bytes) -> None:
+        if key not in self._data:
+            self._data[key] = data
+            self._nbytes += len(data)
+
+    def _drop(self, key: str) -> None:
+        data = self._data.pop(key, None)
+        if data is not None:
+            self._nbytes -= len(data)
+
     def put(self, data: bytes) -> str:
         key = name(data)
         self._only_urls.discard(key)  # a reader's blob now, not only a URL's
-        self._data.setdefault(key, bytes(data))
+        self._hold(key, bytes(data))
         return key
 
     def add(self, key: str, data: bytes) -> None:
         """Hold ``data`` under ``key``, a name computed before (a media shard's row)."""
-        self._data.setdefault(key, data)
+        self._hold(key, data)
 
     def get(self, key: str) -> bytes:
         data = self._data.get(key)
@@ -80,7 +91,7 @@ class Store:
         return len(self._data)
 
     def nbytes(self) -> int:
-        return sum(len(v) for v in self._data.values())
+        return self._nbytes
 
     def hold_url(self, url: str, data: bytes, mtime_ns: int = 0) -> str:
         """Hold the body of a remote ``url`` (fetched whole by a prefetch, :mod:`packer.io.fs`) as a blob; its name,
@@ -88,7 +99,7 @@ class Store:
         key = name(data)
         if key not in self._data:
             self._only_urls.add(key)
-            self._data[key] = bytes(data)
+            self._hold(key, bytes(data))
         self._urls[url] = (key, len(data), mtime_ns)
         return key
 
@@ -109,7 +120,7 @@ class Store:
     def forget_urls(self) -> None:
         """Drop all that is known of URLs (a stage-1 task's start: its URLs are read afresh)."""
         for key in self._only_urls:
-            self._data.pop(key, None)
+            self._drop(key)
         self._only_urls.clear()
         self._urls.clear()
         self._failed.clear()
@@ -149,17 +160,18 @@ class Store:
         for key in names - kept:
             if key in self._only_urls:
                 self._only_urls.discard(key)
-                self._data.pop(key, None)
+                self._drop(key)
 
     def forget(self, keys=None) -> None:
         """Drop ``keys`` (all when None: what is known of URLs, their size, time or failure, stays until
         :meth:`forget_urls`, so a task's media index asks no store for them again)."""
         if keys is None:
             self._data.clear()
+            self._nbytes = 0
             self._only_urls.clear()
             return
         for k in keys:
-            self._data.pop(k, None)
+            self._drop(k)
 
     def open(self, key: str) -> io.BytesIO:
         return io.BytesIO(self.get(key))
