@@ -174,17 +174,57 @@ def _where(state: str, task: int) -> tuple[int, str, int]:
     return task, state, os.getpid()
 
 
+def _where_when_ready(state: str, task: int) -> tuple[int, str, int]:
+    """Task 0, run by the caller, returns once a worker process has built its state."""
+    from packer.engine import local
+
+    if task == 0 and state == "given":
+        deadline = time.time() + 60
+        while local._LIVE[-1].ready.value < 1 and time.time() < deadline:
+            time.sleep(0.01)
+    return task, state, os.getpid()
+
+
 def test_the_callers_process_is_one_of_the_workers_when_it_has_the_state():
-    """With ``in_process_state`` this process runs every ``workers``-th task on that state and
-    ``workers - 1`` processes run the rest (each with the state ``setup`` built); results in order."""
+    """With ``in_process_state`` this process runs tasks on that state and ``workers - 1`` processes run the
+    others (each with the state ``setup`` built) once they have built it, two at a time; results in order."""
     from packer.engine.local import LocalEngine
 
-    got = list(LocalEngine(3).map(_where, range(8), str, ("built by setup",), in_process_state="given"))
+    got = list(LocalEngine(3).map(_where_when_ready, range(8), str, ("built by setup",), in_process_state="given"))
     assert [t for t, _, _ in got] == list(range(8))
     here = [t for t, state, pid in got if pid == os.getpid()]
-    assert here == [0, 3, 6] and all(state == "given" for t, state, _ in got if t in here)
+    assert here[0] == 0 and all(state == "given" for t, state, _ in got if t in here)  # no worker was ready for task 0
     others = {pid for t, state, pid in got if t not in here}
     assert 1 <= len(others) <= 2 and all(state == "built by setup" for t, state, _ in got if t not in here)
+
+
+def _slow_setup(release: str) -> str:
+    deadline = time.time() + 60
+    while not Path(release).exists() and time.time() < deadline:
+        time.sleep(0.02)
+    return "built by setup"
+
+
+def test_no_task_waits_for_a_worker_still_starting(tmp_path):
+    """Workers that have not built their state get no task: an input smaller than a worker's start-up (a
+    tokenizer or a processor to load) is done here, and the map ends without waiting for them."""
+    from packer.engine import local
+
+    release = tmp_path / "release"
+    began = time.time()
+    got = list(local.LocalEngine(3).map(_where, range(8), _slow_setup, (str(release),), in_process_state="given"))
+    assert time.time() - began < 30 and local._LIVE == []
+    assert got == [(t, "given", os.getpid()) for t in range(8)]
+    release.touch()
+
+
+def _when_setup_failed(state: str, task: int) -> tuple[int, str, int]:
+    from concurrent.futures import wait
+
+    from packer.engine import local
+
+    wait(local._LIVE[-1].warm, timeout=60)  # the worker's setup has failed by now
+    return task, state, os.getpid()
 
 
 def _refuse(*args):
@@ -195,7 +235,7 @@ def test_a_worker_whose_setup_fails_raises_that_error_in_the_caller():
     from packer.engine.local import LocalEngine
 
     with pytest.raises(ValueError, match="cannot load its tokenizer"):
-        list(LocalEngine(2).map(_where, range(4), _refuse, (), in_process_state="given"))
+        list(LocalEngine(2).map(_when_setup_failed, range(4), _refuse, (), in_process_state="given"))
 
 
 def test_workers_started_ahead_are_taken_by_their_map_or_closed():

@@ -72,8 +72,6 @@ class LocalEngine:
             if n > 0:
                 ctx, pool = _open_pool(n, setup, setup_args)
                 self._early = (setup, setup_args, ctx, pool)
-                for _ in range(n):  # processes start on demand: one submit each
-                    pool.submit(_call, _idle, None)
             yield
         finally:
             if self._early is not None:
@@ -104,10 +102,14 @@ class LocalEngine:
 
         ``setup(*setup_args)`` builds the per-process state (a tokenizer, an open
         table) once per worker; ``in_process_state`` reuses one the caller has. With it,
-        this process is one of the ``workers``: it runs every ``workers``-th task itself
-        and ``workers - 1`` processes are started, so the state it already built is not
-        built again and no core idles while the workers start (stage 1: the driver has
-        loaded the tokenizer to fingerprint it before any task runs). A signal reaches this
+        this process is one of the ``workers`` and ``workers - 1`` processes are started,
+        so the state it already built is not built again. A task goes to a worker process
+        only once that process has built its state, two at a time (one running, one
+        queued); every other task this process runs itself whenever it would otherwise
+        wait. So a worker's start-up (stage 1: a tokenizer or a processor to load, ~2 s)
+        never holds a task back: an input smaller than that start-up is encoded here
+        while the workers start, and a larger one is shared out as each worker comes up.
+        Which process runs a task never changes its result. A signal reaches this
         process between two Python steps, so while it runs a task of its own, Ctrl-C or
         SIGTERM waits for the native call in progress (a chunk's tokenizer call, a shard's
         write: well under a second at the default sizes) before the workers are killed.
@@ -129,24 +131,31 @@ class LocalEngine:
             return
         ctx, pool = early or _open_pool(workers - 1 if here else workers, setup, setup_args)
         finished = False
+        queue = _Queue(pool, ctx, fn, in_process_state) if here else None
         try:
-            pending: deque = deque()  # futures, and (task,) for the tasks this process runs when their turn comes
-            for k, task in enumerate(itertools.chain(head, tasks)):
-                mine = here and k % workers == 0
-                pending.append((task,) if mine else _submit(pool, ctx, fn, task))
+            pending: deque = deque()  # futures; with ``here``, _Queue entries
+            for task in itertools.chain(head, tasks):
+                pending.append(queue.add(task) if here else _submit(pool, ctx, fn, task))
                 if len(pending) >= 2 * workers:
-                    yield _result(pending.popleft(), fn, in_process_state, ctx)
+                    yield queue.result(pending.popleft()) if here else _result(pending.popleft(), ctx)
             while pending:
-                yield _result(pending.popleft(), fn, in_process_state, ctx)
+                yield queue.result(pending.popleft()) if here else _result(pending.popleft(), ctx)
             finished = True
         finally:  # an error, an interrupt or an abandoned generator must not wait for running tasks
-            _close_pool(ctx, pool, finished)
+            if queue is not None:
+                queue.close()
+            # nor a map this process took part in, once it is done: every result is in, so a worker is idle or still
+            # building its state, which nothing waits for
+            _close_pool(ctx, pool, finished and not here)
 
 
 def _open_pool(processes: int, setup: Callable[..., Any], setup_args: tuple):
     ctx = _TrackingContext(processes)  # spawn: no fork after Rust tokenizers start threads
-    pool = ProcessPoolExecutor(processes, mp_context=ctx, initializer=_init, initargs=(os.getpid(), setup, setup_args))
+    ctx.ready = ctx.Value("i", 0)  # processes that have built their state (or failed to)
+    pool = ProcessPoolExecutor(processes, mp_context=ctx, initializer=_init,
+                               initargs=(os.getpid(), setup, setup_args, ctx.ready))
     _LIVE.append(ctx)
+    ctx.warm = [pool.submit(_call, _idle, None) for _ in range(processes)]  # processes start on demand: one submit each
     return ctx, pool
 
 
@@ -159,6 +168,93 @@ def _close_pool(ctx: _TrackingContext, pool: ProcessPoolExecutor, finished: bool
 
 def _idle(state: Any, task: Any) -> None:
     """The task that makes a pool start a process (which builds its state first)."""
+
+
+class _Queue:
+    """The tasks of a map whose caller is one of its workers (``in_process_state``), in task order.
+
+    A worker process gets a task only once it has built its state, and one at a time: the next is
+    given the moment its previous one is done (a future's callback, on the pool's own thread). The
+    caller runs the next task nobody has taken whenever the result it must yield is not ready, so it
+    never waits while there is work, and no task waits for a worker still starting.
+    """
+
+    def __init__(self, pool: ProcessPoolExecutor, ctx: _TrackingContext, fn: Callable[[Any, Any], Any], state: Any):
+        self.pool, self.ctx, self.fn, self.state = pool, ctx, fn, state
+        self.lock = threading.RLock()  # the caller and the pool's thread (callbacks) both give tasks
+        self.waiting: deque[_Entry] = deque()  # nobody has them yet
+        self.given = 0  # the pool's tasks not yet done
+        self.error: BaseException | None = None  # met on the pool's thread, raised on the caller's
+        self.closed = False
+        for f in ctx.warm:
+            f.add_done_callback(self._on_done)
+
+    def add(self, task: Any) -> _Entry:
+        entry = _Entry(task)
+        with self.lock:
+            self.waiting.append(entry)
+            self._give()
+        return entry
+
+    def result(self, entry: _Entry) -> Any:
+        """``entry``'s result; until a worker has it ready, this process runs the tasks nobody has taken."""
+        while True:
+            with self.lock:
+                self._raise()
+                if entry.done:
+                    return entry.value
+                if entry.future is None:  # nobody took it: run it here
+                    self.waiting.remove(entry)
+                    mine = entry
+                elif entry.future.done() or not self.waiting:
+                    mine = None
+                else:  # a worker's, not ready: run the next task nobody has taken meanwhile
+                    mine = self.waiting.popleft()
+            if mine is None:
+                return _result(entry.future, self.ctx)
+            value = self.fn(self.state, mine.task)
+            if mine is entry:
+                return value
+            mine.value, mine.done = value, True
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+
+    def _give(self) -> None:
+        """Hand waiting tasks to the workers that are ready and idle (under the lock)."""
+        if self.closed or self.error is not None:
+            return
+        try:
+            while self.waiting and self.given < self.ctx.ready.value:
+                entry = self.waiting.popleft()
+                entry.future = _submit(self.pool, self.ctx, self.fn, entry.task)
+                self.given += 1
+                entry.future.add_done_callback(self._on_done)
+        except BaseException as e:  # noqa: BLE001 -- a callback's error would be logged and lost: raised by the caller
+            self.error = e
+
+    def _on_done(self, future) -> None:
+        with self.lock:
+            if future not in self.ctx.warm:
+                self.given -= 1
+            elif not future.cancelled() and future.exception() is not None:  # a worker whose setup failed
+                self.error = self.error or future.exception()
+            self._give()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            error, self.error = self.error, None
+            if isinstance(error, BrokenProcessPool):
+                raise WorkerDied(self.ctx.death()) from None
+            raise error
+
+
+class _Entry:
+    __slots__ = ("task", "future", "value", "done")
+
+    def __init__(self, task: Any):
+        self.task, self.future, self.value, self.done = task, None, None, False
 
 
 class _TrackingContext(type(multiprocessing.get_context("spawn"))):
@@ -246,13 +342,11 @@ def _on_signal(signum: int, frame: Any) -> None:
     raise Interrupted(signum)
 
 
-def _result(item, fn: Callable[[Any, Any], Any], state: Any, ctx: _TrackingContext) -> Any:
-    """A pool future's result, or the task run here (a 1-tuple holding it). A worker that died
-    (the kernel's out-of-memory killer, most often) is a :class:`WorkerDied`, not a traceback."""
-    if isinstance(item, tuple):
-        return fn(state, item[0])
+def _result(future, ctx: _TrackingContext) -> Any:
+    """A pool future's result. A worker that died (the kernel's out-of-memory killer, most
+    often) is a :class:`WorkerDied`, not a traceback."""
     try:
-        return item.result()
+        return future.result()
     except BrokenProcessPool:
         raise WorkerDied(ctx.death()) from None
 
@@ -285,7 +379,7 @@ class _SetupFailed:
         self.error = error
 
 
-def _init(parent: int, setup: Callable[..., Any], args: tuple) -> None:
+def _init(parent: int, setup: Callable[..., Any], args: tuple, ready) -> None:
     global _STATE
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
@@ -294,8 +388,10 @@ def _init(parent: int, setup: Callable[..., Any], args: tuple) -> None:
         _STATE = setup(*args)
     except Exception as e:  # noqa: BLE001 -- re-raised by the first task, in the caller
         _STATE = _SetupFailed(e)
-        return
-    freeze_collector()
+    else:
+        freeze_collector()
+    with ready.get_lock():  # the caller gives this process tasks from now on
+        ready.value += 1
 
 
 def _die_with_parent(parent: int) -> None:
