@@ -29,6 +29,11 @@ class ArgumentError(ConfigError, ValueError):
     by the check of the argument itself, so an unexpected ValueError deeper down still shows as the bug it is."""
 
 
+class NotABuildError(ConfigError):
+    """A folder named as a build holds no finished build's manifest: the command was pointed at the wrong folder
+    (exit 2); ``packer verify`` reports it as the build's problem instead (exit 6)."""
+
+
 class StrictModeError(PackerError):
     """``--strict`` met a record that would have been quarantined."""
 

@@ -98,10 +98,10 @@ def test_an_empty_modalities_flag_builds_text_only(run, tmp_path, write_jsonl):
         (["build", "-i", SAMPLE / "docs.jsonl", "--family", "qwen3vl", "--processor", SAMPLE / "docs.jsonl"], 2,
          f"cannot load processor '{SAMPLE / 'docs.jsonl'}': it is a file, not a folder"),
         (["build", "-i", SAMPLE / "llava.jsonl", "--tokenizer", TOKENIZER, "--strict"], 3, "llava.jsonl:98: missing_image"),
-        (["repack", ".", "--max-length", "8192", "-o", "x"], 1, ". is not a finished packer build"),
+        (["repack", ".", "--max-length", "8192", "-o", "x"], 2, ". is not a finished packer build"),
         (["repack", ".", "--tokenizer", "t", "-o", "x"], 2, "No such option '--tokenizer'"),
-        (["inspect", "nowhere"], 1, "nowhere is not a finished packer build"),
-        (["report", "nowhere"], 1, "nowhere is not a finished packer build"),
+        (["inspect", "nowhere"], 2, "nowhere is not a finished packer build"),
+        (["report", "nowhere"], 2, "nowhere is not a finished packer build"),
         (["verify", "nowhere"], 6, "nowhere is not a finished packer build"),
     ],
 )

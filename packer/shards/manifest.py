@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from packer import __version__
-from packer.errors import PackerError, SchemaVersionError
+from packer.errors import NotABuildError, PackerError, SchemaVersionError
 from packer.io.files import write_text_atomic
 from packer.io.fs import check_reachable, is_remote, location
 from packer.shards.schema import SCHEMA_VERSION, ShardEntry, version_message
@@ -264,7 +264,7 @@ class Manifest:
         if not path.is_file():
             if is_remote(path):  # a store that cannot be asked answers "no file": name the credentials instead
                 check_reachable(str(path), what="build")
-            raise PackerError(f"{out} is not a finished packer build: {path} is missing")
+            raise NotABuildError(f"{out} is not a finished packer build: {path} is missing")
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as e:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from packer.errors import ConfigError, PackerError
+from packer.errors import ConfigError, NotABuildError, PackerError
 from packer.io.fs import location
 from packer.shards.manifest import Manifest
 from packer.verify.files import check_accounting, check_file, check_folder, check_media
@@ -28,6 +28,8 @@ def verify(out: str | Path, *, media: str | None = None, media_root: str | None 
     out = location(out)
     try:
         manifest = Manifest.read(out)
+    except NotABuildError as e:  # a folder without a manifest: the build's one problem
+        return [Problem("manifest.json", None, str(e))], {"files": 0, "rows": 0, "tokens": 0, "media": 0}
     except ConfigError:  # a store that cannot be asked (no credentials, unreachable): the one line naming the cause,
         raise  # exit 2, as inspect / report say it -- nothing was checked, so no "1 problem(s)" about the build
     except PackerError as e:  # missing, truncated, malformed, another schema version, a failed build
