@@ -37,8 +37,8 @@ class RenderedChat:
     edits: list[tuple[int, int, int]] = field(default_factory=list)
     spans: list[tuple[int, int]] | None = None  # the trained character spans of ``full``, once labelled
     clips_cut: int = 0  # audio clips longer than the encoder's window (counted as audio_truncated)
-    prompt: str | None = None  # a string preference record in TRL's standard format: its prompt (``text`` is no
-    #                            rendering but prompt + response + EOS, see packer.encode.standard)
+    prompt: Any = None  # a string preference record in TRL's standard format: its standard.Prompt (``text`` is no
+    #                     rendering but the prompt's tail + response + EOS, see packer.encode.standard)
     completion_start: int = 0  # standard format: the first trained token
     tools: list[dict[str, Any]] | None = None  # the record's tool schemas, marked: every rendering of it gets them
     marked: bool = False  # a control token typed in the record was marked: ``text`` is encoded piece by piece

@@ -262,7 +262,8 @@ class Encoder:
         docs = list(dict.fromkeys(rec.text for _, rec, _ in prepared if isinstance(rec, Document)))
         rendered = [c for _, _, chat in prepared for c in (chat if isinstance(chat, list) else [chat])]
         chats = list(dict.fromkeys(c.text for c in rendered if c is not None and not c.marked and c.prompt is None))
-        plain = list(dict.fromkeys(t for c in rendered if c is not None and c.prompt is not None for t in (c.prompt, c.text)))
+        plain = list(dict.fromkeys(c.text for c in rendered if c is not None and c.prompt is not None))  # the prompt's
+        #   tokens are known (standard.Prompt): each response's text from where they stop
         memo: dict = {}
         try:  # a chunk holds at most TOKENIZE_BATCH records: one call per kind
             for text, (ids, _) in zip(docs, self.text.encode(docs, special=True, split=True, offsets=False), strict=True):
@@ -303,9 +304,10 @@ class Encoder:
                                                      f"response(s)); this build packs SFT records only: pass --preference "
                                                      f"pairs or tree to pack it with its roles")
             if record.strings and self.config.preference_strings == "standard":  # TRL's standard format
-                self.preference.standard_fits(record)
-                prompt, texts = standard.texts(record, self.tok.eos_token)
-                return obj, record, [RenderedChat(t, t, [], "standard", [], set(), False, prompt=prompt) for t in texts]
+                text, responses = standard.texts(record, self.tok.eos_token)
+                prompt = self.preference.standard_prompt(record, text)
+                return obj, record, [RenderedChat(t, t, [], "standard", [], set(), False, prompt=prompt)
+                                     for t in map(prompt.tail, responses)]
             self.media.check_modalities(record.conversation(0))  # the media are the prompt's, the same in every response
             if len(raw.data) * len(record.responses) > PREFERENCE_BATCH_BYTES:  # rendered one by one, when encoded
                 return obj, record, [None] * len(record.responses)
@@ -404,7 +406,7 @@ class Encoder:
 
     def _chat_tokens(self, chat: RenderedChat) -> tuple[np.ndarray, np.ndarray]:
         if chat.prompt is not None:
-            return self.preference.standard_tokens(chat.text)
+            return chat.prompt.tokens(self.preference.standard_tokens(chat.text)[0]), None
         hit = self._memo.get(("chat", chat.text))
         if hit is not None:
             return hit
@@ -449,7 +451,7 @@ def _text_size(prepared: tuple) -> int:
     if isinstance(record, Document):
         return len(record.text)
     chats = chat if isinstance(chat, list) else [chat]
-    return sum(len(c.text) + len(c.prompt or "") for c in chats if c is not None)
+    return sum(len(c.text) for c in chats if c is not None)
 
 
 

@@ -34,16 +34,21 @@ class PreferenceEncoder:
     def __init__(self, encoder: Any):  # the Encoder (not imported: it imports this module)
         self.encoder = encoder
 
-    def standard_fits(self, record: Preference) -> None:
-        """Drop a string record whose prompt alone, with a token for each response, cannot fit ``max_length`` even as a
-        tree, before each response's text (a copy of the prompt each, TRL's way) is made and tokenized."""
-        prompt = "".join(p.text for t in record.prompt for p in t.parts)
-        need = len(self.standard_tokens(prompt)[0]) + len(record.responses)
+    def standard_prompt(self, record: Preference, prompt: str) -> standard.Prompt:
+        """The string record's prompt tokenized once (:class:`standard.Prompt`: where its tail starts, for a record of
+        several responses). Drops a record whose prompt alone, with a token for each response, cannot fit
+        ``max_length`` even as a tree, before any response is tokenized."""
+        ids = self.standard_tokens(prompt)[0]
+        need = len(ids) + len(record.responses)
         if need > self.encoder.config.max_length:
             raise BadRecord("preference_too_long", f"the prompt and {len(record.responses):,} responses take at least "
                                                    f"{need:,} tokens as a tree (pairs take more), over max_length "
                                                    f"{self.encoder.config.max_length:,}: dropped before the responses were "
                                                    f"tokenized")
+        if len(record.responses) < 2:
+            return standard.Prompt(prompt, ids)
+        cut, shared, lead = self.encoder.text.stable_head(prompt, ids)
+        return standard.Prompt(prompt, ids, cut, shared, lead)
 
     def standard_encode(self, texts: list[str]) -> list[tuple[np.ndarray, None]]:
         """``tok(text)`` as TRL calls it on standard-format text: special tokens added, typed ones parsed. Ids only:
@@ -77,8 +82,7 @@ class PreferenceEncoder:
         n = len(roles)
         plain = chats[0] is not None and chats[0].prompt is not None  # TRL's standard format (packer.encode.standard)
         if plain:
-            start = standard.completion_start(self.standard_tokens(chats[0].prompt)[0],
-                                              [self.standard_tokens(c.text)[0] for c in chats])
+            start = standard.completion_start(chats[0].prompt, [self.standard_tokens(c.text)[0] for c in chats])
             for chat in chats:
                 chat.completion_start = start
         prompt = self._prompt_rendering(record) if n > 1 and not plain else None
@@ -94,7 +98,7 @@ class PreferenceEncoder:
                                                        f"or an empty one)")
             if k == 0:
                 media = spans
-            end = 0 if n == 1 else len(chat.prompt) if plain else self._prompt_end(chat, prompt)
+            end = 0 if n == 1 else len(chat.prompt.text) - chat.prompt.cut if plain else self._prompt_end(chat, prompt)
             shared.add(ids, trained, chat.text, end, [m.start + m.length for m in spans])
             chats[k] = chat if k == 0 else None  # the first counts the prompt's clips (Encoder._finish); no other is kept
             if k < n - 1 and shared.tree_lower_bound(n) > self.encoder.config.max_length:

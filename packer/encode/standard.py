@@ -23,9 +23,15 @@ So each response's segment is ``ids_k`` with labels from that token on: the sequ
 template instead (a user turn, an assistant turn). A string record with media is refused
 (``media_in_string_preference``): TRL's vision collator tokenizes prompt and response apart, with no special
 tokens and no EOS, another convention; give its prompt as messages.
+
+Those are TRL's tokens; packer gets them without tokenizing the prompt once per response where the tokenizer allows
+(:class:`Prompt`, :mod:`packer.encode.stable`): the prompt's tokens up to a pre-token boundary near its end are the
+same whatever follows, so only its tail is tokenized with each response.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,8 +39,30 @@ from packer.errors import BadRecord
 from packer.records import Preference
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """A string record's prompt, tokenized once: ``ids`` is ``tok(prompt)`` (TRL's ``prompt_ids``), and every
+    ``tok(prompt + response)`` is ``ids[:shared]`` then ``tok(prompt[cut:] + response)[lead:]`` (``lead``: the special
+    tokens the tokenizer puts before a text; :mod:`packer.encode.stable`). ``cut = 0``: the whole prompt goes with each
+    response, as TRL sends it."""
+
+    text: str
+    ids: np.ndarray
+    cut: int = 0
+    shared: int = 0
+    lead: int = 0
+
+    def tail(self, response: str) -> str:
+        """What the tokenizer is sent for ``response`` (its EOS appended)."""
+        return self.text[self.cut:] + response
+
+    def tokens(self, tail: np.ndarray) -> np.ndarray:
+        """``tok(prompt + response)`` from ``tail``, the tokens of :meth:`tail`."""
+        return np.concatenate([self.ids[:self.shared], tail[self.lead:]]) if self.cut else tail
+
+
 def texts(record: Preference, eos_token: str | None) -> tuple[str, list[str]]:
-    """(prompt, [prompt + response + EOS, ...]) of a string record, TRL's ``add_eos`` applied."""
+    """(prompt, [response + EOS, ...]) of a string record, TRL's ``add_eos`` applied."""
     held = [p.kind for t in record.prompt for p in t.parts if p.kind != "text"]
     if held:
         raise BadRecord("media_in_string_preference",
@@ -47,15 +75,17 @@ def texts(record: Preference, eos_token: str | None) -> tuple[str, list[str]]:
         response = "".join(p.text for t in r.turns for p in t.parts)
         if eos_token and not response.endswith(eos_token):
             response += eos_token
-        out.append(prompt + response)
+        out.append(response)
     return prompt, out
 
 
-def completion_start(prompt_ids: np.ndarray, ids: list[np.ndarray]) -> int:
-    """TRL's ``prompt_len``: the fewest leading tokens the prompt alone shares with any prompt + response."""
-    start = len(prompt_ids)
-    for a in ids:
-        n = min(len(a), len(prompt_ids))
-        differ = np.flatnonzero(a[:n] != prompt_ids[:n])
-        start = min(start, int(differ[0]) if len(differ) else n)
+def completion_start(prompt: Prompt, tails: list[np.ndarray]) -> int:
+    """TRL's ``prompt_len``: the fewest leading tokens the prompt alone shares with any prompt + response (``tails``:
+    their :meth:`Prompt.tail` tokens; the shared tokens are the prompt's own, so only the rest is compared)."""
+    start, rest = len(prompt.ids), prompt.ids[prompt.shared:]
+    for tail in tails:
+        a = tail[prompt.lead:] if prompt.cut else tail
+        n = min(len(a), len(rest))
+        differ = np.flatnonzero(a[:n] != rest[:n])
+        start = min(start, prompt.shared + (int(differ[0]) if len(differ) else n))
     return start

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from packer.encode import stable
 from packer.encode.offsets import ByteStarts, normal_form, serialized_state
 from packer.encode.render import MARK_END, MARK_START
 
@@ -76,6 +77,8 @@ class TextTokenizer:
         # left (lstrip) and matches whatever precedes it (single_word): the pieces on either side are encoded apart
         self._cut_before = {i for i, a in added.items() if not (a.normalized or a.lstrip or a.single_word)}
         self._longest_added = max((len(a.content) for a in added.values()), default=0)
+        self._added = {i: a.content for i, a in added.items()}
+        self._cuttable = stable.cuttable(self.state, self.backend, self.split_default)
 
     # ------------------------------------------------------------ batches
 
@@ -123,6 +126,20 @@ class TextTokenizer:
         for (c, j), (ids, starts) in zip(cut, self.encode(rest, special=False, split=False, offsets=True), strict=True):
             out.append((np.concatenate([known.ids[:j], ids]), np.concatenate([known.starts[:j], starts + c])))
         return out
+
+    def stable_head(self, text: str, special_ids: np.ndarray) -> tuple[int, int, int]:
+        """``(c, n, lead)`` such that, for any ``x``, ``encode([text + x], special=True, split=False)`` is
+        ``special_ids[:n]`` then ``encode([text[c:] + x], special=True, split=False)`` from its ``lead``-th token on;
+        ``special_ids`` is ``text``'s own (special tokens added). ``(0, 0, 0)`` where this tokenizer, or this text,
+        gives no such cut (:mod:`packer.encode.stable`)."""
+        if not self._cuttable:
+            return 0, 0, 0
+        (ids, starts), = self.encode([text], special=False, split=False, offsets=True)
+        lead = [k for k in range(len(special_ids) - len(ids) + 1) if np.array_equal(special_ids[k:k + len(ids)], ids)]
+        if len(lead) != 1:  # the special tokens around a text are not told apart from it
+            return 0, 0, 0
+        c, j = stable.cut(self.backend, text, ids, starts, self._added, self._longest_added, self.normal_form == "NFC")
+        return (c, lead[0] + j, lead[0]) if c else (0, 0, 0)
 
     def _rust(self, texts: list[str], *, special: bool, split: bool, offsets: bool) -> list:
         """The backend's encodings of ``texts`` in order (``encode_batch_fast`` unless ``offsets``). A
