@@ -26,7 +26,7 @@ The tokenizer's pipeline, for ``T = prompt + response`` cut at character ``c`` o
 So ``tok(prompt + response) = tok(prompt)[:lead + j] + tok(prompt[c:] + response)[lead:]``, ``j`` the prompt's
 tokens before ``c``. Any other tokenizer (SentencePiece without a pre-tokenizer: Llama 2, Gemma; a ``Metaspace``
 or a normalizer that prepends) gets ``c = 0``: each response is tokenized with the whole prompt, exact and
-quadratic. ``tests/test_preference.py`` compares both routes on adversarial texts with two tokenizers.
+quadratic. ``tests/test_preference_strings.py`` compares both routes on adversarial texts with two tokenizers.
 """
 
 from __future__ import annotations
