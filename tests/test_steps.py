@@ -66,7 +66,7 @@ def test_at_one_row_a_rank_the_plan_regroups_rows_of_several_steps_toward_its_wo
     """At 8 ranks x 1 row only which rows share a step counts. The k-d split and the swaps of two rows between
     neighbouring steps left the worst cost at 1.0446 on the FLOP model's rows and 1.0545 under the H200-calibrated
     model (the goal: 1.05); splitting each step with its nearest steps again, toward the worst cost, brings them to
-    1.0368 and 1.0465 (docs/BENCHMARKS.md, "A held-out-like set")."""
+    1.0368 and 1.0465 (8,000 samples of the bench's video-heavy mix; docs/BENCHMARKS.md, "Step plans")."""
     calibrated = generated(8000, model=CostModel.load(ROOT / "bench" / "calibrated_qwen3vl2b_h200.json"))
     for rows, most in ((costs, 1.04), (calibrated, 1.05)):
         plan = measure(rows, plan_steps(rows, 8, 1))
