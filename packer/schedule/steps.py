@@ -16,7 +16,9 @@ accumulation every micro-step is balanced, so their sums are too):
    similar cost vectors: split the window's rows along the cost (each divided by its mean over all
    rows) they spread most in, at a whole number of steps, and recurse until a part is one step
    (a k-d tree whose leaves are steps);
-3. at one row per rank, swap rows between neighbouring steps while that lowers the sum of their slowest ranks;
+3. at one row per rank, swap rows between neighbouring steps while that lowers the sum of their slowest ranks,
+   then split each step with its nearest steps again toward the plan's worst cost, never slowing the simulated
+   epoch (:mod:`packer.schedule.grouping`);
    deal each step's rows to the ranks, ``batch_size`` each: costliest first (by its largest cost
    relative to the step's mean rank), each to the rank with room whose worst cost after taking it
    is lowest; then swap rows between the worst rank and the others while that lowers the step's
@@ -47,6 +49,7 @@ import numpy as np
 
 from packer.errors import ArgumentError
 from packer.schedule.balance import WINDOW, token_balanced
+from packer.schedule.grouping import group, refine, regroup
 
 SWAP_ROUNDS = 8  # improving swaps tried per step (each lowers the step's worst ratio, or the step is done)
 MAX_PASSES = 1000  # a plan names at most this many passes over the build's rows (epochs, or stages' repeats)
@@ -69,57 +72,6 @@ def normalized(costs: np.ndarray) -> np.ndarray:
     mean = costs.mean(0) if len(costs) else np.zeros(costs.shape[1])
     keep = mean > 0
     return costs[:, keep] / mean[keep]
-
-
-def group(rows: np.ndarray, costs: np.ndarray, per_step: int) -> list[np.ndarray]:
-    """``rows`` (a multiple of ``per_step`` of them) as steps of rows of similar ``costs`` (normalized rows of
-    costs, indexed by row number): a k-d split along the widest cost at a whole number of steps."""
-    out: list[np.ndarray] = []
-    stack = [rows]
-    while stack:
-        part = stack.pop()
-        steps = len(part) // per_step
-        if steps <= 1 or not costs.shape[1]:
-            out.extend(part.reshape(-1, per_step))
-            continue
-        c = costs[part]
-        d = int(np.argmax(c.max(0) - c.min(0)))
-        part = part[np.argsort(-c[:, d], kind="stable")]
-        cut = (steps // 2) * per_step
-        stack.extend([part[cut:], part[:cut]])  # popped costliest first: steps in decreasing cost
-    return out
-
-
-def refine(steps: list[np.ndarray], costs: np.ndarray, passes: int = 4) -> list[np.ndarray]:
-    """At one row per rank: swap rows between neighbouring steps (alike after :func:`group`) while a swap lowers the
-    sum over costs of the two steps' slowest ranks -- what Σ slowest / Σ mean measures, the mean being fixed."""
-    steps = [s.copy() for s in steps]
-    for _ in range(passes):
-        changed = False
-        for k in range(len(steps) - 1):
-            a, b = steps[k], steps[k + 1]
-            ca, cb = costs[a], costs[b]
-            now = ca.max(0).sum() + cb.max(0).sum()
-            # every swap (i of a, j of b) at once: a without i (top two per cost) plus b's j, and the other way
-            top_a, top_b = _without(ca), _without(cb)
-            new_a = np.maximum(top_a[:, None, :], cb[None, :, :])  # [i, j, cost]
-            new_b = np.maximum(top_b[None, :, :], ca[:, None, :])
-            total = new_a.sum(2) + new_b.sum(2)
-            i, j = np.unravel_index(int(np.argmin(total)), total.shape)
-            if total[i, j] < now - 1e-9:
-                a[i], b[j] = b[j], a[i]
-                changed = True
-        if not changed:
-            break
-    return steps
-
-
-def _without(c: np.ndarray) -> np.ndarray:
-    """``[i, cost]``: each cost's maximum over the rows of ``c`` but row i."""
-    order = np.argsort(-c, axis=0, kind="stable")
-    first = c[order[0], np.arange(c.shape[1])]
-    second = c[order[1], np.arange(c.shape[1])] if len(c) > 1 else np.full(c.shape[1], -np.inf)
-    return np.where(np.arange(len(c))[:, None] == order[0][None, :], second[None, :], first[None, :])
 
 
 def deal(step: np.ndarray, costs: np.ndarray, ranks: int, per_rank: int) -> np.ndarray:
@@ -161,11 +113,12 @@ def deal(step: np.ndarray, costs: np.ndarray, ranks: int, per_rank: int) -> np.n
 
 
 def plan_window(rows: np.ndarray, costs: np.ndarray, ranks: int, per_rank: int,
-                rng: np.random.Generator | None) -> np.ndarray:
-    """``[steps, ranks, per_rank]`` of one window's rows (a multiple of ``ranks * per_rank``)."""
+                rng: np.random.Generator | None, time: np.ndarray | None = None) -> np.ndarray:
+    """``[steps, ranks, per_rank]`` of one window's rows (a multiple of ``ranks * per_rank``); ``time``: each row's
+    simulated time (:func:`step_time`), which regrouping may not raise."""
     grouped = group(rows, costs, ranks * per_rank)
     if per_rank == 1 and costs.shape[1]:
-        grouped = refine(grouped, costs)
+        grouped = regroup(refine(grouped, costs), costs, time=time)
     steps = [deal(s, costs, ranks, per_rank) for s in grouped]
     if rng is not None:
         steps = [steps[k] for k in rng.permutation(len(steps))]
@@ -194,16 +147,23 @@ def plan_steps(costs: np.ndarray, ranks: int, per_rank: int = 1, *, seed: int = 
     _check(ranks, per_rank, window)
     if seed < 0:
         raise ArgumentError(f"seed = {seed} is below 0: give a seed >= 0 (numpy's seeds are non-negative)")
-    costs = normalized(costs)
+    time, costs = step_time(costs), normalized(costs)
     n, per_step = len(costs), ranks * per_rank
     steps = n // per_step if drop_last else -(-n // per_step)
     rng = np.random.default_rng(seed + epoch)
     order = rng.permutation(n) if shuffle else np.arange(n)
     order = np.resize(order, steps * per_step) if n else np.zeros(0, np.int64)
     span = window * per_step
-    parts = [plan_window(order[a : a + span], costs, ranks, per_rank, rng if shuffle else None)
+    parts = [plan_window(order[a : a + span], costs, ranks, per_rank, rng if shuffle else None, time)
              for a in range(0, len(order), span)]
     return np.concatenate(parts) if parts else np.zeros((0, ranks, per_rank), np.int64)
+
+
+def step_time(costs: np.ndarray) -> np.ndarray:
+    """Each row's simulated time: its ``llm + encoder`` cost (the first two of ``costs[n, k]``), what :func:`measure`'s
+    ``time`` sums over each step's slowest rank."""
+    costs = np.asarray(costs, dtype=np.float64).reshape(len(costs), -1)
+    return costs[:, :2].sum(1)
 
 
 def micro_steps(plan: np.ndarray, accumulation: int) -> np.ndarray:
@@ -226,7 +186,7 @@ def plan_stages(costs: np.ndarray, source: np.ndarray, names: list[str], stages:
     _check(ranks, per_rank, window)
     if seed < 0:
         raise ArgumentError(f"seed = {seed} is below 0: give a seed >= 0 (numpy's seeds are non-negative)")
-    costs = normalized(costs)
+    time, costs = step_time(costs), normalized(costs)
     source = np.asarray(source, np.int64)
     per_step = ranks * per_rank
     rng = np.random.default_rng([seed, 1])
@@ -244,7 +204,7 @@ def plan_stages(costs: np.ndarray, source: np.ndarray, names: list[str], stages:
         drawn = np.concatenate([pools[s].take(int(k)) for s, k in enumerate(counts)] or [np.zeros(0, np.int64)])
         drawn = drawn[rng.permutation(len(drawn))]
         span = window * per_step
-        out += [plan_window(drawn[a : a + span], costs, ranks, per_rank, rng) for a in range(0, len(drawn), span)]
+        out += [plan_window(drawn[a : a + span], costs, ranks, per_rank, rng, time) for a in range(0, len(drawn), span)]
     return np.concatenate(out) if out else np.zeros((0, ranks, per_rank), np.int64)
 
 
