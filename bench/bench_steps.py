@@ -33,6 +33,7 @@ any plan balancing that cost only reaches at one row per rank; no floor of the t
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -42,10 +43,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from packer.config.fields import BuildConfig  # noqa: E402
 from packer.cost import CostModel  # noqa: E402
 from packer.pack import plan  # noqa: E402
 from packer.schedule.balance import imbalance_floor  # noqa: E402
 from packer.schedule.steps import measure, plan_steps, token_only  # noqa: E402
+from packer.stages.planning import with_budget  # noqa: E402
 
 QWEN3_VL_2B = {
     "text_config": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
@@ -146,10 +149,9 @@ def held_out(samples: int, capacity: int, corpora: int, ranks: int = 8, per_rank
         bound = -(-int(lengths.sum()) // capacity)
         for name, model in models().items():
             encoder = model.vector(corpus)[:, 1]
-            for slack in (None, 0.2):  # --max-row-encoder auto:0.2 (bench_row_budget.py)
-                budget = {} if slack is None else {"resources": {"encoder": encoder},
-                                                   "budgets": {"encoder": (1 + slack) * encoder.sum() / bound}}
-                p = plan(lengths, capacity, seed=seed, **budget)
+            for setting in ("off", "auto", "auto:0.2"):  # --max-row-encoder (bench_row_budget.py)
+                budgets = BuildConfig(max_row_encoder=setting).encoder_budgets(float(encoder.sum()), bound)
+                p = with_budget(functools.partial(plan, lengths, capacity, seed=seed), encoder, budgets)
                 row = np.repeat(np.arange(p.n_bins), np.diff(p.offsets))
                 rows = {k: np.bincount(row, weights=v[p.indices], minlength=p.n_bins) for k, v in corpus.items()}
                 vec = model.vector(rows)
@@ -157,7 +159,7 @@ def held_out(samples: int, capacity: int, corpora: int, ranks: int = 8, per_rank
                 tokens = measure(vec, token_only(vec, CostModel()(rows), ranks, per_rank, seed=0))
                 used = len(vec) // (ranks * per_rank) * ranks * per_rank
                 floors = [imbalance_floor(vec[:used, k], ranks, per_rank) for k in range(3)]
-                print(f"| {seed} | {name} | {'off' if slack is None else f'auto:{slack}'} | {p.n_bins:,}, "
+                print(f"| {seed} | {name} | {setting} | {p.n_bins:,}, "
                       f"{p.n_bins / p.bound:.4f} | " + " / ".join(f"{tokens[c]:.3f}" for c in costs) + " | "
                       + " | ".join(f"{planned[c]:.3f}" for c in costs) + f" | {max(planned[c] for c in costs):.3f} | "
                       + " / ".join(f"{f:.3f}" for f in floors) + " |")

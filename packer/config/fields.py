@@ -27,7 +27,9 @@ from packer.config.sources import LEAST, OVERSIZE, Source, whole_file
 from packer.errors import ConfigError
 from packer.media.feature_specs import EmbedSpec, FeatureSpec
 
-AUTO_ENCODER_SLACK = 0.5  # max_row_encoder = auto: rows of the measured corpora stay at the token lower bound (BENCHMARKS)
+# max_row_encoder = auto: (1 + S) x the mean row's encoder cost for the tightest S of these whose plan has no more rows
+# than the plan without a budget (none when each costs a row): steps of alike rows balance (BENCHMARKS)
+AUTO_ENCODER_SLACKS = (0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.75, 1.0)
 MAX_ENCODER_SLACK = 1000.0  # auto:S: a budget of 1001 mean rows holds back no row of a real corpus (off does that)
 # max_row_encoder = N, in the cost model's units: seconds (packer calibrate; an image costs over 1e-6 s), FLOPs (a
 # model config) or token-equivalents; a smaller budget holds no media sample at all (1e-300 overflowed the planner).
@@ -186,10 +188,11 @@ class BuildConfig:
     max_audio: int = _opt(0, "Most audio clips in one packed row (0: no limit).", stage="plan", group="packing")
     max_videos: int = _opt(0, "Most videos in one packed row (0: no limit).", stage="plan", group="packing")
     max_row_encoder: str = _opt("off", "A budget on each row's encoder cost (images, frames, clips through the towers, "
-                                       "under the build's cost_model) besides its tokens: off; auto (1.5 x the mean "
-                                       "row's at the token lower bound), auto:S ((1 + S) x it), or a number in the cost "
-                                       "model's units. Rows of alike encoder cost balance better across ranks; a sample "
-                                       "over the budget alone gets a row whose budget it takes whole (never dropped).",
+                                       "under the build's cost_model) besides its tokens: off; auto (the tightest of "
+                                       "1.2 to 2 x the mean row's at the token lower bound that adds no row), auto:S "
+                                       "((1 + S) x it), or a number in the cost model's units. Rows of alike encoder "
+                                       "cost balance better across ranks; a sample over the budget alone gets a row "
+                                       "whose budget it takes whole (never dropped).",
                                 stage="plan", group="packing")
     preference: str = _opt("none", "Preference / multi-response records (prompt + chosen / rejected, completion + label, a "
                                    "list of responses): none (quarantined as preference_record); pairs (each response a "
@@ -300,7 +303,7 @@ class BuildConfig:
             values = [getattr(self, k) for k in group]
             if not all(values) or len(set(values)) != len(values):
                 raise ConfigError(f"{', '.join(group)} must be different non-empty strings, got {values}")
-        self.encoder_budget(1.0, 1)  # refuses a malformed max_row_encoder now, not after stage 1
+        self.encoder_budgets(1.0, 1)  # refuses a malformed max_row_encoder now, not after stage 1
         for source in self.sources():  # a source's own max_length: the build's is the rows' largest capacity
             own = dict(source.policy).get("max_length", 0)
             if own > self.max_length:
@@ -351,22 +354,24 @@ class BuildConfig:
     def _expand_inputs(self) -> tuple[list[tuple], list[tuple]]:
         return expand_inputs(self.sources())
 
-    def encoder_budget(self, total: float, rows: int) -> float | None:
-        """The row encoder budget ``max_row_encoder`` sets, for samples of ``total`` encoder cost packed in ``rows`` rows
-        at the token lower bound; None when off."""
+    def encoder_budgets(self, total: float, rows: int) -> list[float]:
+        """The row encoder budgets ``max_row_encoder`` allows, for samples of ``total`` encoder cost packed in ``rows``
+        rows at the token lower bound, tightest first: ``auto:S`` and a number one; ``auto`` one for each slack of
+        :data:`AUTO_ENCODER_SLACKS` (the planner keeps the tightest whose rows are no more than without a budget, else
+        none); none when off or when no sample has an encoder cost."""
         value = self.max_row_encoder.strip()
         if value == "off":
-            return None
+            return []
         try:
             if value == "auto" or value.startswith("auto:"):
-                slack = float(value.partition(":")[2] or AUTO_ENCODER_SLACK)
-                if not 0 <= slack <= MAX_ENCODER_SLACK:  # nan and inf too
+                slacks = [float(value.partition(":")[2])] if ":" in value else list(AUTO_ENCODER_SLACKS)
+                if not all(0 <= slack <= MAX_ENCODER_SLACK for slack in slacks):  # nan and inf too
                     raise ValueError
-                return (1.0 + slack) * total / max(rows, 1) if total > 0 else None
+                return [(1.0 + slack) * total / max(rows, 1) for slack in slacks] if total > 0 else []
             budget = float(value)
             if not MIN_ENCODER_BUDGET <= budget < float("inf"):
                 raise ValueError
-            return budget
+            return [budget]
         except ValueError:
             raise ConfigError(f"max_row_encoder = {value!r}: off, auto, auto:S (S from 0 to {MAX_ENCODER_SLACK:g}: "
                               f"(1 + S) x the mean row's encoder cost) or a finite number of at least "

@@ -12,6 +12,8 @@ nothing to train is left out) feed the oversize policy of :func:`packer.pack.pla
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -213,14 +215,15 @@ def plan_samples(samples: pa.Table, config: BuildConfig, source_of_file: list[in
             for v in counts.values():
                 v[responses.sample] //= responses.n
         media = {k: v[sel] for k, v in counts.items()}
-    resources, budgets = encoder_budget(samples, config, lengths[sel] if subset else lengths, sel if subset else None)
-    p = plan(
-        lengths[sel] if subset else lengths, config.max_length, algorithm=config.algorithm, seed=config.seed, order=config.order,
-        oversize=config.oversize, max_segments=config.max_segments or None, media=media, max_media=caps or None,
-        group_by=group_by, row_key=None if row_key is None else row_key[sel], resources=resources, budgets=budgets,
+    cost, budgets = encoder_budgets(samples, config, lengths[sel] if subset else lengths, sel if subset else None)
+    planned = functools.partial(
+        plan, lengths[sel] if subset else lengths, config.max_length, algorithm=config.algorithm, seed=config.seed,
+        order=config.order, oversize=config.oversize, max_segments=config.max_segments or None, media=media,
+        max_media=caps or None, group_by=group_by, row_key=None if row_key is None else row_key[sel],
         protected={int(q): protected[i] for i, qs in positions.items() for q in qs},
         trained={int(q): trained[i] for i, qs in positions.items() for q in qs},
     )
+    p = with_budget(planned, cost, budgets)
     if subset and not (len(sel) == len(lengths) and np.array_equal(sel, np.arange(len(lengths)))):  # copy k != sample k
         p = dataclasses.replace(
             p, indices=sel[p.indices], dropped={r: np.unique(sel[v]) for r, v in p.dropped.items()},
@@ -234,18 +237,32 @@ def plan_samples(samples: pa.Table, config: BuildConfig, source_of_file: list[in
     return p, m
 
 
-def encoder_budget(samples: pa.Table, config: BuildConfig, lengths: np.ndarray, sel: np.ndarray | None
-                   ) -> tuple[dict[str, np.ndarray] | None, dict[str, float] | None]:
-    """The planner's ``resources`` / ``budgets`` for ``max_row_encoder``: each planned sample's ``cost_encoder`` (the
-    samples' stored cost vector) and the budget, ``auto`` against the mean row at the token lower bound of
-    ``lengths`` (what the planner sees: copies of a mix, preference items)."""
+def encoder_budgets(samples: pa.Table, config: BuildConfig, lengths: np.ndarray, sel: np.ndarray | None
+                    ) -> tuple[np.ndarray | None, list[float]]:
+    """Each planned sample's ``cost_encoder`` (the samples' stored cost vector) and the budgets ``max_row_encoder``
+    allows (:meth:`BuildConfig.encoder_budgets`), ``auto`` against the mean row at the token lower bound of ``lengths``
+    (what the planner sees: copies of a mix, preference items); ``(None, [])`` when off."""
     if config.max_row_encoder.strip() == "off":
-        return None, None
+        return None, []
     cost = samples.column("cost_encoder").to_numpy().astype(np.float64)
     cost = cost if sel is None else cost[sel]
     rows = -(-int(np.minimum(lengths, config.max_length).sum()) // config.max_length)
-    budget = config.encoder_budget(float(cost.sum()), rows)
-    return (None, None) if budget is None else ({"encoder": cost}, {"encoder": budget})
+    return cost, config.encoder_budgets(float(cost.sum()), rows)
+
+
+def with_budget(planned: Callable[..., Plan], cost: np.ndarray | None, budgets: list[float]) -> Plan:
+    """``planned()`` under the first of ``budgets`` on each row's encoder ``cost``: the only one, or (several: ``auto``,
+    tightest first) the first whose plan has no more rows than the plan without a budget, else that plan."""
+    if not budgets:
+        return planned()
+    if len(budgets) == 1:
+        return planned(resources={"encoder": cost}, budgets={"encoder": budgets[0]})
+    free = planned()
+    for budget in budgets:
+        p = planned(resources={"encoder": cost}, budgets={"encoder": budget})
+        if p.n_bins <= free.n_bins:
+            return p
+    return free
 
 
 def plan_sources(samples: pa.Table, config: BuildConfig, source_of_file: list[int] | None = None, rows=None,
