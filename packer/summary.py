@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from packer import reasons
 from packer.config.sources import capacity_text, policy_text
 from packer.io.fs import is_remote, location
-from packer.pack.plan import groups_bound_and_fill
+from packer.pack.plan import budget_applied, groups_bound_and_fill
 from packer.report.family import GENERIC, family_line, family_section, media_counts, settings_line
 from packer.shards.io import read_shard
 from packer.shards.manifest import Manifest
@@ -121,7 +121,7 @@ def summary_text(s: dict[str, Any]) -> str:
             own = policy_text(g["policy"]) or "the build's packing"
             lines.append(f"  {'group':<12} {', '.join(g['sources'])} ({own}): {g['rows']:,} rows of {g['capacity']:,}, "
                          f"lower bound {g['lower_bound']:,}, fill {100 * g['fill']:.2f}%")
-    if s.get("row_budget"):
+    if budget_applied(s.get("row_budget")) or (s.get("row_budget") or {}).get("setting", "auto") != "auto":
         b = s["row_budget"]
         budget = f"{b['budget']:.4g}" if b.get("budget") else \
             ("each source group its own" if b.get("group_budgets") else "none (no encoder cost)")

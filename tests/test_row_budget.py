@@ -157,3 +157,48 @@ def test_a_build_with_a_row_budget_records_it_and_keeps_every_row_within_it(tmp_
     from packer.report import report
 
     assert report(tmp_path / "out")["row_budget"] == b
+
+
+def _auto(lengths: np.ndarray, cost: np.ndarray, capacity: int):
+    import functools
+
+    from packer.config import BuildConfig
+    from packer.stages.planning import with_budget
+
+    bound = -(-int(np.minimum(lengths, capacity).sum()) // capacity)
+    budgets = BuildConfig(max_row_encoder="auto").encoder_budgets(float(cost.sum()), bound)
+    return budgets, with_budget(functools.partial(plan, lengths, capacity, seed=0), cost, budgets)
+
+
+def test_auto_is_the_default_and_keeps_the_tightest_budget_that_adds_no_row():
+    """``auto`` plans under each of its budgets, tightest first, and keeps the first whose rows are no more than the
+    plan's without a budget: on the bench's video-heavy corpus (H200-calibrated encoder costs) a budget applies, no
+    row is added, every tighter budget would have added one, and the rows' encoder costs are closer together."""
+    from bench_steps import MIXES, generate
+
+    from packer.config import BuildConfig
+    from packer.cost import CostModel
+
+    assert BuildConfig().max_row_encoder == "auto"
+    samples = generate(6000, MIXES["video-heavy"], 8192, seed=0)
+    cost = CostModel.load(ROOT / "bench" / "calibrated_qwen3vl2b_h200.json").vector(samples)[:, 1]
+    lengths = samples["tokens"].astype(np.int64)
+    budgets, p = _auto(lengths, cost, 8192)
+    free = plan(lengths, 8192, seed=0)
+    assert len(budgets) == 8 and budgets == sorted(budgets) and p.n_bins <= free.n_bins
+    chosen = budgets.index(p.budgets["encoder"])
+    for tighter in budgets[:chosen]:
+        assert plan(lengths, 8192, seed=0, resources={"encoder": cost}, budgets={"encoder": tighter}).n_bins > free.n_bins
+    spread = lambda q: rows_of(q, cost).max() / rows_of(q, cost).mean()  # noqa: E731
+    assert spread(p) < 0.7 * spread(free)
+
+
+def test_auto_plans_without_a_budget_where_each_would_add_a_row_or_no_sample_has_an_encoder_cost():
+    """Two rows of a whole capacity and two half rows holding all the encoder cost: three rows by tokens, but any
+    budget up to 2 x the mean row's (2/3 of the cost each) keeps the two apart, a fourth row: ``auto`` applies none.
+    Text only (no encoder cost): no budget is tried."""
+    lengths = np.array([1000, 1000, 500, 500], np.int64)
+    budgets, p = _auto(lengths, np.array([0.0, 0.0, 1.0, 1.0]), 1000)
+    assert budgets and p.n_bins == 3 and p.budgets == {}
+    budgets, p = _auto(lengths, np.zeros(4), 1000)
+    assert budgets == [] and p.n_bins == 3 and p.budgets == {}

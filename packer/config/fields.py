@@ -187,7 +187,7 @@ class BuildConfig:
     max_images: int = _opt(0, "Most images in one packed row (0: no limit).", stage="plan", group="packing")
     max_audio: int = _opt(0, "Most audio clips in one packed row (0: no limit).", stage="plan", group="packing")
     max_videos: int = _opt(0, "Most videos in one packed row (0: no limit).", stage="plan", group="packing")
-    max_row_encoder: str = _opt("off", "A budget on each row's encoder cost (images, frames, clips through the towers, "
+    max_row_encoder: str = _opt("auto", "A budget on each row's encoder cost (images, frames, clips through the towers, "
                                        "under the build's cost_model) besides its tokens: off; auto (the tightest of "
                                        "1.2 to 2 x the mean row's at the token lower bound that adds no row), auto:S "
                                        "((1 + S) x it), or a number in the cost model's units. Rows of alike encoder "

@@ -367,3 +367,9 @@ def _ordered(p: Plan, order: str, seed: int) -> Plan:
         first = int(np.lexsort((attention, tokens))[-1])  # most tokens, then most attention work
         perm = np.concatenate([[first], perm[perm != first]])
     return p.reorder(perm)
+
+
+def budget_applied(row_budget: dict | None) -> bool:
+    """Whether stats' ``row_budget`` holds a budget the rows were planned under (the build's or a source group's):
+    ``auto`` (the default) applies none where no sample has an encoder cost or each budget would add a row."""
+    return bool(row_budget) and (row_budget.get("budget") is not None or bool(row_budget.get("group_budgets")))

@@ -12,6 +12,7 @@ from typing import Any
 
 from packer.config.sources import capacity_text, policy_text
 from packer.cost import COSTS
+from packer.pack.plan import budget_applied
 from packer.report.svg import COLORS, bar_chart, number
 
 CSS = """
@@ -239,7 +240,7 @@ def headline(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
          f"{r.get('trained_tokens', 0):,} of {r['tokens']:,} tokens carry a label"),
         ("rows", "rows", f"{r['rows']:,}", f"lower bound {r['lower_bound']:,} (+{r['gap_to_lower_bound']:,})"
          + (f"; with the row encoder budget {r['row_budget']['bound']:,} (+{r['row_budget']['gap_to_bound']:,})"
-            if r.get("row_budget") else "")),
+            if budget_applied(r.get("row_budget")) else "")),
         ("speedup", "speed-up vs padding", f"{b['speedup_vs_padded_random']:.2f}x", f"random batches of {b['batch_size']}"),
         ("padding_saved", "padding saved", _gpu_time(saved["gpu_hours"]),
          f"{number(saved['tokens'])} tokens per pass, at {pad['tokens_per_gpu_second']:,.0f} tokens/s/GPU"),

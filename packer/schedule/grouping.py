@@ -19,7 +19,7 @@ Why the last. :func:`group` and :func:`refine` lower the three costs' sum and st
 it. On a mix with long tails of trained tokens and of encoder work (a video-heavy mix) that leaves the encoder and
 supervised figures a few percent above the llm's, and no swap of two rows moves waste from one cost to another:
 one step's better grouping on the worst cost needs rows of several steps. On the held-out-like set of
-docs/BENCHMARKS.md (``python bench/bench_steps.py --held-out``, no row budget) the worst figure falls from
+docs/BENCHMARKS.md (``bench/bench_steps.py``, its held-out-like table, no row budget) the worst figure falls from
 1.037-1.065 to 1.026-1.057, for 0.1-0.2 s more a plan of 1,200 rows; a plan of 10^5 rows at 8 x 1 takes 7 s
 instead of 2 (:data:`SPLITS` bounds the search).
 """
