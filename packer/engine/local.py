@@ -104,9 +104,9 @@ class LocalEngine:
         table) once per worker; ``in_process_state`` reuses one the caller has. With it,
         this process is one of the ``workers`` and ``workers - 1`` processes are started,
         so the state it already built is not built again. A task goes to a worker process
-        only once that process has built its state, two at a time (one running, one
-        queued); every other task this process runs itself whenever it would otherwise
-        wait. So a worker's start-up (stage 1: a tokenizer or a processor to load, ~2 s)
+        only once that process has built its state, one at a time (the next the moment
+        the last is done); every other task this process runs itself whenever it would
+        otherwise wait. So a worker's start-up (stage 1: a tokenizer or a processor to load, ~2 s)
         never holds a task back: an input smaller than that start-up is encoded here
         while the workers start, and a larger one is shared out as each worker comes up.
         Which process runs a task never changes its result. A signal reaches this
@@ -131,8 +131,9 @@ class LocalEngine:
             return
         ctx, pool = early or _open_pool(workers - 1 if here else workers, setup, setup_args)
         finished = False
-        queue = _Queue(pool, ctx, fn, in_process_state) if here else None
+        queue = None
         try:
+            queue = _Queue(pool, ctx, fn, in_process_state) if here else None
             pending: deque = deque()  # futures; with ``here``, _Queue entries
             for task in itertools.chain(head, tasks):
                 pending.append(queue.add(task) if here else _submit(pool, ctx, fn, task))
