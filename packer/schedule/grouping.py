@@ -37,26 +37,20 @@ SHARPNESS = 50.0  # a cost's weight in regroup's splits: exp(SHARPNESS x (its fi
 def group(rows: np.ndarray, costs: np.ndarray, per_step: int) -> list[np.ndarray]:
     """``rows`` (a multiple of ``per_step`` of them) as steps of rows of similar ``costs`` (normalized rows of
     costs, indexed by row number): a k-d split along the widest cost at a whole number of steps."""
-    out: list[np.ndarray] = []
-    stack = [rows]
-    while stack:
-        part = stack.pop()
-        steps = len(part) // per_step
-        if steps <= 1 or not costs.shape[1]:
-            out.extend(part.reshape(-1, per_step))
-            continue
-        c = costs[part]
-        d = int(np.argmax(c.max(0) - c.min(0)))
-        part = part[np.argsort(-c[:, d], kind="stable")]
-        cut = (steps // 2) * per_step
-        stack.extend([part[cut:], part[:cut]])  # popped costliest first: steps in decreasing cost
-    return out
+    return _kd(rows, costs, per_step, _widest_middle)
 
 
 def split(rows: np.ndarray, costs: np.ndarray, per_step: int) -> list[np.ndarray]:
     """``rows`` (a multiple of ``per_step``) as steps: cut in two along the cost and at the cut (a whole number of
     steps, a quarter to three quarters of them) that leave the two parts the least Σ over costs of their range
     times their steps (the waste their steps will hold), recursed until a part is one step."""
+    return _kd(rows, costs, per_step, _least_waste)
+
+
+def _kd(rows: np.ndarray, costs: np.ndarray, per_step: int, cut_of) -> list[np.ndarray]:
+    """``rows`` cut in two by ``cut_of(c, steps) -> (order, cut)`` (``c``: the part's costs; the part sorted by
+    ``order``, its first ``cut`` steps one side), recursed until a part is one step; steps in the first side's
+    order first (decreasing cost)."""
     out: list[np.ndarray] = []
     stack = [rows]
     while stack:
@@ -65,22 +59,35 @@ def split(rows: np.ndarray, costs: np.ndarray, per_step: int) -> list[np.ndarray
         if steps <= 1 or not costs.shape[1]:
             out.extend(part.reshape(-1, per_step))
             continue
-        c = costs[part]
-        cuts = np.arange(max(1, steps // 4), min(steps - 1, -(-3 * steps // 4)) + 1)
-        best: tuple[float, np.ndarray, int] = (np.inf, np.arange(len(part)), cuts[0] * per_step)
-        for d in range(c.shape[1]):
-            order = np.argsort(-c[:, d], kind="stable")
-            s = c[order]
-            head = (np.maximum.accumulate(s) - np.minimum.accumulate(s))[cuts * per_step - 1].sum(1)
-            tail = (np.maximum.accumulate(s[::-1]) - np.minimum.accumulate(s[::-1]))[::-1][cuts * per_step].sum(1)
-            score = head * cuts + tail * (steps - cuts)
-            k = int(np.argmin(score))
-            if score[k] < best[0]:
-                best = (float(score[k]), order, int(cuts[k]) * per_step)
-        _, order, cut = best
+        order, cut = cut_of(costs[part], steps)
         part = part[order]
-        stack.extend([part[cut:], part[:cut]])
+        cut *= per_step
+        stack.extend([part[cut:], part[:cut]])  # popped first side first
     return out
+
+
+def _widest_middle(c: np.ndarray, steps: int) -> tuple[np.ndarray, int]:
+    """Along the cost of the widest range, half the steps each side."""
+    d = int(np.argmax(c.max(0) - c.min(0)))
+    return np.argsort(-c[:, d], kind="stable"), steps // 2
+
+
+def _least_waste(c: np.ndarray, steps: int) -> tuple[np.ndarray, int]:
+    """Along the cost and at the cut (a quarter to three quarters of the steps) of the least Σ over costs of each
+    side's range times its steps."""
+    per_step = len(c) // steps
+    cuts = np.arange(max(1, steps // 4), min(steps - 1, -(-3 * steps // 4)) + 1)
+    best: tuple[float, np.ndarray, int] = (np.inf, np.arange(len(c)), int(cuts[0]))
+    for d in range(c.shape[1]):
+        order = np.argsort(-c[:, d], kind="stable")
+        s = c[order]
+        head = (np.maximum.accumulate(s) - np.minimum.accumulate(s))[cuts * per_step - 1].sum(1)
+        tail = (np.maximum.accumulate(s[::-1]) - np.minimum.accumulate(s[::-1]))[::-1][cuts * per_step].sum(1)
+        score = head * cuts + tail * (steps - cuts)
+        k = int(np.argmin(score))
+        if score[k] < best[0]:
+            best = (float(score[k]), order, int(cuts[k]))
+    return best[1], best[2]
 
 
 def refine(steps: list[np.ndarray], costs: np.ndarray, passes: int = 4) -> list[np.ndarray]:
