@@ -347,12 +347,13 @@ def measure(costs: np.ndarray, assignment: np.ndarray, names: tuple[str, ...] = 
     costs = np.asarray(costs, dtype=np.float64).reshape(len(costs), -1)
     micro, ranks, per = assignment.shape
     steps = assignment.reshape(micro // accumulation, accumulation, ranks, per).transpose(0, 2, 1, 3)
-    load = costs[steps.reshape(micro // accumulation, ranks, accumulation * per)].sum(2)  # [steps, ranks, k]
+    rows = steps.reshape(micro // accumulation, ranks, accumulation * per)
+    load = costs[rows].sum(2)  # [steps, ranks, k]
     out = {}
     for k, name in enumerate(names[: costs.shape[1]]):
         mean = load[:, :, k].mean(1).sum()
         out[name] = float(load[:, :, k].max(1).sum() / mean) if mean > 0 else 1.0
-    out["time"] = float(load[:, :, :2].sum(2).max(1).sum())
+    out["time"] = float(step_time(costs)[rows].sum(2).max(1).sum())
     return out
 
 
