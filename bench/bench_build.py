@@ -119,7 +119,7 @@ with open(sys.argv[1], "w") as f:
 """
 
 
-def run_measured(cmd: list[str], env: dict) -> tuple[float, float, float, str, str]:
+def run_measured(cmd: list[str], env: dict, cwd: Path = ROOT) -> tuple[float, float, float, str, str]:
     """(CPU s of the process and its workers, wall s, peak RSS MiB of the largest, stdout, stderr).
 
     A small launcher process starts ``cmd`` and reads its figures with ``os.wait4``: Linux
@@ -127,7 +127,7 @@ def run_measured(cmd: list[str], env: dict) -> tuple[float, float, float, str, s
     would report this script's own peak as its floor."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.NamedTemporaryFile() as figures:
         subprocess.run([sys.executable, "-c", LAUNCHER, figures.name, *cmd], env=env, stdin=subprocess.DEVNULL,
-                       stdout=out, stderr=err, cwd=ROOT, check=False)
+                       stdout=out, stderr=err, cwd=cwd, check=False)
         out.seek(0)
         err.seek(0)
         m = json.loads(Path(figures.name).read_text() or "{}")

@@ -21,26 +21,17 @@ import argparse
 import json
 import os
 import random
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_build import run_measured, stage1_seconds  # noqa: E402  (the launcher that reads CPU with os.wait4)
+
 PROCESSOR = ROOT / "sample_data" / "processors" / "qwen3vl"
 SIDES = [(336, 336), (640, 480), (480, 640), (224, 224), (800, 600)]
-
-LAUNCHER = r"""
-import json, os, subprocess, sys, time
-t0 = time.perf_counter()
-proc = subprocess.Popen(sys.argv[2:], stdout=subprocess.DEVNULL, stderr=open(sys.argv[1] + ".err", "w"))
-_, status, usage = os.wait4(proc.pid, 0)
-with open(sys.argv[1], "w") as f:
-    json.dump({"rc": os.waitstatus_to_exitcode(status), "cpu": usage.ru_utime + usage.ru_stime,
-               "wall": time.perf_counter() - t0}, f)
-"""
 
 
 def generate(folder: Path, n: int) -> Path:
@@ -66,19 +57,11 @@ def generate(folder: Path, n: int) -> Path:
 
 def build(data: Path, out: Path, workers: int, env: dict) -> dict:
     shutil.rmtree(out, ignore_errors=True)
-    with tempfile.NamedTemporaryFile(suffix=".json") as figures:
-        cmd = [sys.executable, "-m", "packer", "build", "-i", str(data), "-o", str(out), "--family", "qwen3vl",
-               "--processor", str(PROCESSOR), "--max-length", "8192", "--workers", str(workers)]
-        subprocess.run([sys.executable, "-c", LAUNCHER, figures.name, *cmd], env=env, cwd=data.parent, check=True)
-        m = json.loads(Path(figures.name).read_text())
-        err = Path(figures.name + ".err").read_text()
-        Path(figures.name + ".err").unlink()
-    if m["rc"] != 0:
-        sys.exit(f"build failed ({m['rc']}):\n{err[-3000:]}")
-    found = re.search(r"packer: encode +done: .* in ([0-9.,]+) s", err)
-    m["stage1"] = float(found.group(1).replace(",", "")) if found else float("nan")
-    m["packed"] = [e["sha256"] for e in json.loads((out / "manifest.json").read_text())["files"]["packed"]]
-    return m
+    cpu, wall, _, _, err = run_measured([sys.executable, "-m", "packer", "build", "-i", str(data), "-o", str(out),
+                                         "--family", "qwen3vl", "--processor", str(PROCESSOR), "--max-length", "8192",
+                                         "--workers", str(workers)], env, cwd=data.parent)  # not the checkout's packer.toml
+    return {"cpu": cpu, "wall": wall, "stage1": stage1_seconds(err),
+            "packed": [e["sha256"] for e in json.loads((out / "manifest.json").read_text())["files"]["packed"]]}
 
 
 def main() -> None:
