@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from packer import reasons
 from packer.config.sources import capacity_text, policy_text
 from packer.io.fs import is_remote, location
-from packer.pack.plan import budget_applied, groups_bound_and_fill
+from packer.pack.plan import NO_ENCODER_COST, groups_bound_and_fill
 from packer.report.family import GENERIC, family_line, family_section, media_counts, settings_line
 from packer.shards.io import read_shard
 from packer.shards.manifest import Manifest
@@ -121,10 +121,10 @@ def summary_text(s: dict[str, Any]) -> str:
             own = policy_text(g["policy"]) or "the build's packing"
             lines.append(f"  {'group':<12} {', '.join(g['sources'])} ({own}): {g['rows']:,} rows of {g['capacity']:,}, "
                          f"lower bound {g['lower_bound']:,}, fill {100 * g['fill']:.2f}%")
-    if budget_applied(s.get("row_budget")) or (s.get("row_budget") or {}).get("setting", "auto") != "auto":
-        b = s["row_budget"]
+    b = s.get("row_budget") or {}
+    if b and not (b["setting"] == "auto" and b.get("none") == NO_ENCODER_COST):  # the default with nothing to budget: quiet
         budget = f"{b['budget']:.4g}" if b.get("budget") else \
-            ("each source group its own" if b.get("group_budgets") else "none (no encoder cost)")
+            ("each source group its own" if b.get("group_budgets") else f"none ({b.get('none', 'no encoder cost')})")
         lines.append(f"  row budget   encoder {budget} a row ({b['setting']}): rows against max(lower bound "
                      f"{b['token_bound']:,}, encoder bound {b['encoder_bound']:,}) +{b['gap_to_bound']:,}; "
                      f"{b['over_budget']:,} samples over it alone")

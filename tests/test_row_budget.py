@@ -202,3 +202,33 @@ def test_auto_plans_without_a_budget_where_each_would_add_a_row_or_no_sample_has
     assert budgets and p.n_bins == 3 and p.budgets == {}
     budgets, p = _auto(lengths, np.zeros(4), 1000)
     assert budgets == [] and p.n_bins == 3 and p.budgets == {}
+
+
+def test_the_summary_names_why_no_row_budget_applied_and_is_quiet_for_the_default_with_nothing_to_budget(tmp_path):
+    """The default ``auto`` on a build no cost model charges an encoder: ``none`` says so and the summary has no row
+    budget line. An explicit ``auto`` whose every budget would add a row: the line says that, not a bare "none"."""
+    import os
+
+    import pyarrow as pa
+
+    from packer.build import build
+    from packer.config import BuildConfig, resolve
+    from packer.pack.plan import NO_ENCODER_COST
+    from packer.pipeline.accounting import _budget_stats
+    from packer.summary import summarize, summary_text
+
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        config = resolve(ROOT / "pipelines" / "sample.toml", output=str(tmp_path / "out"))
+        build(config, progress=False)
+    finally:
+        os.chdir(cwd)
+    s = summarize(tmp_path / "out")
+    assert s["row_budget"]["setting"] == "auto" and s["row_budget"]["none"] == NO_ENCODER_COST
+    assert "row budget" not in summary_text(s)
+    lengths, cost = np.array([1000, 1000, 500, 500], np.int64), [0.0, 0.0, 1.0, 1.0]  # as in the test above
+    _, p = _auto(lengths, np.array(cost), 1000)
+    s["row_budget"] = _budget_stats(BuildConfig(max_row_encoder="auto"), pa.table({"cost_encoder": cost}), p)
+    assert s["row_budget"]["none"] == "each budget auto tried would add a row"
+    assert "row budget   encoder none (each budget auto tried would add a row) a row (auto)" in summary_text(s)

@@ -369,6 +369,9 @@ def _ordered(p: Plan, order: str, seed: int) -> Plan:
     return p.reorder(perm)
 
 
+NO_ENCODER_COST = "no sample has an encoder cost"  # stats' row_budget ``none`` where no budget could apply
+
+
 def budget_applied(row_budget: dict | None) -> bool:
     """Whether stats' ``row_budget`` holds a budget the rows were planned under (the build's or a source group's):
     ``auto`` (the default) applies none where no sample has an encoder cost or each budget would add a row."""

@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc
 
 from packer import reasons
 from packer.config.fields import BuildConfig
 from packer.errors import BuildFailedError
 from packer.pack import Plan
+from packer.pack.plan import NO_ENCODER_COST
 from packer.pipeline.encoded import Encoded
 from packer.shards.manifest import Files, Manifest
 from packer.stages.manifest import FileAccount, accounting
@@ -55,14 +57,20 @@ def _preference_stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any] |
             **{f"{layout}_tokens": int(responses.item_lengths(layout)[at].sum()) for layout in ("pairs", "tree")}}
 
 
-def _budget_stats(config: BuildConfig, p: Plan) -> dict[str, Any]:
+def _budget_stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:
     """``max_row_encoder``'s effect: the bound the rows are measured against (``token_bound``: the plan's lower bound
-    of tokens, ``max_segments`` and media caps; the encoder's), samples over it."""
+    of tokens, ``max_segments`` and media caps; the encoder's), samples over it; where no budget applied, why
+    (``none``: no sample has an encoder cost, or each budget ``auto`` tried would have added a row)."""
     groups = {", ".join(g["sources"]): g["budgets"]["encoder"] for g in p.groups if "encoder" in g.get("budgets", {})}
-    return {"setting": config.max_row_encoder, "budget": p.budgets.get("encoder"), "token_bound": p.lower_bound,
+    budget = p.budgets.get("encoder")
+    none = None
+    if budget is None and not groups:
+        costly = bool(pc.any(pc.greater(samples.column("cost_encoder"), 0)).as_py())
+        none = "each budget auto tried would add a row" if costly else NO_ENCODER_COST
+    return {"setting": config.max_row_encoder, "budget": budget, "token_bound": p.lower_bound,
             "encoder_bound": p.resource_bound, "bound": p.bound, "gap_to_bound": p.n_bins - p.bound,
             "over_budget": int(sum(len(v) for v in p.over_budget.values())),
-            **({"group_budgets": groups} if groups and p.budgets.get("encoder") is None else {})}
+            **({"group_budgets": groups} if groups and budget is None else {}), **({"none": none} if none else {})}
 
 
 def plan_stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:
@@ -86,7 +94,7 @@ def _stats(config: BuildConfig, samples, p: Plan) -> dict[str, Any]:
         "fill": p.efficiency,
         "lower_bound": p.lower_bound,
         "gap_to_lower_bound": p.n_bins - p.lower_bound,
-        **({"row_budget": _budget_stats(config, p)} if config.max_row_encoder.strip() != "off" else {}),
+        **({"row_budget": _budget_stats(config, samples, p)} if config.max_row_encoder.strip() != "off" else {}),
         **({"policy_groups": list(p.groups)} if p.groups else {}),
         "truncated_samples": int(len(p.truncated)),
         "truncated_tokens": int(p.truncated_tokens),
